@@ -1,0 +1,814 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""Cython twin of pulsarwire._codec_py: same API, same behaviour, same errors.
+
+Frame layout (all integers big-endian):
+
+    [u32 total_size]                  bytes after this field
+    [u32 command_size][BaseCommand]
+    -- payload frames (SEND, MESSAGE) only --
+    [u16 0x0e02][u32 size][BrokerEntryMetadata]     optional
+    [u16 0x0e01][u32 CRC32C]                        optional; CRC covers the rest
+    [u32 metadata_size][MessageMetadata][payload]
+
+Batch payload (after decompression), num_messages_in_batch entries of:
+
+    [u32 smm_size][SingleMessageMetadata][payload_size bytes]
+
+BaseCommand and MessageMetadata are parsed by protobuf's C parser (upb). The
+per-message work (splitting, SingleMessageMetadata, batch encoding) is here.
+"""
+cimport cython
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from cpython.unicode cimport PyUnicode_AsUTF8String, PyUnicode_DecodeUTF8
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.string cimport memcpy
+
+from collections import deque
+
+from crc32c import crc32c
+from google.protobuf.message import DecodeError
+
+from . import compression
+from ._codec_py import (  # framing of outgoing commands is protobuf-bound: one implementation
+    DEFAULT_MAX_FRAME_SIZE, DEFAULT_MAX_MESSAGE_SIZE, FRAME_PADDING, MAGIC_BROKER_ENTRY_METADATA,
+    MAGIC_CRC32C, decompress_payload, encode_command, encode_metadata_and_payload,
+    encode_payload_command, encode_payload_frame, encode_single_message_metadata,
+)
+from ._proto import PulsarApi_pb2 as pb
+from .errors import (
+    BadBatchError, BadCommandError, BadMagicError, BadMetadataError, ChecksumMismatchError,
+    FrameTooLargeError, TruncatedFrameError,
+)
+
+IMPLEMENTATION = "cython"
+
+cdef object _BaseCommand = pb.BaseCommand
+cdef object _MessageMetadata = pb.MessageMetadata
+cdef object _BrokerEntryMetadata = pb.BrokerEntryMetadata
+cdef object _DEFAULT_MAX_UNCOMPRESSED = compression.DEFAULT_MAX_UNCOMPRESSED_SIZE
+
+
+cdef inline uint32_t _u32(const uint8_t* p) noexcept nogil:
+    return (<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | <uint32_t>p[3]
+
+
+cdef inline uint32_t _u16(const uint8_t* p) noexcept nogil:
+    return (<uint32_t>p[0] << 8) | <uint32_t>p[1]
+
+
+cdef object _parse(object message_type, const uint8_t* p, Py_ssize_t size, object error_type,
+                   str what, object command):
+    try:
+        return message_type.FromString(PyBytes_FromStringAndSize(<const char*>p, size))
+    except (DecodeError, RuntimeWarning, ValueError) as exc:
+        raise error_type(f"{what} does not parse: {exc}", command=command) from None
+
+
+@cython.final
+cdef class Frame:
+    """One decoded frame. Payload fields are None for simple commands.
+
+    `payload` is the payload as carried (still compressed); `metadata_and_payload`
+    is the span the checksum covers, which a broker stores and re-sends as is.
+    Both are memoryviews into the bytes that were fed (zero-copy).
+    """
+
+    cdef readonly object command
+    cdef readonly object metadata
+    cdef readonly object payload
+    cdef readonly object metadata_and_payload
+    cdef readonly object broker_entry_metadata
+    cdef readonly object checksum
+    cdef readonly Py_ssize_t size
+
+    @property
+    def type(self):
+        return self.command.type
+
+    @property
+    def checksum_verified(self):
+        """True when the frame carried 0x0e01 (and so its CRC32C matched)."""
+        return self.checksum is not None
+
+    def messages(self, max_uncompressed_size=_DEFAULT_MAX_UNCOMPRESSED):
+        """Decompress the payload and split it into SingleMessage objects."""
+        if self.metadata is None:
+            return []
+        return split_messages(self.metadata,
+                              decompress_payload(self.metadata, self.payload, max_uncompressed_size))
+
+    def __repr__(self):
+        return (f"<Frame {self.command.type} size={self.size} "
+                f"payload={'-' if self.payload is None else len(self.payload)}>")
+
+
+cdef Frame _decode_frame(object owner, const uint8_t* base, Py_ssize_t start, Py_ssize_t end):
+    """Decode the frame base[start:end]; `owner` is a memoryview over base."""
+    cdef Py_ssize_t pos, size
+    cdef uint32_t command_size, metadata_size, expected, actual
+    cdef Frame frame = Frame.__new__(Frame)
+    frame.size = end - start
+    if end - start < 8:
+        raise TruncatedFrameError(f"frame of {end - start - 4} bytes cannot hold its 4-byte command size")
+    command_size = _u32(base + start + 4)
+    pos = start + 8
+    if command_size > end - pos:
+        raise TruncatedFrameError(f"command size {command_size} exceeds the {end - pos} bytes left in the frame")
+    command = _parse(_BaseCommand, base + pos, command_size, BadCommandError, "BaseCommand", None)
+    frame.command = command
+    pos += command_size
+    if pos == end:
+        return frame
+
+    if end - pos >= 2 and _u16(base + pos) == MAGIC_BROKER_ENTRY_METADATA:
+        if end - pos < 6:
+            raise TruncatedFrameError("broker entry metadata header is cut off", command=command)
+        size = _u32(base + pos + 2)
+        if size > end - pos - 6:
+            raise TruncatedFrameError(
+                f"broker entry metadata size {size} exceeds the {end - pos - 6} bytes left", command=command)
+        frame.broker_entry_metadata = _parse(_BrokerEntryMetadata, base + pos + 6, size,
+                                             BadMetadataError, "BrokerEntryMetadata", command)
+        pos += 6 + size
+
+    if end - pos >= 2 and _u16(base + pos) == MAGIC_CRC32C:
+        if end - pos < 6:
+            raise TruncatedFrameError("checksum header is cut off", command=command)
+        expected = _u32(base + pos + 2)
+        pos += 6
+        actual = crc32c(owner[pos:end])
+        if actual != expected:
+            raise ChecksumMismatchError(expected, actual, command=command)
+        frame.checksum = expected
+
+    if end - pos < 4:
+        raise TruncatedFrameError(
+            f"payload section of {end - pos} bytes cannot hold its metadata size", command=command)
+    metadata_size = _u32(base + pos)
+    if metadata_size > end - pos - 4:
+        if frame.checksum is None:
+            raise BadMagicError(
+                f"payload section starts with 0x{_u16(base + pos):04x}: neither magic "
+                f"0x{MAGIC_CRC32C:04x} nor a metadata size that fits", command=command)
+        raise TruncatedFrameError(
+            f"metadata size {metadata_size} exceeds the {end - pos - 4} bytes left", command=command)
+    frame.metadata = _parse(_MessageMetadata, base + pos + 4, metadata_size,
+                            BadMetadataError, "MessageMetadata", command)
+    frame.metadata_and_payload = owner[pos:end]
+    frame.payload = owner[pos + 4 + metadata_size:end]
+    return frame
+
+
+cdef int _check_total_size(uint64_t total_size, Py_ssize_t max_frame_size) except -1:
+    if total_size > <uint64_t>max_frame_size:
+        raise FrameTooLargeError(f"frame of {total_size} bytes is over the {max_frame_size}-byte limit")
+    if total_size < 4:
+        raise TruncatedFrameError(f"frame of {total_size} bytes cannot hold its 4-byte command size")
+    return 0
+
+
+cdef class FrameReader:
+    """Incremental frame reader: feed byte chunks of any size, take whole frames.
+
+    Frames that lie inside one fed chunk are views into it (zero-copy); a frame
+    split across chunks is joined once. A size error leaves the stream out of
+    sync, so it is sticky; any later error (magic, checksum, metadata) consumes
+    just its frame and the next frame can still be read.
+    """
+
+    cdef readonly Py_ssize_t max_frame_size
+    cdef object _chunks        # deque of bytes
+    cdef object _head_view     # memoryview of _chunks[0]
+    cdef Py_ssize_t _pos       # read offset into _chunks[0]
+    cdef Py_ssize_t _buffered  # unread bytes across all chunks
+    cdef object _error
+
+    def __init__(self, Py_ssize_t max_frame_size=DEFAULT_MAX_FRAME_SIZE):
+        if max_frame_size < 8:
+            raise ValueError("max_frame_size must be at least 8")
+        self.max_frame_size = max_frame_size
+        self._chunks = deque()
+        self._head_view = None
+        self._pos = 0
+        self._buffered = 0
+        self._error = None
+
+    @property
+    def buffered(self):
+        """Bytes fed but not yet returned as frames."""
+        return self._buffered
+
+    def feed(self, data):
+        if self._error is not None:
+            raise self._error
+        if type(data) is not bytes:
+            data = bytes(data)  # views must not see the caller reuse its buffer
+        if PyBytes_GET_SIZE(data):
+            self._chunks.append(data)
+            self._buffered += PyBytes_GET_SIZE(data)
+
+    cpdef object next_frame(self):
+        """The next complete frame, or None until more bytes are fed."""
+        cdef bytes head
+        cdef const uint8_t* p
+        cdef uint32_t total_size
+        cdef Py_ssize_t need, pos, head_len
+        if self._error is not None:
+            raise self._error
+        if self._buffered < 4:
+            return None
+        head = <bytes>self._chunks[0]
+        head_len = PyBytes_GET_SIZE(head)
+        pos = self._pos
+        p = <const uint8_t*>PyBytes_AS_STRING(head)
+        if head_len - pos >= 4:
+            total_size = _u32(p + pos)
+        else:
+            total_size = _u32(<const uint8_t*>PyBytes_AS_STRING(self._peek(4)))
+        try:
+            _check_total_size(total_size, self.max_frame_size)
+        except Exception as exc:
+            self._error = exc
+            raise
+        need = 4 + <Py_ssize_t>total_size
+        if self._buffered < need:
+            return None
+        self._buffered -= need
+        if head_len - pos >= need:
+            if self._head_view is None:
+                self._head_view = memoryview(head)
+            owner = self._head_view
+            self._pos += need
+            if self._pos == head_len:
+                self._chunks.popleft()
+                self._head_view = None
+                self._pos = 0
+            return _decode_frame(owner, p, pos, pos + need)
+        joined = self._take(need)
+        return _decode_frame(memoryview(joined), <const uint8_t*>PyBytes_AS_STRING(joined), 0, need)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        frame = self.next_frame()
+        if frame is None:
+            raise StopIteration
+        return frame
+
+    def close(self):
+        """Declare end of stream; bytes of an unfinished frame are an error."""
+        if self._buffered:
+            raise TruncatedFrameError(f"stream ended inside a frame ({self._buffered} bytes left over)")
+
+    cdef bytes _peek(self, Py_ssize_t count):
+        out = bytearray()
+        pos = self._pos
+        for chunk in self._chunks:
+            out += chunk[pos:pos + count - len(out)]
+            pos = 0
+            if len(out) == count:
+                break
+        return bytes(out)
+
+    cdef bytes _take(self, Py_ssize_t count):
+        out = bytearray()
+        while len(out) < count:
+            head = self._chunks[0]
+            piece = head[self._pos:self._pos + count - len(out)]
+            out += piece
+            self._pos += len(piece)
+            if self._pos == len(head):
+                self._chunks.popleft()
+                self._head_view = None
+                self._pos = 0
+        return bytes(out)
+
+
+def decode_frame(data):
+    """Decode exactly one complete frame held in `data` (bytes-like)."""
+    cdef bytes raw = data if type(data) is bytes else bytes(data)
+    cdef Py_ssize_t size = PyBytes_GET_SIZE(raw)
+    cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(raw)
+    if size < 4:
+        raise TruncatedFrameError(f"{size} bytes cannot hold a frame size")
+    total_size = _u32(p)
+    _check_total_size(total_size, max(DEFAULT_MAX_FRAME_SIZE, size))
+    if 4 + <Py_ssize_t>total_size != size:
+        raise TruncatedFrameError(f"frame declares {total_size} bytes but {size - 4} follow its size")
+    return _decode_frame(memoryview(raw), p, 0, size)
+
+
+# --- SingleMessageMetadata --------------------------------------------------
+
+# Status codes of the nogil scanners; _raise_scan turns them into BadBatchError.
+cdef enum:
+    SCAN_OK = 0
+    SCAN_VARINT_PAST_END = -1
+    SCAN_VARINT_TOO_LONG = -2
+    SCAN_FIELD_PAST_END = -3
+    SCAN_BAD_WIRE_TYPE = -4
+    SCAN_KV_PAST_END = -5
+    SCAN_KV_INCOMPLETE = -6
+    SCAN_NO_PAYLOAD_SIZE = -7
+
+
+cdef int _raise_scan(int status) except -1:
+    messages = {
+        SCAN_VARINT_PAST_END: "varint runs past the end of SingleMessageMetadata",
+        SCAN_VARINT_TOO_LONG: "varint longer than 10 bytes in SingleMessageMetadata",
+        SCAN_FIELD_PAST_END: "field runs past the end of SingleMessageMetadata",
+        SCAN_BAD_WIRE_TYPE: "unsupported wire type in SingleMessageMetadata",
+        SCAN_KV_PAST_END: "property runs past the end of SingleMessageMetadata",
+        SCAN_KV_INCOMPLETE: "property KeyValue lacks its required key or value",
+        SCAN_NO_PAYLOAD_SIZE: "SingleMessageMetadata lacks its required payload_size",
+    }
+    raise BadBatchError(messages[status])
+
+
+cdef inline int _varint(const uint8_t* buf, Py_ssize_t* pos, Py_ssize_t end, uint64_t* out) noexcept nogil:
+    cdef uint64_t result = 0
+    cdef int shift = 0
+    cdef uint8_t byte
+    cdef Py_ssize_t p = pos[0]
+    while True:
+        if p >= end:
+            return SCAN_VARINT_PAST_END
+        byte = buf[p]
+        p += 1
+        if shift < 64:
+            result |= (<uint64_t>(byte & 0x7F)) << shift
+        if byte < 0x80:
+            pos[0] = p
+            out[0] = result
+            return SCAN_OK
+        shift += 7
+        if shift >= 70:
+            return SCAN_VARINT_TOO_LONG
+
+
+cdef inline int _skip(const uint8_t* buf, Py_ssize_t* pos, Py_ssize_t end, uint32_t wire_type) noexcept nogil:
+    cdef uint64_t value
+    cdef int status
+    if wire_type == 0:
+        return _varint(buf, pos, end, &value)
+    if wire_type == 1:
+        if end - pos[0] < 8:
+            return SCAN_FIELD_PAST_END
+        pos[0] += 8
+    elif wire_type == 5:
+        if end - pos[0] < 4:
+            return SCAN_FIELD_PAST_END
+        pos[0] += 4
+    elif wire_type == 2:
+        status = _varint(buf, pos, end, &value)
+        if status != SCAN_OK:
+            return status
+        if value > <uint64_t>(end - pos[0]):
+            return SCAN_FIELD_PAST_END
+        pos[0] += <Py_ssize_t>value
+    else:
+        return SCAN_BAD_WIRE_TYPE
+    return SCAN_OK
+
+
+cdef int _check_key_value(const uint8_t* buf, Py_ssize_t pos, Py_ssize_t end) noexcept nogil:
+    cdef uint64_t tag, length
+    cdef int status
+    cdef bint has_key = False, has_value = False
+    while pos < end:
+        status = _varint(buf, &pos, end, &tag)
+        if status != SCAN_OK:
+            return status
+        if (tag >> 3) in (1, 2) and (tag & 7) == 2:
+            status = _varint(buf, &pos, end, &length)
+            if status != SCAN_OK:
+                return status
+            if length > <uint64_t>(end - pos):
+                return SCAN_KV_PAST_END
+            pos += <Py_ssize_t>length
+            if (tag >> 3) == 1:
+                has_key = True
+            else:
+                has_value = True
+        else:
+            status = _skip(buf, &pos, end, tag & 7)
+            if status != SCAN_OK:
+                return status
+    if not (has_key and has_value):
+        return SCAN_KV_INCOMPLETE
+    return SCAN_OK
+
+
+cdef int _scan_smm(const uint8_t* buf, Py_ssize_t pos, Py_ssize_t end, int64_t* payload_size) noexcept nogil:
+    """Check the structure of one SingleMessageMetadata and find its payload_size."""
+    cdef uint64_t tag, value
+    cdef int status
+    cdef bint found = False
+    while pos < end:
+        status = _varint(buf, &pos, end, &tag)
+        if status != SCAN_OK:
+            return status
+        if tag == (3 << 3):
+            status = _varint(buf, &pos, end, &value)
+            if status != SCAN_OK:
+                return status
+            payload_size[0] = <int64_t>value
+            found = True
+        elif tag == ((1 << 3) | 2):
+            status = _varint(buf, &pos, end, &value)
+            if status != SCAN_OK:
+                return status
+            if value > <uint64_t>(end - pos):
+                return SCAN_KV_PAST_END
+            status = _check_key_value(buf, pos, pos + <Py_ssize_t>value)
+            if status != SCAN_OK:
+                return status
+            pos += <Py_ssize_t>value
+        else:
+            status = _skip(buf, &pos, end, tag & 7)
+            if status != SCAN_OK:
+                return status
+    if not found:
+        return SCAN_NO_PAYLOAD_SIZE
+    return SCAN_OK
+
+
+cdef str _utf8(const uint8_t* p, Py_ssize_t size):
+    try:
+        return PyUnicode_DecodeUTF8(<const char*>p, size, "strict")
+    except UnicodeDecodeError as exc:
+        raise BadBatchError(f"string in SingleMessageMetadata is not UTF-8: {exc}") from None
+
+
+@cython.final
+cdef class _HeldBuffer:
+    """Keeps a split payload's buffer exported while its messages live."""
+    cdef Py_buffer view
+    cdef object obj
+    cdef object memview
+    cdef const uint8_t* ptr
+    cdef Py_ssize_t size
+
+    def __cinit__(self, obj):
+        PyObject_GetBuffer(obj, &self.view, PyBUF_SIMPLE)
+        self.obj = obj
+        self.ptr = <const uint8_t*>self.view.buf
+        self.size = self.view.len
+
+    def __dealloc__(self):
+        PyBuffer_Release(&self.view)
+
+    cdef object slice(self, Py_ssize_t start, Py_ssize_t end):
+        if self.memview is None:
+            self.memview = memoryview(self.obj).cast("B")
+        return self.memview[start:end]
+
+
+@cython.final
+@cython.freelist(1024)
+cdef class SingleMessage:
+    """One message of a payload: its bytes (a memoryview) and its metadata.
+
+    In a batch, metadata fields are read from the entry's SingleMessageMetadata
+    the first time one is asked for; `batch_index` is its position (-1 when the
+    payload was not a batch).
+    """
+
+    cdef _HeldBuffer _held
+    cdef Py_ssize_t _smm_start, _smm_end, _payload_start, _payload_end
+    cdef readonly int batch_index
+    cdef readonly int batch_size
+    cdef object _payload
+    cdef bint _decoded
+    cdef object _properties, _partition_key, _ordering_key, _sequence_id
+    cdef uint64_t _event_time
+    cdef bint _partition_key_b64_encoded, _null_value, _null_partition_key, _compacted_out
+
+    @property
+    def payload(self):
+        if self._payload is None:
+            self._payload = self._held.slice(self._payload_start, self._payload_end)
+        return self._payload
+
+    def data(self):
+        if self._payload is None:
+            return PyBytes_FromStringAndSize(<const char*>self._held.ptr + self._payload_start,
+                                             self._payload_end - self._payload_start)
+        return bytes(self._payload)
+
+    cdef int _decode(self) except -1:
+        cdef const uint8_t* buf = self._held.ptr
+        cdef Py_ssize_t pos = self._smm_start, end = self._smm_end, kv_pos, kv_end
+        cdef uint64_t tag = 0, value = 0, length = 0, kv_tag = 0
+        cdef uint32_t field, wire_type
+        properties = {}
+        while pos < end:
+            _varint(buf, &pos, end, &tag)  # structure was checked by _scan_smm
+            field = <uint32_t>(tag >> 3)
+            wire_type = <uint32_t>(tag & 7)
+            if wire_type == 2 and (field == 1 or field == 2 or field == 7):
+                _varint(buf, &pos, end, &length)
+                if field == 1:
+                    kv_pos = pos
+                    kv_end = pos + <Py_ssize_t>length
+                    key = item = None
+                    while kv_pos < kv_end:
+                        _varint(buf, &kv_pos, kv_end, &kv_tag)
+                        if (kv_tag >> 3) in (1, 2) and (kv_tag & 7) == 2:
+                            _varint(buf, &kv_pos, kv_end, &value)
+                            text = _utf8(buf + kv_pos, <Py_ssize_t>value)
+                            kv_pos += <Py_ssize_t>value
+                            if (kv_tag >> 3) == 1:
+                                key = text
+                            else:
+                                item = text
+                        else:
+                            _skip(buf, &kv_pos, kv_end, kv_tag & 7)
+                    properties[key] = item
+                elif field == 2:
+                    self._partition_key = _utf8(buf + pos, <Py_ssize_t>length)
+                else:
+                    self._ordering_key = PyBytes_FromStringAndSize(<const char*>buf + pos, <Py_ssize_t>length)
+                pos += <Py_ssize_t>length
+            elif wire_type == 0 and field in (4, 5, 6, 8, 9, 10):
+                _varint(buf, &pos, end, &value)
+                if field == 4:
+                    self._compacted_out = value != 0
+                elif field == 5:
+                    self._event_time = value
+                elif field == 6:
+                    self._partition_key_b64_encoded = value != 0
+                elif field == 8:
+                    self._sequence_id = value
+                elif field == 9:
+                    self._null_value = value != 0
+                else:
+                    self._null_partition_key = value != 0
+            else:
+                _skip(buf, &pos, end, wire_type)
+        self._properties = properties
+        self._decoded = True
+        return 0
+
+    @property
+    def properties(self):
+        if not self._decoded:
+            self._decode()
+        return self._properties
+
+    @property
+    def partition_key(self):
+        if not self._decoded:
+            self._decode()
+        return self._partition_key
+
+    @property
+    def partition_key_b64_encoded(self):
+        if not self._decoded:
+            self._decode()
+        return self._partition_key_b64_encoded
+
+    @property
+    def ordering_key(self):
+        if not self._decoded:
+            self._decode()
+        return self._ordering_key
+
+    @property
+    def event_time(self):
+        if not self._decoded:
+            self._decode()
+        return self._event_time
+
+    @property
+    def sequence_id(self):
+        if not self._decoded:
+            self._decode()
+        return self._sequence_id
+
+    @property
+    def null_value(self):
+        if not self._decoded:
+            self._decode()
+        return self._null_value
+
+    @property
+    def null_partition_key(self):
+        if not self._decoded:
+            self._decode()
+        return self._null_partition_key
+
+    @property
+    def compacted_out(self):
+        if not self._decoded:
+            self._decode()
+        return self._compacted_out
+
+    def __repr__(self):
+        return f"<SingleMessage batch_index={self.batch_index} {len(self.payload)} bytes>"
+
+
+cdef SingleMessage _unbatched(object metadata, object payload):
+    cdef SingleMessage message = SingleMessage.__new__(SingleMessage)
+    view = memoryview(payload).cast("B") if type(payload) is not memoryview else payload.cast("B")
+    message._payload = view
+    message.batch_index = -1
+    message.batch_size = 0
+    message._properties = {kv.key: kv.value for kv in metadata.properties}
+    if metadata.HasField("partition_key"):
+        message._partition_key = metadata.partition_key
+    message._partition_key_b64_encoded = metadata.partition_key_b64_encoded
+    if metadata.HasField("ordering_key"):
+        message._ordering_key = metadata.ordering_key
+    message._event_time = metadata.event_time
+    message._sequence_id = metadata.sequence_id
+    message._null_value = metadata.null_value
+    message._null_partition_key = metadata.null_partition_key
+    message._decoded = True
+    return message
+
+
+def split_messages(metadata, payload):
+    """Split an uncompressed payload into its messages.
+
+    A payload is a batch when MessageMetadata.num_messages_in_batch is present
+    (presence, not value, as the reference clients decide).
+    """
+    cdef _HeldBuffer held
+    cdef const uint8_t* buf
+    cdef Py_ssize_t pos = 0, end, smm_end, index
+    cdef uint32_t smm_size
+    cdef int64_t payload_size = 0
+    cdef int status
+    cdef long count
+    cdef SingleMessage message
+    cdef list messages
+    if not metadata.HasField("num_messages_in_batch"):
+        return [_unbatched(metadata, payload)]
+    held = _HeldBuffer(payload)
+    buf = held.ptr
+    end = held.size
+    count = metadata.num_messages_in_batch
+    if count < 0 or count > end // 5 + 1:
+        raise BadBatchError(f"num_messages_in_batch {count} cannot fit in {end} bytes")
+    messages = [None] * count
+    for index in range(count):
+        if end - pos < 4:
+            raise BadBatchError(f"batch ends after {index} of {count} entries")
+        smm_size = _u32(buf + pos)
+        pos += 4
+        if smm_size > end - pos:
+            raise BadBatchError(f"entry {index}: metadata size {smm_size} exceeds the {end - pos} bytes left")
+        smm_end = pos + smm_size
+        status = _scan_smm(buf, pos, smm_end, &payload_size)
+        if status != SCAN_OK:
+            _raise_scan(status)
+        if payload_size < 0 or payload_size > end - smm_end:
+            raise BadBatchError(f"entry {index}: payload_size {payload_size} does not fit in {end - smm_end} bytes")
+        message = SingleMessage.__new__(SingleMessage)
+        message._held = held
+        message._smm_start = pos
+        message._smm_end = smm_end
+        message._payload_start = smm_end
+        message._payload_end = smm_end + <Py_ssize_t>payload_size
+        message.batch_index = <int>index
+        message.batch_size = <int>count
+        messages[index] = message
+        pos = smm_end + <Py_ssize_t>payload_size
+    if pos != end:
+        raise BadBatchError(f"{end - pos} bytes left over after {count} batch entries")
+    return messages
+
+
+# --- batch encoding ---------------------------------------------------------
+
+cdef class BatchBuilder:
+    """Accumulates messages into one batch payload (uncompressed)."""
+
+    cdef uint8_t* _buf
+    cdef Py_ssize_t _len, _cap
+    cdef readonly int num_messages
+
+    def __cinit__(self):
+        self._cap = 4096
+        self._buf = <uint8_t*>PyMem_Malloc(self._cap)
+        if self._buf == NULL:
+            raise MemoryError()
+        self._len = 0
+        self.num_messages = 0
+
+    def __dealloc__(self):
+        PyMem_Free(self._buf)
+
+    cdef int _reserve(self, Py_ssize_t extra) except -1:
+        cdef Py_ssize_t cap = self._cap
+        cdef uint8_t* grown
+        if self._len + extra <= cap:
+            return 0
+        while cap < self._len + extra:
+            cap *= 2
+        grown = <uint8_t*>PyMem_Realloc(self._buf, cap)
+        if grown == NULL:
+            raise MemoryError()
+        self._buf = grown
+        self._cap = cap
+        return 0
+
+    cdef inline void _byte(self, uint8_t value) noexcept:
+        self._buf[self._len] = value
+        self._len += 1
+
+    cdef inline void _varint(self, uint64_t value) noexcept:
+        while value >= 0x80:
+            self._buf[self._len] = <uint8_t>((value & 0x7F) | 0x80)
+            self._len += 1
+            value >>= 7
+        self._buf[self._len] = <uint8_t>value
+        self._len += 1
+
+    cdef inline void _bytes_field(self, uint8_t tag, const uint8_t* data, Py_ssize_t size) noexcept:
+        self._byte(tag)
+        self._varint(<uint64_t>size)
+        memcpy(self._buf + self._len, data, size)
+        self._len += size
+
+    def add(self, payload, properties=None, partition_key=None, event_time=0,
+            ordering_key=None, sequence_id=None, null_value=False):
+        cdef Py_buffer view
+        cdef Py_ssize_t header_at, smm_start, smm_size, extra
+        cdef bytes key_raw, value_raw, pk_raw = None, ok_raw = None
+        cdef list encoded_properties = []
+        cdef uint8_t* at
+        PyObject_GetBuffer(payload, &view, PyBUF_SIMPLE)
+        try:
+            extra = 4 + 64 + view.len
+            if properties:
+                for key, value in properties.items():
+                    key_raw = PyUnicode_AsUTF8String(key)
+                    value_raw = PyUnicode_AsUTF8String(value)
+                    encoded_properties.append((key_raw, value_raw))
+                    extra += 30 + len(key_raw) + len(value_raw)
+            if partition_key is not None:
+                pk_raw = PyUnicode_AsUTF8String(partition_key)
+                extra += 10 + len(pk_raw)
+            if ordering_key is not None:
+                ok_raw = bytes(ordering_key)
+                extra += 10 + len(ok_raw)
+            self._reserve(extra)
+            header_at = self._len
+            self._len += 4
+            smm_start = self._len
+            for key_raw, value_raw in encoded_properties:
+                self._byte((1 << 3) | 2)
+                self._varint(<uint64_t>(len(key_raw) + len(value_raw)
+                                        + _varint_size(len(key_raw)) + _varint_size(len(value_raw)) + 2))
+                self._bytes_field((1 << 3) | 2, <const uint8_t*>PyBytes_AS_STRING(key_raw), len(key_raw))
+                self._bytes_field((2 << 3) | 2, <const uint8_t*>PyBytes_AS_STRING(value_raw), len(value_raw))
+            if pk_raw is not None:
+                self._bytes_field((2 << 3) | 2, <const uint8_t*>PyBytes_AS_STRING(pk_raw), len(pk_raw))
+            self._byte(3 << 3)
+            self._varint(<uint64_t>view.len)
+            if event_time:
+                self._byte(5 << 3)
+                self._varint(<uint64_t>event_time)
+            if ok_raw is not None:
+                self._bytes_field((7 << 3) | 2, <const uint8_t*>PyBytes_AS_STRING(ok_raw), len(ok_raw))
+            if sequence_id is not None:
+                self._byte(8 << 3)
+                self._varint(<uint64_t>sequence_id)
+            if null_value:
+                self._byte(9 << 3)
+                self._byte(1)
+            smm_size = self._len - smm_start
+            at = self._buf + header_at
+            at[0] = <uint8_t>(smm_size >> 24)
+            at[1] = <uint8_t>(smm_size >> 16)
+            at[2] = <uint8_t>(smm_size >> 8)
+            at[3] = <uint8_t>smm_size
+            memcpy(self._buf + self._len, view.buf, view.len)
+            self._len += view.len
+            self.num_messages += 1
+        finally:
+            PyBuffer_Release(&view)
+
+    @property
+    def size(self):
+        return self._len
+
+    def build(self):
+        return PyBytes_FromStringAndSize(<const char*>self._buf, self._len)
+
+    def clear(self):
+        self._len = 0
+        self.num_messages = 0
+
+
+cdef inline Py_ssize_t _varint_size(Py_ssize_t value) noexcept:
+    cdef Py_ssize_t size = 1
+    while value >= 0x80:
+        value >>= 7
+        size += 1
+    return size

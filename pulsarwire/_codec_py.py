@@ -1,0 +1,623 @@
+"""Pure-Python twin of pulsarwire._codec (same API, same behaviour, same errors).
+
+Used when the Cython extension is absent or PULSARWIRE_PURE_PYTHON=1 is set.
+tests/ run the whole suite against both twins.
+
+Frame layout (all integers big-endian):
+
+    [u32 total_size]                  bytes after this field
+    [u32 command_size][BaseCommand]
+    -- payload frames (SEND, MESSAGE) only --
+    [u16 0x0e02][u32 size][BrokerEntryMetadata]     optional
+    [u16 0x0e01][u32 CRC32C]                        optional; CRC covers the rest
+    [u32 metadata_size][MessageMetadata][payload]
+
+Batch payload (after decompression), num_messages_in_batch entries of:
+
+    [u32 smm_size][SingleMessageMetadata][payload_size bytes]
+"""
+from __future__ import annotations
+
+import struct
+from collections import deque
+
+from crc32c import crc32c
+from google.protobuf.message import DecodeError
+
+from . import compression
+from ._proto import PulsarApi_pb2 as pb
+from .errors import (
+    BadBatchError, BadCommandError, BadMagicError, BadMetadataError, ChecksumMismatchError,
+    FrameTooLargeError, TruncatedFrameError,
+)
+
+IMPLEMENTATION = "python"
+
+MAGIC_CRC32C = 0x0E01
+MAGIC_BROKER_ENTRY_METADATA = 0x0E02
+DEFAULT_MAX_MESSAGE_SIZE = 5 * 1024 * 1024
+#: A 5 MiB message must still fit with its command and metadata around it.
+FRAME_PADDING = 10 * 1024
+DEFAULT_MAX_FRAME_SIZE = DEFAULT_MAX_MESSAGE_SIZE + FRAME_PADDING
+
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+_BaseCommand = pb.BaseCommand
+_MessageMetadata = pb.MessageMetadata
+_BrokerEntryMetadata = pb.BrokerEntryMetadata
+
+
+class Frame:
+    """One decoded frame. Payload fields are None for simple commands.
+
+    `payload` is the payload as carried (still compressed); `metadata_and_payload`
+    is the span the checksum covers, which a broker stores and re-sends as is.
+    Both are memoryviews into the bytes that were fed (zero-copy).
+    """
+
+    __slots__ = ("command", "metadata", "payload", "metadata_and_payload",
+                 "broker_entry_metadata", "checksum", "size")
+
+    def __init__(self, command, metadata, payload, metadata_and_payload,
+                 broker_entry_metadata, checksum, size):
+        self.command = command
+        self.metadata = metadata
+        self.payload = payload
+        self.metadata_and_payload = metadata_and_payload
+        self.broker_entry_metadata = broker_entry_metadata
+        self.checksum = checksum
+        self.size = size
+
+    @property
+    def type(self) -> int:
+        return self.command.type
+
+    @property
+    def checksum_verified(self) -> bool:
+        """True when the frame carried 0x0e01 (and so its CRC32C matched)."""
+        return self.checksum is not None
+
+    def messages(self, max_uncompressed_size=compression.DEFAULT_MAX_UNCOMPRESSED_SIZE):
+        """Decompress the payload and split it into SingleMessage objects."""
+        if self.metadata is None:
+            return []
+        return split_messages(self.metadata,
+                              decompress_payload(self.metadata, self.payload, max_uncompressed_size))
+
+    def __repr__(self):
+        kind = _BaseCommand.Type.Name(self.command.type) if self.command.type in _TYPE_NAMES else self.command.type
+        return f"<Frame {kind} size={self.size} payload={'-' if self.payload is None else len(self.payload)}>"
+
+
+_TYPE_NAMES = set(_BaseCommand.Type.values())
+
+
+def _parse(message_type, view, error_type, what, command=None):
+    try:
+        return message_type.FromString(view)
+    except (DecodeError, RuntimeWarning, ValueError) as exc:
+        raise error_type(f"{what} does not parse: {exc}", command=command) from None
+
+
+def _decode_frame(view, start, end):
+    """Decode the frame view[start:end] whose total_size was already checked."""
+    if end - start < 8:
+        raise TruncatedFrameError(f"frame of {end - start - 4} bytes cannot hold its 4-byte command size")
+    command_size = _U32.unpack_from(view, start + 4)[0]
+    pos = start + 8
+    if command_size > end - pos:
+        raise TruncatedFrameError(f"command size {command_size} exceeds the {end - pos} bytes left in the frame")
+    command = _parse(_BaseCommand, view[pos:pos + command_size], BadCommandError, "BaseCommand")
+    pos += command_size
+    if pos == end:
+        return Frame(command, None, None, None, None, None, end - start)
+
+    broker_entry_metadata = None
+    if end - pos >= 2 and _U16.unpack_from(view, pos)[0] == MAGIC_BROKER_ENTRY_METADATA:
+        if end - pos < 6:
+            raise TruncatedFrameError("broker entry metadata header is cut off", command=command)
+        size = _U32.unpack_from(view, pos + 2)[0]
+        if size > end - pos - 6:
+            raise TruncatedFrameError(
+                f"broker entry metadata size {size} exceeds the {end - pos - 6} bytes left", command=command)
+        broker_entry_metadata = _parse(_BrokerEntryMetadata, view[pos + 6:pos + 6 + size],
+                                       BadMetadataError, "BrokerEntryMetadata", command)
+        pos += 6 + size
+
+    checksum = None
+    if end - pos >= 2 and _U16.unpack_from(view, pos)[0] == MAGIC_CRC32C:
+        if end - pos < 6:
+            raise TruncatedFrameError("checksum header is cut off", command=command)
+        checksum = _U32.unpack_from(view, pos + 2)[0]
+        pos += 6
+        actual = crc32c(view[pos:end])
+        if actual != checksum:
+            raise ChecksumMismatchError(checksum, actual, command=command)
+
+    if end - pos < 4:
+        raise TruncatedFrameError(
+            f"payload section of {end - pos} bytes cannot hold its metadata size", command=command)
+    metadata_size = _U32.unpack_from(view, pos)[0]
+    if metadata_size > end - pos - 4:
+        if checksum is None:
+            raise BadMagicError(
+                f"payload section starts with 0x{_U16.unpack_from(view, pos)[0]:04x}: neither magic "
+                f"0x{MAGIC_CRC32C:04x} nor a metadata size that fits", command=command)
+        raise TruncatedFrameError(
+            f"metadata size {metadata_size} exceeds the {end - pos - 4} bytes left", command=command)
+    metadata = _parse(_MessageMetadata, view[pos + 4:pos + 4 + metadata_size],
+                      BadMetadataError, "MessageMetadata", command)
+    return Frame(command, metadata, view[pos + 4 + metadata_size:end], view[pos:end],
+                 broker_entry_metadata, checksum, end - start)
+
+
+def _check_total_size(total_size, max_frame_size):
+    if total_size > max_frame_size:
+        raise FrameTooLargeError(f"frame of {total_size} bytes is over the {max_frame_size}-byte limit")
+    if total_size < 4:
+        raise TruncatedFrameError(f"frame of {total_size} bytes cannot hold its 4-byte command size")
+
+
+class FrameReader:
+    """Incremental frame reader: feed byte chunks of any size, take whole frames.
+
+    Frames that lie inside one fed chunk are views into it (zero-copy); a frame
+    split across chunks is joined once. A size error leaves the stream out of
+    sync, so it is sticky; any later error (magic, checksum, metadata) consumes
+    just its frame and the next frame can still be read.
+    """
+
+    def __init__(self, max_frame_size=DEFAULT_MAX_FRAME_SIZE):
+        if max_frame_size < 8:
+            raise ValueError("max_frame_size must be at least 8")
+        self.max_frame_size = max_frame_size
+        self._chunks = deque()
+        self._pos = 0          # read offset into self._chunks[0]
+        self._buffered = 0     # unread bytes across all chunks
+        self._error = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes fed but not yet returned as frames."""
+        return self._buffered
+
+    def feed(self, data) -> None:
+        if self._error is not None:
+            raise self._error
+        if not isinstance(data, bytes):
+            data = bytes(data)  # views must not see the caller reuse its buffer
+        if data:
+            self._chunks.append(memoryview(data))
+            self._buffered += len(data)
+
+    def next_frame(self):
+        """The next complete frame, or None until more bytes are fed."""
+        if self._error is not None:
+            raise self._error
+        if self._buffered < 4:
+            return None
+        head = self._chunks[0]
+        pos = self._pos
+        if len(head) - pos >= 4:
+            total_size = _U32.unpack_from(head, pos)[0]
+        else:
+            total_size = _U32.unpack(self._peek(4))[0]
+        try:
+            _check_total_size(total_size, self.max_frame_size)
+        except Exception as exc:
+            self._error = exc
+            raise
+        need = 4 + total_size
+        if self._buffered < need:
+            return None
+        if len(head) - pos >= need:
+            view, start = head, pos
+            self._pos += need
+            if self._pos == len(head):
+                self._chunks.popleft()
+                self._pos = 0
+        else:
+            view, start = memoryview(self._take(need)), 0
+        self._buffered -= need
+        return _decode_frame(view, start, start + need)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        frame = self.next_frame()
+        if frame is None:
+            raise StopIteration
+        return frame
+
+    def close(self) -> None:
+        """Declare end of stream; bytes of an unfinished frame are an error."""
+        if self._buffered:
+            raise TruncatedFrameError(f"stream ended inside a frame ({self._buffered} bytes left over)")
+
+    def _peek(self, count):
+        out = bytearray()
+        pos = self._pos
+        for chunk in self._chunks:
+            out += chunk[pos:pos + count - len(out)]
+            pos = 0
+            if len(out) == count:
+                break
+        return bytes(out)
+
+    def _take(self, count):
+        out = bytearray()
+        while len(out) < count:
+            head = self._chunks[0]
+            piece = head[self._pos:self._pos + count - len(out)]
+            out += piece
+            self._pos += len(piece)
+            if self._pos == len(head):
+                self._chunks.popleft()
+                self._pos = 0
+        return bytes(out)
+
+
+def decode_frame(data):
+    """Decode exactly one complete frame held in `data` (bytes-like)."""
+    view = memoryview(data).cast("B") if not isinstance(data, memoryview) else data.cast("B")
+    if len(view) < 4:
+        raise TruncatedFrameError(f"{len(view)} bytes cannot hold a frame size")
+    total_size = _U32.unpack_from(view, 0)[0]
+    _check_total_size(total_size, max(DEFAULT_MAX_FRAME_SIZE, len(view)))
+    if 4 + total_size != len(view):
+        raise TruncatedFrameError(f"frame declares {total_size} bytes but {len(view) - 4} follow its size")
+    return _decode_frame(view, 0, len(view))
+
+
+def decompress_payload(metadata, payload, max_uncompressed_size=compression.DEFAULT_MAX_UNCOMPRESSED_SIZE):
+    """The payload as the producer built it: decompressed and size-checked."""
+    kind = metadata.compression
+    if kind == compression.NONE:
+        return payload
+    return compression.decompress(kind, payload, metadata.uncompressed_size, max_uncompressed_size)
+
+
+# --- SingleMessageMetadata --------------------------------------------------
+
+def _varint(buf, pos, end):
+    result = 0
+    shift = 0
+    while True:
+        if pos >= end:
+            raise BadBatchError("varint runs past the end of SingleMessageMetadata")
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result & 0xFFFFFFFFFFFFFFFF, pos
+        shift += 7
+        if shift >= 70:
+            raise BadBatchError("varint longer than 10 bytes in SingleMessageMetadata")
+
+
+def _skip(buf, pos, end, wire_type):
+    if wire_type == 0:
+        return _varint(buf, pos, end)[1]
+    if wire_type == 1:
+        pos += 8
+    elif wire_type == 5:
+        pos += 4
+    elif wire_type == 2:
+        length, pos = _varint(buf, pos, end)
+        pos += length
+    else:
+        raise BadBatchError(f"unsupported wire type {wire_type} in SingleMessageMetadata")
+    if pos > end:
+        raise BadBatchError("field runs past the end of SingleMessageMetadata")
+    return pos
+
+
+def _utf8(buf, start, end):
+    try:
+        return str(buf[start:end], "utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadBatchError(f"string in SingleMessageMetadata is not UTF-8: {exc}") from None
+
+
+def _key_value(buf, start, end, decode=True):
+    """One KeyValue: (key, value), or None after checking it when decode is False."""
+    key = value = None
+    pos = start
+    while pos < end:
+        tag, pos = _varint(buf, pos, end)
+        field, wire_type = tag >> 3, tag & 7
+        if field in (1, 2) and wire_type == 2:
+            length, pos = _varint(buf, pos, end)
+            if length > end - pos:
+                raise BadBatchError("property runs past its KeyValue")
+            text = _utf8(buf, pos, pos + length) if decode else True
+            pos += length
+            if field == 1:
+                key = text
+            else:
+                value = text
+        else:
+            pos = _skip(buf, pos, end, wire_type)
+    if key is None or value is None:
+        raise BadBatchError("property KeyValue lacks its required key or value")
+    return (key, value) if decode else None
+
+
+def _scan_smm(buf, start, end):
+    """Check the structure of one SingleMessageMetadata; return its payload_size."""
+    payload_size = None
+    pos = start
+    while pos < end:
+        tag, pos = _varint(buf, pos, end)
+        field, wire_type = tag >> 3, tag & 7
+        if field == 3 and wire_type == 0:
+            value, pos = _varint(buf, pos, end)
+            payload_size = value - (1 << 64) if value >= 1 << 63 else value
+        elif field == 1 and wire_type == 2:
+            length, pos = _varint(buf, pos, end)
+            if length > end - pos:
+                raise BadBatchError("property runs past the end of SingleMessageMetadata")
+            _key_value(buf, pos, pos + length, decode=False)
+            pos += length
+        else:
+            pos = _skip(buf, pos, end, wire_type)
+    if payload_size is None:
+        raise BadBatchError("SingleMessageMetadata lacks its required payload_size")
+    return payload_size
+
+
+class SingleMessage:
+    """One message of a payload: its bytes (a memoryview) and its metadata.
+
+    In a batch, metadata fields are read from the entry's SingleMessageMetadata
+    the first time one is asked for; `batch_index` is its position (-1 when the
+    payload was not a batch).
+    """
+
+    __slots__ = ("payload", "batch_index", "batch_size", "_smm", "_decoded",
+                 "_properties", "_partition_key", "_partition_key_b64_encoded", "_ordering_key",
+                 "_event_time", "_sequence_id", "_null_value", "_null_partition_key", "_compacted_out")
+
+    def data(self) -> bytes:
+        return bytes(self.payload)
+
+    def _decode(self):
+        buf, start, end = self._smm
+        properties = {}
+        pos = start
+        while pos < end:
+            tag, pos = _varint(buf, pos, end)
+            field, wire_type = tag >> 3, tag & 7
+            if wire_type == 2 and field in (1, 2, 7):
+                length, pos = _varint(buf, pos, end)
+                if field == 1:
+                    key, value = _key_value(buf, pos, pos + length)
+                    properties[key] = value
+                elif field == 2:
+                    self._partition_key = _utf8(buf, pos, pos + length)
+                else:
+                    self._ordering_key = bytes(buf[pos:pos + length])
+                pos += length
+            elif wire_type == 0 and field in (4, 5, 6, 8, 9, 10):
+                value, pos = _varint(buf, pos, end)
+                if field == 4:
+                    self._compacted_out = value != 0
+                elif field == 5:
+                    self._event_time = value
+                elif field == 6:
+                    self._partition_key_b64_encoded = value != 0
+                elif field == 8:
+                    self._sequence_id = value
+                elif field == 9:
+                    self._null_value = value != 0
+                else:
+                    self._null_partition_key = value != 0
+            else:
+                pos = _skip(buf, pos, end, wire_type)
+        self._properties = properties
+        self._decoded = True
+
+    def _field(self, name):
+        if not self._decoded:
+            self._decode()
+        return getattr(self, name)
+
+    properties = property(lambda self: self._field("_properties"))
+    partition_key = property(lambda self: self._field("_partition_key"))
+    partition_key_b64_encoded = property(lambda self: self._field("_partition_key_b64_encoded"))
+    ordering_key = property(lambda self: self._field("_ordering_key"))
+    event_time = property(lambda self: self._field("_event_time"))
+    sequence_id = property(lambda self: self._field("_sequence_id"))
+    null_value = property(lambda self: self._field("_null_value"))
+    null_partition_key = property(lambda self: self._field("_null_partition_key"))
+    compacted_out = property(lambda self: self._field("_compacted_out"))
+
+    def __repr__(self):
+        return f"<SingleMessage batch_index={self.batch_index} {len(self.payload)} bytes>"
+
+
+def _blank_message(payload, batch_index, batch_size):
+    message = SingleMessage.__new__(SingleMessage)
+    message.payload = payload
+    message.batch_index = batch_index
+    message.batch_size = batch_size
+    message._partition_key = None
+    message._partition_key_b64_encoded = False
+    message._ordering_key = None
+    message._event_time = 0
+    message._sequence_id = None
+    message._null_value = False
+    message._null_partition_key = False
+    message._compacted_out = False
+    return message
+
+
+def split_messages(metadata, payload):
+    """Split an uncompressed payload into its messages.
+
+    A payload is a batch when MessageMetadata.num_messages_in_batch is present
+    (presence, not value, as the reference clients decide).
+    """
+    view = memoryview(payload).cast("B") if not isinstance(payload, memoryview) else payload.cast("B")
+    if not metadata.HasField("num_messages_in_batch"):
+        message = _blank_message(view, -1, 0)
+        message._properties = {kv.key: kv.value for kv in metadata.properties}
+        if metadata.HasField("partition_key"):
+            message._partition_key = metadata.partition_key
+        message._partition_key_b64_encoded = metadata.partition_key_b64_encoded
+        if metadata.HasField("ordering_key"):
+            message._ordering_key = metadata.ordering_key
+        message._event_time = metadata.event_time
+        message._sequence_id = metadata.sequence_id
+        message._null_value = metadata.null_value
+        message._null_partition_key = metadata.null_partition_key
+        message._smm = None
+        message._decoded = True
+        return [message]
+
+    count = metadata.num_messages_in_batch
+    end = len(view)
+    if count < 0 or count > end // 5 + 1:
+        raise BadBatchError(f"num_messages_in_batch {count} cannot fit in {end} bytes")
+    messages = []
+    pos = 0
+    for index in range(count):
+        if end - pos < 4:
+            raise BadBatchError(f"batch ends after {index} of {count} entries")
+        smm_size = _U32.unpack_from(view, pos)[0]
+        pos += 4
+        if smm_size > end - pos:
+            raise BadBatchError(f"entry {index}: metadata size {smm_size} exceeds the {end - pos} bytes left")
+        smm_end = pos + smm_size
+        payload_size = _scan_smm(view, pos, smm_end)
+        if payload_size < 0 or payload_size > end - smm_end:
+            raise BadBatchError(f"entry {index}: payload_size {payload_size} does not fit in {end - smm_end} bytes")
+        message = _blank_message(view[smm_end:smm_end + payload_size], index, count)
+        message._smm = (view, pos, smm_end)
+        message._decoded = False
+        messages.append(message)
+        pos = smm_end + payload_size
+    if pos != end:
+        raise BadBatchError(f"{end - pos} bytes left over after {count} batch entries")
+    return messages
+
+
+# --- encoding ---------------------------------------------------------------
+
+def _write_varint(out, value):
+    value &= 0xFFFFFFFFFFFFFFFF
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+
+
+def _write_bytes_field(out, field, data):
+    out.append((field << 3) | 2)
+    _write_varint(out, len(data))
+    out += data
+
+
+def encode_single_message_metadata(payload_size, properties=None, partition_key=None,
+                                   event_time=0, ordering_key=None, sequence_id=None,
+                                   null_value=False, partition_key_b64_encoded=False,
+                                   null_partition_key=False):
+    """SingleMessageMetadata bytes, in field order, as protobuf would write them."""
+    out = bytearray()
+    if properties:
+        for key, value in properties.items():
+            entry = bytearray()
+            _write_bytes_field(entry, 1, key.encode())
+            _write_bytes_field(entry, 2, value.encode())
+            _write_bytes_field(out, 1, entry)
+    if partition_key is not None:
+        _write_bytes_field(out, 2, partition_key.encode())
+    out.append(3 << 3)
+    _write_varint(out, payload_size)
+    if event_time:
+        out.append(5 << 3)
+        _write_varint(out, event_time)
+    if partition_key_b64_encoded:
+        out += b"\x30\x01"
+    if ordering_key is not None:
+        _write_bytes_field(out, 7, ordering_key)
+    if sequence_id is not None:
+        out.append(8 << 3)
+        _write_varint(out, sequence_id)
+    if null_value:
+        out += b"\x48\x01"
+    if null_partition_key:
+        out += b"\x50\x01"
+    return bytes(out)
+
+
+class BatchBuilder:
+    """Accumulates messages into one batch payload (uncompressed)."""
+
+    __slots__ = ("_buffer", "num_messages")
+
+    def __init__(self):
+        self._buffer = bytearray()
+        self.num_messages = 0
+
+    def add(self, payload, properties=None, partition_key=None, event_time=0,
+            ordering_key=None, sequence_id=None, null_value=False):
+        smm = encode_single_message_metadata(len(payload), properties, partition_key, event_time,
+                                             ordering_key, sequence_id, null_value)
+        self._buffer += _U32.pack(len(smm))
+        self._buffer += smm
+        self._buffer += payload
+        self.num_messages += 1
+
+    @property
+    def size(self) -> int:
+        return len(self._buffer)
+
+    def build(self) -> bytes:
+        return bytes(self._buffer)
+
+    def clear(self) -> None:
+        self._buffer.clear()
+        self.num_messages = 0
+
+
+def encode_command(command) -> bytes:
+    """A simple-command frame: [total][command size][BaseCommand]."""
+    body = command.SerializeToString()
+    return _U32.pack(len(body) + 4) + _U32.pack(len(body)) + body
+
+
+def encode_metadata_and_payload(metadata, payload) -> bytes:
+    """[u32 metadata size][MessageMetadata][payload]: what the checksum covers."""
+    raw = metadata if isinstance(metadata, (bytes, bytearray)) else metadata.SerializeToString()
+    return b"".join((_U32.pack(len(raw)), raw, payload))
+
+
+def encode_payload_frame(command, metadata_and_payload, checksum=None, broker_entry_metadata=None,
+                         with_checksum=True) -> bytes:
+    """A payload frame around an already encoded metadata+payload span.
+
+    `checksum` may pass the CRC32C already known for the span (a broker
+    re-sending a stored entry); with_checksum=False omits magic and CRC.
+    """
+    body = command.SerializeToString()
+    parts = [b"", _U32.pack(len(body)), body]
+    if broker_entry_metadata is not None:
+        raw = broker_entry_metadata.SerializeToString()
+        parts += (_U16.pack(MAGIC_BROKER_ENTRY_METADATA), _U32.pack(len(raw)), raw)
+    if with_checksum:
+        if checksum is None:
+            checksum = crc32c(metadata_and_payload)
+        parts += (_U16.pack(MAGIC_CRC32C), _U32.pack(checksum))
+    parts.append(metadata_and_payload)
+    total = sum(len(part) for part in parts)
+    parts[0] = _U32.pack(total)
+    return b"".join(parts)
+
+
+def encode_payload_command(command, metadata, payload, broker_entry_metadata=None,
+                           with_checksum=True) -> bytes:
+    """A payload frame (SEND or MESSAGE) with magic 0x0e01 and CRC32C."""
+    return encode_payload_frame(command, encode_metadata_and_payload(metadata, payload), None,
+                                broker_entry_metadata, with_checksum)

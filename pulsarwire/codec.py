@@ -1,0 +1,46 @@
+"""The codec, chosen once at import: the Cython twin when it is built, else the
+pure-Python twin (with a warning). Set PULSARWIRE_PURE_PYTHON=1 to force the
+pure-Python twin; both have the same API and behaviour.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+
+if os.environ.get("PULSARWIRE_PURE_PYTHON", "") not in ("", "0"):
+    from . import _codec_py as _impl
+else:
+    try:
+        from . import _codec as _impl  # type: ignore[no-redef]
+    except ImportError:  # no compiler at install time, or an unsupported platform
+        warnings.warn("pulsarwire: Cython codec not built; using the pure-Python codec (slower)",
+                      RuntimeWarning, stacklevel=2)
+        from . import _codec_py as _impl  # type: ignore[no-redef]
+
+IMPLEMENTATION: str = _impl.IMPLEMENTATION
+MAGIC_CRC32C = _impl.MAGIC_CRC32C
+MAGIC_BROKER_ENTRY_METADATA = _impl.MAGIC_BROKER_ENTRY_METADATA
+DEFAULT_MAX_MESSAGE_SIZE = _impl.DEFAULT_MAX_MESSAGE_SIZE
+DEFAULT_MAX_FRAME_SIZE = _impl.DEFAULT_MAX_FRAME_SIZE
+FRAME_PADDING = _impl.FRAME_PADDING
+
+Frame = _impl.Frame
+FrameReader = _impl.FrameReader
+SingleMessage = _impl.SingleMessage
+BatchBuilder = _impl.BatchBuilder
+decode_frame = _impl.decode_frame
+decompress_payload = _impl.decompress_payload
+split_messages = _impl.split_messages
+encode_command = _impl.encode_command
+encode_metadata_and_payload = _impl.encode_metadata_and_payload
+encode_payload_frame = _impl.encode_payload_frame
+encode_payload_command = _impl.encode_payload_command
+encode_single_message_metadata = _impl.encode_single_message_metadata
+
+__all__ = [
+    "IMPLEMENTATION", "MAGIC_CRC32C", "MAGIC_BROKER_ENTRY_METADATA", "DEFAULT_MAX_MESSAGE_SIZE",
+    "DEFAULT_MAX_FRAME_SIZE", "FRAME_PADDING", "Frame", "FrameReader", "SingleMessage",
+    "BatchBuilder", "decode_frame", "decompress_payload", "split_messages", "encode_command",
+    "encode_metadata_and_payload", "encode_payload_frame", "encode_payload_command",
+    "encode_single_message_metadata",
+]
