@@ -61,9 +61,13 @@ cdef inline uint32_t _u16(const uint8_t* p) noexcept nogil:
 cdef object _parse(object message_type, const uint8_t* p, Py_ssize_t size, object error_type,
                    str what, object command):
     try:
-        return message_type.FromString(PyBytes_FromStringAndSize(<const char*>p, size))
+        message = message_type.FromString(PyBytes_FromStringAndSize(<const char*>p, size))
     except (DecodeError, RuntimeWarning, ValueError) as exc:
         raise error_type(f"{what} does not parse: {exc}", command=command) from None
+    if not message.IsInitialized():  # upb does not enforce proto2 `required` itself
+        missing = ", ".join(message.FindInitializationErrors())
+        raise error_type(f"{what} lacks required fields: {missing}", command=command)
+    return message
 
 
 @cython.final

@@ -94,9 +94,13 @@ _TYPE_NAMES = set(_BaseCommand.Type.values())
 
 def _parse(message_type, view, error_type, what, command=None):
     try:
-        return message_type.FromString(view)
+        message = message_type.FromString(view)
     except (DecodeError, RuntimeWarning, ValueError) as exc:
         raise error_type(f"{what} does not parse: {exc}", command=command) from None
+    if not message.IsInitialized():  # upb does not enforce proto2 `required` itself
+        missing = ", ".join(message.FindInitializationErrors())
+        raise error_type(f"{what} lacks required fields: {missing}", command=command)
+    return message
 
 
 def _decode_frame(view, start, end):

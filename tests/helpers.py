@@ -1,0 +1,41 @@
+"""Builders for frames used across the tests."""
+from __future__ import annotations
+
+from pulsarwire._proto import PulsarApi_pb2 as pb
+
+
+def send_command(producer_id=1, sequence_id=0, num_messages=1):
+    return pb.BaseCommand(type=pb.BaseCommand.SEND, send=pb.CommandSend(
+        producer_id=producer_id, sequence_id=sequence_id, num_messages=num_messages))
+
+
+def message_command(consumer_id=1, ledger=7, entry=9):
+    return pb.BaseCommand(type=pb.BaseCommand.MESSAGE, message=pb.CommandMessage(
+        consumer_id=consumer_id, message_id=pb.MessageIdData(ledgerId=ledger, entryId=entry)))
+
+
+def metadata(count=None, compression=0, uncompressed_size=None, **fields):
+    md = pb.MessageMetadata(producer_name="test-producer", sequence_id=fields.pop("sequence_id", 0),
+                            publish_time=1_700_000_000_000, compression=compression, **fields)
+    if count is not None:
+        md.num_messages_in_batch = count
+    if uncompressed_size is not None:
+        md.uncompressed_size = uncompressed_size
+    return md
+
+
+def batch_frame(twin, payloads, compression=0, with_checksum=True, **add_kwargs):
+    """A Send frame carrying `payloads` as one batch, compressed as asked."""
+    from pulsarwire import compression as comp
+
+    builder = twin.BatchBuilder()
+    for index, payload in enumerate(payloads):
+        builder.add(payload, properties={"i": str(index)}, partition_key=f"k{index}",
+                    event_time=1000 + index, **add_kwargs)
+    raw = builder.build()
+    md = metadata(count=len(payloads), compression=compression, uncompressed_size=len(raw))
+    return twin.encode_payload_command(send_command(num_messages=len(payloads)), md,
+                                       comp.compress(compression, raw), with_checksum=with_checksum)
+
+
+PING = pb.BaseCommand(type=pb.BaseCommand.PING, ping=pb.CommandPing())
