@@ -1,0 +1,141 @@
+"""User-facing message and message-id types."""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from ._proto import PulsarApi_pb2 as pb
+
+_U64_MAX = 0xFFFFFFFFFFFFFFFF
+_I64_MAX = 0x7FFFFFFFFFFFFFFF
+
+
+@functools.total_ordering
+@dataclass(frozen=True, slots=True)
+class MessageId:
+    """Position of a message: ledger, entry, and for batches the index in the entry."""
+
+    ledger_id: int
+    entry_id: int
+    partition: int = -1
+    batch_index: int = -1
+    batch_size: int = 0
+    topic: str | None = None
+
+    def _key(self):
+        return (self.ledger_id, self.entry_id, self.batch_index)
+
+    def __lt__(self, other: "MessageId") -> bool:
+        return self._key() < other._key()
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, MessageId) and self._key() == other._key() and \
+            self.partition == other.partition
+
+    def __hash__(self) -> int:
+        return hash((self.ledger_id, self.entry_id, self.batch_index, self.partition))
+
+    def entry(self) -> "MessageId":
+        """The id of the whole entry (batch) this message is in."""
+        return MessageId(self.ledger_id, self.entry_id, self.partition, topic=self.topic)
+
+    def to_proto(self) -> pb.MessageIdData:
+        data = pb.MessageIdData(ledgerId=self.ledger_id & _U64_MAX, entryId=self.entry_id & _U64_MAX)
+        if self.partition >= 0:
+            data.partition = self.partition
+        if self.batch_index >= 0:
+            data.batch_index = self.batch_index
+            data.batch_size = self.batch_size
+        return data
+
+    @classmethod
+    def from_proto(cls, data: pb.MessageIdData, topic: str | None = None) -> "MessageId":
+        return cls(_signed(data.ledgerId), _signed(data.entryId), data.partition,
+                   data.batch_index, data.batch_size, topic)
+
+    def serialize(self) -> bytes:
+        return self.to_proto().SerializeToString()
+
+    @classmethod
+    def deserialize(cls, raw: bytes) -> "MessageId":
+        return cls.from_proto(pb.MessageIdData.FromString(raw))
+
+    def __str__(self) -> str:
+        return f"({self.ledger_id},{self.entry_id},{self.partition},{self.batch_index})"
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value > _I64_MAX else value
+
+
+#: The position before the first message and after the last one.
+MessageId.earliest = MessageId(-1, -1)  # type: ignore[attr-defined]
+MessageId.latest = MessageId(_I64_MAX, _I64_MAX)  # type: ignore[attr-defined]
+
+
+class Message:
+    """A received message; accessor names follow the official Python client."""
+
+    __slots__ = ("_payload", "_id", "_properties", "_partition_key", "_ordering_key",
+                 "_publish_time", "_event_time", "_topic", "_redelivery_count", "_producer_name",
+                 "_sequence_id", "_ack_unit")
+
+    def __init__(self, payload, message_id, properties, partition_key, ordering_key,
+                 publish_time, event_time, topic, redelivery_count=0, producer_name="",
+                 sequence_id=0, ack_unit=None):
+        self._payload = payload
+        self._id = message_id
+        self._properties = properties
+        self._partition_key = partition_key
+        self._ordering_key = ordering_key
+        self._publish_time = publish_time
+        self._event_time = event_time
+        self._topic = topic
+        self._redelivery_count = redelivery_count
+        self._producer_name = producer_name
+        self._sequence_id = sequence_id
+        self._ack_unit = ack_unit  # consumer-side tracking of the entry this came in
+
+    def data(self) -> bytes:
+        payload = self._payload
+        return payload if type(payload) is bytes else bytes(payload)
+
+    def value(self) -> bytes:
+        return self.data()
+
+    def payload_view(self) -> memoryview:
+        """The payload without copying (valid as long as the message is)."""
+        return memoryview(self._payload)
+
+    def properties(self) -> dict:
+        return self._properties
+
+    def partition_key(self) -> str | None:
+        return self._partition_key
+
+    def ordering_key(self) -> bytes | None:
+        return self._ordering_key
+
+    def publish_timestamp(self) -> int:
+        return self._publish_time
+
+    def event_timestamp(self) -> int:
+        return self._event_time
+
+    def message_id(self) -> MessageId:
+        return self._id
+
+    def topic_name(self) -> str:
+        return self._topic
+
+    def redelivery_count(self) -> int:
+        return self._redelivery_count
+
+    def producer_name(self) -> str:
+        return self._producer_name
+
+    def sequence_id(self) -> int:
+        return self._sequence_id
+
+    def __repr__(self) -> str:
+        return f"<Message {self._id} {len(self._payload)} bytes>"
