@@ -182,7 +182,7 @@ cdef class FrameReader:
     just its frame and the next frame can still be read.
     """
 
-    cdef readonly Py_ssize_t max_frame_size
+    cdef public Py_ssize_t max_frame_size
     cdef object _chunks        # deque of bytes
     cdef object _head_view     # memoryview of _chunks[0]
     cdef Py_ssize_t _pos       # read offset into _chunks[0]

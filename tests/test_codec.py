@@ -298,3 +298,28 @@ def test_compression_names():
     assert compression.compression_type(4) == compression.SNAPPY
     with pytest.raises(ValueError):
         compression.compression_type("brotli")
+
+
+def test_max_frame_size_can_be_raised_after_connected(twin):
+    reader = twin.FrameReader(max_frame_size=64)
+    reader.max_frame_size = 1 << 20
+    reader.feed(twin.encode_payload_command(send_command(), metadata(), b"x" * 1000))
+    assert len(reader.next_frame().payload) == 1000
+
+
+def test_twins_expose_the_same_api():
+    from .conftest import TWINS
+    names = [sorted(n for n in dir(t) if not n.startswith("_")) for t in TWINS]
+    public = {"BatchBuilder", "DEFAULT_MAX_FRAME_SIZE", "DEFAULT_MAX_MESSAGE_SIZE", "FRAME_PADDING",
+              "Frame", "FrameReader", "IMPLEMENTATION", "MAGIC_BROKER_ENTRY_METADATA", "MAGIC_CRC32C",
+              "SingleMessage", "decode_frame", "decompress_payload", "encode_command",
+              "encode_metadata_and_payload", "encode_payload_command", "encode_payload_frame",
+              "encode_single_message_metadata", "split_messages"}
+    for listing in names:
+        assert public <= set(listing)
+    for cls in ("Frame", "SingleMessage"):
+        members = [{n for n in dir(getattr(t, cls)) if not n.startswith("_")} for t in TWINS]
+        assert all(m == members[0] for m in members), cls
+    for cls in ("FrameReader", "BatchBuilder"):
+        members = [{n for n in dir(getattr(t, cls)()) if not n.startswith("_")} for t in TWINS]
+        assert all(m == members[0] for m in members), cls

@@ -1,0 +1,419 @@
+"""The embedded broker's Pulsar binary protocol front end: one instance per connection."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Callable
+
+from .. import __version__, codec
+from .._proto import PulsarApi_pb2 as pb
+from ..errors import BadMetadataError, ChecksumMismatchError, PulsarWireError
+from .topics import ServerConsumer, message_id, start_entry
+
+if TYPE_CHECKING:
+    from .server import Broker
+
+log = logging.getLogger("pulsarwire.broker")
+T = pb.BaseCommand
+SERVER_VERSION = f"pulsarwire-broker-{__version__}"
+MAX_PROTOCOL_VERSION = 21
+_WRITE_HIGH_WATER = 4 * 1024 * 1024
+
+
+class BrokerConnection(asyncio.Protocol):
+    def __init__(self, broker: "Broker", tls: bool = False) -> None:
+        self.broker = broker
+        self.tls = tls
+        self.transport: asyncio.Transport | None = None
+        self.reader = codec.FrameReader(broker.max_message_size + codec.FRAME_PADDING)
+        self.connected = False
+        self.closed = False
+        self.writable = True
+        self.producers: dict[int, tuple] = {}       # producer_id -> (topic, producer_name)
+        self.consumers: dict[int, ServerConsumer] = {}
+        self.last_received = time.monotonic()
+        self._keepalive: asyncio.Task | None = None
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+
+    # asyncio.Protocol
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.transport.set_write_buffer_limits(high=_WRITE_HIGH_WATER)
+        self.broker.connections.add(self)
+        self._keepalive = asyncio.ensure_future(self._keep_alive())
+
+    def data_received(self, data: bytes) -> None:
+        self.last_received = time.monotonic()
+        try:
+            self.reader.feed(data)
+            while True:
+                try:
+                    frame = self.reader.next_frame()
+                except (ChecksumMismatchError, BadMetadataError) as exc:
+                    command = getattr(exc, "command", None)
+                    if command is not None and command.type == T.SEND:
+                        self._send_error(command.send.producer_id, command.send.sequence_id,
+                                         pb.ChecksumError, str(exc))
+                        continue
+                    raise
+                if frame is None:
+                    break
+                self._handle(frame)
+        except PulsarWireError as exc:
+            log.warning("closing connection: %s", exc)
+            self.close()
+        self.flush()
+
+    def connection_lost(self, exc) -> None:
+        self._cleanup()
+
+    def pause_writing(self) -> None:
+        self.writable = False
+
+    def resume_writing(self) -> None:
+        self.writable = True
+        for consumer in list(self.consumers.values()):
+            consumer.subscription.dispatch()
+        self.flush()
+
+    # output
+
+    def write(self, data: bytes) -> None:
+        self._out.append(data)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        if self._out and self.transport is not None and not self.closed:
+            self.transport.writelines(self._out)
+        self._out.clear()
+
+    def command(self, kind: int, field: str, sub) -> None:
+        cmd = T(type=kind)
+        getattr(cmd, field).CopyFrom(sub)
+        self.write(codec.encode_command(cmd))
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.flush()
+            self.transport.close()
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+        self.broker.connections.discard(self)
+        for topic, name in self.producers.values():
+            if topic.producers.get(name) is self:
+                del topic.producers[name]
+        self.producers.clear()
+        for consumer in list(self.consumers.values()):
+            self._detach(consumer)
+        self.consumers.clear()
+
+    async def _keep_alive(self) -> None:
+        interval = self.broker.keep_alive_interval
+        try:
+            while not self.closed:
+                await asyncio.sleep(interval)
+                if time.monotonic() - self.last_received > 2 * interval:
+                    log.info("closing a connection silent for %.0fs", 2 * interval)
+                    self.close()
+                    return
+                if self.connected:
+                    self.command(T.PING, "ping", pb.CommandPing())
+        except asyncio.CancelledError:
+            pass
+
+    # dispatch by command type; before CONNECTED only CONNECT is allowed
+
+    def _handle(self, frame) -> None:
+        kind = frame.command.type
+        if not self.connected and kind != T.CONNECT:
+            raise PulsarWireError(f"command {kind} before CONNECT")
+        handler = _HANDLERS.get(kind)
+        if handler is None:
+            log.info("unsupported command %s", kind)
+            request_id = _request_id(frame.command)
+            if request_id is not None:
+                self._error(request_id, pb.NotAllowedError, f"command {kind} is not supported")
+            return
+        handler(self, frame)
+
+    def _error(self, request_id: int, code: int, message: str) -> None:
+        self.command(T.ERROR, "error", pb.CommandError(request_id=request_id, error=code, message=message))
+
+    def _success(self, request_id: int) -> None:
+        self.command(T.SUCCESS, "success", pb.CommandSuccess(request_id=request_id))
+
+    def _send_error(self, producer_id: int, sequence_id: int, code: int, message: str) -> None:
+        self.command(T.SEND_ERROR, "send_error", pb.CommandSendError(
+            producer_id=producer_id, sequence_id=sequence_id, error=code, message=message))
+
+    def active_consumer_change(self, consumer_id: int, active: bool) -> None:
+        self.command(T.ACTIVE_CONSUMER_CHANGE, "active_consumer_change",
+                     pb.CommandActiveConsumerChange(consumer_id=consumer_id, is_active=active))
+
+    # handlers
+
+    def on_connect(self, frame) -> None:
+        c = frame.command.connect
+        if self.connected:
+            raise PulsarWireError("second CONNECT on one connection")
+        tokens = self.broker.auth_tokens
+        if tokens is not None:
+            token = c.auth_data.decode("utf-8", "replace") if c.HasField("auth_data") else ""
+            if c.auth_method_name != "token" or token not in tokens:
+                self._error(0, pb.AuthenticationError, "authentication failed")
+                self.flush()
+                self.close()
+                return
+        self.connected = True
+        response = pb.CommandConnected(server_version=SERVER_VERSION,
+                                       protocol_version=min(c.protocol_version, MAX_PROTOCOL_VERSION),
+                                       max_message_size=self.broker.max_message_size)
+        self.command(T.CONNECTED, "connected", response)
+
+    def on_ping(self, frame) -> None:
+        self.command(T.PONG, "pong", pb.CommandPong())
+
+    def on_pong(self, frame) -> None:
+        pass
+
+    def on_lookup(self, frame) -> None:
+        c = frame.command.lookupTopic
+        response = pb.CommandLookupTopicResponse(request_id=c.request_id, authoritative=True,
+                                                 response=pb.CommandLookupTopicResponse.Connect,
+                                                 brokerServiceUrl=self.broker.service_url)
+        if self.broker.service_url_tls:
+            response.brokerServiceUrlTls = self.broker.service_url_tls
+        self.command(T.LOOKUP_RESPONSE, "lookupTopicResponse", response)
+
+    def on_partitioned_metadata(self, frame) -> None:
+        c = frame.command.partitionMetadata
+        self.command(T.PARTITIONED_METADATA_RESPONSE, "partitionMetadataResponse",
+                     pb.CommandPartitionedTopicMetadataResponse(
+                         request_id=c.request_id, partitions=self.broker.partitions_of(c.topic),
+                         response=pb.CommandPartitionedTopicMetadataResponse.Success))
+
+    def on_producer(self, frame) -> None:
+        c = frame.command.producer
+        topic = self.broker.topic(c.topic)
+        if topic is None:
+            self._error(c.request_id, pb.TopicNotFound, f"{c.topic} is a partitioned topic; use a partition")
+            return
+        if topic.terminated:
+            self._error(c.request_id, pb.TopicTerminatedError, f"{c.topic} is terminated")
+            return
+        if c.producer_id in self.producers:
+            topic_, name = self.producers[c.producer_id]
+            if topic_ is topic:  # a retried create: answer again
+                self.command(T.PRODUCER_SUCCESS, "producer_success", pb.CommandProducerSuccess(
+                    request_id=c.request_id, producer_name=name,
+                    last_sequence_id=topic.last_sequence.get(name, -1)))
+                return
+        name = c.producer_name if c.HasField("producer_name") and c.producer_name else \
+            self.broker.new_producer_name()
+        holder = topic.producers.get(name)
+        if holder is not None and holder is not self and not holder.closed:
+            self._error(c.request_id, pb.ProducerBusy, f"producer {name} is already connected to {c.topic}")
+            return
+        topic.producers[name] = self
+        self.producers[c.producer_id] = (topic, name)
+        self.command(T.PRODUCER_SUCCESS, "producer_success", pb.CommandProducerSuccess(
+            request_id=c.request_id, producer_name=name,
+            last_sequence_id=topic.last_sequence.get(name, -1)))
+
+    def on_send(self, frame) -> None:
+        s = frame.command.send
+        found = self.producers.get(s.producer_id)
+        if found is None:
+            self._send_error(s.producer_id, s.sequence_id, pb.NotAllowedError, "unknown producer id")
+            return
+        topic, name = found
+        if frame.metadata is None:
+            self._send_error(s.producer_id, s.sequence_id, pb.UnknownError, "SEND without payload")
+            return
+        highest = s.highest_sequence_id if s.HasField("highest_sequence_id") and \
+            s.highest_sequence_id > s.sequence_id else s.sequence_id
+        receipt = pb.CommandSendReceipt(producer_id=s.producer_id, sequence_id=s.sequence_id,
+                                        highest_sequence_id=highest)
+        if topic.terminated:
+            self._send_error(s.producer_id, s.sequence_id, pb.TopicTerminatedError, "topic is terminated")
+            return
+        if not (s.is_chunk and frame.metadata.chunk_id > 0) and \
+                highest <= topic.last_sequence.get(name, -1):
+            receipt.message_id.CopyFrom(pb.MessageIdData(ledgerId=(1 << 64) - 1, entryId=(1 << 64) - 1))
+            self.command(T.SEND_RECEIPT, "send_receipt", receipt)  # duplicate: already stored
+            return
+        entry_id = topic.publish(bytes(frame.metadata_and_payload), frame.checksum, frame.metadata,
+                                 s.num_messages, name, highest)
+        receipt.message_id.CopyFrom(message_id(entry_id))
+        self.command(T.SEND_RECEIPT, "send_receipt", receipt)
+
+    def on_close_producer(self, frame) -> None:
+        c = frame.command.close_producer
+        found = self.producers.pop(c.producer_id, None)
+        if found is not None:
+            topic, name = found
+            if topic.producers.get(name) is self:
+                del topic.producers[name]
+        self._success(c.request_id)
+
+    def on_subscribe(self, frame) -> None:
+        c = frame.command.subscribe
+        topic = self.broker.topic(c.topic)
+        if topic is None:
+            self._error(c.request_id, pb.TopicNotFound, f"{c.topic} is a partitioned topic; use a partition")
+            return
+        if c.consumer_id in self.consumers:
+            self._success(c.request_id)  # a retried subscribe
+            return
+        subscription = topic.subscription(c.subscription, c.subType, c.durable,
+                                          c.initialPosition == pb.CommandSubscribe.Earliest,
+                                          c.start_message_id if c.HasField("start_message_id") else None)
+        if subscription.consumers and subscription.type != c.subType:
+            self._error(c.request_id, pb.ConsumerBusy,
+                        f"subscription {c.subscription} is of another type")
+            return
+        if subscription.type == pb.CommandSubscribe.Exclusive and subscription.consumers:
+            self._error(c.request_id, pb.ConsumerBusy, f"exclusive subscription {c.subscription} is in use")
+            return
+        subscription.type = c.subType
+        consumer = ServerConsumer(self, c.consumer_id, subscription, c.consumer_name or str(c.consumer_id),
+                                  c.priority_level)
+        self.consumers[c.consumer_id] = consumer
+        subscription.add_consumer(consumer)
+        self._success(c.request_id)
+        self.broker.check_end_of_topic(subscription)
+
+    def on_flow(self, frame) -> None:
+        c = frame.command.flow
+        consumer = self.consumers.get(c.consumer_id)
+        if consumer is not None:
+            consumer.permits += c.messagePermits
+            consumer.subscription.dispatch()
+            self.broker.check_end_of_topic(consumer.subscription)
+
+    def on_ack(self, frame) -> None:
+        c = frame.command.ack
+        consumer = self.consumers.get(c.consumer_id)
+        if consumer is not None:
+            subscription = consumer.subscription
+            for mid in c.message_id:
+                subscription.ack(mid, c.ack_type == pb.CommandAck.Cumulative)
+            subscription.dispatch()
+            self.broker.check_end_of_topic(subscription)
+        if c.HasField("request_id"):
+            self.command(T.ACK_RESPONSE, "ackResponse",
+                         pb.CommandAckResponse(consumer_id=c.consumer_id, request_id=c.request_id))
+
+    def on_redeliver(self, frame) -> None:
+        c = frame.command.redeliverUnacknowledgedMessages
+        consumer = self.consumers.get(c.consumer_id)
+        if consumer is not None:
+            consumer.subscription.redeliver(consumer, c.message_ids)
+
+    def on_seek(self, frame) -> None:
+        c = frame.command.seek
+        consumer = self.consumers.get(c.consumer_id)
+        if consumer is None:
+            self._error(c.request_id, pb.ConsumerNotFound, "unknown consumer id")
+            return
+        subscription = consumer.subscription
+        topic_log = subscription.topic.log
+        if c.HasField("message_id"):
+            position = start_entry(c.message_id, topic_log)
+        elif c.HasField("message_publish_time"):
+            position = topic_log.find_by_publish_time(c.message_publish_time)
+        else:
+            self._error(c.request_id, pb.UnknownError, "seek needs a message id or a publish time")
+            return
+        subscription.seek(position)
+        self._success(c.request_id)
+        # As a real broker does: disconnect the consumers so they re-subscribe at the new position.
+        for other in list(subscription.consumers):
+            other.conn.command(T.CLOSE_CONSUMER, "close_consumer",
+                               pb.CommandCloseConsumer(consumer_id=other.consumer_id, request_id=0))
+            other.conn.consumers.pop(other.consumer_id, None)
+            other.conn._detach(other)
+
+    def on_unsubscribe(self, frame) -> None:
+        c = frame.command.unsubscribe
+        consumer = self.consumers.get(c.consumer_id)
+        if consumer is None:
+            self._error(c.request_id, pb.ConsumerNotFound, "unknown consumer id")
+            return
+        subscription = consumer.subscription
+        if len(subscription.consumers) > 1 and not c.force:
+            self._error(c.request_id, pb.UnknownError, "subscription has other consumers")
+            return
+        for other in list(subscription.consumers):
+            other.conn.consumers.pop(other.consumer_id, None)
+        subscription.consumers.clear()
+        subscription.topic.drop_subscription(subscription.name)
+        self._success(c.request_id)
+
+    def on_close_consumer(self, frame) -> None:
+        c = frame.command.close_consumer
+        consumer = self.consumers.pop(c.consumer_id, None)
+        if consumer is not None:
+            self._detach(consumer)
+        self._success(c.request_id)
+
+    def _detach(self, consumer: ServerConsumer) -> None:
+        subscription = consumer.subscription
+        subscription.remove_consumer(consumer)
+        if not subscription.durable and not subscription.consumers:
+            subscription.topic.subscriptions.pop(subscription.name, None)
+
+    def on_get_last_message_id(self, frame) -> None:
+        c = frame.command.getLastMessageId
+        consumer = self.consumers.get(c.consumer_id)
+        if consumer is None:
+            self._error(c.request_id, pb.ConsumerNotFound, "unknown consumer id")
+            return
+        subscription = consumer.subscription
+        response = pb.CommandGetLastMessageIdResponse(
+            request_id=c.request_id, last_message_id=subscription.topic.last_message_id())
+        response.consumer_mark_delete_position.CopyFrom(message_id(subscription.cursor.mark_delete))
+        self.command(T.GET_LAST_MESSAGE_ID_RESPONSE, "getLastMessageIdResponse", response)
+
+    def on_auth_response(self, frame) -> None:
+        pass  # we never challenge; a refreshed token needs no answer
+
+
+def _request_id(command) -> int | None:
+    for field, value in command.ListFields():
+        if field.name != "type" and hasattr(value, "request_id"):
+            return value.request_id
+    return None
+
+
+_HANDLERS: dict[int, Callable] = {
+    T.CONNECT: BrokerConnection.on_connect,
+    T.PING: BrokerConnection.on_ping,
+    T.PONG: BrokerConnection.on_pong,
+    T.LOOKUP: BrokerConnection.on_lookup,
+    T.PARTITIONED_METADATA: BrokerConnection.on_partitioned_metadata,
+    T.PRODUCER: BrokerConnection.on_producer,
+    T.SEND: BrokerConnection.on_send,
+    T.CLOSE_PRODUCER: BrokerConnection.on_close_producer,
+    T.SUBSCRIBE: BrokerConnection.on_subscribe,
+    T.FLOW: BrokerConnection.on_flow,
+    T.ACK: BrokerConnection.on_ack,
+    T.REDELIVER_UNACKNOWLEDGED_MESSAGES: BrokerConnection.on_redeliver,
+    T.SEEK: BrokerConnection.on_seek,
+    T.UNSUBSCRIBE: BrokerConnection.on_unsubscribe,
+    T.CLOSE_CONSUMER: BrokerConnection.on_close_consumer,
+    T.GET_LAST_MESSAGE_ID: BrokerConnection.on_get_last_message_id,
+    T.AUTH_RESPONSE: BrokerConnection.on_auth_response,
+}

@@ -1,0 +1,376 @@
+"""Topics, subscriptions and dispatch for the embedded broker.
+
+Entries are stored as producers framed them and dispatched without
+re-encoding: a Message frame is a fresh CommandMessage around the stored
+metadata+payload span and its stored CRC32C.
+"""
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+from .. import codec
+from .._proto import PulsarApi_pb2 as pb
+from ..routing import murmur3_32
+from .storage import Cursor, TopicLog, read_json, topic_directory, write_json
+
+if TYPE_CHECKING:
+    from .pulsar import BrokerConnection
+
+log = logging.getLogger("pulsarwire.broker")
+
+LEDGER_ID = 0
+_U64 = 0xFFFFFFFFFFFFFFFF
+_I64_MAX = 0x7FFFFFFFFFFFFFFF
+_SubType = pb.CommandSubscribe
+
+
+def message_id(entry_id: int) -> pb.MessageIdData:
+    return pb.MessageIdData(ledgerId=LEDGER_ID, entryId=entry_id & _U64)
+
+
+def start_entry(mid: pb.MessageIdData, topic_log: TopicLog) -> int:
+    """Where a message id positions a reader: earliest, latest, or that entry."""
+    if mid.entryId >= 1 << 63 or mid.ledgerId >= 1 << 63:
+        return topic_log.first_entry_id  # earliest is (-1, -1)
+    if mid.entryId == _I64_MAX or mid.ledgerId == _I64_MAX:
+        return topic_log.next_entry_id  # latest
+    return min(max(mid.entryId, topic_log.first_entry_id), topic_log.next_entry_id)
+
+
+class ServerConsumer:
+    """One consumer attached to a subscription, living on one connection."""
+
+    def __init__(self, conn: "BrokerConnection", consumer_id: int, subscription: "Subscription",
+                 name: str, priority: int) -> None:
+        self.conn = conn
+        self.consumer_id = consumer_id
+        self.subscription = subscription
+        self.name = name
+        self.priority = priority
+        self.permits = 0
+        self.pending: set[int] = set()  # entries dispatched to it and not yet acknowledged
+
+    def send(self, entry, redelivery_count: int, ack_set) -> None:
+        cmd = pb.BaseCommand(type=pb.BaseCommand.MESSAGE)
+        m = cmd.message
+        m.consumer_id = self.consumer_id
+        m.message_id.ledgerId = LEDGER_ID
+        m.message_id.entryId = entry.entry_id
+        if redelivery_count:
+            m.redelivery_count = redelivery_count
+        if ack_set:
+            m.ack_set.extend(ack_set)
+        self.conn.write(codec.encode_payload_frame(cmd, entry.body, entry.checksum))
+
+
+class Subscription:
+    def __init__(self, topic: "Topic", name: str, sub_type: int, durable: bool, cursor: Cursor) -> None:
+        self.topic = topic
+        self.name = name
+        self.type = sub_type
+        self.durable = durable
+        self.cursor = cursor
+        self.consumers: list[ServerConsumer] = []
+        self.read_position = cursor.mark_delete + 1
+        self._redeliver: list[int] = []  # heap of entries to send again
+        self._redeliver_set: set[int] = set()
+        self.owner: dict[int, ServerConsumer] = {}  # dispatched entry -> consumer
+        self.redelivery_counts: dict[int, int] = {}
+        self._round_robin = 0
+        self._dispatching = False
+        self.dirty = False
+        self.active: ServerConsumer | None = None
+
+    # consumers
+
+    def add_consumer(self, consumer: ServerConsumer) -> None:
+        self.consumers.append(consumer)
+        self._update_active()
+
+    def remove_consumer(self, consumer: ServerConsumer) -> None:
+        if consumer in self.consumers:
+            self.consumers.remove(consumer)
+        self._requeue(list(consumer.pending), consumer)
+        self._update_active()
+        self.dispatch()
+
+    def _update_active(self) -> None:
+        if self.type not in (_SubType.Failover, _SubType.Exclusive):
+            return
+        ordered = sorted(self.consumers, key=lambda c: (c.priority, c.name))
+        if not ordered:
+            self.active = None
+            return
+        index = max(self.topic.partition, 0) % len(ordered) if self.type == _SubType.Failover else 0
+        active = ordered[index]
+        if active is not self.active:
+            previous = self.active
+            self.active = active
+            if previous is not None and previous in self.consumers:
+                self._requeue(list(previous.pending), previous)
+            if self.type == _SubType.Failover:
+                for consumer in self.consumers:
+                    consumer.conn.active_consumer_change(consumer.consumer_id, consumer is active)
+
+    # acknowledgement
+
+    def ack(self, mid: pb.MessageIdData, cumulative: bool) -> None:
+        entry_id = mid.entryId
+        cursor = self.cursor
+        if cumulative:
+            if mid.ack_set:
+                cursor.ack_cumulative(entry_id - 1)
+                cursor.ack_partial(entry_id, _bits(mid.ack_set))
+            else:
+                cursor.ack_cumulative(entry_id)
+            for done in [e for e in self.owner if cursor.is_acked(e)]:
+                self._settle(done)
+        elif mid.ack_set:
+            cursor.ack_partial(entry_id, _bits(mid.ack_set))
+            if cursor.is_acked(entry_id):
+                self._settle(entry_id)
+        else:
+            cursor.ack(entry_id)
+            self._settle(entry_id)
+        self.dirty = True
+
+    def _settle(self, entry_id: int) -> None:
+        consumer = self.owner.pop(entry_id, None)
+        if consumer is not None:
+            consumer.pending.discard(entry_id)
+        self.redelivery_counts.pop(entry_id, None)
+
+    def redeliver(self, consumer: ServerConsumer, ids) -> None:
+        entries = [m.entryId for m in ids] if ids else list(consumer.pending)
+        self._requeue([e for e in entries if self.owner.get(e) is consumer], consumer)
+        self.dispatch()
+
+    def _requeue(self, entries, consumer: ServerConsumer) -> None:
+        for entry_id in entries:
+            if self.owner.get(entry_id) is consumer:
+                del self.owner[entry_id]
+            consumer.pending.discard(entry_id)
+            if entry_id not in self._redeliver_set and not self.cursor.is_acked(entry_id):
+                self._redeliver_set.add(entry_id)
+                heapq.heappush(self._redeliver, entry_id)
+                self.redelivery_counts[entry_id] = self.redelivery_counts.get(entry_id, 0) + 1
+
+    def seek(self, entry_id: int) -> None:
+        self.cursor.reset(entry_id)
+        self.read_position = entry_id
+        self._redeliver.clear()
+        self._redeliver_set.clear()
+        self.owner.clear()
+        self.redelivery_counts.clear()
+        for consumer in self.consumers:
+            consumer.pending.clear()
+            consumer.permits = 0
+        self.dirty = True
+
+    def backlog(self) -> int:
+        return sum(1 for e in range(self.cursor.mark_delete + 1, self.topic.log.next_entry_id)
+                   if not self.cursor.is_acked(e))
+
+    # dispatch
+
+    def _next_entry(self) -> tuple[int, bool] | None:
+        while self._redeliver:
+            entry_id = self._redeliver[0]
+            if self.cursor.is_acked(entry_id) or entry_id in self.owner:
+                heapq.heappop(self._redeliver)
+                self._redeliver_set.discard(entry_id)
+                continue
+            return entry_id, True
+        while self.read_position < self.topic.log.next_entry_id:
+            if self.cursor.is_acked(self.read_position) or self.read_position in self.owner:
+                self.read_position += 1
+                continue
+            return self.read_position, False
+        return None
+
+    def _pick(self, entry) -> ServerConsumer | None:
+        if self.type in (_SubType.Exclusive, _SubType.Failover):
+            active = self.active
+            return active if active is not None and active.permits > 0 and active.conn.writable else None
+        candidates = self.consumers
+        if not candidates:
+            return None
+        if self.type == _SubType.Key_Shared:
+            key = _entry_key(entry)
+            slot = (murmur3_32(key) if key else entry.entry_id) % 65536
+            consumer = candidates[slot * len(candidates) // 65536]
+            return consumer if consumer.permits > 0 and consumer.conn.writable else None
+        for step in range(len(candidates)):
+            consumer = candidates[(self._round_robin + step) % len(candidates)]
+            if consumer.permits > 0 and consumer.conn.writable:
+                self._round_robin = (self._round_robin + step + 1) % len(candidates)
+                return consumer
+        return None
+
+    def dispatch(self) -> None:
+        if self._dispatching or not self.consumers:
+            return
+        self._dispatching = True
+        try:
+            topic_log = self.topic.log
+            while True:
+                found = self._next_entry()
+                if found is None:
+                    return
+                entry_id, redelivery = found
+                entry = topic_log.read(entry_id)
+                consumer = self._pick(entry)
+                if consumer is None:
+                    return
+                if redelivery:
+                    heapq.heappop(self._redeliver)
+                    self._redeliver_set.discard(entry_id)
+                else:
+                    self.read_position = entry_id + 1
+                partial = self.cursor.partial.get(entry_id)
+                consumer.send(entry, self.redelivery_counts.get(entry_id, 0),
+                              _words(partial, entry.num_messages) if partial else None)
+                consumer.permits -= entry.num_messages
+                consumer.pending.add(entry_id)
+                self.owner[entry_id] = consumer
+        finally:
+            self._dispatching = False
+
+
+def _bits(words) -> int:
+    bits = 0
+    for i, word in enumerate(words):
+        bits |= (word & _U64) << (64 * i)
+    return bits
+
+
+def _words(bits: int, size: int) -> list[int]:
+    out = []
+    for start in range(0, max(size, 1), 64):
+        word = (bits >> start) & _U64
+        out.append(word - (1 << 64) if word >= 1 << 63 else word)
+    return out
+
+
+def _entry_key(entry) -> bytes | None:
+    metadata = entry_metadata(entry)
+    if metadata.HasField("ordering_key"):
+        return metadata.ordering_key
+    if metadata.HasField("partition_key"):
+        return metadata.partition_key.encode()
+    return None
+
+
+def entry_metadata(entry) -> pb.MessageMetadata:
+    size = int.from_bytes(entry.body[:4], "big")
+    return pb.MessageMetadata.FromString(entry.body[4:4 + size])
+
+
+class Topic:
+    """One topic-partition: its log, producers, subscriptions and dedup state."""
+
+    def __init__(self, broker, name: str) -> None:
+        self.broker = broker
+        self.name = name
+        self.partition = _partition_index(name)
+        self.directory = topic_directory(broker.data_dir, name)
+        self.log = TopicLog(self.directory, segment_bytes=broker.segment_bytes,
+                            sync_policy=broker.sync_policy)
+        self.producers: dict[str, Any] = {}
+        self.subscriptions: dict[str, Subscription] = {}
+        state = read_json(os.path.join(self.directory, "state.json"), {})
+        self.terminated = state.get("terminated", False)
+        self.last_sequence: dict[str, int] = state.get("dedup", {})
+        self._recover_dedup(state.get("dedup_upto", -1))
+        for sub_name, data in read_json(os.path.join(self.directory, "cursors.json"), {}).items():
+            self.subscriptions[sub_name] = Subscription(self, sub_name, data.get("type", 0), True,
+                                                        Cursor.from_json(data))
+        self._state_dirty = False
+
+    def _recover_dedup(self, upto: int) -> None:
+        """Producers' last sequence ids, from the snapshot plus the entries after it."""
+        for entry_id in range(max(upto + 1, self.log.first_entry_id), self.log.next_entry_id):
+            try:
+                md = entry_metadata(self.log.read(entry_id))
+            except Exception:  # noqa: BLE001 - an unreadable entry carries no dedup state
+                continue
+            highest = md.highest_sequence_id if md.HasField("highest_sequence_id") else md.sequence_id
+            if highest > self.last_sequence.get(md.producer_name, -1):
+                self.last_sequence[md.producer_name] = highest
+
+    def publish(self, body, checksum: int | None, metadata: pb.MessageMetadata, num_messages: int,
+                producer_name: str, highest_sequence_id: int) -> int:
+        entry_id = self.log.append(body, checksum, metadata.publish_time, max(num_messages, 1))
+        self.last_sequence[producer_name] = highest_sequence_id
+        self._state_dirty = True
+        for subscription in self.subscriptions.values():
+            subscription.dispatch()
+        return entry_id
+
+    def subscription(self, name: str, sub_type: int, durable: bool, initial_earliest: bool,
+                     start: pb.MessageIdData | None) -> Subscription:
+        existing = self.subscriptions.get(name)
+        if existing is not None:
+            return existing
+        if durable:
+            mark = self.log.first_entry_id - 1 if initial_earliest else self.log.next_entry_id - 1
+        else:
+            position = start_entry(start, self.log) if start is not None else \
+                (self.log.first_entry_id if initial_earliest else self.log.next_entry_id)
+            mark = position - 1
+        subscription = Subscription(self, name, sub_type, durable, Cursor(mark))
+        self.subscriptions[name] = subscription
+        subscription.dirty = durable
+        return subscription
+
+    def drop_subscription(self, name: str) -> None:
+        self.subscriptions.pop(name, None)
+        self._state_dirty = True
+        self.save()
+
+    def last_message_id(self) -> pb.MessageIdData:
+        last = self.log.last_entry_id
+        mid = message_id(last)
+        if last >= self.log.first_entry_id:
+            entry = self.log.read(last)
+            md = entry_metadata(entry)
+            if md.HasField("num_messages_in_batch"):
+                mid.batch_index = md.num_messages_in_batch - 1
+        return mid
+
+    def save(self) -> None:
+        """Persist cursors and dedup state when they changed."""
+        if any(s.dirty for s in self.subscriptions.values()) or self._state_dirty:
+            cursors = {}
+            for name, s in self.subscriptions.items():
+                if s.durable:
+                    cursors[name] = dict(s.cursor.to_json(), type=s.type)
+                s.dirty = False
+            write_json(os.path.join(self.directory, "cursors.json"), cursors)
+        if self._state_dirty:
+            write_json(os.path.join(self.directory, "state.json"),
+                       {"terminated": self.terminated, "dedup": self.last_sequence,
+                        "dedup_upto": self.log.last_entry_id})
+            self._state_dirty = False
+
+    def terminate(self) -> int:
+        self.terminated = True
+        self._state_dirty = True
+        self.save()
+        return self.log.last_entry_id
+
+    def close(self) -> None:
+        self.save()
+        self.log.close()
+
+
+def _partition_index(name: str) -> int:
+    marker = "-partition-"
+    if marker in name:
+        tail = name.rsplit(marker, 1)[1]
+        if tail.isdigit():
+            return int(tail)
+    return -1
