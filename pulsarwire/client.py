@@ -1450,6 +1450,24 @@ class Consumer:
                 except asyncio.TimeoutError:
                     pass
 
+    async def receive_many(self, max_messages: int = 1000, timeout_millis: int | None = None) -> list[Message]:
+        """Up to `max_messages` already queued messages, waiting for the first; [] on timeout."""
+        try:
+            first = await self.receive(timeout_millis)
+        except TimeoutError:
+            return []
+        batch = [first]
+        queue = self._queue
+        while len(batch) < max_messages:
+            message = queue.pop()
+            if message is None:
+                break
+            unit = message._ack_unit
+            unit.owner._last_dequeued = message._id
+            unit.owner._message_consumed(1)
+            batch.append(message)
+        return batch
+
     def __aiter__(self):
         return self
 

@@ -1,0 +1,219 @@
+"""`pulsarwire` command line (also `python -m pulsarwire`).
+
+    pulsarwire                       the main job: embedded broker + produce/consume + report
+    pulsarwire --service-url URL     the same workload against a real cluster
+    pulsarwire broker                serve the embedded broker
+    pulsarwire produce / consume     send or receive a few messages
+    pulsarwire perf produce|consume|e2e   load test with a final throughput/latency table
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+
+from . import __version__, codec
+from .client import Client, InitialPosition
+
+
+def _add_client_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--service-url", help="pulsar://host:port of a cluster; default: start the embedded broker")
+    parser.add_argument("--token", help="authentication token")
+
+
+def _add_load_options(parser: argparse.ArgumentParser, messages: int, duration: float) -> None:
+    parser.add_argument("--topic", default=None, help="topic (default: a fresh one per run)")
+    parser.add_argument("-n", "--messages", type=int, default=messages, help="messages to send (0: use --duration)")
+    parser.add_argument("-d", "--duration", type=float, default=duration, help="seconds to run when --messages is 0")
+    parser.add_argument("-s", "--size", type=int, default=1024, help="message size in bytes")
+    parser.add_argument("-r", "--rate", type=float, default=0, help="messages per second (0: as fast as possible)")
+    parser.add_argument("--no-batching", action="store_true", help="send every message in its own frame")
+    parser.add_argument("-z", "--compression", default="NONE", choices=["NONE", "LZ4", "ZLIB", "ZSTD", "SNAPPY"])
+    parser.add_argument("--json", help="also write the results as JSON to this file")
+    parser.add_argument("--quiet", action="store_true", help="no live progress")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pulsarwire", description="Apache Pulsar binary protocol, fast.")
+    parser.add_argument("--version", action="version", version=f"pulsarwire {__version__} ({codec.IMPLEMENTATION} codec)")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    _add_client_options(parser)
+    _add_load_options(parser, messages=200_000, duration=0)
+    sub = parser.add_subparsers(dest="command")
+
+    broker = sub.add_parser("broker", help="serve the embedded broker")
+    broker.add_argument("--data-dir", default="./pulsarwire-data")
+    broker.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
+    broker.add_argument("--port", type=int, default=6650)
+    broker.add_argument("--v1-port", type=int, default=6680, help="V1 text protocol port (-1 to disable)")
+    broker.add_argument("--partitioned-topic", action="append", default=[], metavar="TOPIC=N",
+                        help="create a partitioned topic (repeatable)")
+    broker.add_argument("--auth-token", action="append", default=None, help="accepted token (enables auth)")
+    broker.add_argument("--sync-policy", default="interval", choices=["always", "interval", "never"])
+    broker.add_argument("--replication-factor", type=int, default=3)
+    broker.add_argument("--min-insync-replicas", type=int, default=2)
+
+    produce = sub.add_parser("produce", help="send messages")
+    _add_client_options(produce)
+    produce.add_argument("topic")
+    produce.add_argument("-m", "--message", action="append", default=[], help="message text (repeatable)")
+    produce.add_argument("-k", "--key")
+    produce.add_argument("-n", "--count", type=int, default=1, help="send each message this many times")
+
+    consume = sub.add_parser("consume", help="receive and acknowledge messages")
+    _add_client_options(consume)
+    consume.add_argument("topic")
+    consume.add_argument("-s", "--subscription", default="pulsarwire-cli")
+    consume.add_argument("-n", "--count", type=int, default=1, help="messages to receive (0: until interrupted)")
+    consume.add_argument("--earliest", action="store_true", help="a new subscription starts at the beginning")
+    consume.add_argument("--timeout", type=float, default=30, help="seconds to wait for each message")
+
+    perf = sub.add_parser("perf", help="load test")
+    perf.add_argument("mode", choices=["produce", "consume", "e2e"])
+    _add_client_options(perf)
+    _add_load_options(perf, messages=0, duration=10)
+    perf.add_argument("--subscription", default="perf")
+    return parser
+
+
+@contextlib.asynccontextmanager
+async def _target(service_url: str | None):
+    """Yield a service URL: the given one, or an embedded broker's in a temporary directory."""
+    if service_url:
+        yield service_url, None
+        return
+    from .broker.server import Broker
+    with tempfile.TemporaryDirectory(prefix="pulsarwire-") as data_dir:
+        async with Broker(data_dir, v1_port=None) as broker:
+            yield broker.service_url, broker
+
+
+def _client(url: str, args) -> Client:
+    from .client import AuthenticationToken
+    return Client(url, authentication=AuthenticationToken(args.token) if args.token else None)
+
+
+async def main_job(args) -> int:
+    from . import perf
+    async with _target(args.service_url) as (url, broker):
+        where = "embedded broker at " + url if broker else url
+        topic = args.topic or f"pulsarwire-demo-{int(time.time())}"
+        print(f"pulsarwire {__version__} ({codec.IMPLEMENTATION} codec) -> {where}")
+        print(f"workload: {args.messages or 'for ' + str(args.duration) + 's'} messages of {args.size} B, "
+              f"batching {'off' if args.no_batching else 'on'}, compression {args.compression}, topic {topic}")
+        async with _client(url, args) as client:
+            results = await perf.end_to_end(client, topic, messages=args.messages, duration=args.duration,
+                                            size=args.size, rate=args.rate, batching=not args.no_batching,
+                                            compression=args.compression, progress=not args.quiet)
+        print()
+        print(perf.format_table(results))
+        produced, consumed = results
+        ok = consumed.messages == produced.messages and produced.errors == 0
+        print(f"\n{'OK' if ok else 'MISMATCH'}: {produced.messages:,} produced, {consumed.messages:,} consumed")
+        _write_json(args, results)
+        return 0 if ok else 1
+
+
+def _write_json(args, results) -> None:
+    if getattr(args, "json", None):
+        with open(args.json, "w") as fh:
+            json.dump({"codec": codec.IMPLEMENTATION, "results": [r.as_dict() for r in results]}, fh, indent=1)
+
+
+async def run_broker(args) -> int:
+    from .broker.server import Broker
+    broker = Broker(args.data_dir, host=args.host, port=args.port,
+                    v1_port=None if args.v1_port < 0 else args.v1_port,
+                    auth_tokens=set(args.auth_token) if args.auth_token else None,
+                    sync_policy=args.sync_policy, replication_factor=args.replication_factor,
+                    min_insync_replicas=args.min_insync_replicas)
+    await broker.start()
+    for spec in args.partitioned_topic:
+        name, _, count = spec.partition("=")
+        from .client import topic_name
+        with contextlib.suppress(ValueError):
+            broker.create_partitioned_topic(topic_name(name), int(count or 1))
+    print(f"broker: {broker.service_url}" + (f", V1 on {args.host}:{broker.v1_port}" if broker.v1 else ""),
+          flush=True)
+    try:
+        await broker.serve_forever()
+    except asyncio.CancelledError:
+        pass
+    finally:
+        await broker.stop()
+    return 0
+
+
+async def run_produce(args) -> int:
+    async with _target(args.service_url) as (url, _):
+        async with _client(url, args) as client:
+            producer = await client.create_producer(args.topic)
+            for text in args.message or ["hello from pulsarwire"]:
+                for _ in range(args.count):
+                    message_id = await producer.send(text.encode(), partition_key=args.key)
+                    print(f"sent {message_id}")
+            await producer.close()
+    return 0
+
+
+async def run_consume(args) -> int:
+    async with _target(args.service_url) as (url, _):
+        async with _client(url, args) as client:
+            consumer = await client.subscribe(args.topic, args.subscription,
+                                              initial_position=InitialPosition.Earliest if args.earliest
+                                              else InitialPosition.Latest)
+            received = 0
+            while not args.count or received < args.count:
+                message = await consumer.receive(int(args.timeout * 1000))
+                print(f"{message.message_id()} key={message.partition_key()} {message.data()!r}")
+                consumer.acknowledge(message)
+                received += 1
+            await consumer.close()
+    return 0
+
+
+async def run_perf(args) -> int:
+    from . import perf
+    async with _target(args.service_url) as (url, _):
+        topic = args.topic or f"perf-{int(time.time())}"
+        async with _client(url, args) as client:
+            options = dict(messages=args.messages, duration=args.duration, progress=not args.quiet)
+            if args.mode == "consume":
+                results = [await perf.consume(client, topic, subscription=args.subscription, **options)]
+            else:
+                options.update(size=args.size, rate=args.rate, batching=not args.no_batching,
+                               compression=args.compression)
+                if args.mode == "produce":
+                    results = [await perf.produce(client, topic, **options)]
+                else:
+                    results = await perf.end_to_end(client, topic, **options)
+        print(perf.format_table(results))
+        _write_json(args, results)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    runner = {None: main_job, "broker": run_broker, "produce": run_produce, "consume": run_consume,
+              "perf": run_perf}[args.command]
+    try:
+        return asyncio.run(runner(args))
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # noqa: BLE001 - a CLI reports, it does not dump a traceback
+        if args.verbose:
+            raise
+        print(f"pulsarwire: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
