@@ -40,3 +40,26 @@ def load_scenario(name):
 
 def pytest_report_header(config):
     return f"pulsarwire codec: {codec.IMPLEMENTATION} (twins under test: {[t.IMPLEMENTATION for t in TWINS]})"
+
+
+@pytest.fixture(scope="module")
+def embedded(tmp_path_factory):
+    """An embedded broker shared by a test module (V1 on too)."""
+    from .peers import BrokerThread
+    broker = BrokerThread(tmp_path_factory.mktemp("broker"), v1_port=0, replication_factor=3,
+                          min_insync_replicas=2, replication_timeout=1.0, keep_alive_interval=5).start()
+    yield broker
+    broker.stop()
+
+
+@pytest.fixture(scope="module")
+def pulsar_lite(tmp_path_factory):
+    from .peers import PulsarLite
+    peer = PulsarLite(tmp_path_factory.mktemp("pulsar-lite")).start()
+    yield peer
+    peer.stop()
+
+
+def unique(prefix="t"):
+    import uuid
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"

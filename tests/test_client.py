@@ -1,0 +1,406 @@
+"""The asyncio client end to end against the embedded broker."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from pulsarwire import (
+    AuthenticationToken, Client, CompressionType, ConsumerType, HashingScheme, InitialPosition,
+    MessageId, RoutingMode, errors, sync,
+)
+from pulsarwire.routing import java_string_hash, murmur3_32_hash
+
+from .conftest import unique
+
+EARLIEST = InitialPosition.Earliest
+
+
+def run(coro, timeout=60):
+    async def bounded():
+        return await asyncio.wait_for(coro, timeout)
+    return asyncio.run(bounded())
+
+
+def client_for(broker, **options):
+    options.setdefault("operation_timeout_seconds", 10)
+    options.setdefault("initial_backoff_seconds", 0.05)
+    options.setdefault("max_backoff_seconds", 0.5)
+    return Client(broker.url, **options)
+
+
+async def drain(consumer, count, timeout_ms=5000, ack=True):
+    out = []
+    for _ in range(count):
+        message = await consumer.receive(timeout_ms)
+        out.append(message)
+        if ack:
+            consumer.acknowledge(message)
+    return out
+
+
+@pytest.mark.parametrize("compression", list(CompressionType), ids=lambda c: c.name)
+@pytest.mark.parametrize("batching", [True, False], ids=["batched", "single"])
+def test_round_trip_preserves_everything(embedded, compression, batching):
+    async def main():
+        topic = unique()
+        async with client_for(embedded) as client:
+            consumer = await client.subscribe(topic, "s", initial_position=EARLIEST)
+            producer = await client.create_producer(topic, compression_type=compression,
+                                                    batching_enabled=batching)
+            futures = [await producer.send_async(b"payload-%d" % i * (i % 7 + 1), partition_key=f"k{i % 5}",
+                                                 properties={"i": str(i), "src": "test"},
+                                                 event_timestamp=1_700_000_000_000 + i)
+                       for i in range(150)]
+            ids = await asyncio.gather(*futures)
+            assert len(set(ids)) == 150 and ids == sorted(ids)
+            messages = await drain(consumer, 150)
+            for i, message in enumerate(messages):
+                assert message.data() == b"payload-%d" % i * (i % 7 + 1)
+                assert message.partition_key() == f"k{i % 5}"
+                assert message.properties() == {"i": str(i), "src": "test"}
+                assert message.event_timestamp() == 1_700_000_000_000 + i
+                assert message.message_id() == ids[i]
+                assert message.publish_timestamp() > 0
+            await producer.close()
+            await consumer.close()
+    run(main())
+
+
+def test_partitioned_topic_routing(embedded):
+    topic = "persistent://public/default/" + unique("parted")
+    embedded.call(embedded.broker.create_partitioned_topic, topic, 4)
+
+    async def main():
+        async with client_for(embedded) as client:
+            assert len(await client.get_topic_partitions(topic)) == 4
+            consumer = await client.subscribe(topic, "s", initial_position=EARLIEST)
+            rr = await client.create_producer(topic, batching_enabled=False)
+            ids = [await rr.send(b"rr%d" % i) for i in range(8)]
+            assert sorted(mid.partition for mid in ids) == [0, 0, 1, 1, 2, 2, 3, 3]
+            for scheme, fn in ((HashingScheme.JavaStringHash, java_string_hash),
+                               (HashingScheme.Murmur3_32Hash, murmur3_32_hash)):
+                keyed = await client.create_producer(topic, hashing_scheme=scheme,
+                                                     message_routing_mode=RoutingMode.RoundRobinPartition)
+                for key in ("alpha", "beta", "gamma", "δέλτα"):
+                    mid = await keyed.send(key.encode(), partition_key=key)
+                    assert mid.partition == fn(key) % 4
+            messages = await drain(consumer, 16)
+            assert {m.topic_name() for m in messages} == {f"{topic}-partition-{i}" for i in range(4)}
+    run(main())
+
+
+def test_hash_functions_match_java():
+    # Java: "hello".hashCode() == 99162322; murmur3_32("hello", seed 0) == 0x248bfa47
+    assert java_string_hash("hello") == 99162322
+    assert murmur3_32_hash("hello") == 0x248BFA47 & 0x7FFFFFFF
+    assert java_string_hash("") == 0
+
+
+def test_exclusive_subscription_rejects_second_consumer(embedded):
+    async def main():
+        topic = unique()
+        async with client_for(embedded) as client:
+            await client.subscribe(topic, "x")
+            with pytest.raises(errors.ConsumerBusyError):
+                await client.subscribe(topic, "x")
+    run(main())
+
+
+def test_shared_subscription_spreads_and_key_shared_keeps_keys(embedded):
+    async def main():
+        topic = unique()
+        async with client_for(embedded) as client:
+            a = await client.subscribe(topic, "shared", consumer_type=ConsumerType.Shared,
+                                       receiver_queue_size=10)
+            b = await client.subscribe(topic, "shared", consumer_type=ConsumerType.Shared,
+                                       receiver_queue_size=10)
+            ka = await client.subscribe(topic, "ks", consumer_type=ConsumerType.KeyShared)
+            kb = await client.subscribe(topic, "ks", consumer_type=ConsumerType.KeyShared)
+            producer = await client.create_producer(topic, batching_enabled=False)
+            for i in range(40):
+                await producer.send(b"%d" % i, partition_key=f"key{i % 8}")
+            got_a = await a.receive_many(100, 2000)
+            got_b = await b.receive_many(100, 2000)
+            while len(got_a) + len(got_b) < 40:
+                got_a += await a.receive_many(100, 500)
+                got_b += await b.receive_many(100, 500)
+                for m in got_a + got_b:
+                    (a if m in got_a else b).acknowledge(m)
+            assert got_a and got_b
+            seen: dict[str, str] = {}
+            total = 0
+            for name, consumer in (("a", ka), ("b", kb)):
+                while True:
+                    batch = await consumer.receive_many(100, 1000)
+                    if not batch:
+                        break
+                    total += len(batch)
+                    for m in batch:
+                        assert seen.setdefault(m.partition_key(), name) == name
+                        consumer.acknowledge(m)
+            assert total == 40
+    run(main())
+
+
+def test_failover_has_one_active_consumer(embedded):
+    async def main():
+        topic = unique()
+        async with client_for(embedded) as client:
+            first = await client.subscribe(topic, "fo", consumer_type=ConsumerType.Failover, consumer_name="a")
+            second = await client.subscribe(topic, "fo", consumer_type=ConsumerType.Failover, consumer_name="b")
+            producer = await client.create_producer(topic)
+            for i in range(10):
+                await producer.send(b"%d" % i)
+            got = await first.receive_many(100, 2000)
+            assert len(got) == 10
+            assert await second.receive_many(100, 300) == []
+            for m in got:
+                first.acknowledge(m)
+            await first.close()
+            await producer.send(b"after")
+            assert (await second.receive(5000)).data() == b"after"
+    run(main())
+
+
+def test_acks_cumulative_batch_index_and_redelivery(embedded):
+    async def main():
+        topic = unique()
+        async with client_for(embedded) as client:
+            producer = await client.create_producer(topic, batching_max_messages=10)
+            futures = [await producer.send_async(b"%d" % i) for i in range(10)]
+            ids = await asyncio.gather(*futures)
+            assert all(mid.batch_size == 10 for mid in ids)
+            consumer = await client.subscribe(topic, "bi", initial_position=EARLIEST,
+                                              batch_index_ack_enabled=True, ack_group_time_ms=0)
+            messages = await drain(consumer, 10, ack=False)
+            for m in messages[:6]:
+                consumer.acknowledge(m)
+            await consumer.close()
+            again = await client.subscribe(topic, "bi", batch_index_ack_enabled=True, ack_group_time_ms=0)
+            redelivered = await drain(again, 4, ack=False)
+            assert [m.data() for m in redelivered] == [b"6", b"7", b"8", b"9"]
+            again.acknowledge_cumulative(redelivered[-1])
+            await again.close()
+            last = await client.subscribe(topic, "bi")
+            assert await last.receive_many(10, 500) == []
+            # redeliver_unacknowledged_messages brings back what was received but not acked
+            await producer.send(b"x")
+            first = await last.receive(5000)
+            last.redeliver_unacknowledged_messages()
+            assert (await last.receive(5000)).data() == first.data()
+    run(main())
+
+
+def test_negative_ack_and_ack_timeout_redeliver(embedded):
+    async def main():
+        topic = unique()
+        async with client_for(embedded) as client:
+            consumer = await client.subscribe(topic, "n", negative_ack_redelivery_delay_ms=100,
+                                              consumer_type=ConsumerType.Shared)
+            producer = await client.create_producer(topic, batching_enabled=False)
+            await producer.send(b"retry-me")
+            message = await consumer.receive(5000)
+            consumer.negative_acknowledge(message)
+            again = await consumer.receive(5000)
+            assert again.data() == b"retry-me" and again.redelivery_count() >= 1
+            consumer.acknowledge(again)
+
+            timed = await client.subscribe(topic, "t", unacked_messages_timeout_ms=300, initial_position=EARLIEST)
+            first = await timed.receive(5000)
+            second = await timed.receive(5000)
+            assert second.data() == first.data() and second.redelivery_count() >= 1
+    run(main())
+
+
+def test_seek_by_id_and_time_and_unsubscribe(embedded):
+    async def main():
+        topic = unique()
+        async with client_for(embedded) as client:
+            producer = await client.create_producer(topic, batching_enabled=False)
+            ids = [await producer.send(b"%d" % i) for i in range(10)]
+            consumer = await client.subscribe(topic, "seek", initial_position=EARLIEST)
+            await drain(consumer, 10)
+            await consumer.seek(ids[3])
+            assert (await consumer.receive(5000)).data() == b"3"
+            await consumer.seek(MessageId.earliest)
+            assert (await consumer.receive(5000)).data() == b"0"
+            await consumer.seek(int(time.time() * 1000) + 60_000)
+            assert await consumer.receive_many(10, 300) == []
+            await consumer.unsubscribe()
+            fresh = await client.subscribe(topic, "seek", initial_position=EARLIEST)
+            assert (await fresh.receive(5000)).data() == b"0"
+    run(main())
+
+
+def test_reader_and_last_message_id(embedded):
+    async def main():
+        topic = unique()
+        async with client_for(embedded) as client:
+            producer = await client.create_producer(topic, batching_max_messages=5)
+            ids = await asyncio.gather(*[await producer.send_async(b"%d" % i) for i in range(12)])
+            await producer.flush()
+            reader = await client.create_reader(topic, MessageId.earliest)
+            got = []
+            while await reader.has_message_available():
+                got.append((await reader.read_next(5000)).data())
+            assert got == [b"%d" % i for i in range(12)]
+            from_middle = await client.create_reader(topic, ids[6])
+            assert (await from_middle.read_next(5000)).data() == b"7"
+            inclusive = await client.create_reader(topic, ids[6], start_message_id_inclusive=True)
+            assert (await inclusive.read_next(5000)).data() == b"6"
+            latest = await client.create_reader(topic, MessageId.latest)
+            assert not await latest.has_message_available()
+            consumer = await client.subscribe(topic, "last")
+            last = await consumer.get_last_message_id()
+            assert (last.ledger_id, last.entry_id) == (ids[-1].ledger_id, ids[-1].entry_id)
+    run(main())
+
+
+def test_end_of_topic_ends_iteration(embedded):
+    async def main():
+        topic = "persistent://public/default/" + unique("term")
+        async with client_for(embedded) as client:
+            producer = await client.create_producer(topic)
+            for i in range(3):
+                await producer.send(b"%d" % i)
+            embedded.call(embedded.broker.terminate_topic, topic)
+            consumer = await client.subscribe(topic, "end", initial_position=EARLIEST)
+            seen = [m.data() async for m in consumer]
+            assert seen == [b"0", b"1", b"2"]
+            with pytest.raises(errors.TopicTerminatedError):
+                await producer.send(b"too late")
+    run(main())
+
+
+def test_chunking_large_message(embedded):
+    async def main():
+        topic = unique()
+        big = bytes(range(256)) * (6 * 1024 * 1024 // 256)  # 6 MiB, over the 5 MiB limit
+        async with client_for(embedded) as client:
+            consumer = await client.subscribe(topic, "c", initial_position=EARLIEST)
+            producer = await client.create_producer(topic, batching_enabled=False, chunking_enabled=True,
+                                                    compression_type="LZ4")
+            await producer.send(big, properties={"big": "yes"})
+            unchunked = await client.create_producer(topic, batching_enabled=False)
+            with pytest.raises(errors.PulsarWireError):
+                await unchunked.send(big)
+            message = await consumer.receive(10000)
+            assert message.data() == big and message.properties() == {"big": "yes"}
+            consumer.acknowledge(message)
+    run(main())
+
+
+def test_queue_full_and_send_timeout(tmp_path):
+    from .peers import BrokerThread
+
+    broker = BrokerThread(tmp_path, v1_port=None).start()
+
+    async def main():
+        async with client_for(broker, operation_timeout_seconds=2) as client:
+            producer = await client.create_producer("q", max_pending_messages=2, block_if_queue_full=False,
+                                                    batching_enabled=False, send_timeout_millis=400)
+            broker.stop()  # nothing will be acknowledged now
+            first = await producer.send_async(b"1")
+            await producer.send_async(b"2")
+            with pytest.raises(errors.ProducerQueueFullError):
+                await producer.send_async(b"3")
+            with pytest.raises(errors.TimeoutError):
+                await first
+    try:
+        run(main())
+    finally:
+        broker.stop()
+
+
+def test_token_auth(tmp_path):
+    from .peers import BrokerThread
+
+    broker = BrokerThread(tmp_path, v1_port=None, auth_tokens={"secret"}).start()
+
+    async def main():
+        async with client_for(broker, authentication=AuthenticationToken("secret")) as client:
+            producer = await client.create_producer("auth")
+            await producer.send(b"ok")
+        async with client_for(broker, authentication=AuthenticationToken(lambda: "wrong")) as client:
+            with pytest.raises((errors.AuthenticationError, errors.ConnectionClosedError)):
+                await client.create_producer("auth")
+    try:
+        run(main())
+    finally:
+        broker.stop()
+
+
+def test_tls(tmp_path):
+    import shutil
+    import ssl
+    import subprocess
+
+    from .peers import BrokerThread
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    broker = BrokerThread(tmp_path / "data", v1_port=None, tls_port=0, ssl_context=context).start()
+
+    async def main():
+        url = broker.broker.service_url_tls
+        async with Client(url, tls_trust_certs_file_path=str(cert), tls_validate_hostname=True,
+                          operation_timeout_seconds=10) as client:
+            consumer = await client.subscribe("tls", "s", initial_position=EARLIEST)
+            producer = await client.create_producer("tls")
+            await producer.send(b"secret")
+            assert (await consumer.receive(5000)).data() == b"secret"
+        async with Client(url, operation_timeout_seconds=5) as untrusted:
+            with pytest.raises(errors.ConnectionClosedError):
+                await untrusted.create_producer("tls")
+    try:
+        run(main())
+    finally:
+        broker.stop()
+
+
+def test_blocking_facade(embedded):
+    topic = unique()
+    client = sync.Client(embedded.url, operation_timeout_seconds=10)
+    try:
+        consumer = client.subscribe(topic, "s", initial_position=EARLIEST)
+        producer = client.create_producer(topic)
+        results = []
+        for i in range(20):
+            producer.send_async(b"%d" % i, lambda error, mid: results.append((error, mid)))
+        producer.flush()
+        assert len(results) == 20 and all(error is None for error, _ in results)
+        assert producer.send(b"sync").entry_id >= 0
+        received = [consumer.receive(5000) for _ in range(21)]
+        assert [m.data() for m in received][-1] == b"sync"
+        for m in received:
+            consumer.acknowledge(m)
+        with pytest.raises(errors.TimeoutError):
+            consumer.receive(100)
+        reader = client.create_reader(topic, MessageId.earliest)
+        assert reader.read_next(5000).data() == b"0"
+    finally:
+        client.close()
+
+
+def test_bad_arguments_are_typed(embedded):
+    async def main():
+        with pytest.raises(ValueError):
+            Client("http://127.0.0.1:1")
+        async with client_for(embedded) as client:
+            producer = await client.create_producer(unique())
+            with pytest.raises(TypeError):
+                await producer.send("not bytes")
+            with pytest.raises(ValueError):
+                await client.create_producer(unique(), batching_enabled=True, chunking_enabled=True)
+        async with Client("pulsar://127.0.0.1:1", connection_timeout_ms=500) as client:
+            with pytest.raises(errors.ConnectionClosedError):
+                await client.create_producer("nowhere")
+    run(main())
