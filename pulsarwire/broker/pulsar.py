@@ -192,7 +192,7 @@ class BrokerConnection(asyncio.Protocol):
         c = frame.command.lookupTopic
         response = pb.CommandLookupTopicResponse(request_id=c.request_id, authoritative=True,
                                                  response=pb.CommandLookupTopicResponse.Connect,
-                                                 brokerServiceUrl=self.broker.service_url)
+                                                 brokerServiceUrl=self.broker.lookup_url)
         if self.broker.service_url_tls:
             response.brokerServiceUrlTls = self.broker.service_url_tls
         self.command(T.LOOKUP_RESPONSE, "lookupTopicResponse", response)

@@ -30,7 +30,7 @@ class Broker:
                  keep_alive_interval: float = 30.0, default_partitions: int = 0,
                  v1_partitions: int = 3, replication_factor: int = 3, min_insync_replicas: int = 2,
                  replication_timeout: float = 5.0, replica_lag_time: float = 10.0,
-                 session_timeout: float = 10.0) -> None:
+                 session_timeout: float = 10.0, advertised_url: str | None = None) -> None:
         self.data_dir = os.path.abspath(data_dir)
         self.host = host
         self.port = port
@@ -57,6 +57,7 @@ class Broker:
         self._partitioned: dict[str, int] = {}
         self.service_url = ""
         self.service_url_tls = ""
+        self.advertised_url = advertised_url  # what lookups answer, e.g. a proxy in front of us
 
     # lifecycle
 
@@ -68,6 +69,7 @@ class Broker:
         self._servers.append(server)
         self.port = server.sockets[0].getsockname()[1]
         self.service_url = f"pulsar://{self.host}:{self.port}"
+        self.lookup_url = self.advertised_url or self.service_url
         if self.tls_port is not None:
             if self.ssl_context is None:
                 raise ValueError("tls_port needs an ssl_context")
