@@ -947,14 +947,11 @@ class _MessageQueue:
     def pop(self) -> Message | None:
         return self._items.popleft() if self._items else None
 
-    async def wait(self, loop) -> None:
+    def waiter(self, loop) -> asyncio.Future:
+        """A future set when a message arrives; registered now, so no arrival is missed."""
         waiter = loop.create_future()
         self._waiters.append(waiter)
-        try:
-            await waiter
-        finally:
-            if not waiter.done():
-                waiter.cancel()
+        return waiter
 
     def remove_from(self, owner) -> int:
         kept = [m for m in self._items if m._ack_unit.owner is not owner]
@@ -1420,7 +1417,7 @@ class Consumer:
         self._queue.wake_all()
 
     def _ended(self) -> bool:
-        return all(p.end_of_topic for p in self._partitions) and not len(self._queue)
+        return bool(self._partitions) and all(p.end_of_topic for p in self._partitions) and not len(self._queue)
 
     async def receive(self, timeout_millis: int | None = None) -> Message:
         """The next message; TimeoutError after timeout_millis, TopicTerminatedError at the end."""
@@ -1439,14 +1436,16 @@ class Consumer:
                 raise ConnectionClosedError("consumer is closed")
             if self._ended():
                 raise TopicTerminatedError("reached the end of the topic")
+            waiter = self._queue.waiter(loop)
             if deadline is None:
-                await self._queue.wait(loop)
+                await waiter
             else:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
+                    waiter.cancel()
                     raise TimeoutError("no message received within the timeout")
                 try:
-                    await asyncio.wait_for(self._queue.wait(loop), remaining)
+                    await asyncio.wait_for(waiter, remaining)
                 except asyncio.TimeoutError:
                     pass
 

@@ -404,3 +404,30 @@ def test_bad_arguments_are_typed(embedded):
             with pytest.raises(errors.ConnectionClosedError):
                 await client.create_producer("nowhere")
     run(main())
+
+
+def test_receive_with_timeout_misses_no_wakeup():
+    """A message queued between receive() starting to wait and its waiter existing must wake it."""
+    from pulsarwire.client import Consumer
+    from pulsarwire.messages import Message
+
+    class Owner:
+        _last_dequeued = None
+
+        def _message_consumed(self, count):
+            pass
+
+    class Unit:
+        owner = Owner()
+
+    async def main():
+        client = Client("pulsar://127.0.0.1:1")
+        consumer = Consumer(client, ["persistent://public/default/t"], "s")
+        message = Message(b"x", MessageId(1, 1), {}, None, None, 0, 0, "t", ack_unit=Unit())
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(consumer.receive(3000))
+        loop.call_soon(consumer._queue.put, message)  # runs after receive() starts waiting
+        started = loop.time()
+        assert (await task) is message
+        assert loop.time() - started < 1.0
+    run(main())
