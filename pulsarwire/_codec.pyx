@@ -449,25 +449,37 @@ cdef str _utf8(const uint8_t* p, Py_ssize_t size):
 
 @cython.final
 cdef class _HeldBuffer:
-    """Keeps a split payload's buffer exported while its messages live."""
-    cdef Py_buffer view
-    cdef object obj
-    cdef object memview
+    """Pins the bytes a split payload lives in, for as long as its messages live.
+
+    It keeps a reference to an immutable bytes object rather than a buffer
+    export, so no memoryview is left with exports the garbage collector
+    cannot clear. A payload backed by anything mutable is copied once.
+    """
+    cdef object owner      # the bytes object the pointer points into
+    cdef object memview    # memoryview over the payload, for slicing out message views
     cdef const uint8_t* ptr
     cdef Py_ssize_t size
 
     def __cinit__(self, obj):
-        PyObject_GetBuffer(obj, &self.view, PyBUF_SIMPLE)
-        self.obj = obj
-        self.ptr = <const uint8_t*>self.view.buf
-        self.size = self.view.len
-
-    def __dealloc__(self):
-        PyBuffer_Release(&self.view)
+        cdef Py_buffer view
+        if type(obj) is not bytes:
+            memview = memoryview(obj)
+            if type(memview.obj) is bytes and memview.c_contiguous and memview.itemsize == 1:
+                PyObject_GetBuffer(memview, &view, PyBUF_SIMPLE)
+                self.ptr = <const uint8_t*>view.buf
+                self.size = view.len
+                PyBuffer_Release(&view)
+                self.owner = memview.obj
+                self.memview = memview
+                return
+            obj = bytes(memview)
+        self.owner = obj
+        self.ptr = <const uint8_t*>PyBytes_AS_STRING(obj)
+        self.size = PyBytes_GET_SIZE(obj)
 
     cdef object slice(self, Py_ssize_t start, Py_ssize_t end):
         if self.memview is None:
-            self.memview = memoryview(self.obj).cast("B")
+            self.memview = memoryview(self.owner)
         return self.memview[start:end]
 
 
@@ -617,8 +629,8 @@ cdef class SingleMessage:
 
 cdef SingleMessage _unbatched(object metadata, object payload):
     cdef SingleMessage message = SingleMessage.__new__(SingleMessage)
-    view = memoryview(payload).cast("B") if type(payload) is not memoryview else payload.cast("B")
-    message._payload = view
+    cdef _HeldBuffer held = _HeldBuffer(payload)
+    message._payload = held.slice(0, held.size)
     message.batch_index = -1
     message.batch_size = 0
     message._properties = {kv.key: kv.value for kv in metadata.properties}

@@ -264,7 +264,7 @@ class FrameReader:
 
 def decode_frame(data):
     """Decode exactly one complete frame held in `data` (bytes-like)."""
-    view = memoryview(data).cast("B") if not isinstance(data, memoryview) else data.cast("B")
+    view = memoryview(data if type(data) is bytes else bytes(data))  # frames must not change under us
     if len(view) < 4:
         raise TruncatedFrameError(f"{len(view)} bytes cannot hold a frame size")
     total_size = _U32.unpack_from(view, 0)[0]
@@ -457,13 +457,21 @@ def _blank_message(payload, batch_index, batch_size):
     return message
 
 
+def _stable_view(payload):
+    """A byte view that cannot change under the messages: bytes are viewed, anything mutable copied."""
+    view = memoryview(payload)
+    if type(payload) is not bytes and not (type(view.obj) is bytes and view.c_contiguous and view.itemsize == 1):
+        view = memoryview(bytes(view))
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
 def split_messages(metadata, payload):
     """Split an uncompressed payload into its messages.
 
     A payload is a batch when MessageMetadata.num_messages_in_batch is present
     (presence, not value, as the reference clients decide).
     """
-    view = memoryview(payload).cast("B") if not isinstance(payload, memoryview) else payload.cast("B")
+    view = _stable_view(payload)
     if not metadata.HasField("num_messages_in_batch"):
         message = _blank_message(view, -1, 0)
         message._properties = {kv.key: kv.value for kv in metadata.properties}

@@ -982,7 +982,7 @@ class _PartitionConsumer:
         self._chunks: collections.OrderedDict[str, list] = collections.OrderedDict()
         self._reconnecting: asyncio.Task | None = None
         self._closed = False
-        self._last_dequeued: MessageId | None = None
+        self._last_message: Message | None = None  # the last one handed to the application
         self._start_message_id = parent._start_message_id
         self._start_inclusive = parent._start_inclusive
 
@@ -1002,9 +1002,9 @@ class _PartitionConsumer:
             fields["keySharedMeta"] = pb.KeySharedMeta(keySharedMode=pb.AUTO_SPLIT)
         if parent._properties:
             fields["metadata"] = [pb.KeyValue(key=k, value=v) for k, v in parent._properties.items()]
-        if not parent._durable and self._last_dequeued is not None:
+        if not parent._durable and self._last_message is not None:
             # resume after what the application already has
-            self._start_message_id, self._start_inclusive = self._last_dequeued, False
+            self._start_message_id, self._start_inclusive = self._last_message.message_id(), False
         start = self._start_message_id
         if not parent._durable and start is not None:
             fields["start_message_id"] = pb.MessageIdData(
@@ -1078,24 +1078,22 @@ class _PartitionConsumer:
         else:
             bits = (1 << max(batch_size, 1)) - 1
         unit = _Entry(self, ledger, entry, batch_size, bits, chunk_entries)
+        durable = parent._durable
+        compacted = parent._read_compacted
+        partition, topic, redelivery = self.partition, self.topic, command.redelivery_count
+        put = parent._queue.put
         for single in singles:
             index = single.batch_index
             if batch_size and not (bits >> index) & 1:
                 skip += 1
                 continue
-            mid = MessageId(ledger, entry, self.partition, index, batch_size, self.topic)
-            if self._before_start(mid, batch_size):
+            if (not durable and self._before_start(
+                    MessageId(ledger, entry, partition, index, batch_size), batch_size)) or \
+                    (compacted and single.compacted_out):
                 skip += 1
                 unit.remaining &= ~(1 << max(index, 0))
                 continue
-            if single.compacted_out:
-                skip += 1
-                unit.remaining &= ~(1 << max(index, 0))
-                continue
-            parent._queue.put(Message(single.payload, mid, single.properties, single.partition_key,
-                                      single.ordering_key, md.publish_time, single.event_time, self.topic,
-                                      command.redelivery_count, md.producer_name,
-                                      single.sequence_id or md.sequence_id, unit))
+            put(Message(single, md, ledger, entry, partition, topic, redelivery, unit))
         if unit.remaining:
             self._unacked[(ledger, entry)] = unit
         if skip:
@@ -1169,7 +1167,7 @@ class _PartitionConsumer:
     def _message_consumed(self, count: int) -> None:
         """Return permits: refill the broker's window once half of it is used."""
         self._permits_used += count
-        if self._permits_used >= max(1, self.parent._receiver_queue_size // 2) and self.conn is not None:
+        if self._permits_used >= self.parent._refill_at and self.conn is not None:
             self.conn.session.flow(self.consumer_id, self._permits_used)
             self.conn.flush()
             self._permits_used = 0
@@ -1177,17 +1175,20 @@ class _PartitionConsumer:
     # acknowledgement
 
     def ack(self, message_id: MessageId, cumulative: bool) -> None:
-        key = (message_id.ledger_id, message_id.entry_id)
         if cumulative:
             self._ack_cumulative(message_id)
             return
-        unit = self._unacked.get(key)
+        unit = self._unacked.get((message_id.ledger_id, message_id.entry_id))
         if unit is None:
             self._queue_ack(pb.MessageIdData(ledgerId=message_id.ledger_id & 0xFFFFFFFFFFFFFFFF,
                                              entryId=message_id.entry_id & 0xFFFFFFFFFFFFFFFF))
-            return
-        if message_id.batch_index >= 0 and unit.batch_size:
-            unit.remaining &= ~(1 << message_id.batch_index)
+        else:
+            self.ack_in(unit, message_id.batch_index)
+
+    def ack_in(self, unit: _Entry, batch_index: int) -> None:
+        """Individual ack of message `batch_index` of a delivered entry (-1: not a batch)."""
+        if batch_index >= 0 and unit.batch_size:
+            unit.remaining &= ~(1 << batch_index)
             if unit.remaining:
                 if self.parent._batch_index_ack:
                     data = pb.MessageIdData(ledgerId=unit.ledger_id, entryId=unit.entry_id)
@@ -1196,7 +1197,9 @@ class _PartitionConsumer:
                 return
         else:
             unit.remaining = 0
-        del self._unacked[key]
+        key = (unit.ledger_id, unit.entry_id)
+        if self._unacked.pop(key, None) is None:
+            return  # already acknowledged
         self._nacks.pop(key, None)
         for data in unit.ids():
             self._queue_ack(data)
@@ -1307,7 +1310,7 @@ class _PartitionConsumer:
         await conn.request(conn.session.seek, self.consumer_id, data, timestamp)
         self.parent._queue.remove_from(self)
         self._unacked.clear()
-        self._last_dequeued = None
+        self._last_message = None
         if not self.parent._durable:
             self._start_message_id, self._start_inclusive = message_id, True
 
@@ -1371,6 +1374,7 @@ class Consumer:
         self._type = ConsumerType(consumer_type)
         self._initial_position = InitialPosition(initial_position)
         self._receiver_queue_size = receiver_queue_size
+        self._refill_at = max(1, receiver_queue_size // 2)  # permits go back once half are used
         self._consumer_name = consumer_name
         self._ack_timeout = (unacked_messages_timeout_ms or 0) / 1000
         self._nack_delay = negative_ack_redelivery_delay_ms / 1000
@@ -1421,13 +1425,19 @@ class Consumer:
 
     async def receive(self, timeout_millis: int | None = None) -> Message:
         """The next message; TimeoutError after timeout_millis, TopicTerminatedError at the end."""
+        message = self._queue.pop()
+        if message is not None:  # the common case: something is already queued
+            unit = message._ack_unit
+            unit.owner._last_message = message
+            unit.owner._message_consumed(1)
+            return message
         loop = self.client._loop
         deadline = None if timeout_millis is None else loop.time() + timeout_millis / 1000
         while True:
             message = self._queue.pop()
             if message is not None:
                 unit = message._ack_unit
-                unit.owner._last_dequeued = message._id
+                unit.owner._last_message = message
                 unit.owner._message_consumed(1)
                 return message
             if self._error is not None:
@@ -1462,7 +1472,7 @@ class Consumer:
             if message is None:
                 break
             unit = message._ack_unit
-            unit.owner._last_dequeued = message._id
+            unit.owner._last_message = message
             unit.owner._message_consumed(1)
             batch.append(message)
         return batch
@@ -1488,8 +1498,11 @@ class Consumer:
         return message.message_id() if isinstance(message, Message) else message
 
     def acknowledge(self, message: Message | MessageId) -> None:
-        mid = self._id(message)
-        self._owner(mid).ack(mid, cumulative=False)
+        if type(message) is Message:
+            unit = message._ack_unit
+            unit.owner.ack_in(unit, message._single.batch_index)
+            return
+        self._owner(message).ack(message, cumulative=False)
 
     def acknowledge_cumulative(self, message: Message | MessageId) -> None:
         if self._type in (ConsumerType.Shared, ConsumerType.KeyShared):
@@ -1574,7 +1587,7 @@ class Reader:
             last = await p.get_last_message_id()
             if last.entry_id < 0:
                 continue
-            seen = p._last_dequeued
+            seen = p._last_message.message_id() if p._last_message is not None else None
             if seen is None:
                 start = p._start_message_id
                 if start is None or start == MessageId.earliest:

@@ -74,55 +74,57 @@ MessageId.latest = MessageId(_I64_MAX, _I64_MAX)  # type: ignore[attr-defined]
 
 
 class Message:
-    """A received message; accessor names follow the official Python client."""
+    """A received message; accessor names follow the official Python client.
 
-    __slots__ = ("_payload", "_id", "_properties", "_partition_key", "_ordering_key",
-                 "_publish_time", "_event_time", "_topic", "_redelivery_count", "_producer_name",
-                 "_sequence_id", "_ack_unit")
+    It wraps the codec's SingleMessage, so payload bytes stay a view into the
+    received frame and metadata fields are decoded only when asked for.
+    """
 
-    def __init__(self, payload, message_id, properties, partition_key, ordering_key,
-                 publish_time, event_time, topic, redelivery_count=0, producer_name="",
-                 sequence_id=0, ack_unit=None):
-        self._payload = payload
-        self._id = message_id
-        self._properties = properties
-        self._partition_key = partition_key
-        self._ordering_key = ordering_key
-        self._publish_time = publish_time
-        self._event_time = event_time
+    __slots__ = ("_single", "_metadata", "_ledger_id", "_entry_id", "_partition", "_topic",
+                 "_redelivery_count", "_ack_unit", "_id")
+
+    def __init__(self, single, metadata, ledger_id, entry_id, partition, topic, redelivery_count=0,
+                 ack_unit=None):
+        self._single = single
+        self._metadata = metadata
+        self._ledger_id = ledger_id
+        self._entry_id = entry_id
+        self._partition = partition
         self._topic = topic
         self._redelivery_count = redelivery_count
-        self._producer_name = producer_name
-        self._sequence_id = sequence_id
         self._ack_unit = ack_unit  # consumer-side tracking of the entry this came in
+        self._id = None
 
     def data(self) -> bytes:
-        payload = self._payload
-        return payload if type(payload) is bytes else bytes(payload)
+        return self._single.data()
 
     def value(self) -> bytes:
-        return self.data()
+        return self._single.data()
 
     def payload_view(self) -> memoryview:
         """The payload without copying (valid as long as the message is)."""
-        return memoryview(self._payload)
+        return self._single.payload
 
     def properties(self) -> dict:
-        return self._properties
+        return self._single.properties
 
     def partition_key(self) -> str | None:
-        return self._partition_key
+        return self._single.partition_key
 
     def ordering_key(self) -> bytes | None:
-        return self._ordering_key
+        return self._single.ordering_key
 
     def publish_timestamp(self) -> int:
-        return self._publish_time
+        return self._metadata.publish_time
 
     def event_timestamp(self) -> int:
-        return self._event_time
+        return self._single.event_time
 
     def message_id(self) -> MessageId:
+        if self._id is None:
+            single = self._single
+            self._id = MessageId(self._ledger_id, self._entry_id, self._partition, single.batch_index,
+                                 single.batch_size, self._topic)
         return self._id
 
     def topic_name(self) -> str:
@@ -132,10 +134,13 @@ class Message:
         return self._redelivery_count
 
     def producer_name(self) -> str:
-        return self._producer_name
+        return self._metadata.producer_name
 
     def sequence_id(self) -> int:
-        return self._sequence_id
+        single = self._single
+        if single.sequence_id is not None and single.batch_index >= 0:
+            return single.sequence_id
+        return self._metadata.sequence_id + max(single.batch_index, 0)
 
     def __repr__(self) -> str:
-        return f"<Message {self._id} {len(self._payload)} bytes>"
+        return f"<Message {self.message_id()} {len(self._single.payload)} bytes>"

@@ -10,6 +10,7 @@ from pulsarwire import (
     AuthenticationToken, Client, CompressionType, ConsumerType, HashingScheme, InitialPosition,
     MessageId, RoutingMode, errors, sync,
 )
+from pulsarwire._proto import PulsarApi_pb2 as pb
 from pulsarwire.routing import java_string_hash, murmur3_32_hash
 
 from .conftest import unique
@@ -423,7 +424,10 @@ def test_receive_with_timeout_misses_no_wakeup():
     async def main():
         client = Client("pulsar://127.0.0.1:1")
         consumer = Consumer(client, ["persistent://public/default/t"], "s")
-        message = Message(b"x", MessageId(1, 1), {}, None, None, 0, 0, "t", ack_unit=Unit())
+        from pulsarwire import codec
+        md = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1)
+        (single,) = codec.split_messages(md, b"x")
+        message = Message(single, md, 1, 1, -1, "t", ack_unit=Unit())
         loop = asyncio.get_running_loop()
         task = loop.create_task(consumer.receive(3000))
         loop.call_soon(consumer._queue.put, message)  # runs after receive() starts waiting

@@ -323,3 +323,36 @@ def test_twins_expose_the_same_api():
     for cls in ("FrameReader", "BatchBuilder"):
         members = [{n for n in dir(getattr(t, cls)()) if not n.startswith("_")} for t in TWINS]
         assert all(m == members[0] for m in members), cls
+
+
+def test_split_views_leave_nothing_for_the_gc_to_choke_on(twin):
+    """Messages in a reference cycle are collected without 'memoryview has exported buffers'."""
+    import gc
+    import sys
+
+    builder = twin.BatchBuilder()
+    builder.add(b"abc")
+    builder.add(b"defg")
+    payload = memoryview(builder.build())[0:]
+    raised = []
+    previous = sys.unraisablehook
+    sys.unraisablehook = lambda info: raised.append(info.exc_value)
+    try:
+        messages = twin.split_messages(metadata(count=2), payload)
+        _ = [m.payload for m in messages]
+        cycle = [messages, payload]
+        cycle.append(cycle)
+        del messages, payload, cycle
+        gc.collect()
+    finally:
+        sys.unraisablehook = previous
+    assert raised == []
+
+
+def test_split_copies_a_mutable_payload(twin):
+    builder = twin.BatchBuilder()
+    builder.add(b"stable")
+    raw = bytearray(builder.build())
+    (message,) = twin.split_messages(metadata(count=1), raw)
+    raw[-6:] = b"XXXXXX"
+    assert message.data() == b"stable"
