@@ -20,7 +20,7 @@ setup() {
     want=$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1)
     if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ]; then
         "$VENV/bin/python" -m pip install -q --upgrade pip setuptools wheel cython
-        "$VENV/bin/python" -m pip install -q -e ".[test]"
+        "$VENV/bin/python" -m pip install -q -e ".[test,bench]"
         echo "$want" > "$STAMP"
     fi
     # Always rebuild in place: cheap when nothing changed, right when the .pyx did.

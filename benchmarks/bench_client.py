@@ -37,10 +37,11 @@ def _payload(size):
 
 # --- pulsarwire --------------------------------------------------------------------
 
-async def ours_produce(url, topic, count, size):
+async def ours_produce(url, topic, count, size, delay_ms=1):
     from pulsarwire import Client
     async with Client(url) as client:
-        producer = await client.create_producer(topic, batching_max_publish_delay_ms=1, max_pending_messages=5000)
+        producer = await client.create_producer(topic, batching_max_publish_delay_ms=delay_ms,
+                                                max_pending_messages=5000)
         payload = _payload(size)
         latencies = []
         start = time.perf_counter()
@@ -73,11 +74,11 @@ async def ours_consume(url, topic, count):
     return (count - 1) / elapsed
 
 
-async def ours_e2e(url, topic, rate, seconds, size):
+async def ours_e2e(url, topic, rate, seconds, size, delay_ms=1):
     from pulsarwire import Client, InitialPosition
     async with Client(url) as client:
         consumer = await client.subscribe(topic, "e2e", initial_position=InitialPosition.Latest)
-        producer = await client.create_producer(topic, batching_max_publish_delay_ms=1)
+        producer = await client.create_producer(topic, batching_max_publish_delay_ms=delay_ms)
         payload = _payload(size)
         total = int(rate * seconds)
         latencies = []
@@ -181,12 +182,15 @@ def official_e2e(url, topic, rate, seconds, size):
 def run(broker_kind, messages, size, rate, seconds):
     rows = []
     with BrokerUnderTest(broker_kind, tempfile.mkdtemp(prefix="bench-client-")) as broker:
-        for name in ("official", "pulsarwire"):
+        # batch delay 1 ms for both clients; "pulsarwire-d0" adds delay 0: a batch is what the
+        # application sent in one event-loop turn (natural batching, flushed at once)
+        for name in ("official", "pulsarwire", "pulsarwire-d0"):
             topic = f"bench-{name}-{time.time_ns()}"
-            if name == "pulsarwire":
-                produced, send_lat = asyncio.run(ours_produce(broker.url, topic, messages, size))
+            if name.startswith("pulsarwire"):
+                delay = 0 if name.endswith("d0") else 1
+                produced, send_lat = asyncio.run(ours_produce(broker.url, topic, messages, size, delay))
                 consumed = asyncio.run(ours_consume(broker.url, topic, messages))
-                e2e = asyncio.run(ours_e2e(broker.url, topic + "-e2e", rate, seconds, size))
+                e2e = asyncio.run(ours_e2e(broker.url, topic + "-e2e", rate, seconds, size, delay))
             else:
                 produced, send_lat = official_produce(broker.url, topic, messages, size)
                 consumed = official_consume(broker.url, topic, messages)
@@ -201,11 +205,12 @@ def run(broker_kind, messages, size, rate, seconds):
 
 
 def print_table(rows):
-    print(f"{'client':<12}{'broker':<13}{'produce msg/s':>15}{'consume msg/s':>15}"
+    print(f"{'client':<15}{'broker':<13}{'produce msg/s':>15}{'consume msg/s':>15}"
           f"{'send p50':>10}{'send p99':>10}{'e2e p50':>10}{'e2e p99':>10}")
     for r in rows:
-        print(f"{r['client']:<12}{r['broker']:<13}{r['produce_msg_per_s']:>15,.0f}{r['consume_msg_per_s']:>15,.0f}"
-              f"{r['send_p50_ms']:>9.2f}m{r['send_p99_ms']:>9.2f}m{r['e2e_p50_ms']:>9.2f}m{r['e2e_p99_ms']:>9.2f}m")
+        print(f"{r['client']:<15}{r['broker']:<13}{r['produce_msg_per_s']:>15,.0f}{r['consume_msg_per_s']:>15,.0f}"
+              f"{r['send_p50_ms']:>10.2f}{r['send_p99_ms']:>10.2f}{r['e2e_p50_ms']:>10.2f}{r['e2e_p99_ms']:>10.2f}")
+    print("(latencies in ms)")
 
 
 def main(argv=None):
