@@ -379,6 +379,10 @@ class SingleMessage:
     payload was not a batch).
     """
 
+    payload: memoryview
+    batch_index: int
+    batch_size: int
+
     __slots__ = ("payload", "batch_index", "batch_size", "_smm", "_decoded",
                  "_properties", "_partition_key", "_partition_key_b64_encoded", "_ordering_key",
                  "_event_time", "_sequence_id", "_null_value", "_null_partition_key", "_compacted_out")

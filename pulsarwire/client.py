@@ -557,6 +557,7 @@ class _PartitionProducer:
     # sending
 
     def _take_sequence_id(self, requested: int | None) -> int:
+        assert self._next_sequence_id is not None, "sequence ids start once the producer is created"
         if requested is not None:
             self._next_sequence_id = max(self._next_sequence_id, requested + 1)
             return requested
@@ -793,7 +794,7 @@ class Producer:
         self._user_named = producer_name is not None
         self._initial_sequence_id = None if initial_sequence_id is None else initial_sequence_id
         self._send_timeout = send_timeout_millis / 1000
-        self._compression = compression.compression_type(
+        self._compression: Any = compression.compression_type(
             compression_type.name if isinstance(compression_type, enum.Enum) else compression_type)
         self._max_pending = max_pending_messages
         self._block = block_if_queue_full
@@ -827,7 +828,7 @@ class Producer:
         return self._topic
 
     def producer_name(self) -> str:
-        return self._partitions[0].producer_name
+        return self._partitions[0].producer_name or ""
 
     def last_sequence_id(self) -> int:
         return max(p.last_sequence_id for p in self._partitions)
@@ -1207,15 +1208,15 @@ class _PartitionConsumer:
     def _ack_cumulative(self, message_id: MessageId) -> None:
         key = (message_id.ledger_id, message_id.entry_id)
         unit = self._unacked.get(key)
-        data = pb.MessageIdData(ledgerId=message_id.ledger_id & 0xFFFFFFFFFFFFFFFF,
-                                entryId=message_id.entry_id & 0xFFFFFFFFFFFFFFFF)
+        data: pb.MessageIdData | None = pb.MessageIdData(ledgerId=message_id.ledger_id & 0xFFFFFFFFFFFFFFFF,
+                                                         entryId=message_id.entry_id & 0xFFFFFFFFFFFFFFFF)
         whole_entry = unit is None or not unit.batch_size or message_id.batch_index == unit.batch_size - 1
         if unit is not None and unit.batch_size and not whole_entry:
             unit.remaining &= ~((1 << (message_id.batch_index + 1)) - 1)
             if self.parent._batch_index_ack:
-                data.ack_set.extend(_words(unit.remaining, unit.batch_size))
+                data.ack_set.extend(_words(unit.remaining, unit.batch_size))  # type: ignore[union-attr]
             elif message_id.entry_id > 0:
-                data.entryId = message_id.entry_id - 1
+                data.entryId = message_id.entry_id - 1  # type: ignore[union-attr]
             else:
                 data = None
         for other in [k for k in self._unacked if k < key or (k == key and whole_entry)]:
@@ -1498,7 +1499,7 @@ class Consumer:
         return message.message_id() if isinstance(message, Message) else message
 
     def acknowledge(self, message: Message | MessageId) -> None:
-        if type(message) is Message:
+        if isinstance(message, Message):
             unit = message._ack_unit
             unit.owner.ack_in(unit, message._single.batch_index)
             return

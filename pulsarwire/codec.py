@@ -11,18 +11,18 @@ if os.environ.get("PULSARWIRE_PURE_PYTHON", "") not in ("", "0"):
     from . import _codec_py as _impl
 else:
     try:
-        from . import _codec as _impl  # type: ignore[no-redef]
+        from . import _codec as _impl  # type: ignore[attr-defined,no-redef,unused-ignore]
     except ImportError:  # no compiler at install time, or an unsupported platform
         warnings.warn("pulsarwire: Cython codec not built; using the pure-Python codec (slower)",
                       RuntimeWarning, stacklevel=2)
         from . import _codec_py as _impl  # type: ignore[no-redef]
 
 IMPLEMENTATION: str = _impl.IMPLEMENTATION
-MAGIC_CRC32C = _impl.MAGIC_CRC32C
-MAGIC_BROKER_ENTRY_METADATA = _impl.MAGIC_BROKER_ENTRY_METADATA
-DEFAULT_MAX_MESSAGE_SIZE = _impl.DEFAULT_MAX_MESSAGE_SIZE
-DEFAULT_MAX_FRAME_SIZE = _impl.DEFAULT_MAX_FRAME_SIZE
-FRAME_PADDING = _impl.FRAME_PADDING
+MAGIC_CRC32C: int = _impl.MAGIC_CRC32C
+MAGIC_BROKER_ENTRY_METADATA: int = _impl.MAGIC_BROKER_ENTRY_METADATA
+DEFAULT_MAX_MESSAGE_SIZE: int = _impl.DEFAULT_MAX_MESSAGE_SIZE
+DEFAULT_MAX_FRAME_SIZE: int = _impl.DEFAULT_MAX_FRAME_SIZE
+FRAME_PADDING: int = _impl.FRAME_PADDING
 
 Frame = _impl.Frame
 FrameReader = _impl.FrameReader

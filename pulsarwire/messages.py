@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ._proto import PulsarApi_pb2 as pb
 
@@ -14,6 +15,9 @@ _I64_MAX = 0x7FFFFFFFFFFFFFFF
 @dataclass(frozen=True, slots=True)
 class MessageId:
     """Position of a message: ledger, entry, and for batches the index in the entry."""
+
+    earliest: ClassVar["MessageId"]
+    latest: ClassVar["MessageId"]
 
     ledger_id: int
     entry_id: int
@@ -69,8 +73,8 @@ def _signed(value: int) -> int:
 
 
 #: The position before the first message and after the last one.
-MessageId.earliest = MessageId(-1, -1)  # type: ignore[attr-defined]
-MessageId.latest = MessageId(_I64_MAX, _I64_MAX)  # type: ignore[attr-defined]
+MessageId.earliest = MessageId(-1, -1)
+MessageId.latest = MessageId(_I64_MAX, _I64_MAX)
 
 
 class Message:

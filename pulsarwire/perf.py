@@ -7,6 +7,7 @@ rather than rounded to the broker's millisecond publish time.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import struct
 import sys
@@ -16,6 +17,10 @@ from dataclasses import dataclass, field
 from .client import Client, InitialPosition
 
 _STAMP = struct.Struct(">Q")
+
+
+def _after(callback, sent_at, future):
+    callback(future, sent_at)
 
 
 @dataclass
@@ -111,7 +116,7 @@ async def produce(client: Client, topic: str, *, messages: int = 0, duration: fl
         _STAMP.pack_into(payload, 0, time.time_ns())
         future = await producer.send_async(bytes(payload))
         sent_at = time.perf_counter()
-        future.add_done_callback(lambda f, t=sent_at: done(f, t))
+        future.add_done_callback(functools.partial(_after, done, sent_at))
         sent += 1
         if sent % 1000 == 0:
             await asyncio.sleep(0)

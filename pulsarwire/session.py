@@ -231,7 +231,7 @@ class ClientSession:
         self._out.append(frame)
 
     def ack(self, consumer_id: int, message_ids: list[pb.MessageIdData], cumulative: bool = False,
-            validation_error: int | None = None) -> None:
+            validation_error: Any = None) -> None:
         cmd = pb.CommandAck(consumer_id=consumer_id,
                             ack_type=pb.CommandAck.Cumulative if cumulative else pb.CommandAck.Individual,
                             message_id=message_ids)
@@ -287,11 +287,11 @@ class ClientSession:
         if self.state is not State.CONNECTED:
             raise ProtocolError(f"cannot send commands while {self.state.value}")
 
-    def _command(self, kind: int, field: str, sub) -> None:
+    def _command(self, kind: Any, field: str, sub) -> None:
         self._require_connected()
         self._emit(kind, field, sub)
 
-    def _emit(self, kind: int, field: str, sub) -> None:
+    def _emit(self, kind: Any, field: str, sub) -> None:
         cmd = T(type=kind)
         getattr(cmd, field).CopyFrom(sub)
         self._out.append(codec.encode_command(cmd))

@@ -14,8 +14,6 @@ from pulsarwire.broker.storage import Cursor, TopicLog
 from .peers import BrokerProcess, BrokerThread
 from .test_client import run
 
-pulsar = pytest.importorskip("pulsar")
-
 
 def test_restart_keeps_messages_cursors_and_partitions(tmp_path):
     broker = BrokerThread(tmp_path, v1_port=None).start()
@@ -54,6 +52,7 @@ def test_restart_keeps_messages_cursors_and_partitions(tmp_path):
 
 def test_kill_9_during_acknowledged_produce_loses_nothing(tmp_path):
     """Every message the official client saw acknowledged is there after kill -9."""
+    pulsar = pytest.importorskip("pulsar")
     broker = BrokerProcess(tmp_path / "data").start()
     client = pulsar.Client(broker.url, operation_timeout_seconds=5,
                            logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))

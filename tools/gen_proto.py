@@ -1,4 +1,4 @@
-"""Regenerate pulsarwire/_proto/PulsarApi_pb2.py from proto/PulsarApi.proto.
+"""Regenerate pulsarwire/_proto/PulsarApi_pb2.py (and its .pyi stub) from proto/PulsarApi.proto.
 
 Needs grpcio-tools (a pinned protoc). The generated module is checked in so
 that installing pulsarwire never needs protoc; tests/test_proto.py fails when
@@ -20,6 +20,7 @@ def generate(out_dir: pathlib.Path) -> pathlib.Path:
         "protoc",
         f"--proto_path={ROOT / 'proto'}",
         f"--python_out={out_dir}",
+        f"--pyi_out={out_dir}",
         str(ROOT / "proto" / "PulsarApi.proto"),
     ])
     if rc != 0:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .. import __version__, codec
 from .._proto import PulsarApi_pb2 as pb
@@ -93,7 +93,7 @@ class BrokerConnection(asyncio.Protocol):
             self.transport.writelines(self._out)
         self._out.clear()
 
-    def command(self, kind: int, field: str, sub) -> None:
+    def command(self, kind: Any, field: str, sub) -> None:
         cmd = T(type=kind)
         getattr(cmd, field).CopyFrom(sub)
         self.write(codec.encode_command(cmd))
@@ -148,13 +148,13 @@ class BrokerConnection(asyncio.Protocol):
             return
         handler(self, frame)
 
-    def _error(self, request_id: int, code: int, message: str) -> None:
+    def _error(self, request_id: int, code: Any, message: str) -> None:
         self.command(T.ERROR, "error", pb.CommandError(request_id=request_id, error=code, message=message))
 
     def _success(self, request_id: int) -> None:
         self.command(T.SUCCESS, "success", pb.CommandSuccess(request_id=request_id))
 
-    def _send_error(self, producer_id: int, sequence_id: int, code: int, message: str) -> None:
+    def _send_error(self, producer_id: int, sequence_id: int, code: Any, message: str) -> None:
         self.command(T.SEND_ERROR, "send_error", pb.CommandSendError(
             producer_id=producer_id, sequence_id=sequence_id, error=code, message=message))
 

@@ -10,11 +10,15 @@ import itertools
 import logging
 import os
 import ssl
+from typing import TYPE_CHECKING, Any
 
 from .. import codec
 from .pulsar import BrokerConnection
 from .storage import SYNC_INTERVAL, read_json, write_json
 from .topics import Topic
+
+if TYPE_CHECKING:
+    from .v1 import V1Server
 
 log = logging.getLogger("pulsarwire.broker")
 _MARKER = "-partition-"
@@ -44,13 +48,13 @@ class Broker:
         self.max_message_size = max_message_size
         self.keep_alive_interval = keep_alive_interval
         self.default_partitions = default_partitions
-        self.v1_options = dict(partitions=v1_partitions, replication_factor=replication_factor,
+        self.v1_options: dict[str, Any] = dict(partitions=v1_partitions, replication_factor=replication_factor,
                                min_insync_replicas=min_insync_replicas,
                                replication_timeout=replication_timeout,
                                replica_lag_time=replica_lag_time, session_timeout=session_timeout)
         self.connections: set[BrokerConnection] = set()
         self.topics: dict[str, Topic] = {}
-        self.v1 = None
+        self.v1: V1Server | None = None
         self._servers: list[asyncio.AbstractServer] = []
         self._background: asyncio.Task | None = None
         self._names = itertools.count()

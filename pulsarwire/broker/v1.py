@@ -323,7 +323,7 @@ class V1Server:
         group["generation"] += 1
         members = sorted(group["members"])
         count = self._partition_count(group["topic"], create=True)
-        assignment = {m: [] for m in members}
+        assignment: dict[str, list[int]] = {m: [] for m in members}
         if members:
             if group["assignor"] == "range":
                 per, extra = divmod(count, len(members))

@@ -1,0 +1,62 @@
+"""Packaging: wheel and sdist build, type hints check, the pure-Python fallback warns."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+import zipfile
+
+import pytest
+
+from .conftest import ROOT
+
+pytestmark = pytest.mark.skipif(bool(os.environ.get("PULSARWIRE_PURE_PYTHON")),
+                                reason="not codec-dependent: runs once, in the Cython pass")
+
+
+def test_wheel_and_sdist_build(tmp_path):
+    pytest.importorskip("build")
+    wheel = subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps",
+                            "--no-build-isolation", "-w", str(tmp_path)],
+                           capture_output=True, text=True, timeout=600)
+    assert wheel.returncode == 0, wheel.stderr[-2000:]
+    (built,) = tmp_path.glob("pulsarwire-*.whl")
+    names = zipfile.ZipFile(built).namelist()
+    assert any(n.startswith("pulsarwire/_codec") and n.endswith((".so", ".pyd")) for n in names)
+    for expected in ("pulsarwire/py.typed", "pulsarwire/_proto/PulsarApi_pb2.py",
+                     "pulsarwire/_proto/PulsarApi_pb2.pyi", "pulsarwire/_codec_py.py"):
+        assert expected in names
+    assert any(n.endswith("entry_points.txt") for n in names)
+
+    sdist = subprocess.run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "-o", str(tmp_path),
+                            str(ROOT)], capture_output=True, text=True, timeout=600)
+    assert sdist.returncode == 0, sdist.stderr[-2000:]
+    (archive,) = tmp_path.glob("pulsarwire-*.tar.gz")
+    members = [m.split("/", 1)[1] for m in tarfile.open(archive).getnames() if "/" in m]
+    for expected in ("setup.py", "pyproject.toml", "pulsarwire/_codec.pyx", "proto/PulsarApi.proto"):
+        assert expected in members
+
+
+def test_type_hints_check():
+    pytest.importorskip("mypy")
+    result = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:]
+
+
+def test_missing_extension_falls_back_with_a_warning():
+    code = ("import sys, warnings; sys.modules['pulsarwire._codec'] = None\n"
+            "with warnings.catch_warnings(record=True) as caught:\n"
+            "    warnings.simplefilter('always')\n"
+            "    import pulsarwire.codec as c\n"
+            "print(c.IMPLEMENTATION, [str(w.message) for w in caught])")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("python ") and "pure-Python codec" in result.stdout
+
+
+def test_env_var_forces_the_pure_twin():
+    env = dict(os.environ, PULSARWIRE_PURE_PYTHON="1")
+    result = subprocess.run([sys.executable, "-c", "import pulsarwire.codec as c; print(c.IMPLEMENTATION)"],
+                            capture_output=True, text=True, cwd=ROOT, env=env)
+    assert result.stdout.strip() == "python"
