@@ -1610,6 +1610,10 @@ class Reader:
     async def seek(self, target: MessageId | int) -> None:
         await self._consumer.seek(target)
 
+    async def get_last_message_id(self) -> MessageId:
+        """The id of the last message in the topic (entry_id -1 when it is empty)."""
+        return await self._consumer.get_last_message_id()
+
     def __aiter__(self):
         return self
 

@@ -169,6 +169,9 @@ class Reader:
     def seek(self, target: MessageId | int) -> None:
         self._loop.run(self._reader.seek(target))
 
+    def get_last_message_id(self) -> MessageId:
+        return self._loop.run(self._reader.get_last_message_id())
+
     def topic(self) -> str:
         return self._reader.topic()
 
