@@ -435,3 +435,77 @@ def test_receive_with_timeout_misses_no_wakeup():
         assert (await task) is message
         assert loop.time() - started < 1.0
     run(main())
+
+
+def test_deliver_after_is_held_by_shared_subscriptions(embedded):
+    async def main():
+        topic = unique()
+        async with client_for(embedded) as client:
+            consumer = await client.subscribe(topic, "delayed", consumer_type=ConsumerType.Shared)
+            producer = await client.create_producer(topic)
+            loop = asyncio.get_running_loop()
+            sent = loop.time()
+            await producer.send(b"later", deliver_after_ms=600)
+            await producer.send(b"now")
+            assert (await consumer.receive(5000)).data() == b"now"
+            late = await consumer.receive(5000)
+            assert late.data() == b"later" and loop.time() - sent >= 0.55
+    run(main())
+
+
+def test_broker_initiated_close_re_lookups_and_recreates(embedded):
+    async def main():
+        topic = "persistent://public/default/" + unique("unload")
+        async with client_for(embedded) as client:
+            consumer = await client.subscribe(topic, "s", initial_position=EARLIEST, ack_group_time_ms=0)
+            producer = await client.create_producer(topic, batching_enabled=False)
+            await producer.send(b"before")
+            consumer.acknowledge(await consumer.receive(5000))
+            assert embedded.call(embedded.broker.unload_topic, topic) == 2
+            await producer.send(b"after")  # queued until the producer is re-created
+            assert (await consumer.receive(5000)).data() == b"after"
+            assert consumer.is_connected()
+    run(main())
+
+
+def test_lookup_follows_redirects(embedded):
+    """A broker that does not own the topic redirects; the client follows to the owner."""
+    from pulsarwire import codec
+
+    async def fake_broker(reader, writer):
+        frames = codec.FrameReader()
+        while data := await reader.read(65536):
+            frames.feed(data)
+            for frame in frames:
+                kind = frame.command.type
+                if kind == pb.BaseCommand.CONNECT:
+                    reply = pb.BaseCommand(type=pb.BaseCommand.CONNECTED,
+                                           connected=pb.CommandConnected(server_version="redirector"))
+                elif kind == pb.BaseCommand.LOOKUP:
+                    reply = pb.BaseCommand(type=pb.BaseCommand.LOOKUP_RESPONSE, lookupTopicResponse=(
+                        pb.CommandLookupTopicResponse(request_id=frame.command.lookupTopic.request_id,
+                                                      response=pb.CommandLookupTopicResponse.Redirect,
+                                                      brokerServiceUrl=embedded.url, authoritative=True)))
+                elif kind == pb.BaseCommand.PARTITIONED_METADATA:
+                    reply = pb.BaseCommand(type=pb.BaseCommand.PARTITIONED_METADATA_RESPONSE,
+                                           partitionMetadataResponse=pb.CommandPartitionedTopicMetadataResponse(
+                                               request_id=frame.command.partitionMetadata.request_id, partitions=0))
+                else:
+                    continue
+                writer.write(codec.encode_command(reply))
+        writer.close()
+
+    async def main():
+        server = await asyncio.start_server(fake_broker, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            async with Client(f"pulsar://127.0.0.1:{port}", operation_timeout_seconds=5) as client:
+                topic = unique("redirected")
+                consumer = await client.subscribe(topic, "s", initial_position=EARLIEST)
+                producer = await client.create_producer(topic)
+                await producer.send(b"via redirect")
+                assert (await consumer.receive(5000)).data() == b"via redirect"
+                assert len(client._pool) == 2  # the redirector and the owner, one connection each
+        finally:
+            server.close()
+    run(main())

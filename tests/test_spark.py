@@ -9,6 +9,8 @@ import pytest
 
 pyspark = pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
+if not (os.environ.get("JAVA_HOME") or __import__("shutil").which("java")):
+    pytest.skip("Spark needs a Java runtime (java on PATH or JAVA_HOME)", allow_module_level=True)
 
 from pulsarwire import sync  # noqa: E402
 

@@ -173,6 +173,31 @@ class Broker:
             self.check_end_of_topic(subscription)
         return last
 
+    def unload_topic(self, name: str) -> int:
+        """Close every producer and consumer on topic-partition `name`, as a broker does when a
+        topic moves: clients look it up again and re-attach. Returns how many were closed."""
+        from .._proto import PulsarApi_pb2 as pb
+        topic = self.topics.get(name)
+        if topic is None:
+            return 0
+        closed = 0
+        for conn in list(self.connections):
+            for producer_id, (owner, producer_name) in list(conn.producers.items()):
+                if owner is topic:
+                    del conn.producers[producer_id]
+                    topic.producers.pop(producer_name, None)
+                    conn.command(pb.BaseCommand.CLOSE_PRODUCER, "close_producer",
+                                 pb.CommandCloseProducer(producer_id=producer_id, request_id=0))
+                    closed += 1
+            for consumer_id, consumer in list(conn.consumers.items()):
+                if consumer.subscription.topic is topic:
+                    del conn.consumers[consumer_id]
+                    conn._detach(consumer)
+                    conn.command(pb.BaseCommand.CLOSE_CONSUMER, "close_consumer",
+                                 pb.CommandCloseConsumer(consumer_id=consumer_id, request_id=0))
+                    closed += 1
+        return closed
+
     def check_end_of_topic(self, subscription) -> None:
         topic = subscription.topic
         if not topic.terminated or subscription.read_position < topic.log.next_entry_id or \

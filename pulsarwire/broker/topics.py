@@ -6,9 +6,11 @@ metadata+payload span and its stored CRC32C.
 """
 from __future__ import annotations
 
+import asyncio
 import heapq
 import logging
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
 from .. import codec
@@ -76,6 +78,7 @@ class Subscription:
         self.consumers: list[ServerConsumer] = []
         self.read_position = cursor.mark_delete + 1
         self._redeliver: list[int] = []  # heap of entries to send again
+        self._delayed: list[tuple[int, int]] = []  # heap of (deliver_at ms, entry) held back
         self._redeliver_set: set[int] = set()
         self.owner: dict[int, ServerConsumer] = {}  # dispatched entry -> consumer
         self.redelivery_counts: dict[int, int] = {}
@@ -163,6 +166,7 @@ class Subscription:
         self.read_position = entry_id
         self._redeliver.clear()
         self._redeliver_set.clear()
+        self._delayed.clear()
         self.owner.clear()
         self.redelivery_counts.clear()
         for consumer in self.consumers:
@@ -176,6 +180,27 @@ class Subscription:
 
     # dispatch
 
+    def _held(self, entry_id: int) -> bool:
+        """Shared subscriptions hold a delayed message until its time (exclusive ones do not, as in Pulsar)."""
+        due = self.topic.deliver_at.get(entry_id)
+        if due is None or self.type not in (_SubType.Shared, _SubType.Key_Shared):
+            return False
+        now_ms = time.time() * 1000
+        if due <= now_ms:
+            return False
+        if entry_id not in self._redeliver_set:
+            self._redeliver_set.add(entry_id)
+            heapq.heappush(self._delayed, (due, entry_id))
+            asyncio.get_running_loop().call_later((due - now_ms) / 1000 + 0.001, self._release_delayed)
+        return True
+
+    def _release_delayed(self) -> None:
+        now_ms = time.time() * 1000
+        while self._delayed and self._delayed[0][0] <= now_ms:
+            _, entry_id = heapq.heappop(self._delayed)
+            heapq.heappush(self._redeliver, entry_id)  # still marked in _redeliver_set
+        self.dispatch()
+
     def _next_entry(self) -> tuple[int, bool] | None:
         while self._redeliver:
             entry_id = self._redeliver[0]
@@ -185,10 +210,11 @@ class Subscription:
                 continue
             return entry_id, True
         while self.read_position < self.topic.log.next_entry_id:
-            if self.cursor.is_acked(self.read_position) or self.read_position in self.owner:
+            position = self.read_position
+            if self.cursor.is_acked(position) or position in self.owner or self._held(position):
                 self.read_position += 1
                 continue
-            return self.read_position, False
+            return position, False
         return None
 
     def _pick(self, entry) -> ServerConsumer | None:
@@ -281,6 +307,7 @@ class Topic:
                             sync_policy=broker.sync_policy)
         self.producers: dict[str, Any] = {}
         self.subscriptions: dict[str, Subscription] = {}
+        self.deliver_at: dict[int, int] = {}  # entry -> epoch ms before which Shared subs hold it
         state = read_json(os.path.join(self.directory, "state.json"), {})
         self.terminated = state.get("terminated", False)
         self.last_sequence: dict[str, int] = state.get("dedup", {})
@@ -297,6 +324,8 @@ class Topic:
                 md = entry_metadata(self.log.read(entry_id))
             except Exception:  # noqa: BLE001 - an unreadable entry carries no dedup state
                 continue
+            if md.HasField("deliver_at_time") and md.deliver_at_time > time.time() * 1000:
+                self.deliver_at[entry_id] = md.deliver_at_time
             highest = md.highest_sequence_id if md.HasField("highest_sequence_id") else md.sequence_id
             if highest > self.last_sequence.get(md.producer_name, -1):
                 self.last_sequence[md.producer_name] = highest
@@ -304,6 +333,8 @@ class Topic:
     def publish(self, body, checksum: int | None, metadata: pb.MessageMetadata, num_messages: int,
                 producer_name: str, highest_sequence_id: int) -> int:
         entry_id = self.log.append(body, checksum, metadata.publish_time, max(num_messages, 1))
+        if metadata.HasField("deliver_at_time") and metadata.deliver_at_time > time.time() * 1000:
+            self.deliver_at[entry_id] = metadata.deliver_at_time
         self.last_sequence[producer_name] = highest_sequence_id
         self._state_dirty = True
         for subscription in self.subscriptions.values():
