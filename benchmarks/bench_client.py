@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import struct
 import sys
 import tempfile
@@ -179,7 +180,20 @@ def official_e2e(url, topic, rate, seconds, size):
 
 # --- driver ------------------------------------------------------------------------
 
-def run(broker_kind, messages, size, rate, seconds):
+def run(broker_kind, messages, size, rate, seconds, repeat=1):
+    """Each client is measured `repeat` times, rounds interleaved; medians are reported."""
+    rounds = [_run_once(broker_kind, messages, size, rate, seconds) for _ in range(repeat)]
+    rows = []
+    for index, first in enumerate(rounds[0]):
+        row = dict(first, runs=repeat)
+        for key, value in first.items():
+            if isinstance(value, float):
+                row[key] = statistics.median(r[index][key] for r in rounds)
+        rows.append(row)
+    return rows
+
+
+def _run_once(broker_kind, messages, size, rate, seconds):
     rows = []
     with BrokerUnderTest(broker_kind, tempfile.mkdtemp(prefix="bench-client-")) as broker:
         # batch delay 1 ms for both clients; "pulsarwire-d0" adds delay 0: a batch is what the
@@ -210,7 +224,7 @@ def print_table(rows):
     for r in rows:
         print(f"{r['client']:<15}{r['broker']:<13}{r['produce_msg_per_s']:>15,.0f}{r['consume_msg_per_s']:>15,.0f}"
               f"{r['send_p50_ms']:>10.2f}{r['send_p99_ms']:>10.2f}{r['e2e_p50_ms']:>10.2f}{r['e2e_p99_ms']:>10.2f}")
-    print("(latencies in ms)")
+    print(f"(latencies in ms; medians of {rows[0]['runs']} runs)")
 
 
 def main(argv=None):
@@ -220,9 +234,10 @@ def main(argv=None):
     parser.add_argument("--rate", type=float, default=2000, help="e2e messages per second")
     parser.add_argument("--seconds", type=float, default=3, help="e2e duration")
     parser.add_argument("--broker", default="embedded", choices=["embedded", "pulsar-lite"])
+    parser.add_argument("--repeat", type=int, default=3, help="measurements per client; medians are reported")
     parser.add_argument("--json", help="write rows as JSON here")
     args = parser.parse_args(argv)
-    rows = run(args.broker, args.messages, args.size, args.rate, args.seconds)
+    rows = run(args.broker, args.messages, args.size, args.rate, args.seconds, args.repeat)
     print_table(rows)
     if args.json:
         with open(args.json, "w") as fh:
