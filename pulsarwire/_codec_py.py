@@ -598,6 +598,30 @@ class BatchBuilder:
         self.num_messages = 0
 
 
+def encode_send_receipt(producer_id, sequence_id, highest_sequence_id, ledger_id, entry_id) -> bytes:
+    """A SEND_RECEIPT frame, byte for byte what protobuf writes, without building messages.
+
+    The broker answers every entry with one; this is its hot path.
+    """
+    message_id = bytearray(b"\x08")
+    _write_varint(message_id, ledger_id)
+    message_id.append(0x10)
+    _write_varint(message_id, entry_id)
+    receipt = bytearray(b"\x08")
+    _write_varint(receipt, producer_id)
+    receipt.append(0x10)
+    _write_varint(receipt, sequence_id)
+    receipt.append(0x1A)
+    _write_varint(receipt, len(message_id))
+    receipt += message_id
+    receipt.append(0x20)
+    _write_varint(receipt, highest_sequence_id)
+    body = bytearray(b"\x08\x07\x3a")  # type = SEND_RECEIPT, then field 7 (send_receipt)
+    _write_varint(body, len(receipt))
+    body += receipt
+    return _U32.pack(len(body) + 4) + _U32.pack(len(body)) + bytes(body)
+
+
 def encode_command(command) -> bytes:
     """A simple-command frame: [total][command size][BaseCommand]."""
     body = command.SerializeToString()

@@ -36,11 +36,12 @@ encode_metadata_and_payload = _impl.encode_metadata_and_payload
 encode_payload_frame = _impl.encode_payload_frame
 encode_payload_command = _impl.encode_payload_command
 encode_single_message_metadata = _impl.encode_single_message_metadata
+encode_send_receipt = _impl.encode_send_receipt
 
 __all__ = [
     "IMPLEMENTATION", "MAGIC_CRC32C", "MAGIC_BROKER_ENTRY_METADATA", "DEFAULT_MAX_MESSAGE_SIZE",
     "DEFAULT_MAX_FRAME_SIZE", "FRAME_PADDING", "Frame", "FrameReader", "SingleMessage",
     "BatchBuilder", "decode_frame", "decompress_payload", "split_messages", "encode_command",
     "encode_metadata_and_payload", "encode_payload_frame", "encode_payload_command",
-    "encode_single_message_metadata",
+    "encode_single_message_metadata", "encode_send_receipt",
 ]

@@ -314,7 +314,7 @@ def test_twins_expose_the_same_api():
               "Frame", "FrameReader", "IMPLEMENTATION", "MAGIC_BROKER_ENTRY_METADATA", "MAGIC_CRC32C",
               "SingleMessage", "decode_frame", "decompress_payload", "encode_command",
               "encode_metadata_and_payload", "encode_payload_command", "encode_payload_frame",
-              "encode_single_message_metadata", "split_messages"}
+              "encode_single_message_metadata", "encode_send_receipt", "split_messages"}
     for listing in names:
         assert public <= set(listing)
     for cls in ("Frame", "SingleMessage"):

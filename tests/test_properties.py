@@ -108,3 +108,17 @@ def test_protobuf_written_metadata_decodes_identically(smm):
         assert message.null_value == smm.null_value
         assert message.null_partition_key == smm.null_partition_key
         assert len(message.payload) == smm.payload_size
+
+
+@settings(max_examples=300, deadline=None)
+@given(producer=st.integers(0, 2**64 - 1), sequence=st.integers(0, 2**64 - 1),
+       highest=st.integers(0, 2**64 - 1), ledger=st.integers(-1, 2**63 - 1), entry=st.integers(-1, 2**63 - 1))
+def test_send_receipt_fast_path_matches_protobuf(producer, sequence, highest, ledger, entry):
+    from pulsarwire import codec as chosen
+
+    expected_cmd = pb.BaseCommand(type=pb.BaseCommand.SEND_RECEIPT, send_receipt=pb.CommandSendReceipt(
+        producer_id=producer, sequence_id=sequence, highest_sequence_id=highest,
+        message_id=pb.MessageIdData(ledgerId=ledger & (2**64 - 1), entryId=entry & (2**64 - 1))))
+    expected = chosen.encode_command(expected_cmd)
+    for twin in TWINS:
+        assert twin.encode_send_receipt(producer, sequence, highest, ledger, entry) == expected

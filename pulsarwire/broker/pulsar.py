@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from .. import __version__, codec
 from .._proto import PulsarApi_pb2 as pb
 from ..errors import BadMetadataError, ChecksumMismatchError, PulsarWireError
-from .topics import ServerConsumer, message_id, start_entry
+from .topics import LEDGER_ID, ServerConsumer, message_id, start_entry
 
 if TYPE_CHECKING:
     from .server import Broker
@@ -90,6 +90,7 @@ class BrokerConnection(asyncio.Protocol):
     def flush(self) -> None:
         self._flush_scheduled = False
         if self._out and self.transport is not None and not self.closed:
+            self.broker.commit()  # nothing is acknowledged before it is written
             self.transport.writelines(self._out)
         self._out.clear()
 
@@ -244,20 +245,17 @@ class BrokerConnection(asyncio.Protocol):
             return
         highest = s.highest_sequence_id if s.HasField("highest_sequence_id") and \
             s.highest_sequence_id > s.sequence_id else s.sequence_id
-        receipt = pb.CommandSendReceipt(producer_id=s.producer_id, sequence_id=s.sequence_id,
-                                        highest_sequence_id=highest)
         if topic.terminated:
             self._send_error(s.producer_id, s.sequence_id, pb.TopicTerminatedError, "topic is terminated")
             return
         if not (s.is_chunk and frame.metadata.chunk_id > 0) and \
                 highest <= topic.last_sequence.get(name, -1):
-            receipt.message_id.CopyFrom(pb.MessageIdData(ledgerId=(1 << 64) - 1, entryId=(1 << 64) - 1))
-            self.command(T.SEND_RECEIPT, "send_receipt", receipt)  # duplicate: already stored
-            return
-        entry_id = topic.publish(bytes(frame.metadata_and_payload), frame.checksum, frame.metadata,
-                                 s.num_messages, name, highest)
-        receipt.message_id.CopyFrom(message_id(entry_id))
-        self.command(T.SEND_RECEIPT, "send_receipt", receipt)
+            entry_id = -1  # a duplicate, already stored: answered with the (-1, -1) id
+        else:
+            entry_id = topic.publish(frame.metadata_and_payload, frame.checksum, frame.metadata,
+                                     s.num_messages, name, highest)
+        self.write(codec.encode_send_receipt(s.producer_id, s.sequence_id, highest,
+                                             LEDGER_ID if entry_id >= 0 else -1, entry_id))
 
     def on_close_producer(self, frame) -> None:
         c = frame.command.close_producer

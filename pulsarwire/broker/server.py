@@ -53,6 +53,7 @@ class Broker:
                                replication_timeout=replication_timeout,
                                replica_lag_time=replica_lag_time, session_timeout=session_timeout)
         self.connections: set[BrokerConnection] = set()
+        self.uncommitted: set = set()  # logs with appends not yet handed to the OS
         self.topics: dict[str, Topic] = {}
         self.v1: V1Server | None = None
         self._servers: list[asyncio.AbstractServer] = []
@@ -102,6 +103,7 @@ class Broker:
             self._background.cancel()
         if self.v1 is not None:
             await self.v1.stop()
+        self.commit()
         for topic in self.topics.values():
             topic.close()
         self.topics.clear()
@@ -111,6 +113,11 @@ class Broker:
 
     async def __aexit__(self, *exc) -> None:
         await self.stop()
+
+    def commit(self) -> None:
+        """Group commit: write every pending append. Runs before any receipt leaves the broker."""
+        while self.uncommitted:
+            self.uncommitted.pop().commit()
 
     async def serve_forever(self) -> None:
         await asyncio.gather(*(s.serve_forever() for s in self._servers))

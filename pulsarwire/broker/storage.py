@@ -7,10 +7,11 @@ A segment is `<first entry id>.log` plus `<first entry id>.idx`. Log records:
 where body is the entry exactly as the producer framed it: `[u32 metadata
 size][MessageMetadata][payload]`, the span the wire checksum covers, so the
 stored CRC doubles as the checksum of every Message frame that re-sends it. The
-.idx file holds one u64 file position per entry. Records are written with
-os.write before a producer is acknowledged, so a killed process loses nothing
-acknowledged; fsync (power loss) follows the sync policy. Recovery verifies the
-tail of the last segment and truncates a torn record.
+.idx file holds one u64 file position per entry. Appends are group-committed:
+`commit()` hands everything appended since the last commit to the OS in one
+write, and the broker commits before it sends any receipt, so a killed process
+loses nothing acknowledged; fsync (power loss) follows the sync policy. Recovery
+verifies the tail of the last segment and truncates a torn record.
 """
 from __future__ import annotations
 
@@ -21,11 +22,11 @@ import json
 import os
 import struct
 import urllib.parse
-from dataclasses import dataclass
 
 from crc32c import crc32c
 
 _HEADER = struct.Struct(">IIQI")
+_POSITION = struct.Struct(">Q")
 HEADER_SIZE = _HEADER.size
 SYNC_ALWAYS, SYNC_INTERVAL, SYNC_NEVER = "always", "interval", "never"
 
@@ -34,13 +35,17 @@ class StorageError(Exception):
     """The on-disk data is unusable beyond what recovery may repair."""
 
 
-@dataclass(frozen=True, slots=True)
 class Entry:
-    entry_id: int
-    body: bytes
-    checksum: int
-    publish_time: int
-    num_messages: int
+    """One stored entry; `body` is the producer's metadata+payload span (bytes or a view of them)."""
+
+    __slots__ = ("entry_id", "body", "checksum", "publish_time", "num_messages")
+
+    def __init__(self, entry_id: int, body, checksum: int, publish_time: int, num_messages: int) -> None:
+        self.entry_id = entry_id
+        self.body = body
+        self.checksum = checksum
+        self.publish_time = publish_time
+        self.num_messages = num_messages
 
 
 def _write_json(path: str, data) -> None:
@@ -74,6 +79,9 @@ class _Segment:
         self.log_fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         self.idx_fd = os.open(self.idx_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         self.size = os.fstat(self.log_fd).st_size
+        self.committed_size = self.size
+        self._pending: list[bytes] = []
+        self._pending_index = bytearray()
 
     def load_index(self) -> None:
         raw = os.pread(self.idx_fd, os.fstat(self.idx_fd).st_size, 0)
@@ -118,13 +126,28 @@ class _Segment:
 
     def append(self, record: bytes) -> None:
         pos = self.size
-        os.write(self.log_fd, record)
-        os.write(self.idx_fd, struct.pack(">Q", pos))
+        self._pending.append(record)
+        self._pending_index += _POSITION.pack(pos)
         self.positions.append(pos)
         self.size += len(record)
 
+    def commit(self) -> None:
+        """Hand every pending record (then its index entries) to the OS."""
+        if not self._pending:
+            return
+        data = b"".join(self._pending) if len(self._pending) > 1 else self._pending[0]
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.log_fd, view):]
+        os.write(self.idx_fd, self._pending_index)
+        self.committed_size = self.size
+        self._pending.clear()
+        self._pending_index.clear()
+
     def read(self, index: int) -> tuple[int, int, int, bytes]:
         pos = self.positions[index]
+        if pos >= self.committed_size:
+            self.commit()
         header = os.pread(self.log_fd, HEADER_SIZE, pos)
         body_size, checksum, publish_time, num_messages = _HEADER.unpack(header)
         body = os.pread(self.log_fd, body_size, pos + HEADER_SIZE)
@@ -133,10 +156,12 @@ class _Segment:
         return checksum, publish_time, num_messages, body
 
     def sync(self) -> None:
+        self.commit()
         os.fsync(self.log_fd)
         os.fsync(self.idx_fd)
 
     def close(self) -> None:
+        self.commit()
         for fd in (self.log_fd, self.idx_fd):
             try:
                 os.close(fd)
@@ -165,6 +190,7 @@ class TopicLog:
         self._bases = [s.base for s in self._segments]
         self.next_entry_id = last.base + len(last.positions)
         self._dirty = False
+        self._uncommitted = False
         self._cache: collections.OrderedDict[int, Entry] = collections.OrderedDict()
         self._cache_bytes = 0
         self._cache_limit = cache_bytes
@@ -177,7 +203,8 @@ class TopicLog:
     def last_entry_id(self) -> int:
         return self.next_entry_id - 1
 
-    def append(self, body: bytes, checksum: int | None, publish_time: int, num_messages: int) -> int:
+    def append(self, body, checksum: int | None, publish_time: int, num_messages: int) -> int:
+        """Queue an entry; it reaches the OS at the next commit() (the broker commits before any receipt)."""
         if checksum is None:
             checksum = crc32c(body)
         segment = self._segments[-1]
@@ -186,15 +213,24 @@ class TopicLog:
             segment = _Segment(self.directory, self.next_entry_id)
             self._segments.append(segment)
             self._bases.append(segment.base)
-        segment.append(_HEADER.pack(len(body), checksum, publish_time, num_messages) + body)
+        record = b"".join((_HEADER.pack(len(body), checksum, publish_time, num_messages), body))
+        segment.append(record)
         entry_id = self.next_entry_id
         self.next_entry_id += 1
-        if self.sync_policy == SYNC_ALWAYS:
-            segment.sync()
-        else:
-            self._dirty = True
-        self._remember(Entry(entry_id, bytes(body), checksum, publish_time, num_messages))
+        self._dirty = True
+        self._uncommitted = True
+        self._remember(Entry(entry_id, memoryview(record)[HEADER_SIZE:], checksum, publish_time, num_messages))
         return entry_id
+
+    def commit(self) -> None:
+        """Write what was appended; with the `always` policy, fsync it too."""
+        if self._uncommitted:
+            self._uncommitted = False
+            if self.sync_policy == SYNC_ALWAYS:
+                self._segments[-1].sync()
+                self._dirty = False
+            else:
+                self._segments[-1].commit()
 
     def _remember(self, entry: Entry) -> None:
         self._cache[entry.entry_id] = entry
@@ -226,6 +262,7 @@ class TopicLog:
         return lo
 
     def sync(self) -> None:
+        self.commit()
         if self._dirty:
             self._segments[-1].sync()
             self._dirty = False

@@ -333,6 +333,7 @@ class Topic:
     def publish(self, body, checksum: int | None, metadata: pb.MessageMetadata, num_messages: int,
                 producer_name: str, highest_sequence_id: int) -> int:
         entry_id = self.log.append(body, checksum, metadata.publish_time, max(num_messages, 1))
+        self.broker.uncommitted.add(self.log)
         if metadata.HasField("deliver_at_time") and metadata.deliver_at_time > time.time() * 1000:
             self.deliver_at[entry_id] = metadata.deliver_at_time
         self.last_sequence[producer_name] = highest_sequence_id

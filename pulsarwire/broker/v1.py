@@ -238,6 +238,7 @@ class V1Server:
             md.partition_key = key
         body = codec.encode_metadata_and_payload(md, value.encode())
         offset = log_topic.publish(body, None, md, 1, "v1", md.sequence_id)
+        self.broker.commit()  # written before it is acknowledged
         log_end = log_topic.log.next_entry_id
         self._wake(state, log_end)
         if acks == "all":
