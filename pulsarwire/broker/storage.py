@@ -124,12 +124,14 @@ class _Segment:
     def _index_bytes(positions) -> bytes:
         return b"".join(struct.pack(">Q", p) for p in positions)
 
-    def append(self, record: bytes) -> None:
+    def append(self, header: bytes, body) -> None:
+        """Queue one record as its header and body (joined once, at commit)."""
         pos = self.size
-        self._pending.append(record)
+        self._pending.append(header)
+        self._pending.append(body)
         self._pending_index += _POSITION.pack(pos)
         self.positions.append(pos)
-        self.size += len(record)
+        self.size += HEADER_SIZE + len(body)
 
     def commit(self) -> None:
         """Hand every pending record (then its index entries) to the OS."""
@@ -213,13 +215,14 @@ class TopicLog:
             segment = _Segment(self.directory, self.next_entry_id)
             self._segments.append(segment)
             self._bases.append(segment.base)
-        record = b"".join((_HEADER.pack(len(body), checksum, publish_time, num_messages), body))
-        segment.append(record)
+        if type(body) is not bytes and not (type(body) is memoryview and type(body.obj) is bytes):
+            body = bytes(body)  # queued until commit and cached: it must not change meanwhile
+        segment.append(_HEADER.pack(len(body), checksum, publish_time, num_messages), body)
         entry_id = self.next_entry_id
         self.next_entry_id += 1
         self._dirty = True
         self._uncommitted = True
-        self._remember(Entry(entry_id, memoryview(record)[HEADER_SIZE:], checksum, publish_time, num_messages))
+        self._remember(Entry(entry_id, body, checksum, publish_time, num_messages))
         return entry_id
 
     def commit(self) -> None:
