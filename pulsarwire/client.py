@@ -25,7 +25,7 @@ from .errors import (
     ProducerFencedError, ProducerQueueFullError, PulsarWireError, ServerError, TimeoutError,
     TopicNotFoundError, TopicTerminatedError,
 )
-from .messages import Message, MessageId
+from .messages import Message, MessageId, ack_set_bits, ack_set_words, signed64
 from .routing import HashingScheme, Router, RoutingMode
 from .session import (
     ActiveConsumerChanged, ClientSession, Connected, ConnectionFailed, ConsumerClosedByBroker,
@@ -456,6 +456,53 @@ class Client:
         self._pool.clear()
 
 
+# --- reconnection ----------------------------------------------------------------
+
+class _Reconnecting:
+    """What producers and consumers share: when their connection goes (or the broker closes
+    them), look the topic up again and re-attach, backing off exponentially; give up only on
+    errors that retrying cannot fix."""
+
+    client: Client
+    topic: str
+    conn: _Connection | None
+    _closed: bool
+    _reconnecting: asyncio.Task | None
+
+    async def _connect(self) -> None:
+        raise NotImplementedError
+
+    def _give_up(self, error: BaseException) -> None:
+        raise NotImplementedError
+
+    def _connection_lost(self, conn: _Connection) -> None:
+        if self.conn is not conn and self.conn is not None:
+            return
+        self.conn = None
+        if self._closed or self._reconnecting is not None:
+            return
+        self._reconnecting = asyncio.ensure_future(self._reconnect())
+
+    async def _reconnect(self) -> None:
+        attempt = 0
+        try:
+            while not self._closed:
+                await self.client._backoff(attempt)
+                attempt += 1
+                try:
+                    await self._connect()
+                    log.info("%s on %s reconnected", type(self).__name__, self.topic)
+                    return
+                except _FATAL as exc:
+                    self._give_up(exc)
+                    return
+                except (PulsarWireError, OSError) as exc:
+                    log.info("%s on %s: reconnect attempt %d failed: %s", type(self).__name__, self.topic,
+                             attempt, exc)
+        finally:
+            self._reconnecting = None
+
+
 # --- producer -------------------------------------------------------------------
 
 class _OpSend:
@@ -474,7 +521,7 @@ class _OpSend:
         self.first_chunk = first_chunk
 
 
-class _PartitionProducer:
+class _PartitionProducer(_Reconnecting):
     """Producer on one (partition) topic."""
 
     def __init__(self, parent: "Producer", topic: str, partition: int) -> None:
@@ -528,31 +575,8 @@ class _PartitionProducer:
         for op in self.pending:  # resend in order, same sequence ids: the broker dedups
             conn.write_frame(op.frame)
 
-    def _connection_lost(self, conn: _Connection) -> None:
-        if self.conn is not conn and self.conn is not None:
-            return
-        self.conn = None
-        if self._closed or self._reconnecting is not None:
-            return
-        self._reconnecting = asyncio.ensure_future(self._reconnect())
-
-    async def _reconnect(self) -> None:
-        attempt = 0
-        try:
-            while not self._closed:
-                await self.client._backoff(attempt)
-                attempt += 1
-                try:
-                    await self._connect()
-                    log.info("producer %s on %s reconnected", self.producer_name, self.topic)
-                    return
-                except _FATAL as exc:
-                    self._fail_all(exc)
-                    return
-                except (PulsarWireError, OSError) as exc:
-                    log.info("producer on %s: reconnect attempt %d failed: %s", self.topic, attempt, exc)
-        finally:
-            self._reconnecting = None
+    def _give_up(self, error: BaseException) -> None:
+        self._fail_all(error)
 
     # sending
 
@@ -961,7 +985,7 @@ class _MessageQueue:
         return removed
 
 
-class _PartitionConsumer:
+class _PartitionConsumer(_Reconnecting):
     """Consumer on one (partition) topic."""
 
     def __init__(self, parent: "Consumer", topic: str, partition: int) -> None:
@@ -1024,39 +1048,16 @@ class _PartitionConsumer:
         conn.session.flow(self.consumer_id, parent._receiver_queue_size)
         conn.flush()
 
-    def _connection_lost(self, conn: _Connection) -> None:
-        if self.conn is not conn and self.conn is not None:
-            return
-        self.conn = None
-        if self._closed or self._reconnecting is not None:
-            return
-        self._reconnecting = asyncio.ensure_future(self._reconnect())
-
-    async def _reconnect(self) -> None:
-        attempt = 0
-        try:
-            while not self._closed:
-                await self.client._backoff(attempt)
-                attempt += 1
-                try:
-                    await self._connect()
-                    log.info("consumer on %s reconnected", self.topic)
-                    return
-                except _FATAL as exc:
-                    log.warning("consumer on %s cannot reconnect: %s", self.topic, exc)
-                    self.parent._fail(exc)
-                    return
-                except (PulsarWireError, OSError) as exc:
-                    log.info("consumer on %s: reconnect attempt %d failed: %s", self.topic, attempt, exc)
-        finally:
-            self._reconnecting = None
+    def _give_up(self, error: BaseException) -> None:
+        log.warning("consumer on %s cannot reconnect: %s", self.topic, error)
+        self.parent._fail(error)
 
     # incoming
 
     def _on_message(self, command: pb.CommandMessage, frame) -> None:
         md = frame.metadata
         mid = command.message_id
-        ledger, entry = _signed64(mid.ledgerId), _signed64(mid.entryId)
+        ledger, entry = signed64(mid.ledgerId), signed64(mid.entryId)
         if md.HasField("num_chunks_from_msg") and md.num_chunks_from_msg > 1:
             self._on_chunk(command, frame)
             return
@@ -1073,9 +1074,7 @@ class _PartitionConsumer:
         ack_set = command.ack_set
         skip = 0
         if ack_set:
-            bits = 0
-            for i, word in enumerate(ack_set):
-                bits |= (word & 0xFFFFFFFFFFFFFFFF) << (64 * i)
+            bits = ack_set_bits(ack_set)
         else:
             bits = (1 << max(batch_size, 1)) - 1
         unit = _Entry(self, ledger, entry, batch_size, bits, chunk_entries)
@@ -1126,7 +1125,7 @@ class _PartitionConsumer:
             self.ack_ids([mid])
             self._message_consumed(1)
             return
-        parts.append((_signed64(mid.ledgerId), _signed64(mid.entryId), bytes(frame.payload)))
+        parts.append((signed64(mid.ledgerId), signed64(mid.entryId), bytes(frame.payload)))
         while len(self._chunks) > self.parent._max_pending_chunked:
             _, dropped = self._chunks.popitem(last=False)
             log.warning("dropping an incomplete chunked message (too many in progress)")
@@ -1193,7 +1192,7 @@ class _PartitionConsumer:
             if unit.remaining:
                 if self.parent._batch_index_ack:
                     data = pb.MessageIdData(ledgerId=unit.ledger_id, entryId=unit.entry_id)
-                    data.ack_set.extend(_words(unit.remaining, unit.batch_size))
+                    data.ack_set.extend(ack_set_words(unit.remaining, unit.batch_size))
                     self._queue_ack(data)
                 return
         else:
@@ -1214,7 +1213,7 @@ class _PartitionConsumer:
         if unit is not None and unit.batch_size and not whole_entry:
             unit.remaining &= ~((1 << (message_id.batch_index + 1)) - 1)
             if self.parent._batch_index_ack:
-                data.ack_set.extend(_words(unit.remaining, unit.batch_size))  # type: ignore[union-attr]
+                data.ack_set.extend(ack_set_words(unit.remaining, unit.batch_size))  # type: ignore[union-attr]
             elif message_id.entry_id > 0:
                 data.entryId = message_id.entry_id - 1  # type: ignore[union-attr]
             else:
@@ -1340,18 +1339,6 @@ class _PartitionConsumer:
                     await conn.request(conn.session.close_consumer, self.consumer_id)
             finally:
                 conn.consumers.pop(self.consumer_id, None)
-
-
-def _signed64(value: int) -> int:
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
-def _words(bits: int, size: int) -> list[int]:
-    words = []
-    for start in range(0, max(size, 1), 64):
-        word = (bits >> start) & 0xFFFFFFFFFFFFFFFF
-        words.append(word - (1 << 64) if word >= 1 << 63 else word)
-    return words
 
 
 class Consumer:

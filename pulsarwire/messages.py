@@ -72,6 +72,26 @@ def _signed(value: int) -> int:
     return value - (1 << 64) if value > _I64_MAX else value
 
 
+signed64 = _signed  # uint64 on the wire -> the signed value Pulsar means (-1 for "none")
+
+
+def ack_set_bits(words) -> int:
+    """An ack_set (int64 words; a set bit = an index still unacknowledged) as one integer bitmask."""
+    bits = 0
+    for i, word in enumerate(words):
+        bits |= (word & 0xFFFFFFFFFFFFFFFF) << (64 * i)
+    return bits
+
+
+def ack_set_words(bits: int, size: int) -> list[int]:
+    """The ack_set words (signed int64, as the wire declares them) of bitmask `bits` over `size` indexes."""
+    words = []
+    for start in range(0, max(size, 1), 64):
+        word = (bits >> start) & 0xFFFFFFFFFFFFFFFF
+        words.append(word - (1 << 64) if word >= 1 << 63 else word)
+    return words
+
+
 #: The position before the first message and after the last one.
 MessageId.earliest = MessageId(-1, -1)
 MessageId.latest = MessageId(_I64_MAX, _I64_MAX)

@@ -121,12 +121,18 @@ class BrokerProcess:
             self.process.wait(10)
 
     def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        terminate(self.process)
+
+
+def terminate(process: subprocess.Popen | None) -> None:
+    """Stop a peer politely, then firmly."""
+    if process is not None and process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
 
 
 def pulsar_lite_binary() -> str | None:
@@ -159,9 +165,4 @@ class PulsarLite:
         return self
 
     def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
+        terminate(self.process)

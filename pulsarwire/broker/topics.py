@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import codec
 from .._proto import PulsarApi_pb2 as pb
+from ..messages import ack_set_bits, ack_set_words
 from ..routing import murmur3_32
 from .storage import Cursor, TopicLog, read_json, topic_directory, write_json
 
@@ -126,13 +127,13 @@ class Subscription:
         if cumulative:
             if mid.ack_set:
                 cursor.ack_cumulative(entry_id - 1)
-                cursor.ack_partial(entry_id, _bits(mid.ack_set))
+                cursor.ack_partial(entry_id, ack_set_bits(mid.ack_set))
             else:
                 cursor.ack_cumulative(entry_id)
             for done in [e for e in self.owner if cursor.is_acked(e)]:
                 self._settle(done)
         elif mid.ack_set:
-            cursor.ack_partial(entry_id, _bits(mid.ack_set))
+            cursor.ack_partial(entry_id, ack_set_bits(mid.ack_set))
             if cursor.is_acked(entry_id):
                 self._settle(entry_id)
         else:
@@ -258,27 +259,12 @@ class Subscription:
                     self.read_position = entry_id + 1
                 partial = self.cursor.partial.get(entry_id)
                 consumer.send(entry, self.redelivery_counts.get(entry_id, 0),
-                              _words(partial, entry.num_messages) if partial else None)
+                              ack_set_words(partial, entry.num_messages) if partial else None)
                 consumer.permits -= entry.num_messages
                 consumer.pending.add(entry_id)
                 self.owner[entry_id] = consumer
         finally:
             self._dispatching = False
-
-
-def _bits(words) -> int:
-    bits = 0
-    for i, word in enumerate(words):
-        bits |= (word & _U64) << (64 * i)
-    return bits
-
-
-def _words(bits: int, size: int) -> list[int]:
-    out = []
-    for start in range(0, max(size, 1), 64):
-        word = (bits >> start) & _U64
-        out.append(word - (1 << 64) if word >= 1 << 63 else word)
-    return out
 
 
 def _entry_key(entry) -> bytes | None:
