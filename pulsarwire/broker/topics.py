@@ -188,6 +188,7 @@ class Subscription:
             return False
         now_ms = time.time() * 1000
         if due <= now_ms:
+            del self.topic.deliver_at[entry_id]  # its time has come for every subscription
             return False
         if entry_id not in self._redeliver_set:
             self._redeliver_set.add(entry_id)
