@@ -22,7 +22,7 @@ from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.unicode cimport PyUnicode_AsUTF8String, PyUnicode_DecodeUTF8
-from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
 from collections import deque
@@ -166,6 +166,166 @@ cdef Frame _decode_frame(object owner, const uint8_t* base, Py_ssize_t start, Py
     return frame
 
 
+@cython.final
+cdef class SendFrame:
+    """A plain, valid SEND frame, read without building protobuf messages (a broker's hot path).
+
+    FrameReader(send_fast_path=True) returns one for a Send frame whose command
+    and metadata use only common fields and are well formed; any other frame,
+    and any frame with a problem, takes the full path (and its typed errors).
+    """
+
+    cdef readonly object producer_id
+    cdef readonly object sequence_id
+    cdef readonly object num_messages
+    cdef readonly object highest_sequence_id
+    cdef readonly bint is_chunk
+    cdef readonly object publish_time
+    cdef readonly object deliver_at_time
+    cdef readonly object chunk_id
+    cdef readonly object metadata_and_payload
+    cdef readonly object checksum
+    cdef readonly Py_ssize_t size
+
+    @property
+    def type(self):
+        return 6  # BaseCommand.SEND
+
+    @property
+    def checksum_verified(self):
+        return self.checksum is not None
+
+
+cdef inline int64_t _int32(uint64_t value) noexcept nogil:
+    return <int64_t>(<int32_t>(<uint32_t>value))
+
+
+cdef int _scan_next(const uint8_t* buf, Py_ssize_t* pos, Py_ssize_t end, uint32_t* field, uint32_t* wire_type,
+                    uint64_t* value, Py_ssize_t* span_start) noexcept nogil:
+    """One field of plain protobuf: a varint value, or a length-delimited span; -1 otherwise."""
+    cdef uint64_t tag, length
+    if _varint(buf, pos, end, &tag) != SCAN_OK:
+        return -1
+    field[0] = <uint32_t>(tag >> 3)
+    wire_type[0] = <uint32_t>(tag & 7)
+    if wire_type[0] == 0:
+        return 0 if _varint(buf, pos, end, value) == SCAN_OK else -1
+    if wire_type[0] == 2:
+        if _varint(buf, pos, end, &length) != SCAN_OK or length > <uint64_t>(end - pos[0]):
+            return -1
+        span_start[0] = pos[0]
+        value[0] = length
+        pos[0] += <Py_ssize_t>length
+        return 0
+    return -1
+
+
+cdef bint _plain_key_value(const uint8_t* buf, Py_ssize_t pos, Py_ssize_t end) noexcept nogil:
+    cdef uint32_t field, wire_type
+    cdef uint64_t value
+    cdef Py_ssize_t span
+    cdef bint has_key = False, has_value = False
+    while pos < end:
+        if _scan_next(buf, &pos, end, &field, &wire_type, &value, &span) != 0 or wire_type != 2:
+            return False
+        if field == 1:
+            has_key = True
+        elif field == 2:
+            has_value = True
+        else:
+            return False
+    return has_key and has_value
+
+
+cdef object _fast_send(object owner, const uint8_t* base, Py_ssize_t start, Py_ssize_t end):
+    cdef Py_ssize_t pos, command_end, send_pos, send_end, md_pos, md_end, span
+    cdef uint32_t command_size, metadata_size, checksum, field, wire_type
+    cdef uint64_t value
+    cdef uint64_t send_values[9]
+    cdef bint send_has[9]
+    cdef uint64_t publish_time = 0, deliver_at = 0, chunk_id = 0
+    cdef bint has_name = False, has_sequence = False, has_publish = False, has_deliver = False, has_chunk = False
+    cdef int i
+    if end - start < 10 or base[start + 8] != 0x08 or base[start + 9] != 0x06:
+        return None
+    command_size = _u32(base + start + 4)
+    pos = start + 8
+    if command_size > end - pos:
+        return None
+    command_end = pos + command_size
+    pos += 2  # type = SEND
+    if pos >= command_end or _scan_next(base, &pos, command_end, &field, &wire_type, &value, &span) != 0:
+        return None
+    if field != 6 or wire_type != 2 or pos != command_end:
+        return None
+    for i in range(9):
+        send_has[i] = False
+        send_values[i] = 0
+    send_pos = span
+    send_end = span + <Py_ssize_t>value
+    while send_pos < send_end:
+        if _scan_next(base, &send_pos, send_end, &field, &wire_type, &value, &span) != 0:
+            return None
+        if wire_type != 0 or field < 1 or field > 8:
+            return None
+        send_values[field] = value
+        send_has[field] = True
+    if not (send_has[1] and send_has[2]):
+        return None
+    pos = command_end
+    if end - pos < 6 or _u16(base + pos) != MAGIC_CRC32C:
+        return None
+    checksum = _u32(base + pos + 2)
+    pos += 6
+    if end - pos < 4 or crc32c(owner[pos:end]) != checksum:
+        return None
+    metadata_size = _u32(base + pos)
+    if metadata_size > end - pos - 4:
+        return None
+    md_pos = pos + 4
+    md_end = md_pos + metadata_size
+    while md_pos < md_end:
+        if _scan_next(base, &md_pos, md_end, &field, &wire_type, &value, &span) != 0:
+            return None
+        if wire_type == 0:
+            if field == 2:
+                has_sequence = True
+            elif field == 3:
+                publish_time = value
+                has_publish = True
+            elif field == 19:
+                deliver_at = value
+                has_deliver = True
+            elif field == 29:
+                chunk_id = value
+                has_chunk = True
+            elif not (field in (8, 9, 11, 12, 17, 24, 25, 27, 28, 30)):
+                return None
+        else:
+            if field == 1:
+                has_name = True
+            elif field == 4:
+                if not _plain_key_value(base, span, span + <Py_ssize_t>value):
+                    return None
+            elif not (field in (6, 18, 26)):
+                return None
+    if not (has_name and has_sequence and has_publish):
+        return None
+    cdef SendFrame frame = SendFrame.__new__(SendFrame)
+    frame.producer_id = send_values[1]
+    frame.sequence_id = send_values[2]
+    frame.num_messages = _int32(send_values[3]) if send_has[3] else 1
+    frame.highest_sequence_id = send_values[6] if send_has[6] else None
+    frame.is_chunk = send_has[7] and send_values[7] != 0
+    frame.publish_time = publish_time
+    frame.deliver_at_time = <int64_t>deliver_at if has_deliver else None
+    frame.chunk_id = _int32(chunk_id) if has_chunk else None
+    frame.metadata_and_payload = owner[pos:end]
+    frame.checksum = checksum
+    frame.size = end - start
+    return frame
+
+
 cdef int _check_total_size(uint64_t total_size, Py_ssize_t max_frame_size) except -1:
     if total_size > <uint64_t>max_frame_size:
         raise FrameTooLargeError(f"frame of {total_size} bytes is over the {max_frame_size}-byte limit")
@@ -184,16 +344,18 @@ cdef class FrameReader:
     """
 
     cdef public Py_ssize_t max_frame_size
+    cdef public bint send_fast_path
     cdef object _chunks        # deque of bytes
     cdef object _head_view     # memoryview of _chunks[0]
     cdef Py_ssize_t _pos       # read offset into _chunks[0]
     cdef Py_ssize_t _buffered  # unread bytes across all chunks
     cdef object _error
 
-    def __init__(self, Py_ssize_t max_frame_size=DEFAULT_MAX_FRAME_SIZE):
+    def __init__(self, Py_ssize_t max_frame_size=DEFAULT_MAX_FRAME_SIZE, bint send_fast_path=False):
         if max_frame_size < 8:
             raise ValueError("max_frame_size must be at least 8")
         self.max_frame_size = max_frame_size
+        self.send_fast_path = send_fast_path
         self._chunks = deque()
         self._head_view = None
         self._pos = 0
@@ -250,9 +412,19 @@ cdef class FrameReader:
                 self._chunks.popleft()
                 self._head_view = None
                 self._pos = 0
+            if self.send_fast_path:
+                fast = _fast_send(owner, p, pos, pos + need)
+                if fast is not None:
+                    return fast
             return _decode_frame(owner, p, pos, pos + need)
         joined = self._take(need)
-        return _decode_frame(memoryview(joined), <const uint8_t*>PyBytes_AS_STRING(joined), 0, need)
+        owner = memoryview(joined)
+        p = <const uint8_t*>PyBytes_AS_STRING(joined)
+        if self.send_fast_path:
+            fast = _fast_send(owner, p, 0, need)
+            if fast is not None:
+                return fast
+        return _decode_frame(owner, p, 0, need)
 
     def __iter__(self):
         return self

@@ -155,6 +155,143 @@ def _decode_frame(view, start, end):
                  broker_entry_metadata, checksum, end - start)
 
 
+class SendFrame:
+    """A plain, valid SEND frame, read without building protobuf messages (a broker's hot path).
+
+    FrameReader(send_fast_path=True) returns one for a Send frame whose command
+    and metadata use only common fields and are well formed; any other frame,
+    and any frame with a problem, takes the full path (and its typed errors).
+    """
+
+    producer_id: int
+    sequence_id: int
+    num_messages: int
+    highest_sequence_id: int | None
+    is_chunk: bool
+    publish_time: int
+    deliver_at_time: int | None
+    chunk_id: int | None
+    metadata_and_payload: memoryview
+    checksum: int
+    size: int
+
+    __slots__ = ("producer_id", "sequence_id", "num_messages", "highest_sequence_id", "is_chunk",
+                 "publish_time", "deliver_at_time", "chunk_id", "metadata_and_payload", "checksum", "size")
+
+    type = 6  # BaseCommand.SEND
+
+    @property
+    def checksum_verified(self) -> bool:
+        return self.checksum is not None
+
+
+# CommandSend fields read by the fast path (all varints); anything else falls back.
+_SEND_VARINTS = frozenset((1, 2, 3, 4, 5, 6, 7, 8))
+# MessageMetadata fields the fast path accepts, by wire type; anything else falls back.
+_METADATA_VARINTS = frozenset((2, 3, 8, 9, 11, 12, 17, 19, 24, 25, 27, 28, 29, 30))
+_METADATA_BYTES = frozenset((1, 4, 6, 18, 26))
+
+
+def _signed(value):
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _int32(value):
+    """An int32 field's value, truncated as protobuf does."""
+    return ((value & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000
+
+
+def _scan_fields(view, pos, end):
+    """(field, wire_type, value_or_span) for each field, or None when the bytes are not plain protobuf."""
+    fields = []
+    while pos < end:
+        try:
+            tag, pos = _varint(view, pos, end)
+            wire_type = tag & 7
+            if wire_type == 0:
+                value, pos = _varint(view, pos, end)
+                fields.append((tag >> 3, 0, value))
+            elif wire_type == 2:
+                length, pos = _varint(view, pos, end)
+                if length > end - pos:
+                    return None
+                fields.append((tag >> 3, 2, (pos, pos + length)))
+                pos += length
+            else:
+                return None
+        except BadBatchError:
+            return None
+    return fields
+
+
+def _fast_send(view, start, end):
+    if end - start < 10 or view[start + 8] != 0x08 or view[start + 9] != 0x06:
+        return None  # not a BaseCommand that starts with type = SEND
+    command_size = _U32.unpack_from(view, start + 4)[0]
+    pos = start + 8
+    if command_size > end - pos:
+        return None
+    command = _scan_fields(view, pos, pos + command_size)
+    if command is None or len(command) != 2 or command[1][:2] != (6, 2):
+        return None
+    send = _scan_fields(view, *command[1][2])
+    if send is None:
+        return None
+    values = {}
+    for field, wire_type, value in send:
+        if wire_type != 0 or field not in _SEND_VARINTS:
+            return None
+        values[field] = value
+    if 1 not in values or 2 not in values:
+        return None
+    pos += command_size
+    if end - pos < 6 or _U16.unpack_from(view, pos)[0] != MAGIC_CRC32C:
+        return None  # no checksum, or broker entry metadata: the full path handles those
+    checksum = _U32.unpack_from(view, pos + 2)[0]
+    pos += 6
+    if crc32c(view[pos:end]) != checksum or end - pos < 4:
+        return None
+    metadata_size = _U32.unpack_from(view, pos)[0]
+    if metadata_size > end - pos - 4:
+        return None
+    metadata = _scan_fields(view, pos + 4, pos + 4 + metadata_size)
+    if metadata is None:
+        return None
+    found = {}
+    for field, wire_type, value in metadata:
+        if wire_type == 0 and field in _METADATA_VARINTS:
+            found[field] = value
+        elif wire_type == 2 and field in _METADATA_BYTES:
+            if field == 4 and not _plain_key_value(view, *value):
+                return None
+            found[field] = value
+        else:
+            return None
+    if 1 not in found or 2 not in found or 3 not in found:
+        return None
+    frame = SendFrame()
+    frame.producer_id = values[1]
+    frame.sequence_id = values[2]
+    frame.num_messages = _int32(values[3]) if 3 in values else 1
+    frame.highest_sequence_id = values.get(6)
+    frame.is_chunk = bool(values.get(7, 0))
+    frame.publish_time = found[3]
+    frame.deliver_at_time = _signed(found[19]) if 19 in found else None
+    frame.chunk_id = _int32(found[29]) if 29 in found else None
+    frame.metadata_and_payload = view[pos:end]
+    frame.checksum = checksum
+    frame.size = end - start
+    return frame
+
+
+def _plain_key_value(view, start, end):
+    fields = _scan_fields(view, start, end)
+    if fields is None or any(wire_type != 2 or field not in (1, 2) for field, wire_type, _ in fields):
+        return False
+    present = {field for field, _, _ in fields}
+    return present == {1, 2}
+
+
 def _check_total_size(total_size, max_frame_size):
     if total_size > max_frame_size:
         raise FrameTooLargeError(f"frame of {total_size} bytes is over the {max_frame_size}-byte limit")
@@ -171,10 +308,11 @@ class FrameReader:
     just its frame and the next frame can still be read.
     """
 
-    def __init__(self, max_frame_size=DEFAULT_MAX_FRAME_SIZE):
+    def __init__(self, max_frame_size=DEFAULT_MAX_FRAME_SIZE, send_fast_path=False):
         if max_frame_size < 8:
             raise ValueError("max_frame_size must be at least 8")
         self.max_frame_size = max_frame_size
+        self.send_fast_path = send_fast_path
         self._chunks = deque()
         self._pos = 0          # read offset into self._chunks[0]
         self._buffered = 0     # unread bytes across all chunks
@@ -223,6 +361,10 @@ class FrameReader:
         else:
             view, start = memoryview(self._take(need)), 0
         self._buffered -= need
+        if self.send_fast_path:
+            fast = _fast_send(view, start, start + need)
+            if fast is not None:
+                return fast
         return _decode_frame(view, start, start + need)
 
     def __iter__(self):

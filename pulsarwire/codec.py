@@ -25,6 +25,7 @@ DEFAULT_MAX_FRAME_SIZE: int = _impl.DEFAULT_MAX_FRAME_SIZE
 FRAME_PADDING: int = _impl.FRAME_PADDING
 
 Frame = _impl.Frame
+SendFrame = _impl.SendFrame
 FrameReader = _impl.FrameReader
 SingleMessage = _impl.SingleMessage
 BatchBuilder = _impl.BatchBuilder
@@ -40,7 +41,7 @@ encode_send_receipt = _impl.encode_send_receipt
 
 __all__ = [
     "IMPLEMENTATION", "MAGIC_CRC32C", "MAGIC_BROKER_ENTRY_METADATA", "DEFAULT_MAX_MESSAGE_SIZE",
-    "DEFAULT_MAX_FRAME_SIZE", "FRAME_PADDING", "Frame", "FrameReader", "SingleMessage",
+    "DEFAULT_MAX_FRAME_SIZE", "FRAME_PADDING", "Frame", "SendFrame", "FrameReader", "SingleMessage",
     "BatchBuilder", "decode_frame", "decompress_payload", "split_messages", "encode_command",
     "encode_metadata_and_payload", "encode_payload_frame", "encode_payload_command",
     "encode_single_message_metadata", "encode_send_receipt",

@@ -311,13 +311,13 @@ def test_twins_expose_the_same_api():
     from .conftest import TWINS
     names = [sorted(n for n in dir(t) if not n.startswith("_")) for t in TWINS]
     public = {"BatchBuilder", "DEFAULT_MAX_FRAME_SIZE", "DEFAULT_MAX_MESSAGE_SIZE", "FRAME_PADDING",
-              "Frame", "FrameReader", "IMPLEMENTATION", "MAGIC_BROKER_ENTRY_METADATA", "MAGIC_CRC32C",
+              "Frame", "SendFrame", "FrameReader", "IMPLEMENTATION", "MAGIC_BROKER_ENTRY_METADATA", "MAGIC_CRC32C",
               "SingleMessage", "decode_frame", "decompress_payload", "encode_command",
               "encode_metadata_and_payload", "encode_payload_command", "encode_payload_frame",
               "encode_single_message_metadata", "encode_send_receipt", "split_messages"}
     for listing in names:
         assert public <= set(listing)
-    for cls in ("Frame", "SingleMessage"):
+    for cls in ("Frame", "SendFrame", "SingleMessage"):
         members = [{n for n in dir(getattr(t, cls)) if not n.startswith("_")} for t in TWINS]
         assert all(m == members[0] for m in members), cls
     for cls in ("FrameReader", "BatchBuilder"):

@@ -122,3 +122,76 @@ def test_send_receipt_fast_path_matches_protobuf(producer, sequence, highest, le
     expected = chosen.encode_command(expected_cmd)
     for twin in TWINS:
         assert twin.encode_send_receipt(producer, sequence, highest, ledger, entry) == expected
+
+
+_send_fields = st.fixed_dictionaries({
+    "producer_id": st.integers(0, 2**64 - 1), "sequence_id": st.integers(0, 2**64 - 1),
+}, optional={
+    "num_messages": st.integers(-2**31, 2**31 - 1), "highest_sequence_id": st.integers(0, 2**64 - 1),
+    "is_chunk": st.booleans(), "marker": st.booleans(),
+    "message_id": st.builds(pb.MessageIdData, ledgerId=st.integers(0, 9), entryId=st.integers(0, 9)),
+})
+_metadata_fields = st.fixed_dictionaries({
+    "producer_name": st.text(max_size=8), "sequence_id": st.integers(0, 2**64 - 1),
+    "publish_time": st.integers(0, 2**64 - 1),
+}, optional={
+    "partition_key": st.text(max_size=5), "deliver_at_time": st.integers(-2**63, 2**63 - 1),
+    "chunk_id": st.integers(-2**31, 2**31 - 1), "num_messages_in_batch": st.integers(0, 100),
+    "compression": st.integers(0, 4), "ordering_key": st.binary(max_size=4),
+    "replicate_to": st.lists(st.text(max_size=3), max_size=2),
+    "properties": st.lists(st.builds(pb.KeyValue, key=st.text(max_size=3), value=st.text(max_size=3)), max_size=2),
+})
+
+
+def _outcome(twin, data, fast):
+    reader = twin.FrameReader(send_fast_path=fast)
+    try:
+        reader.feed(data)
+        return reader.next_frame()
+    except Exception as exc:  # noqa: BLE001 - compared by type
+        return type(exc)
+
+
+@settings(max_examples=400, deadline=None)
+@given(send=_send_fields, md=_metadata_fields, payload=st.binary(max_size=40), checksum=st.booleans(),
+       flip=st.none() | st.tuples(st.integers(0, 10_000), st.integers(0, 7)))
+def test_send_fast_path_agrees_with_protobuf(send, md, payload, checksum, flip):
+    cmd = pb.BaseCommand(type=pb.BaseCommand.SEND, send=pb.CommandSend(**send))
+    data = bytearray(TWINS[-1].encode_payload_command(cmd, pb.MessageMetadata(**md), payload,
+                                                      with_checksum=checksum))
+    if flip is not None:
+        data[flip[0] % len(data)] ^= 1 << flip[1]
+    data = bytes(data)
+    for twin in TWINS:
+        slow = _outcome(twin, data, fast=False)
+        fast = _outcome(twin, data, fast=True)
+        if isinstance(slow, type) or slow is None:
+            assert fast == slow
+            continue
+        if type(fast).__name__ != "SendFrame":
+            assert type(fast) is type(slow)  # fell back to the full path
+            continue
+        s, m = slow.command.send, slow.metadata
+        assert slow.type == pb.BaseCommand.SEND == fast.type
+        assert (fast.producer_id, fast.sequence_id, fast.num_messages, fast.is_chunk) == \
+            (s.producer_id, s.sequence_id, s.num_messages, s.is_chunk)
+        assert fast.highest_sequence_id == (s.highest_sequence_id if s.HasField("highest_sequence_id") else None)
+        assert fast.publish_time == m.publish_time
+        assert fast.deliver_at_time == (m.deliver_at_time if m.HasField("deliver_at_time") else None)
+        assert fast.chunk_id == (m.chunk_id if m.HasField("chunk_id") else None)
+        assert bytes(fast.metadata_and_payload) == bytes(slow.metadata_and_payload)
+        assert fast.checksum == slow.checksum and fast.size == slow.size
+
+
+def test_send_fast_path_takes_the_common_frame():
+    for twin in TWINS:
+        builder = twin.BatchBuilder()
+        builder.add(b"x", properties={"a": "b"}, partition_key="k")
+        md = pb.MessageMetadata(producer_name="p", sequence_id=3, publish_time=9, num_messages_in_batch=1,
+                                properties=[pb.KeyValue(key="x", value="y")], deliver_at_time=77)
+        cmd = pb.BaseCommand(type=pb.BaseCommand.SEND, send=pb.CommandSend(producer_id=1, sequence_id=3))
+        reader = twin.FrameReader(send_fast_path=True)
+        reader.feed(twin.encode_payload_command(cmd, md, builder.build()))
+        frame = reader.next_frame()
+        assert type(frame).__name__ == "SendFrame"
+        assert (frame.sequence_id, frame.publish_time, frame.deliver_at_time) == (3, 9, 77)

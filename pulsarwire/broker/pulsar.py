@@ -26,7 +26,7 @@ class BrokerConnection(asyncio.Protocol):
         self.broker = broker
         self.tls = tls
         self.transport: asyncio.Transport | None = None
-        self.reader = codec.FrameReader(broker.max_message_size + codec.FRAME_PADDING)
+        self.reader = codec.FrameReader(broker.max_message_size + codec.FRAME_PADDING, send_fast_path=True)
         self.connected = False
         self.closed = False
         self.writable = True
@@ -137,6 +137,11 @@ class BrokerConnection(asyncio.Protocol):
     # dispatch by command type; before CONNECTED only CONNECT is allowed
 
     def _handle(self, frame) -> None:
+        if type(frame) is codec.SendFrame:
+            if not self.connected:
+                raise PulsarWireError("SEND before CONNECT")
+            self.on_send_fast(frame)
+            return
         kind = frame.command.type
         if not self.connected and kind != T.CONNECT:
             raise PulsarWireError(f"command {kind} before CONNECT")
@@ -234,27 +239,41 @@ class BrokerConnection(asyncio.Protocol):
             last_sequence_id=topic.last_sequence.get(name, -1)))
 
     def on_send(self, frame) -> None:
+        """A Send frame decoded in full (the fast path declined it)."""
         s = frame.command.send
-        found = self.producers.get(s.producer_id)
-        if found is None:
-            self._send_error(s.producer_id, s.sequence_id, pb.NotAllowedError, "unknown producer id")
-            return
-        topic, name = found
-        if frame.metadata is None:
+        md = frame.metadata
+        if md is None:
             self._send_error(s.producer_id, s.sequence_id, pb.UnknownError, "SEND without payload")
             return
-        highest = s.highest_sequence_id if s.HasField("highest_sequence_id") and \
-            s.highest_sequence_id > s.sequence_id else s.sequence_id
-        if topic.terminated:
-            self._send_error(s.producer_id, s.sequence_id, pb.TopicTerminatedError, "topic is terminated")
+        self.store(s.producer_id, s.sequence_id,
+                   s.highest_sequence_id if s.HasField("highest_sequence_id") else None, s.num_messages,
+                   s.is_chunk, md.chunk_id if md.HasField("chunk_id") else None, md.publish_time,
+                   md.deliver_at_time if md.HasField("deliver_at_time") else None,
+                   frame.metadata_and_payload, frame.checksum)
+
+    def on_send_fast(self, f) -> None:
+        """A plain Send frame read by the codec's fast path."""
+        self.store(f.producer_id, f.sequence_id, f.highest_sequence_id, f.num_messages, f.is_chunk, f.chunk_id,
+                   f.publish_time, f.deliver_at_time, f.metadata_and_payload, f.checksum)
+
+    def store(self, producer_id, sequence_id, highest_sequence_id, num_messages, is_chunk, chunk_id,
+              publish_time, deliver_at_time, body, checksum) -> None:
+        """Append one entry (unless it is a duplicate) and answer with its receipt."""
+        found = self.producers.get(producer_id)
+        if found is None:
+            self._send_error(producer_id, sequence_id, pb.NotAllowedError, "unknown producer id")
             return
-        if not (s.is_chunk and frame.metadata.chunk_id > 0) and \
-                highest <= topic.last_sequence.get(name, -1):
+        topic, name = found
+        highest = highest_sequence_id if highest_sequence_id is not None and \
+            highest_sequence_id > sequence_id else sequence_id
+        if topic.terminated:
+            self._send_error(producer_id, sequence_id, pb.TopicTerminatedError, "topic is terminated")
+            return
+        if not (is_chunk and chunk_id) and highest <= topic.last_sequence.get(name, -1):
             entry_id = -1  # a duplicate, already stored: answered with the (-1, -1) id
         else:
-            entry_id = topic.publish(frame.metadata_and_payload, frame.checksum, frame.metadata,
-                                     s.num_messages, name, highest)
-        self.write(codec.encode_send_receipt(s.producer_id, s.sequence_id, highest,
+            entry_id = topic.publish(body, checksum, publish_time, deliver_at_time, num_messages, name, highest)
+        self.write(codec.encode_send_receipt(producer_id, sequence_id, highest,
                                              LEDGER_ID if entry_id >= 0 else -1, entry_id))
 
     def on_close_producer(self, frame) -> None:

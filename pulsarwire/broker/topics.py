@@ -317,12 +317,12 @@ class Topic:
             if highest > self.last_sequence.get(md.producer_name, -1):
                 self.last_sequence[md.producer_name] = highest
 
-    def publish(self, body, checksum: int | None, metadata: pb.MessageMetadata, num_messages: int,
-                producer_name: str, highest_sequence_id: int) -> int:
-        entry_id = self.log.append(body, checksum, metadata.publish_time, max(num_messages, 1))
+    def publish(self, body, checksum: int | None, publish_time: int, deliver_at_time: int | None,
+                num_messages: int, producer_name: str, highest_sequence_id: int) -> int:
+        entry_id = self.log.append(body, checksum, publish_time, max(num_messages, 1))
         self.broker.uncommitted.add(self.log)
-        if metadata.HasField("deliver_at_time") and metadata.deliver_at_time > time.time() * 1000:
-            self.deliver_at[entry_id] = metadata.deliver_at_time
+        if deliver_at_time is not None and deliver_at_time > time.time() * 1000:
+            self.deliver_at[entry_id] = deliver_at_time
         self.last_sequence[producer_name] = highest_sequence_id
         self._state_dirty = True
         for subscription in self.subscriptions.values():

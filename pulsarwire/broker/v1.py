@@ -237,7 +237,7 @@ class V1Server:
         if key:
             md.partition_key = key
         body = codec.encode_metadata_and_payload(md, value.encode())
-        offset = log_topic.publish(body, None, md, 1, "v1", md.sequence_id)
+        offset = log_topic.publish(body, None, md.publish_time, None, 1, "v1", md.sequence_id)
         self.broker.commit()  # written before it is acknowledged
         log_end = log_topic.log.next_entry_id
         self._wake(state, log_end)
