@@ -34,6 +34,17 @@ def versions() -> dict:
     return out
 
 
+def _produce_consume_bars(ax, labels, rows, title) -> None:
+    ax.bar([x - 0.2 for x in range(len(labels))], [r["produce_msg_per_s"] / 1e3 for r in rows], 0.4,
+           label="produce")
+    ax.bar([x + 0.2 for x in range(len(labels))], [r["consume_msg_per_s"] / 1e3 for r in rows], 0.4,
+           label="consume")
+    ax.set_xticks(range(len(labels)), labels)
+    ax.set_title(title)
+    ax.set_ylabel("thousand messages/s")
+    ax.legend()
+
+
 def plot(results: dict, path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -53,27 +64,10 @@ def plot(results: dict, path: str) -> None:
     axes[0].set_ylabel("million messages/s (one core)")
     axes[0].legend()
 
-    client_rows = results["client"]
-    labels = [r["client"] for r in client_rows]
-    axes[1].bar([x - 0.2 for x in range(len(labels))], [r["produce_msg_per_s"] / 1e3 for r in client_rows], 0.4,
-                label="produce")
-    axes[1].bar([x + 0.2 for x in range(len(labels))], [r["consume_msg_per_s"] / 1e3 for r in client_rows], 0.4,
-                label="consume")
-    axes[1].set_xticks(range(len(labels)), labels)
-    axes[1].set_title("client, embedded broker")
-    axes[1].set_ylabel("thousand messages/s")
-    axes[1].legend()
-
-    broker_rows = results["broker"]
-    labels = [f"{r['broker']}\n{r['client']}" for r in broker_rows]
-    axes[2].bar([x - 0.2 for x in range(len(labels))], [r["produce_msg_per_s"] / 1e3 for r in broker_rows], 0.4,
-                label="produce")
-    axes[2].bar([x + 0.2 for x in range(len(labels))], [r["consume_msg_per_s"] / 1e3 for r in broker_rows], 0.4,
-                label="consume")
-    axes[2].set_xticks(range(len(labels)), labels)
-    axes[2].set_title("broker: embedded vs pulsar-lite")
-    axes[2].set_ylabel("thousand messages/s")
-    axes[2].legend()
+    _produce_consume_bars(axes[1], [r["client"] for r in results["client"]], results["client"],
+                          "client, embedded broker")
+    _produce_consume_bars(axes[2], [f"{r['broker']}\n{r['client']}" for r in results["broker"]],
+                          results["broker"], "broker: embedded vs pulsar-lite")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
 

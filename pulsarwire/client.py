@@ -37,7 +37,6 @@ log = logging.getLogger("pulsarwire")
 
 DEFAULT_PORT = 6650
 DEFAULT_TLS_PORT = 6651
-_WRITE_HIGH_WATER = 8 * 1024 * 1024
 # Errors after which retrying the same producer or consumer cannot succeed.
 _FATAL = (TopicTerminatedError, ProducerFencedError, NotAllowedError, AuthenticationError,
           AuthorizationError, TopicNotFoundError)

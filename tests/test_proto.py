@@ -1,7 +1,6 @@
 """The checked-in PulsarApi_pb2 module is exactly what proto/PulsarApi.proto generates."""
 from __future__ import annotations
 
-import importlib.util
 import sys
 
 import pytest

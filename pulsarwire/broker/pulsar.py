@@ -358,10 +358,7 @@ class BrokerConnection(asyncio.Protocol):
         self._success(c.request_id)
         # As a real broker does: disconnect the consumers so they re-subscribe at the new position.
         for other in list(subscription.consumers):
-            other.conn.command(T.CLOSE_CONSUMER, "close_consumer",
-                               pb.CommandCloseConsumer(consumer_id=other.consumer_id, request_id=0))
-            other.conn.consumers.pop(other.consumer_id, None)
-            other.conn._detach(other)
+            other.conn.evict_consumer(other)
 
     def on_unsubscribe(self, frame) -> None:
         c = frame.command.unsubscribe
@@ -385,6 +382,13 @@ class BrokerConnection(asyncio.Protocol):
         if consumer is not None:
             self._detach(consumer)
         self._success(c.request_id)
+
+    def evict_consumer(self, consumer: ServerConsumer) -> None:
+        """Close a consumer from the broker's side (CloseConsumer): the client re-subscribes."""
+        self.consumers.pop(consumer.consumer_id, None)
+        self._detach(consumer)
+        self.command(T.CLOSE_CONSUMER, "close_consumer",
+                     pb.CommandCloseConsumer(consumer_id=consumer.consumer_id, request_id=0))
 
     def _detach(self, consumer: ServerConsumer) -> None:
         subscription = consumer.subscription

@@ -196,12 +196,9 @@ class Broker:
                     conn.command(pb.BaseCommand.CLOSE_PRODUCER, "close_producer",
                                  pb.CommandCloseProducer(producer_id=producer_id, request_id=0))
                     closed += 1
-            for consumer_id, consumer in list(conn.consumers.items()):
+            for consumer in list(conn.consumers.values()):
                 if consumer.subscription.topic is topic:
-                    del conn.consumers[consumer_id]
-                    conn._detach(consumer)
-                    conn.command(pb.BaseCommand.CLOSE_CONSUMER, "close_consumer",
-                                 pb.CommandCloseConsumer(consumer_id=consumer_id, request_id=0))
+                    conn.evict_consumer(consumer)
                     closed += 1
         return closed
 
