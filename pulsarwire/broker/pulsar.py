@@ -1,37 +1,129 @@
-"""The embedded broker's Pulsar binary protocol front end: one instance per connection."""
+"""The broker's Pulsar binary protocol front end: a service holding its settings and
+connections, one `BrokerConnection` per client connection, and the links through
+which the domain reaches this connection's producers and consumers.
+"""
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from .. import __version__, codec
 from .._proto import PulsarApi_pb2 as pb
 from ..errors import BadMetadataError, ChecksumMismatchError, PulsarWireError
-from .topics import LEDGER_ID, ServerConsumer, message_id, start_entry
-
-if TYPE_CHECKING:
-    from .server import Broker
+from ..messages import ack_set_bits
+from .core import DUPLICATE, BrokerCore, highest_sequence
+from .topics import EARLIEST, LATEST, LEDGER_ID, ConsumerLink, ProducerLink, Subscription, Topic, start_entry
 
 log = logging.getLogger("pulsarwire.broker")
 T = pb.BaseCommand
 SERVER_VERSION = f"pulsarwire-broker-{__version__}"
 MAX_PROTOCOL_VERSION = 21
 _WRITE_HIGH_WATER = 4 * 1024 * 1024
+_U64 = 0xFFFFFFFFFFFFFFFF
+_I64_MAX = 0x7FFFFFFFFFFFFFFF
+
+
+def message_id(entry_id: int) -> pb.MessageIdData:
+    return pb.MessageIdData(ledgerId=LEDGER_ID, entryId=entry_id & _U64)
+
+
+def start_position(mid: pb.MessageIdData) -> int:
+    """A wire message id as a domain start position: EARLIEST, LATEST or an entry id."""
+    if mid.entryId >= 1 << 63 or mid.ledgerId >= 1 << 63:
+        return EARLIEST  # earliest is (-1, -1)
+    if mid.entryId == _I64_MAX or mid.ledgerId == _I64_MAX:
+        return LATEST
+    return mid.entryId
+
+
+class PulsarService:
+    """The Pulsar front end's settings and live connections, shared by its listeners."""
+
+    def __init__(self, core: BrokerCore, *, auth_tokens: set[str] | None = None,
+                 max_message_size: int = codec.DEFAULT_MAX_MESSAGE_SIZE,
+                 keep_alive_interval: float = 30.0) -> None:
+        self.core = core
+        self.auth_tokens = auth_tokens
+        self.max_message_size = max_message_size
+        self.keep_alive_interval = keep_alive_interval
+        self.connections: set[BrokerConnection] = set()
+        self.lookup_url = ""  # what lookups answer: this broker, or a proxy in front of it
+        self.service_url_tls = ""
+
+    def protocol(self, tls: bool = False) -> Callable[[], "BrokerConnection"]:
+        return lambda: BrokerConnection(self, tls)
+
+    def close_all(self) -> None:
+        for conn in list(self.connections):
+            conn.close()
+
+
+class PulsarConsumer(ConsumerLink):
+    def __init__(self, conn: "BrokerConnection", consumer_id: int, subscription: Subscription,
+                 name: str, priority: int) -> None:
+        super().__init__(subscription, name, priority)
+        self.conn = conn
+        self.consumer_id = consumer_id
+
+    @property
+    def writable(self) -> bool:
+        return self.conn.writable
+
+    def deliver(self, entry, redelivery_count: int, ack_set) -> None:
+        cmd = pb.BaseCommand(type=pb.BaseCommand.MESSAGE)
+        m = cmd.message
+        m.consumer_id = self.consumer_id
+        m.message_id.ledgerId = LEDGER_ID
+        m.message_id.entryId = entry.entry_id
+        if redelivery_count:
+            m.redelivery_count = redelivery_count
+        if ack_set:
+            m.ack_set.extend(ack_set)
+        self.conn.write(codec.encode_payload_frame(cmd, entry.body, entry.checksum))
+
+    def active_changed(self, active: bool) -> None:
+        self.conn.command(T.ACTIVE_CONSUMER_CHANGE, "active_consumer_change",
+                          pb.CommandActiveConsumerChange(consumer_id=self.consumer_id, is_active=active))
+
+    def reached_end_of_topic(self) -> None:
+        self.conn.command(T.REACHED_END_OF_TOPIC, "reachedEndOfTopic",
+                          pb.CommandReachedEndOfTopic(consumer_id=self.consumer_id))
+
+    def evict(self) -> None:
+        self.conn.evict_consumer(self)
+
+
+class PulsarProducer(ProducerLink):
+    def __init__(self, conn: "BrokerConnection", producer_id: int, topic: Topic, name: str) -> None:
+        self.conn = conn
+        self.producer_id = producer_id
+        self.topic = topic
+        self.name = name
+
+    @property
+    def closed(self) -> bool:  # type: ignore[override]
+        return self.conn.closed
+
+    def evict(self) -> None:
+        self.conn.producers.pop(self.producer_id, None)
+        self.conn.command(T.CLOSE_PRODUCER, "close_producer",
+                          pb.CommandCloseProducer(producer_id=self.producer_id, request_id=0))
 
 
 class BrokerConnection(asyncio.Protocol):
-    def __init__(self, broker: "Broker", tls: bool = False) -> None:
-        self.broker = broker
+    def __init__(self, service: PulsarService, tls: bool = False) -> None:
+        self.service = service
+        self.core = service.core
         self.tls = tls
         self.transport: asyncio.Transport | None = None
-        self.reader = codec.FrameReader(broker.max_message_size + codec.FRAME_PADDING, send_fast_path=True)
+        self.reader = codec.FrameReader(service.max_message_size + codec.FRAME_PADDING, send_fast_path=True)
         self.connected = False
         self.closed = False
         self.writable = True
-        self.producers: dict[int, tuple] = {}       # producer_id -> (topic, producer_name)
-        self.consumers: dict[int, ServerConsumer] = {}
+        self.producers: dict[int, PulsarProducer] = {}
+        self.consumers: dict[int, PulsarConsumer] = {}
         self.last_received = time.monotonic()
         self._keepalive: asyncio.Task | None = None
         self._out: list[bytes] = []
@@ -42,7 +134,7 @@ class BrokerConnection(asyncio.Protocol):
     def connection_made(self, transport) -> None:
         self.transport = transport
         self.transport.set_write_buffer_limits(high=_WRITE_HIGH_WATER)
-        self.broker.connections.add(self)
+        self.service.connections.add(self)
         self._keepalive = asyncio.ensure_future(self._keep_alive())
 
     def data_received(self, data: bytes) -> None:
@@ -90,7 +182,7 @@ class BrokerConnection(asyncio.Protocol):
     def flush(self) -> None:
         self._flush_scheduled = False
         if self._out and self.transport is not None and not self.closed:
-            self.broker.commit()  # nothing is acknowledged before it is written
+            self.core.commit()  # nothing is acknowledged before it is written
             self.transport.writelines(self._out)
         self._out.clear()
 
@@ -111,17 +203,17 @@ class BrokerConnection(asyncio.Protocol):
         self.closed = True
         if self._keepalive is not None:
             self._keepalive.cancel()
-        self.broker.connections.discard(self)
-        for topic, name in self.producers.values():
-            if topic.producers.get(name) is self:
-                del topic.producers[name]
+        self.service.connections.discard(self)
+        for producer in self.producers.values():
+            if producer.topic.producers.get(producer.name) is producer:
+                del producer.topic.producers[producer.name]
         self.producers.clear()
         for consumer in list(self.consumers.values()):
-            self._detach(consumer)
+            consumer.subscription.detach(consumer)
         self.consumers.clear()
 
     async def _keep_alive(self) -> None:
-        interval = self.broker.keep_alive_interval
+        interval = self.service.keep_alive_interval
         try:
             while not self.closed:
                 await asyncio.sleep(interval)
@@ -174,7 +266,7 @@ class BrokerConnection(asyncio.Protocol):
         c = frame.command.connect
         if self.connected:
             raise PulsarWireError("second CONNECT on one connection")
-        tokens = self.broker.auth_tokens
+        tokens = self.service.auth_tokens
         if tokens is not None:
             token = c.auth_data.decode("utf-8", "replace") if c.HasField("auth_data") else ""
             if c.auth_method_name != "token" or token not in tokens:
@@ -185,7 +277,7 @@ class BrokerConnection(asyncio.Protocol):
         self.connected = True
         response = pb.CommandConnected(server_version=SERVER_VERSION,
                                        protocol_version=min(c.protocol_version, MAX_PROTOCOL_VERSION),
-                                       max_message_size=self.broker.max_message_size)
+                                       max_message_size=self.service.max_message_size)
         self.command(T.CONNECTED, "connected", response)
 
     def on_ping(self, frame) -> None:
@@ -198,42 +290,42 @@ class BrokerConnection(asyncio.Protocol):
         c = frame.command.lookupTopic
         response = pb.CommandLookupTopicResponse(request_id=c.request_id, authoritative=True,
                                                  response=pb.CommandLookupTopicResponse.Connect,
-                                                 brokerServiceUrl=self.broker.lookup_url)
-        if self.broker.service_url_tls:
-            response.brokerServiceUrlTls = self.broker.service_url_tls
+                                                 brokerServiceUrl=self.service.lookup_url)
+        if self.service.service_url_tls:
+            response.brokerServiceUrlTls = self.service.service_url_tls
         self.command(T.LOOKUP_RESPONSE, "lookupTopicResponse", response)
 
     def on_partitioned_metadata(self, frame) -> None:
         c = frame.command.partitionMetadata
         self.command(T.PARTITIONED_METADATA_RESPONSE, "partitionMetadataResponse",
                      pb.CommandPartitionedTopicMetadataResponse(
-                         request_id=c.request_id, partitions=self.broker.partitions_of(c.topic),
+                         request_id=c.request_id, partitions=self.core.partitions_of(c.topic),
                          response=pb.CommandPartitionedTopicMetadataResponse.Success))
 
     def on_producer(self, frame) -> None:
         c = frame.command.producer
-        topic = self.broker.topic(c.topic)
+        topic = self.core.topic(c.topic)
         if topic is None:
             self._error(c.request_id, pb.TopicNotFound, f"{c.topic} is a partitioned topic; use a partition")
             return
         if topic.terminated:
             self._error(c.request_id, pb.TopicTerminatedError, f"{c.topic} is terminated")
             return
-        if c.producer_id in self.producers:
-            topic_, name = self.producers[c.producer_id]
-            if topic_ is topic:  # a retried create: answer again
-                self.command(T.PRODUCER_SUCCESS, "producer_success", pb.CommandProducerSuccess(
-                    request_id=c.request_id, producer_name=name,
-                    last_sequence_id=topic.last_sequence.get(name, -1)))
-                return
+        existing = self.producers.get(c.producer_id)
+        if existing is not None and existing.topic is topic:  # a retried create: answer again
+            self.command(T.PRODUCER_SUCCESS, "producer_success", pb.CommandProducerSuccess(
+                request_id=c.request_id, producer_name=existing.name,
+                last_sequence_id=topic.last_sequence.get(existing.name, -1)))
+            return
         name = c.producer_name if c.HasField("producer_name") and c.producer_name else \
-            self.broker.new_producer_name()
+            self.core.new_producer_name()
         holder = topic.producers.get(name)
-        if holder is not None and holder is not self and not holder.closed:
+        if holder is not None and getattr(holder, "conn", None) is not self and not holder.closed:
             self._error(c.request_id, pb.ProducerBusy, f"producer {name} is already connected to {c.topic}")
             return
-        topic.producers[name] = self
-        self.producers[c.producer_id] = (topic, name)
+        producer = PulsarProducer(self, c.producer_id, topic, name)
+        topic.producers[name] = producer
+        self.producers[c.producer_id] = producer
         self.command(T.PRODUCER_SUCCESS, "producer_success", pb.CommandProducerSuccess(
             request_id=c.request_id, producer_name=name,
             last_sequence_id=topic.last_sequence.get(name, -1)))
@@ -259,35 +351,32 @@ class BrokerConnection(asyncio.Protocol):
     def store(self, producer_id, sequence_id, highest_sequence_id, num_messages, is_chunk, chunk_id,
               publish_time, deliver_at_time, body, checksum) -> None:
         """Append one entry (unless it is a duplicate) and answer with its receipt."""
-        found = self.producers.get(producer_id)
-        if found is None:
+        producer = self.producers.get(producer_id)
+        if producer is None:
             self._send_error(producer_id, sequence_id, pb.NotAllowedError, "unknown producer id")
             return
-        topic, name = found
-        highest = highest_sequence_id if highest_sequence_id is not None and \
-            highest_sequence_id > sequence_id else sequence_id
+        topic = producer.topic
         if topic.terminated:
             self._send_error(producer_id, sequence_id, pb.TopicTerminatedError, "topic is terminated")
             return
-        if not (is_chunk and chunk_id) and highest <= topic.last_sequence.get(name, -1):
-            entry_id = -1  # a duplicate, already stored: answered with the (-1, -1) id
-        else:
-            entry_id = topic.publish(body, checksum, publish_time, deliver_at_time, num_messages, name, highest)
-        self.write(codec.encode_send_receipt(producer_id, sequence_id, highest,
-                                             LEDGER_ID if entry_id >= 0 else -1, entry_id))
+        entry_id = self.core.publish(topic, producer.name, sequence_id, highest_sequence_id,
+                                     bool(is_chunk and chunk_id), body, checksum, publish_time,
+                                     deliver_at_time, num_messages)
+        # a duplicate, already stored, is answered with the (-1, -1) id
+        self.write(codec.encode_send_receipt(producer_id, sequence_id,
+                                             highest_sequence(sequence_id, highest_sequence_id),
+                                             LEDGER_ID if entry_id != DUPLICATE else -1, entry_id))
 
     def on_close_producer(self, frame) -> None:
         c = frame.command.close_producer
-        found = self.producers.pop(c.producer_id, None)
-        if found is not None:
-            topic, name = found
-            if topic.producers.get(name) is self:
-                del topic.producers[name]
+        producer = self.producers.pop(c.producer_id, None)
+        if producer is not None and producer.topic.producers.get(producer.name) is producer:
+            del producer.topic.producers[producer.name]
         self._success(c.request_id)
 
     def on_subscribe(self, frame) -> None:
         c = frame.command.subscribe
-        topic = self.broker.topic(c.topic)
+        topic = self.core.topic(c.topic)
         if topic is None:
             self._error(c.request_id, pb.TopicNotFound, f"{c.topic} is a partitioned topic; use a partition")
             return
@@ -296,7 +385,8 @@ class BrokerConnection(asyncio.Protocol):
             return
         subscription = topic.subscription(c.subscription, c.subType, c.durable,
                                           c.initialPosition == pb.CommandSubscribe.Earliest,
-                                          c.start_message_id if c.HasField("start_message_id") else None)
+                                          start_position(c.start_message_id)
+                                          if c.HasField("start_message_id") else None)
         if subscription.consumers and subscription.type != c.subType:
             self._error(c.request_id, pb.ConsumerBusy,
                         f"subscription {c.subscription} is of another type")
@@ -305,12 +395,12 @@ class BrokerConnection(asyncio.Protocol):
             self._error(c.request_id, pb.ConsumerBusy, f"exclusive subscription {c.subscription} is in use")
             return
         subscription.type = c.subType
-        consumer = ServerConsumer(self, c.consumer_id, subscription, c.consumer_name or str(c.consumer_id),
+        consumer = PulsarConsumer(self, c.consumer_id, subscription, c.consumer_name or str(c.consumer_id),
                                   c.priority_level)
         self.consumers[c.consumer_id] = consumer
         subscription.add_consumer(consumer)
         self._success(c.request_id)
-        self.broker.check_end_of_topic(subscription)
+        subscription.check_end_of_topic()
 
     def on_flow(self, frame) -> None:
         c = frame.command.flow
@@ -318,17 +408,18 @@ class BrokerConnection(asyncio.Protocol):
         if consumer is not None:
             consumer.permits += c.messagePermits
             consumer.subscription.dispatch()
-            self.broker.check_end_of_topic(consumer.subscription)
+            consumer.subscription.check_end_of_topic()
 
     def on_ack(self, frame) -> None:
         c = frame.command.ack
         consumer = self.consumers.get(c.consumer_id)
         if consumer is not None:
             subscription = consumer.subscription
+            cumulative = c.ack_type == pb.CommandAck.Cumulative
             for mid in c.message_id:
-                subscription.ack(mid, c.ack_type == pb.CommandAck.Cumulative)
+                subscription.ack(mid.entryId, ack_set_bits(mid.ack_set) if mid.ack_set else None, cumulative)
             subscription.dispatch()
-            self.broker.check_end_of_topic(subscription)
+            subscription.check_end_of_topic()
         if c.HasField("request_id"):
             self.command(T.ACK_RESPONSE, "ackResponse",
                          pb.CommandAckResponse(consumer_id=c.consumer_id, request_id=c.request_id))
@@ -337,7 +428,7 @@ class BrokerConnection(asyncio.Protocol):
         c = frame.command.redeliverUnacknowledgedMessages
         consumer = self.consumers.get(c.consumer_id)
         if consumer is not None:
-            consumer.subscription.redeliver(consumer, c.message_ids)
+            consumer.subscription.redeliver(consumer, [m.entryId for m in c.message_ids] or None)
 
     def on_seek(self, frame) -> None:
         c = frame.command.seek
@@ -348,7 +439,7 @@ class BrokerConnection(asyncio.Protocol):
         subscription = consumer.subscription
         topic_log = subscription.topic.log
         if c.HasField("message_id"):
-            position = start_entry(c.message_id, topic_log)
+            position = start_entry(start_position(c.message_id), topic_log)
         elif c.HasField("message_publish_time"):
             position = topic_log.find_by_publish_time(c.message_publish_time)
         else:
@@ -358,7 +449,7 @@ class BrokerConnection(asyncio.Protocol):
         self._success(c.request_id)
         # As a real broker does: disconnect the consumers so they re-subscribe at the new position.
         for other in list(subscription.consumers):
-            other.conn.evict_consumer(other)
+            other.evict()
 
     def on_unsubscribe(self, frame) -> None:
         c = frame.command.unsubscribe
@@ -371,7 +462,8 @@ class BrokerConnection(asyncio.Protocol):
             self._error(c.request_id, pb.UnknownError, "subscription has other consumers")
             return
         for other in list(subscription.consumers):
-            other.conn.consumers.pop(other.consumer_id, None)
+            if isinstance(other, PulsarConsumer):
+                other.conn.consumers.pop(other.consumer_id, None)
         subscription.consumers.clear()
         subscription.topic.drop_subscription(subscription.name)
         self._success(c.request_id)
@@ -380,21 +472,15 @@ class BrokerConnection(asyncio.Protocol):
         c = frame.command.close_consumer
         consumer = self.consumers.pop(c.consumer_id, None)
         if consumer is not None:
-            self._detach(consumer)
+            consumer.subscription.detach(consumer)
         self._success(c.request_id)
 
-    def evict_consumer(self, consumer: ServerConsumer) -> None:
+    def evict_consumer(self, consumer: PulsarConsumer) -> None:
         """Close a consumer from the broker's side (CloseConsumer): the client re-subscribes."""
         self.consumers.pop(consumer.consumer_id, None)
-        self._detach(consumer)
+        consumer.subscription.detach(consumer)
         self.command(T.CLOSE_CONSUMER, "close_consumer",
                      pb.CommandCloseConsumer(consumer_id=consumer.consumer_id, request_id=0))
-
-    def _detach(self, consumer: ServerConsumer) -> None:
-        subscription = consumer.subscription
-        subscription.remove_consumer(consumer)
-        if not subscription.durable and not subscription.consumers:
-            subscription.topic.subscriptions.pop(subscription.name, None)
 
     def on_get_last_message_id(self, frame) -> None:
         c = frame.command.getLastMessageId
@@ -403,8 +489,11 @@ class BrokerConnection(asyncio.Protocol):
             self._error(c.request_id, pb.ConsumerNotFound, "unknown consumer id")
             return
         subscription = consumer.subscription
-        response = pb.CommandGetLastMessageIdResponse(
-            request_id=c.request_id, last_message_id=subscription.topic.last_message_id())
+        last_entry, batch_index = subscription.topic.last_position()
+        last = message_id(last_entry)
+        if batch_index >= 0:
+            last.batch_index = batch_index
+        response = pb.CommandGetLastMessageIdResponse(request_id=c.request_id, last_message_id=last)
         response.consumer_mark_delete_position.CopyFrom(message_id(subscription.cursor.mark_delete))
         self.command(T.GET_LAST_MESSAGE_ID_RESPONSE, "getLastMessageIdResponse", response)
 

@@ -1,72 +1,85 @@
-"""Topics, subscriptions and dispatch for the embedded broker.
+"""The broker's domain: topics, subscriptions, cursors in use and dispatch.
 
-Entries are stored as producers framed them and dispatched without
-re-encoding: a Message frame is a fresh CommandMessage around the stored
-metadata+payload span and its stored CRC32C.
+This layer knows no wire protocol. A subscription delivers to `ConsumerLink`s
+and a topic tracks `ProducerLink`s; each front end (Pulsar binary, V1 text)
+implements those two small interfaces. Entries are kept as producers framed
+them (`[u32 metadata size][MessageMetadata][payload]`), so the domain can read
+their metadata but never re-encodes them.
 """
 from __future__ import annotations
 
+import abc
 import asyncio
 import heapq
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Callable
 
-from .. import codec
 from .._proto import PulsarApi_pb2 as pb
-from ..messages import ack_set_bits, ack_set_words
+from ..messages import ack_set_words
 from ..routing import murmur3_32
-from .storage import Cursor, TopicLog, read_json, topic_directory, write_json
-
-if TYPE_CHECKING:
-    from .pulsar import BrokerConnection
+from .storage import Cursor, TopicLog, read_json, write_json
 
 log = logging.getLogger("pulsarwire.broker")
 
 LEDGER_ID = 0
-_U64 = 0xFFFFFFFFFFFFFFFF
-_I64_MAX = 0x7FFFFFFFFFFFFFFF
+EARLIEST = -1  # a start position before every entry
+LATEST = 1 << 63  # a start position after every entry
 _SubType = pb.CommandSubscribe
 
 
-def message_id(entry_id: int) -> pb.MessageIdData:
-    return pb.MessageIdData(ledgerId=LEDGER_ID, entryId=entry_id & _U64)
+def start_entry(entry_id: int, topic_log: TopicLog) -> int:
+    """Where a start position leaves a reader: EARLIEST, LATEST, or that entry (clamped to the log)."""
+    if entry_id == EARLIEST:
+        return topic_log.first_entry_id
+    if entry_id >= LATEST:
+        return topic_log.next_entry_id
+    return min(max(entry_id, topic_log.first_entry_id), topic_log.next_entry_id)
 
 
-def start_entry(mid: pb.MessageIdData, topic_log: TopicLog) -> int:
-    """Where a message id positions a reader: earliest, latest, or that entry."""
-    if mid.entryId >= 1 << 63 or mid.ledgerId >= 1 << 63:
-        return topic_log.first_entry_id  # earliest is (-1, -1)
-    if mid.entryId == _I64_MAX or mid.ledgerId == _I64_MAX:
-        return topic_log.next_entry_id  # latest
-    return min(max(mid.entryId, topic_log.first_entry_id), topic_log.next_entry_id)
+class ConsumerLink(abc.ABC):
+    """A consumer as the domain sees it: permits, what it holds, and how to reach it.
 
+    A front end subclasses this for its own connections."""
 
-class ServerConsumer:
-    """One consumer attached to a subscription, living on one connection."""
-
-    def __init__(self, conn: "BrokerConnection", consumer_id: int, subscription: "Subscription",
-                 name: str, priority: int) -> None:
-        self.conn = conn
-        self.consumer_id = consumer_id
+    def __init__(self, subscription: "Subscription", name: str, priority: int) -> None:
         self.subscription = subscription
         self.name = name
         self.priority = priority
         self.permits = 0
         self.pending: set[int] = set()  # entries dispatched to it and not yet acknowledged
+        self.told_end = False
 
-    def send(self, entry, redelivery_count: int, ack_set) -> None:
-        cmd = pb.BaseCommand(type=pb.BaseCommand.MESSAGE)
-        m = cmd.message
-        m.consumer_id = self.consumer_id
-        m.message_id.ledgerId = LEDGER_ID
-        m.message_id.entryId = entry.entry_id
-        if redelivery_count:
-            m.redelivery_count = redelivery_count
-        if ack_set:
-            m.ack_set.extend(ack_set)
-        self.conn.write(codec.encode_payload_frame(cmd, entry.body, entry.checksum))
+    @property
+    @abc.abstractmethod
+    def writable(self) -> bool:
+        """False while the consumer's connection has too much unsent output."""
+
+    @abc.abstractmethod
+    def deliver(self, entry, redelivery_count: int, ack_set: list[int] | None) -> None:
+        """Send one stored entry (`ack_set`: the batch indexes still unacknowledged, as words)."""
+
+    def active_changed(self, active: bool) -> None:
+        """A Failover subscription made this consumer (in)active."""
+
+    @abc.abstractmethod
+    def reached_end_of_topic(self) -> None:
+        """The topic is terminated and this consumer has everything."""
+
+    @abc.abstractmethod
+    def evict(self) -> None:
+        """Close it from the broker's side (seek, unload); the client re-attaches."""
+
+
+class ProducerLink(abc.ABC):
+    """A producer attached to a topic, as the domain sees it."""
+
+    closed: bool
+
+    @abc.abstractmethod
+    def evict(self) -> None:
+        """Close it from the broker's side (unload); the client re-attaches."""
 
 
 class Subscription:
@@ -76,30 +89,34 @@ class Subscription:
         self.type = sub_type
         self.durable = durable
         self.cursor = cursor
-        self.consumers: list[ServerConsumer] = []
+        self.consumers: list[ConsumerLink] = []
         self.read_position = cursor.mark_delete + 1
         self._redeliver: list[int] = []  # heap of entries to send again
         self._delayed: list[tuple[int, int]] = []  # heap of (deliver_at ms, entry) held back
         self._redeliver_set: set[int] = set()
-        self.owner: dict[int, ServerConsumer] = {}  # dispatched entry -> consumer
+        self.owner: dict[int, ConsumerLink] = {}  # dispatched entry -> consumer
         self.redelivery_counts: dict[int, int] = {}
         self._round_robin = 0
         self._dispatching = False
         self.dirty = False
-        self.active: ServerConsumer | None = None
+        self.active: ConsumerLink | None = None
 
     # consumers
 
-    def add_consumer(self, consumer: ServerConsumer) -> None:
+    def add_consumer(self, consumer: ConsumerLink) -> None:
         self.consumers.append(consumer)
         self._update_active()
 
-    def remove_consumer(self, consumer: ServerConsumer) -> None:
+    def detach(self, consumer: ConsumerLink) -> None:
+        """The consumer is gone: what it held goes to the others. A non-durable subscription
+        lives only while it has consumers."""
         if consumer in self.consumers:
             self.consumers.remove(consumer)
         self._requeue(list(consumer.pending), consumer)
         self._update_active()
         self.dispatch()
+        if not self.durable and not self.consumers:
+            self.topic.subscriptions.pop(self.name, None)
 
     def _update_active(self) -> None:
         if self.type not in (_SubType.Failover, _SubType.Exclusive):
@@ -117,23 +134,23 @@ class Subscription:
                 self._requeue(list(previous.pending), previous)
             if self.type == _SubType.Failover:
                 for consumer in self.consumers:
-                    consumer.conn.active_consumer_change(consumer.consumer_id, consumer is active)
+                    consumer.active_changed(consumer is active)
 
     # acknowledgement
 
-    def ack(self, mid: pb.MessageIdData, cumulative: bool) -> None:
-        entry_id = mid.entryId
+    def ack(self, entry_id: int, unacked_indexes: int | None, cumulative: bool) -> None:
+        """Acknowledge an entry (or, with `unacked_indexes`, all of its batch but those bits)."""
         cursor = self.cursor
         if cumulative:
-            if mid.ack_set:
+            if unacked_indexes is not None:
                 cursor.ack_cumulative(entry_id - 1)
-                cursor.ack_partial(entry_id, ack_set_bits(mid.ack_set))
+                cursor.ack_partial(entry_id, unacked_indexes)
             else:
                 cursor.ack_cumulative(entry_id)
             for done in [e for e in self.owner if cursor.is_acked(e)]:
                 self._settle(done)
-        elif mid.ack_set:
-            cursor.ack_partial(entry_id, ack_set_bits(mid.ack_set))
+        elif unacked_indexes is not None:
+            cursor.ack_partial(entry_id, unacked_indexes)
             if cursor.is_acked(entry_id):
                 self._settle(entry_id)
         else:
@@ -147,12 +164,13 @@ class Subscription:
             consumer.pending.discard(entry_id)
         self.redelivery_counts.pop(entry_id, None)
 
-    def redeliver(self, consumer: ServerConsumer, ids) -> None:
-        entries = [m.entryId for m in ids] if ids else list(consumer.pending)
+    def redeliver(self, consumer: ConsumerLink, entry_ids: list[int] | None) -> None:
+        """Send again what `consumer` holds (all of it when `entry_ids` is None)."""
+        entries = entry_ids if entry_ids else list(consumer.pending)
         self._requeue([e for e in entries if self.owner.get(e) is consumer], consumer)
         self.dispatch()
 
-    def _requeue(self, entries, consumer: ServerConsumer) -> None:
+    def _requeue(self, entries, consumer: ConsumerLink) -> None:
         for entry_id in entries:
             if self.owner.get(entry_id) is consumer:
                 del self.owner[entry_id]
@@ -174,6 +192,16 @@ class Subscription:
             consumer.pending.clear()
             consumer.permits = 0
         self.dirty = True
+
+    def check_end_of_topic(self) -> None:
+        """Tell each consumer once when the topic is terminated and it has been sent everything."""
+        if not self.topic.terminated or self.read_position < self.topic.log.next_entry_id or \
+                self._redeliver:
+            return
+        for consumer in self.consumers:
+            if not consumer.told_end:
+                consumer.told_end = True
+                consumer.reached_end_of_topic()
 
     def backlog(self) -> int:
         return sum(1 for e in range(self.cursor.mark_delete + 1, self.topic.log.next_entry_id)
@@ -219,10 +247,10 @@ class Subscription:
             return position, False
         return None
 
-    def _pick(self, entry) -> ServerConsumer | None:
+    def _pick(self, entry) -> ConsumerLink | None:
         if self.type in (_SubType.Exclusive, _SubType.Failover):
             active = self.active
-            return active if active is not None and active.permits > 0 and active.conn.writable else None
+            return active if active is not None and active.permits > 0 and active.writable else None
         candidates = self.consumers
         if not candidates:
             return None
@@ -230,10 +258,10 @@ class Subscription:
             key = _entry_key(entry)
             slot = (murmur3_32(key) if key else entry.entry_id) % 65536
             consumer = candidates[slot * len(candidates) // 65536]
-            return consumer if consumer.permits > 0 and consumer.conn.writable else None
+            return consumer if consumer.permits > 0 and consumer.writable else None
         for step in range(len(candidates)):
             consumer = candidates[(self._round_robin + step) % len(candidates)]
-            if consumer.permits > 0 and consumer.conn.writable:
+            if consumer.permits > 0 and consumer.writable:
                 self._round_robin = (self._round_robin + step + 1) % len(candidates)
                 return consumer
         return None
@@ -259,7 +287,7 @@ class Subscription:
                 else:
                     self.read_position = entry_id + 1
                 partial = self.cursor.partial.get(entry_id)
-                consumer.send(entry, self.redelivery_counts.get(entry_id, 0),
+                consumer.deliver(entry, self.redelivery_counts.get(entry_id, 0),
                               ack_set_words(partial, entry.num_messages) if partial else None)
                 consumer.permits -= entry.num_messages
                 consumer.pending.add(entry_id)
@@ -282,17 +310,21 @@ def entry_metadata(entry) -> pb.MessageMetadata:
     return pb.MessageMetadata.FromString(entry.body[4:4 + size])
 
 
-class Topic:
-    """One topic-partition: its log, producers, subscriptions and dedup state."""
 
-    def __init__(self, broker, name: str) -> None:
-        self.broker = broker
+class Topic:
+    """One topic-partition: its log, producers, subscriptions and dedup state.
+
+    `on_append(log)` is called after each append so that the owner can group-commit
+    every log written in one event-loop turn before any receipt leaves the broker."""
+
+    def __init__(self, name: str, directory: str, *, segment_bytes: int, sync_policy: str,
+                 on_append: Callable[[TopicLog], None]) -> None:
         self.name = name
         self.partition = _partition_index(name)
-        self.directory = topic_directory(broker.data_dir, name)
-        self.log = TopicLog(self.directory, segment_bytes=broker.segment_bytes,
-                            sync_policy=broker.sync_policy)
-        self.producers: dict[str, Any] = {}
+        self.directory = directory
+        self.log = TopicLog(self.directory, segment_bytes=segment_bytes, sync_policy=sync_policy)
+        self._on_append = on_append
+        self.producers: dict[str, ProducerLink] = {}
         self.subscriptions: dict[str, Subscription] = {}
         self.deliver_at: dict[int, int] = {}  # entry -> epoch ms before which Shared subs hold it
         state = read_json(os.path.join(self.directory, "state.json"), {})
@@ -317,10 +349,11 @@ class Topic:
             if highest > self.last_sequence.get(md.producer_name, -1):
                 self.last_sequence[md.producer_name] = highest
 
-    def publish(self, body, checksum: int | None, publish_time: int, deliver_at_time: int | None,
-                num_messages: int, producer_name: str, highest_sequence_id: int) -> int:
+    def append(self, body, checksum: int | None, publish_time: int, deliver_at_time: int | None,
+               num_messages: int, producer_name: str, highest_sequence_id: int) -> int:
+        """Store an entry, remember the producer's sequence id, and dispatch it."""
         entry_id = self.log.append(body, checksum, publish_time, max(num_messages, 1))
-        self.broker.uncommitted.add(self.log)
+        self._on_append(self.log)
         if deliver_at_time is not None and deliver_at_time > time.time() * 1000:
             self.deliver_at[entry_id] = deliver_at_time
         self.last_sequence[producer_name] = highest_sequence_id
@@ -330,7 +363,9 @@ class Topic:
         return entry_id
 
     def subscription(self, name: str, sub_type: int, durable: bool, initial_earliest: bool,
-                     start: pb.MessageIdData | None) -> Subscription:
+                     start: int | None) -> Subscription:
+        """The subscription `name`, created at its initial position (or `start`, for a
+        non-durable one: EARLIEST, LATEST or an entry id) if it does not exist."""
         existing = self.subscriptions.get(name)
         if existing is not None:
             return existing
@@ -350,15 +385,15 @@ class Topic:
         self._state_dirty = True
         self.save()
 
-    def last_message_id(self) -> pb.MessageIdData:
+    def last_position(self) -> tuple[int, int]:
+        """(entry id, batch index) of the last message; (-1, -1) when the topic is empty."""
         last = self.log.last_entry_id
-        mid = message_id(last)
+        batch_index = -1
         if last >= self.log.first_entry_id:
-            entry = self.log.read(last)
-            md = entry_metadata(entry)
+            md = entry_metadata(self.log.read(last))
             if md.HasField("num_messages_in_batch"):
-                mid.batch_index = md.num_messages_in_batch - 1
-        return mid
+                batch_index = md.num_messages_in_batch - 1
+        return last, batch_index
 
     def save(self) -> None:
         """Persist cursors and dedup state when they changed."""
@@ -376,10 +411,26 @@ class Topic:
             self._state_dirty = False
 
     def terminate(self) -> int:
+        """No more appends; consumers that have everything are told so. Returns the last entry id."""
         self.terminated = True
         self._state_dirty = True
         self.save()
+        for subscription in self.subscriptions.values():
+            subscription.check_end_of_topic()
         return self.log.last_entry_id
+
+    def evict_all(self) -> int:
+        """Close every producer and consumer attached here (unload); returns how many."""
+        closed = 0
+        for producer in list(self.producers.values()):
+            producer.evict()
+            closed += 1
+        self.producers.clear()
+        for subscription in list(self.subscriptions.values()):
+            for consumer in list(subscription.consumers):
+                consumer.evict()
+                closed += 1
+        return closed
 
     def close(self) -> None:
         self.save()

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from .. import codec
 from .._proto import PulsarApi_pb2 as pb
 from ..routing import murmur3_32
+from .core import BrokerCore
 from .storage import read_json, write_json
 from .topics import entry_metadata
 
@@ -65,11 +66,11 @@ class PartitionState:
 
 
 class V1Server:
-    def __init__(self, broker, *, partitions: int, replication_factor: int, min_insync_replicas: int,
+    def __init__(self, core: BrokerCore, *, partitions: int, replication_factor: int, min_insync_replicas: int,
                  replication_timeout: float, replica_lag_time: float, session_timeout: float) -> None:
         if replication_factor < 1:
             raise ValueError("replication_factor must be at least 1")
-        self.broker = broker
+        self.core = core
         self.partitions = partitions
         self.replication_factor = replication_factor
         self.min_insync = min(min_insync_replicas, replication_factor)
@@ -77,8 +78,8 @@ class V1Server:
         self.replica_lag_time = replica_lag_time
         self.session_timeout = session_timeout
         self.state: dict[tuple[str, int], PartitionState] = {}
-        self.groups_path = os.path.join(broker.data_dir, "groups.json")
-        self.offsets_path = os.path.join(broker.data_dir, "offsets.json")
+        self.groups_path = os.path.join(core.data_dir, "groups.json")
+        self.offsets_path = os.path.join(core.data_dir, "offsets.json")
         self.groups: dict = read_json(self.groups_path, {})
         self.offsets: dict = read_json(self.offsets_path, {})
         now = time.monotonic()
@@ -160,13 +161,13 @@ class V1Server:
 
     def _partition_count(self, topic: str, create: bool) -> int:
         full = self._full_name(topic)
-        count = self.broker._partitioned.get(full)
+        count = self.core.partitioned_count(full)
         if count is None:
-            if full in self.broker.topics:
+            if full in self.core.topics:
                 return 1
             if not create:
                 raise _bad(f"unknown topic {topic!r}")
-            self.broker.create_partitioned_topic(full, self.partitions)
+            self.core.create_partitioned_topic(full, self.partitions)
             count = self.partitions
         return count
 
@@ -175,9 +176,9 @@ class V1Server:
         if not 0 <= partition < count:
             raise _bad(f"partition {partition} out of range 0..{count - 1}")
         full = self._full_name(topic)
-        name = full if full in self.broker.topics and full not in self.broker._partitioned \
+        name = full if full in self.core.topics and self.core.partitioned_count(full) is None \
             else f"{full}-partition-{partition}"
-        return self.broker.topic(name)
+        return self.core.topic(name)
 
     def _state(self, topic: str, partition: int) -> PartitionState:
         key = (self._full_name(topic), partition)
@@ -237,8 +238,8 @@ class V1Server:
         if key:
             md.partition_key = key
         body = codec.encode_metadata_and_payload(md, value.encode())
-        offset = log_topic.publish(body, None, md.publish_time, None, 1, "v1", md.sequence_id)
-        self.broker.commit()  # written before it is acknowledged
+        offset = log_topic.append(body, None, md.publish_time, None, 1, "v1", md.sequence_id)
+        self.core.commit()  # written before it is acknowledged
         log_end = log_topic.log.next_entry_id
         self._wake(state, log_end)
         if acks == "all":
@@ -440,7 +441,7 @@ class V1Server:
                 self._rebalance(group)
         for (full, partition), state in self.state.items():
             if state.waiters:
-                topic = self.broker.topics.get(f"{full}-partition-{partition}") or self.broker.topics.get(full)
+                topic = self.core.topics.get(f"{full}-partition-{partition}") or self.core.topics.get(full)
                 if topic is not None:
                     self._wake(state, topic.log.next_entry_id)
 

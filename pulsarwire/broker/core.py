@@ -1,0 +1,131 @@
+"""The broker core: the topic registry, topic naming, partitioned-topic metadata,
+producer names, deduplication and the group commit. Front ends (Pulsar binary,
+V1 text) call it; it knows no wire protocol and no listener.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+
+from .storage import SYNC_INTERVAL, TopicLog, read_json, topic_directory, write_json
+from .topics import Topic
+
+log = logging.getLogger("pulsarwire.broker")
+
+PARTITION_MARKER = "-partition-"
+DUPLICATE = -1  # the entry id `publish` answers for a deduplicated send
+
+
+def highest_sequence(sequence_id: int, highest_sequence_id: int | None) -> int:
+    """The last sequence id a send covers (a batch may carry a higher one than its first)."""
+    if highest_sequence_id is not None and highest_sequence_id > sequence_id:
+        return highest_sequence_id
+    return sequence_id
+
+
+class BrokerCore:
+    def __init__(self, data_dir: str, *, sync_policy: str = SYNC_INTERVAL,
+                 segment_bytes: int = 64 * 1024 * 1024, default_partitions: int = 0) -> None:
+        self.data_dir = os.path.abspath(data_dir)
+        self.sync_policy = sync_policy
+        self.segment_bytes = segment_bytes
+        self.default_partitions = default_partitions
+        self.topics: dict[str, Topic] = {}
+        self.uncommitted: set[TopicLog] = set()  # logs with appends not yet handed to the OS
+        self.producer_name_prefix = "pulsarwire"
+        self._names = itertools.count()
+        self._partitioned: dict[str, int] = {}
+
+    def open(self) -> None:
+        os.makedirs(self.data_dir, exist_ok=True)
+        self._partitioned = read_json(self._metadata_path(), {})
+
+    def close(self) -> None:
+        self.commit()
+        for topic in self.topics.values():
+            topic.close()
+        self.topics.clear()
+
+    # topics
+
+    def _metadata_path(self) -> str:
+        return os.path.join(self.data_dir, "topics.json")
+
+    def partitioned_count(self, name: str) -> int | None:
+        """How many partitions the partitioned topic `name` has; None if it is not one."""
+        return self._partitioned.get(name)
+
+    def partitions_of(self, name: str) -> int:
+        """Partitions for a partitioned-metadata lookup (0: not partitioned), creating the
+        topic as partitioned first when the broker has default partitions."""
+        if PARTITION_MARKER in name:
+            return 0
+        if name not in self._partitioned and self.default_partitions and name not in self.topics:
+            self.create_partitioned_topic(name, self.default_partitions)
+        return self._partitioned.get(name, 0)
+
+    def create_partitioned_topic(self, name: str, partitions: int) -> None:
+        if partitions < 1:
+            raise ValueError("a partitioned topic needs at least one partition")
+        if name in self.topics:
+            raise ValueError(f"{name} already exists as a non-partitioned topic")
+        self._partitioned[name] = partitions
+        write_json(self._metadata_path(), self._partitioned)
+
+    def topic(self, name: str) -> Topic | None:
+        """The topic-partition `name`, created on first use; None for a partitioned parent."""
+        topic = self.topics.get(name)
+        if topic is None:
+            if name in self._partitioned:
+                return None
+            topic = Topic(name, topic_directory(self.data_dir, name), segment_bytes=self.segment_bytes,
+                          sync_policy=self.sync_policy, on_append=self.uncommitted.add)
+            self.topics[name] = topic
+        return topic
+
+    def terminate_topic(self, name: str) -> int:
+        topic = self.topic(name)
+        if topic is None:
+            raise ValueError(f"{name} is partitioned; terminate its partitions")
+        return topic.terminate()
+
+    def unload_topic(self, name: str) -> int:
+        """Close every producer and consumer on topic-partition `name`, as a broker does when a
+        topic moves: clients look it up again and re-attach. Returns how many were closed."""
+        topic = self.topics.get(name)
+        return 0 if topic is None else topic.evict_all()
+
+    # producers
+
+    def new_producer_name(self) -> str:
+        return f"{self.producer_name_prefix}-{next(self._names)}"
+
+    def publish(self, topic: Topic, producer_name: str, sequence_id: int, highest_sequence_id: int | None,
+                continuation_chunk: bool, body, checksum: int | None, publish_time: int,
+                deliver_at_time: int | None, num_messages: int) -> int:
+        """Append one entry unless the producer sent it before; returns its entry id or DUPLICATE.
+
+        A later chunk of a chunked message shares its sequence id with the first, so it is
+        never a duplicate by sequence id."""
+        highest = highest_sequence(sequence_id, highest_sequence_id)
+        if not continuation_chunk and highest <= topic.last_sequence.get(producer_name, -1):
+            return DUPLICATE
+        return topic.append(body, checksum, publish_time, deliver_at_time, num_messages, producer_name, highest)
+
+    # persistence
+
+    def commit(self) -> None:
+        """Group commit: write every pending append. Runs before any receipt leaves the broker."""
+        while self.uncommitted:
+            self.uncommitted.pop().commit()
+
+    def save(self) -> None:
+        """Persist cursors and dedup state that changed."""
+        for topic in list(self.topics.values()):
+            topic.save()
+
+    def sync(self) -> None:
+        """fsync every log (the interval sync policy calls this on its cadence)."""
+        for topic in list(self.topics.values()):
+            topic.log.sync()
