@@ -10,6 +10,7 @@ import threading
 from typing import Any, Callable
 
 from . import client as aio
+from .errors import ConnectionClosedError, TopicTerminatedError
 from .messages import Message, MessageId
 
 
@@ -151,7 +152,7 @@ class Consumer:
         while True:
             try:
                 yield self.receive()
-            except (aio.TopicTerminatedError, aio.ConnectionClosedError):
+            except (TopicTerminatedError, ConnectionClosedError):
                 return
 
 

@@ -1,4 +1,5 @@
-"""The broker's layers import one way: storage -> topics -> core -> front ends -> server.
+"""Module structure. The broker's layers import one way: storage -> topics -> core -> front
+ends -> server; each client module imports alone; the client package keeps its public names.
 
 Each module is imported alone in a fresh interpreter; the broker modules it pulls
 in must all lie at or below its own layer."""
@@ -40,3 +41,21 @@ def test_domain_layer_knows_no_front_end():
     source = open(topics.__file__).read()
     for word in ("BrokerConnection", "V1Server", "encode_payload_frame", "asyncio.Protocol"):
         assert word not in source
+
+
+CLIENT_MODULES = ["options", "reconnect", "connection", "producer", "consumer", "reader", "client"]
+# Every name `pulsarwire.client` offered when it was one module, so user code keeps working.
+CLIENT_NAMES = ["Address", "AuthenticationToken", "Client", "CompressionType", "Consumer", "ConsumerType",
+                "DEFAULT_PORT", "DEFAULT_TLS_PORT", "InitialPosition", "Producer", "Reader",
+                "partition_name", "topic_name"]
+
+
+@pytest.mark.parametrize("module", CLIENT_MODULES)
+def test_each_client_module_imports_alone(module):
+    subprocess.run([sys.executable, "-c", f"import pulsarwire.client.{module}"], check=True)
+
+
+def test_client_package_keeps_its_public_names():
+    import pulsarwire.client as client
+    missing = [name for name in CLIENT_NAMES if not hasattr(client, name)]
+    assert not missing

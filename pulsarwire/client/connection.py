@@ -1,0 +1,308 @@
+"""One connection to a broker: the transport, keep-alive and the dispatch of the
+sans-IO session's events to the producers and consumers multiplexed on it; and the
+pool that shares connections per broker and looks topics up (following redirects)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import time
+from typing import TYPE_CHECKING, Callable
+
+from .._proto import PulsarApi_pb2 as pb
+from ..errors import ConnectionClosedError, PulsarWireError, ServerError, TimeoutError
+from ..session import (
+    ActiveConsumerChanged, ClientSession, Connected, ConnectionFailed, ConsumerClosedByBroker,
+    CorruptMessage, EndOfTopic, MessageArrived, ProducerClosedByBroker, RequestDone, RequestFailed,
+    SendFailed, SendReceipt,
+)
+from .options import Address, partition_name
+
+if TYPE_CHECKING:
+    from .client import Client
+    from .consumer import PartitionConsumer
+    from .producer import PartitionProducer
+
+log = logging.getLogger("pulsarwire")
+
+
+class Connection(asyncio.Protocol):
+    """One TCP (or TLS) connection to a broker, multiplexing producers and consumers."""
+
+    def __init__(self, client: "Client", address: Address) -> None:
+        self.client = client
+        self.address = address
+        auth = client._authentication
+        self.session = ClientSession(
+            auth_method_name=auth.method_name if auth else None,
+            auth_data=auth.auth_data if auth else None,
+            max_frame_size=client._max_frame_size)
+        self.transport: asyncio.Transport | None = None
+        self.ready: asyncio.Future = client._loop.create_future()
+        self.closed = False
+        self.producers: dict[int, PartitionProducer] = {}
+        self.consumers: dict[int, PartitionConsumer] = {}
+        self._requests: dict[int, asyncio.Future] = {}
+        self._last_received = time.monotonic()
+        self._keepalive: asyncio.Task | None = None
+        self._can_write = asyncio.Event()
+        self._can_write.set()
+
+    @property
+    def max_message_size(self) -> int:
+        return self.session.max_message_size
+
+    # asyncio.Protocol
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.session.connect()
+        self.flush()
+        self._keepalive = asyncio.ensure_future(self._keep_alive())
+
+    def data_received(self, data: bytes) -> None:
+        self._last_received = time.monotonic()
+        try:
+            events = self.session.receive_data(data)
+        except PulsarWireError as exc:
+            log.warning("closing connection to %s: %s", self.address.url(), exc)
+            self.abort(exc)
+            return
+        for event in events:
+            self._dispatch(event)
+        self.flush()
+
+    def connection_lost(self, exc) -> None:
+        self._closed(exc)
+
+    def pause_writing(self) -> None:
+        self._can_write.clear()
+
+    def resume_writing(self) -> None:
+        self._can_write.set()
+
+    # operations
+
+    def flush(self) -> None:
+        data = self.session.data_to_send()
+        if data and self.transport is not None and not self.closed:
+            self.transport.write(data)
+
+    def write_frame(self, frame: bytes) -> None:
+        if not self.closed and self.transport is not None:
+            self.session.send_frame(frame)
+            self.flush()
+
+    async def drain(self) -> None:
+        await self._can_write.wait()
+
+    async def request(self, start: Callable[..., int], *args, **kwargs):
+        """Send a request (a session method returning its request id) and await its answer."""
+        if self.closed:
+            raise ConnectionClosedError(f"connection to {self.address.url()} is closed")
+        rid = start(*args, **kwargs)
+        future = self.client._loop.create_future()
+        self._requests[rid] = future
+        self.flush()
+        try:
+            return await asyncio.wait_for(future, self.client._operation_timeout)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"no answer from {self.address.url()} within "
+                               f"{self.client._operation_timeout}s") from None
+        finally:
+            self._requests.pop(rid, None)
+
+    def abort(self, exc: BaseException | None = None) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+        self._closed(exc)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+        self._closed(None)
+
+    # internals
+
+    def _closed(self, exc) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.session.connection_lost()
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+        error = ConnectionClosedError(f"connection to {self.address.url()} closed"
+                                      + (f": {exc}" if exc else ""))
+        if not self.ready.done():
+            self.ready.set_exception(error)
+        for future in self._requests.values():
+            if not future.done():
+                future.set_exception(error)
+        self._requests.clear()
+        self.client._connection_closed(self)
+        for producer in list(self.producers.values()):
+            producer._connection_lost(self)
+        for consumer in list(self.consumers.values()):
+            consumer._connection_lost(self)
+        self.producers.clear()
+        self.consumers.clear()
+
+    async def _keep_alive(self) -> None:
+        interval = self.client._keep_alive_interval
+        try:
+            while not self.closed:
+                await asyncio.sleep(interval)
+                if time.monotonic() - self._last_received > 2 * interval:
+                    log.warning("no data from %s for %.0fs; closing", self.address.url(), 2 * interval)
+                    self.abort(TimeoutError("keep-alive timed out"))
+                    return
+                if self.session.state.value == "connected":
+                    self.session.ping()
+                    self.flush()
+        except asyncio.CancelledError:
+            pass
+
+    def _dispatch(self, event) -> None:
+        kind = type(event)
+        if kind is MessageArrived:
+            consumer = self.consumers.get(event.consumer_id)
+            if consumer is not None:
+                consumer._on_message(event.command, event.frame)
+        elif kind is SendReceipt:
+            producer = self.producers.get(event.producer_id)
+            if producer is not None:
+                producer._on_receipt(event)
+        elif kind is RequestDone or kind is RequestFailed:
+            future = self._requests.get(event.request_id)
+            if future is not None and not future.done():
+                if kind is RequestDone:
+                    future.set_result(event.response)
+                else:
+                    future.set_exception(event.error)
+        elif kind is Connected:
+            if not self.ready.done():
+                self.ready.set_result(event)
+        elif kind is ConnectionFailed:
+            if not self.ready.done():
+                self.ready.set_exception(event.error)
+            self.close()
+        elif kind is SendFailed:
+            producer = self.producers.get(event.producer_id)
+            if producer is not None:
+                producer._on_send_error(event)
+        elif kind is CorruptMessage:
+            consumer = self.consumers.get(event.consumer_id)
+            if consumer is not None:
+                consumer._on_corrupt(event.message_id, event.error)
+        elif kind is ProducerClosedByBroker:
+            producer = self.producers.pop(event.producer_id, None)
+            if producer is not None:
+                producer._connection_lost(self)
+        elif kind is ConsumerClosedByBroker:
+            consumer = self.consumers.pop(event.consumer_id, None)
+            if consumer is not None:
+                consumer._connection_lost(self)
+        elif kind is EndOfTopic:
+            consumer = self.consumers.get(event.consumer_id)
+            if consumer is not None:
+                consumer._on_end_of_topic()
+        elif kind is ActiveConsumerChanged:
+            consumer = self.consumers.get(event.consumer_id)
+            if consumer is not None:
+                consumer.is_active = event.is_active
+
+
+class ConnectionPool:
+    """One ready connection per broker address, shared by everything that talks to that
+    broker; lookups and partitioned-topic metadata go through it."""
+
+    def __init__(self, client: "Client", service: Address, *, connection_timeout: float,
+                 tls_trust_certs_file_path: str | None, tls_allow_insecure_connection: bool,
+                 tls_validate_hostname: bool) -> None:
+        self._client = client
+        self._service = service
+        self._connection_timeout = connection_timeout
+        self._tls_trust = tls_trust_certs_file_path
+        self._tls_insecure = tls_allow_insecure_connection
+        self._tls_validate_hostname = tls_validate_hostname
+        self._connections: dict[Address, Connection] = {}
+        self._connecting: dict[Address, asyncio.Future] = {}
+
+    def __len__(self) -> int:
+        return len(self._connections)
+
+    def _ssl_context(self, address: Address) -> ssl.SSLContext | None:
+        if not address.tls:
+            return None
+        context = ssl.create_default_context(cafile=self._tls_trust)
+        context.check_hostname = self._tls_validate_hostname and not self._tls_insecure
+        if self._tls_insecure:
+            context.verify_mode = ssl.CERT_NONE
+        return context
+
+    async def connection(self, address: Address) -> Connection:
+        """A ready connection to `address`: the pooled one, or a new one (opened once even
+        when several callers ask at the same time)."""
+        if self._client._closed:
+            raise ConnectionClosedError("client is closed")
+        conn = self._connections.get(address)
+        if conn is not None and not conn.closed:
+            return conn
+        pending = self._connecting.get(address)
+        if pending is None:
+            pending = asyncio.ensure_future(self._open(address))
+            self._connecting[address] = pending
+            pending.add_done_callback(lambda _: self._connecting.pop(address, None))
+        return await asyncio.shield(pending)
+
+    async def _open(self, address: Address) -> Connection:
+        loop = self._client._loop
+        try:
+            _, conn = await asyncio.wait_for(loop.create_connection(
+                lambda: Connection(self._client, address), address.host, address.port,
+                ssl=self._ssl_context(address),
+                server_hostname=address.host if address.tls else None), self._connection_timeout)
+            await asyncio.wait_for(asyncio.shield(conn.ready), self._connection_timeout)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"could not connect to {address.url()} within "
+                               f"{self._connection_timeout}s") from None
+        except OSError as exc:
+            raise ConnectionClosedError(f"could not connect to {address.url()}: {exc}") from exc
+        self._connections[address] = conn
+        return conn
+
+    def discard(self, conn: Connection) -> None:
+        if self._connections.get(conn.address) is conn:
+            del self._connections[conn.address]
+
+    async def lookup(self, topic: str) -> Connection:
+        """The connection to the broker that owns `topic`, following redirects."""
+        conn = await self.connection(self._service)
+        authoritative = False
+        for _ in range(20):
+            response = await conn.request(conn.session.lookup, topic, authoritative)
+            url = response.brokerServiceUrlTls if self._service.tls and response.brokerServiceUrlTls \
+                else response.brokerServiceUrl
+            if response.proxy_through_service_url or not url:
+                target = self._service
+            else:
+                target = Address.parse(url)
+            if response.response == pb.CommandLookupTopicResponse.Redirect:
+                conn = await self.connection(target)
+                authoritative = response.authoritative
+                continue
+            return await self.connection(target)
+        raise ServerError(f"too many lookup redirects for {topic}")
+
+    async def topic_partitions(self, topic: str) -> list[str]:
+        """The partition topics of `topic` (itself alone when it is not partitioned)."""
+        conn = await self.connection(self._service)
+        response = await conn.request(conn.session.partitioned_metadata, topic)
+        if response.partitions > 0:
+            return [partition_name(topic, i) for i in range(response.partitions)]
+        return [topic]
+
+    def close_all(self) -> None:
+        for conn in list(self._connections.values()):
+            conn.close()
+        self._connections.clear()

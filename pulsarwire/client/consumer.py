@@ -1,0 +1,660 @@
+"""Consumers: the per-partition consumer (flow control, batch and chunk
+reassembly, grouped acks, negative acks, ack timeout, seek) and the user-facing
+`Consumer` over all partitions of its topics, with the receiver queue they share."""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from .. import codec
+from .._proto import PulsarApi_pb2 as pb
+from ..errors import (
+    CodecError, ConnectionClosedError, PulsarWireError, TimeoutError, TopicTerminatedError,
+)
+from ..messages import Message, MessageId, ack_set_bits, ack_set_words, signed64
+from .options import ConsumerType, InitialPosition
+from .reconnect import Reconnecting
+
+if TYPE_CHECKING:
+    from .client import Client
+    from .connection import Connection
+
+log = logging.getLogger("pulsarwire")
+
+
+class AckUnit:
+    """Acknowledgement state of one delivered entry (a batch, a message, or a chunked message)."""
+
+    __slots__ = ("owner", "ledger_id", "entry_id", "batch_size", "remaining", "delivered_at",
+                 "chunk_entries")
+
+    def __init__(self, owner, ledger_id, entry_id, batch_size, remaining, chunk_entries=None):
+        self.owner = owner
+        self.ledger_id = ledger_id
+        self.entry_id = entry_id
+        self.batch_size = batch_size
+        self.remaining = remaining  # bitmask of batch indexes not yet acknowledged
+        self.delivered_at = time.monotonic()
+        self.chunk_entries = chunk_entries
+
+    def ids(self) -> list[pb.MessageIdData]:
+        entries = self.chunk_entries or [(self.ledger_id, self.entry_id)]
+        return [pb.MessageIdData(ledgerId=l & 0xFFFFFFFFFFFFFFFF, entryId=e & 0xFFFFFFFFFFFFFFFF)
+                for l, e in entries]
+
+
+class MessageQueue:
+    """The consumer's receiver queue, shared by all of its partitions."""
+
+    def __init__(self) -> None:
+        self._items: collections.deque[Message] = collections.deque()
+        self._waiters: collections.deque[asyncio.Future] = collections.deque()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, message: Message) -> None:
+        self._items.append(message)
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def wake_all(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def pop(self) -> Message | None:
+        return self._items.popleft() if self._items else None
+
+    def waiter(self, loop) -> asyncio.Future:
+        """A future set when a message arrives; registered now, so no arrival is missed."""
+        waiter = loop.create_future()
+        self._waiters.append(waiter)
+        return waiter
+
+    def remove_from(self, owner) -> int:
+        kept = [m for m in self._items if m._ack_unit.owner is not owner]
+        removed = len(self._items) - len(kept)
+        self._items = collections.deque(kept)
+        return removed
+
+
+class PartitionConsumer(Reconnecting):
+    """Consumer on one (partition) topic."""
+
+    def __init__(self, parent: "Consumer", topic: str, partition: int) -> None:
+        self.parent = parent
+        self.client = parent.client
+        self.topic = topic
+        self.partition = partition
+        self.consumer_id = next(self.client._ids)
+        self.conn: Connection | None = None
+        self.is_active = True
+        self.end_of_topic = False
+        self._permits_used = 0
+        self._unacked: dict[tuple[int, int], AckUnit] = {}
+        self._pending_acks: list[pb.MessageIdData] = []
+        self._pending_cumulative: pb.MessageIdData | None = None
+        self._ack_timer: asyncio.TimerHandle | None = None
+        self._nacks: dict[tuple[int, int], float] = {}
+        self._nack_timer: asyncio.TimerHandle | None = None
+        self._chunks: collections.OrderedDict[str, list] = collections.OrderedDict()
+        self._reconnecting: asyncio.Task | None = None
+        self._closed = False
+        self._last_message: Message | None = None  # the last one handed to the application
+        self._start_message_id = parent._start_message_id
+        self._start_inclusive = parent._start_inclusive
+
+    async def start(self) -> None:
+        await self._connect()
+
+    async def _connect(self) -> None:
+        parent = self.parent
+        conn = await self.client._lookup(self.topic)
+        fields: dict[str, Any] = dict(
+            topic=self.topic, subscription=parent._subscription, subType=int(parent._type),
+            consumer_id=self.consumer_id, durable=parent._durable,
+            initialPosition=int(parent._initial_position), read_compacted=parent._read_compacted)
+        if parent._consumer_name:
+            fields["consumer_name"] = parent._consumer_name
+        if parent._type == ConsumerType.KeyShared:
+            fields["keySharedMeta"] = pb.KeySharedMeta(keySharedMode=pb.AUTO_SPLIT)
+        if parent._properties:
+            fields["metadata"] = [pb.KeyValue(key=k, value=v) for k, v in parent._properties.items()]
+        if not parent._durable and self._last_message is not None:
+            # resume after what the application already has
+            self._start_message_id, self._start_inclusive = self._last_message.message_id(), False
+        start = self._start_message_id
+        if not parent._durable and start is not None:
+            fields["start_message_id"] = pb.MessageIdData(
+                ledgerId=start.ledger_id & 0xFFFFFFFFFFFFFFFF, entryId=start.entry_id & 0xFFFFFFFFFFFFFFFF)
+        conn.consumers[self.consumer_id] = self
+        try:
+            await conn.request(conn.session.subscribe, **fields)
+        except BaseException:
+            conn.consumers.pop(self.consumer_id, None)
+            raise
+        self.conn = conn
+        # A fresh subscription gets a full window; messages still queued locally are dropped
+        # (the broker redelivers what was not acknowledged).
+        self.parent._queue.remove_from(self)
+        self._permits_used = 0
+        conn.session.flow(self.consumer_id, parent._receiver_queue_size)
+        conn.flush()
+
+    def _give_up(self, error: BaseException) -> None:
+        log.warning("consumer on %s cannot reconnect: %s", self.topic, error)
+        self.parent._fail(error)
+
+    # incoming
+
+    def _on_message(self, command: pb.CommandMessage, frame) -> None:
+        md = frame.metadata
+        mid = command.message_id
+        ledger, entry = signed64(mid.ledgerId), signed64(mid.entryId)
+        if md.HasField("num_chunks_from_msg") and md.num_chunks_from_msg > 1:
+            self._on_chunk(command, frame)
+            return
+        try:
+            singles = frame.messages()
+        except CodecError as exc:
+            self._on_corrupt(mid, exc)
+            return
+        self._deliver(singles, md, ledger, entry, command, None)
+
+    def _deliver(self, singles, md, ledger, entry, command, chunk_entries) -> None:
+        parent = self.parent
+        batch_size = singles[0].batch_size if singles else 0
+        ack_set = command.ack_set
+        skip = 0
+        if ack_set:
+            bits = ack_set_bits(ack_set)
+        else:
+            bits = (1 << max(batch_size, 1)) - 1
+        unit = AckUnit(self, ledger, entry, batch_size, bits, chunk_entries)
+        durable = parent._durable
+        compacted = parent._read_compacted
+        partition, topic, redelivery = self.partition, self.topic, command.redelivery_count
+        put = parent._queue.put
+        for single in singles:
+            index = single.batch_index
+            if batch_size and not (bits >> index) & 1:
+                skip += 1
+                continue
+            if (not durable and self._before_start(
+                    MessageId(ledger, entry, partition, index, batch_size), batch_size)) or \
+                    (compacted and single.compacted_out):
+                skip += 1
+                unit.remaining &= ~(1 << max(index, 0))
+                continue
+            put(Message(single, md, ledger, entry, partition, topic, redelivery, unit))
+        if unit.remaining:
+            self._unacked[(ledger, entry)] = unit
+        if skip:
+            self._message_consumed(skip)
+
+    def _before_start(self, mid: MessageId, batch_size: int) -> bool:
+        """A reader skips what lies before its start position (and the start itself unless inclusive)."""
+        start = self._start_message_id
+        if self.parent._durable or start is None or start.ledger_id < 0 or start == MessageId.latest:
+            return False
+        key, start_key = (mid.ledger_id, mid.entry_id), (start.ledger_id, start.entry_id)
+        if key != start_key:
+            return key < start_key
+        if start.batch_index < 0 or batch_size == 0:
+            return not self._start_inclusive
+        return mid.batch_index < start.batch_index or \
+            (mid.batch_index == start.batch_index and not self._start_inclusive)
+
+    def _on_chunk(self, command, frame) -> None:
+        md = frame.metadata
+        mid = command.message_id
+        key = md.uuid
+        parts = self._chunks.get(key)
+        if md.chunk_id == 0 or parts is None:
+            parts = self._chunks[key] = []
+        if md.chunk_id != len(parts):
+            log.warning("chunk %d of %s out of order; dropping the message", md.chunk_id, key)
+            self._chunks.pop(key, None)
+            self.ack_ids([mid])
+            self._message_consumed(1)
+            return
+        parts.append((signed64(mid.ledgerId), signed64(mid.entryId), bytes(frame.payload)))
+        while len(self._chunks) > self.parent._max_pending_chunked:
+            _, dropped = self._chunks.popitem(last=False)
+            log.warning("dropping an incomplete chunked message (too many in progress)")
+            self.ack_ids([pb.MessageIdData(ledgerId=l, entryId=e) for l, e, _ in dropped])
+        if len(parts) < md.num_chunks_from_msg:
+            self._message_consumed(1)  # each chunk took a permit; only the last is delivered
+            return
+        del self._chunks[key]
+        whole = b"".join(p for _, _, p in parts)
+        md_whole = pb.MessageMetadata()
+        md_whole.CopyFrom(md)
+        md_whole.ClearField("num_chunks_from_msg")
+        try:
+            payload = codec.decompress_payload(md_whole, whole)
+            singles = codec.split_messages(md_whole, payload)
+        except CodecError as exc:
+            self._on_corrupt(mid, exc)
+            return
+        last_ledger, last_entry = parts[-1][0], parts[-1][1]
+        self._deliver(singles, md, last_ledger, last_entry, command, [(l, e) for l, e, _ in parts])
+
+    def _on_corrupt(self, message_id: pb.MessageIdData, error: CodecError) -> None:
+        log.warning("discarding corrupt message %s:%s on %s: %s", message_id.ledgerId,
+                    message_id.entryId, self.topic, error)
+        self.parent.corrupt_messages += 1
+        if self.conn is not None:
+            validation = pb.CommandAck.ChecksumMismatch if "CRC32C" in str(error) else \
+                pb.CommandAck.DecompressionError
+            self.conn.session.ack(self.consumer_id, [pb.MessageIdData(ledgerId=message_id.ledgerId,
+                                                                      entryId=message_id.entryId)],
+                                  validation_error=validation)
+            self.conn.flush()
+        self._message_consumed(1)
+
+    def _on_end_of_topic(self) -> None:
+        self.end_of_topic = True
+        self.parent._queue.wake_all()
+
+    def _message_consumed(self, count: int) -> None:
+        """Return permits: refill the broker's window once half of it is used."""
+        self._permits_used += count
+        if self._permits_used >= self.parent._refill_at and self.conn is not None:
+            self.conn.session.flow(self.consumer_id, self._permits_used)
+            self.conn.flush()
+            self._permits_used = 0
+
+    # acknowledgement
+
+    def ack(self, message_id: MessageId, cumulative: bool) -> None:
+        if cumulative:
+            self._ack_cumulative(message_id)
+            return
+        unit = self._unacked.get((message_id.ledger_id, message_id.entry_id))
+        if unit is None:
+            self._queue_ack(pb.MessageIdData(ledgerId=message_id.ledger_id & 0xFFFFFFFFFFFFFFFF,
+                                             entryId=message_id.entry_id & 0xFFFFFFFFFFFFFFFF))
+        else:
+            self.ack_in(unit, message_id.batch_index)
+
+    def ack_in(self, unit: AckUnit, batch_index: int) -> None:
+        """Individual ack of message `batch_index` of a delivered entry (-1: not a batch)."""
+        if batch_index >= 0 and unit.batch_size:
+            unit.remaining &= ~(1 << batch_index)
+            if unit.remaining:
+                if self.parent._batch_index_ack:
+                    data = pb.MessageIdData(ledgerId=unit.ledger_id, entryId=unit.entry_id)
+                    data.ack_set.extend(ack_set_words(unit.remaining, unit.batch_size))
+                    self._queue_ack(data)
+                return
+        else:
+            unit.remaining = 0
+        key = (unit.ledger_id, unit.entry_id)
+        if self._unacked.pop(key, None) is None:
+            return  # already acknowledged
+        self._nacks.pop(key, None)
+        for data in unit.ids():
+            self._queue_ack(data)
+
+    def _ack_cumulative(self, message_id: MessageId) -> None:
+        key = (message_id.ledger_id, message_id.entry_id)
+        unit = self._unacked.get(key)
+        data: pb.MessageIdData | None = pb.MessageIdData(ledgerId=message_id.ledger_id & 0xFFFFFFFFFFFFFFFF,
+                                                         entryId=message_id.entry_id & 0xFFFFFFFFFFFFFFFF)
+        whole_entry = unit is None or not unit.batch_size or message_id.batch_index == unit.batch_size - 1
+        if unit is not None and unit.batch_size and not whole_entry:
+            unit.remaining &= ~((1 << (message_id.batch_index + 1)) - 1)
+            if self.parent._batch_index_ack:
+                data.ack_set.extend(ack_set_words(unit.remaining, unit.batch_size))  # type: ignore[union-attr]
+            elif message_id.entry_id > 0:
+                data.entryId = message_id.entry_id - 1  # type: ignore[union-attr]
+            else:
+                data = None
+        for other in [k for k in self._unacked if k < key or (k == key and whole_entry)]:
+            self._unacked.pop(other)
+            self._nacks.pop(other, None)
+        if data is not None:
+            self._pending_cumulative = data
+            self._schedule_ack_flush()
+
+    def ack_ids(self, ids: list[pb.MessageIdData]) -> None:
+        for data in ids:
+            self._queue_ack(data)
+
+    def _queue_ack(self, data: pb.MessageIdData) -> None:
+        self._pending_acks.append(data)
+        if len(self._pending_acks) >= 1000:
+            self.flush_acks()
+        else:
+            self._schedule_ack_flush()
+
+    def _schedule_ack_flush(self) -> None:
+        delay = self.parent._ack_group_time
+        if delay <= 0:
+            self.flush_acks()
+        elif self._ack_timer is None:
+            self._ack_timer = self.client._loop.call_later(delay, self.flush_acks)
+
+    def flush_acks(self) -> None:
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
+        if self.conn is None:
+            return  # kept; sent after reconnect or redelivered by the broker
+        if self._pending_acks:
+            self.conn.session.ack(self.consumer_id, self._pending_acks)
+            self._pending_acks = []
+        if self._pending_cumulative is not None:
+            self.conn.session.ack(self.consumer_id, [self._pending_cumulative], cumulative=True)
+            self._pending_cumulative = None
+        self.conn.flush()
+
+    def negative_ack(self, message_id: MessageId) -> None:
+        key = (message_id.ledger_id, message_id.entry_id)
+        self._nacks[key] = time.monotonic() + self.parent._nack_delay
+        if self._nack_timer is None:
+            self._nack_timer = self.client._loop.call_later(self.parent._nack_delay, self._redeliver_nacked)
+
+    def _redeliver_nacked(self) -> None:
+        self._nack_timer = None
+        now = time.monotonic()
+        due = [k for k, deadline in self._nacks.items() if deadline <= now]
+        for key in due:
+            del self._nacks[key]
+        self._redeliver_keys(due)
+        if self._nacks:
+            delay = max(0.0, min(self._nacks.values()) - now)
+            self._nack_timer = self.client._loop.call_later(delay, self._redeliver_nacked)
+
+    def _redeliver_keys(self, keys) -> None:
+        if not keys or self.conn is None:
+            return
+        ids = []
+        for key in keys:
+            unit = self._unacked.pop(key, None)
+            ids.extend(unit.ids() if unit else [pb.MessageIdData(ledgerId=key[0], entryId=key[1])])
+        self.conn.session.redeliver(self.consumer_id, ids)
+        self.conn.flush()
+
+    def check_ack_timeout(self, timeout: float) -> None:
+        now = time.monotonic()
+        expired = [k for k, unit in self._unacked.items() if now - unit.delivered_at > timeout]
+        if expired:
+            log.info("redelivering %d entries not acknowledged within %.1fs", len(expired), timeout)
+            self._redeliver_keys(expired)
+
+    def redeliver_unacknowledged(self) -> None:
+        if self.conn is None:
+            return
+        removed = self.parent._queue.remove_from(self)
+        self._unacked.clear()
+        self.conn.session.redeliver(self.consumer_id)
+        self.conn.flush()
+        if removed:
+            self._message_consumed(removed)
+
+    async def seek(self, message_id: MessageId | None, timestamp: int | None) -> None:
+        conn = self.conn
+        if conn is None:
+            raise ConnectionClosedError("consumer is not connected")
+        data = None if message_id is None else pb.MessageIdData(
+            ledgerId=message_id.ledger_id & 0xFFFFFFFFFFFFFFFF, entryId=message_id.entry_id & 0xFFFFFFFFFFFFFFFF)
+        await conn.request(conn.session.seek, self.consumer_id, data, timestamp)
+        self.parent._queue.remove_from(self)
+        self._unacked.clear()
+        self._last_message = None
+        if not self.parent._durable:
+            self._start_message_id, self._start_inclusive = message_id, True
+
+    async def get_last_message_id(self) -> MessageId:
+        conn = self.conn
+        if conn is None:
+            raise ConnectionClosedError("consumer is not connected")
+        response = await conn.request(conn.session.get_last_message_id, self.consumer_id)
+        return MessageId.from_proto(response.last_message_id, self.topic)
+
+    async def close(self, unsubscribe: bool = False) -> None:
+        self.flush_acks()
+        self._closed = True
+        for timer in (self._ack_timer, self._nack_timer):
+            if timer is not None:
+                timer.cancel()
+        if self._reconnecting is not None:
+            self._reconnecting.cancel()
+        conn = self.conn
+        self.conn = None
+        if conn is not None and not conn.closed:
+            try:
+                if unsubscribe:
+                    await conn.request(conn.session.unsubscribe, self.consumer_id)
+                else:
+                    await conn.request(conn.session.close_consumer, self.consumer_id)
+            finally:
+                conn.consumers.pop(self.consumer_id, None)
+
+
+class Consumer:
+    """Receives messages from one or more topics (and every partition of each)."""
+
+    def __init__(self, client: Client, topics: list[str], subscription_name: str, *,
+                 consumer_type: ConsumerType = ConsumerType.Exclusive,
+                 initial_position: InitialPosition = InitialPosition.Latest,
+                 receiver_queue_size: int = 1000, consumer_name: str | None = None,
+                 unacked_messages_timeout_ms: int | None = None,
+                 negative_ack_redelivery_delay_ms: int = 60_000, ack_group_time_ms: int = 100,
+                 batch_index_ack_enabled: bool = False, read_compacted: bool = False,
+                 properties: dict[str, str] | None = None, max_pending_chunked_message: int = 10,
+                 _durable: bool = True, _start_message_id: MessageId | None = None,
+                 _start_inclusive: bool = False) -> None:
+        if receiver_queue_size < 1:
+            raise ValueError("receiver_queue_size must be at least 1")
+        self.client = client
+        self._topics = topics
+        self._subscription = subscription_name
+        self._type = ConsumerType(consumer_type)
+        self._initial_position = InitialPosition(initial_position)
+        self._receiver_queue_size = receiver_queue_size
+        self._refill_at = max(1, receiver_queue_size // 2)  # permits go back once half are used
+        self._consumer_name = consumer_name
+        self._ack_timeout = (unacked_messages_timeout_ms or 0) / 1000
+        self._nack_delay = negative_ack_redelivery_delay_ms / 1000
+        self._ack_group_time = ack_group_time_ms / 1000
+        self._batch_index_ack = batch_index_ack_enabled
+        self._read_compacted = read_compacted
+        self._properties = properties or {}
+        self._max_pending_chunked = max_pending_chunked_message
+        self._durable = _durable
+        self._start_message_id = _start_message_id
+        self._start_inclusive = _start_inclusive
+        self._queue = MessageQueue()
+        self._partitions: list[PartitionConsumer] = []
+        self._by_topic: dict[str, PartitionConsumer] = {}
+        self._ack_timeout_task: asyncio.Task | None = None
+        self._error: BaseException | None = None
+        self._closed = False
+        self.corrupt_messages = 0
+
+    async def _start(self) -> None:
+        for topic in self._topics:
+            names = await self.client.get_topic_partitions(topic)
+            partitioned = len(names) > 1 or names[0] != topic
+            for index, name in enumerate(names):
+                pc = PartitionConsumer(self, name, index if partitioned else -1)
+                self._partitions.append(pc)
+                self._by_topic[name] = pc
+        try:
+            await asyncio.gather(*(p.start() for p in self._partitions))
+        except BaseException:
+            await asyncio.gather(*(p.close() for p in self._partitions if p.conn), return_exceptions=True)
+            raise
+        if self._ack_timeout:
+            self._ack_timeout_task = asyncio.ensure_future(self._check_ack_timeouts())
+
+    def topic(self) -> str:
+        return self._topics[0]
+
+    def subscription_name(self) -> str:
+        return self._subscription
+
+    def _fail(self, error: BaseException) -> None:
+        self._error = error
+        self._queue.wake_all()
+
+    def _ended(self) -> bool:
+        return bool(self._partitions) and all(p.end_of_topic for p in self._partitions) and not len(self._queue)
+
+    async def receive(self, timeout_millis: int | None = None) -> Message:
+        """The next message; TimeoutError after timeout_millis, TopicTerminatedError at the end."""
+        message = self._queue.pop()
+        if message is not None:  # the common case: something is already queued
+            unit = message._ack_unit
+            unit.owner._last_message = message
+            unit.owner._message_consumed(1)
+            return message
+        loop = self.client._loop
+        deadline = None if timeout_millis is None else loop.time() + timeout_millis / 1000
+        while True:
+            message = self._queue.pop()
+            if message is not None:
+                unit = message._ack_unit
+                unit.owner._last_message = message
+                unit.owner._message_consumed(1)
+                return message
+            if self._error is not None:
+                raise self._error
+            if self._closed:
+                raise ConnectionClosedError("consumer is closed")
+            if self._ended():
+                raise TopicTerminatedError("reached the end of the topic")
+            waiter = self._queue.waiter(loop)
+            if deadline is None:
+                await waiter
+            else:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    waiter.cancel()
+                    raise TimeoutError("no message received within the timeout")
+                try:
+                    await asyncio.wait_for(waiter, remaining)
+                except asyncio.TimeoutError:
+                    pass
+
+    async def receive_many(self, max_messages: int = 1000, timeout_millis: int | None = None) -> list[Message]:
+        """Up to `max_messages` already queued messages, waiting for the first; [] on timeout."""
+        try:
+            first = await self.receive(timeout_millis)
+        except TimeoutError:
+            return []
+        batch = [first]
+        queue = self._queue
+        while len(batch) < max_messages:
+            message = queue.pop()
+            if message is None:
+                break
+            unit = message._ack_unit
+            unit.owner._last_message = message
+            unit.owner._message_consumed(1)
+            batch.append(message)
+        return batch
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> Message:
+        try:
+            return await self.receive()
+        except (TopicTerminatedError, ConnectionClosedError):
+            raise StopAsyncIteration from None
+
+    def _owner(self, message_id: MessageId) -> PartitionConsumer:
+        if message_id.topic is not None and message_id.topic in self._by_topic:
+            return self._by_topic[message_id.topic]
+        if message_id.partition >= 0 and len(self._partitions) > message_id.partition:
+            return self._partitions[message_id.partition]
+        return self._partitions[0]
+
+    @staticmethod
+    def _id(message: Message | MessageId) -> MessageId:
+        return message.message_id() if isinstance(message, Message) else message
+
+    def acknowledge(self, message: Message | MessageId) -> None:
+        if isinstance(message, Message):
+            unit = message._ack_unit
+            unit.owner.ack_in(unit, message._single.batch_index)
+            return
+        self._owner(message).ack(message, cumulative=False)
+
+    def acknowledge_cumulative(self, message: Message | MessageId) -> None:
+        if self._type in (ConsumerType.Shared, ConsumerType.KeyShared):
+            raise PulsarWireError("cumulative acknowledgement is not allowed on Shared subscriptions")
+        mid = self._id(message)
+        self._owner(mid).ack(mid, cumulative=True)
+
+    def negative_acknowledge(self, message: Message | MessageId) -> None:
+        mid = self._id(message)
+        self._owner(mid).negative_ack(mid)
+
+    def redeliver_unacknowledged_messages(self) -> None:
+        for p in self._partitions:
+            p.redeliver_unacknowledged()
+
+    async def seek(self, target: MessageId | int) -> None:
+        """Rewind or skip to a message id, or to a publish time in ms."""
+        if isinstance(target, MessageId):
+            owners = self._partitions if target in (MessageId.earliest, MessageId.latest) \
+                else [self._owner(target)]
+            await asyncio.gather(*(p.seek(target, None) for p in owners))
+        else:
+            await asyncio.gather(*(p.seek(None, int(target)) for p in self._partitions))
+
+    async def get_last_message_id(self) -> MessageId:
+        ids = await asyncio.gather(*(p.get_last_message_id() for p in self._partitions))
+        return max(ids)
+
+    def is_connected(self) -> bool:
+        return all(p.conn is not None for p in self._partitions)
+
+    def flush_acks(self) -> None:
+        for p in self._partitions:
+            p.flush_acks()
+
+    async def _check_ack_timeouts(self) -> None:
+        try:
+            while not self._closed:
+                await asyncio.sleep(max(0.05, self._ack_timeout / 4))
+                for p in self._partitions:
+                    p.check_ack_timeout(self._ack_timeout)
+        except asyncio.CancelledError:
+            pass
+
+    async def unsubscribe(self) -> None:
+        await self._shutdown(unsubscribe=True)
+
+    async def close(self) -> None:
+        await self._shutdown(unsubscribe=False)
+
+    async def _shutdown(self, unsubscribe: bool) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._ack_timeout_task is not None:
+            self._ack_timeout_task.cancel()
+        results = await asyncio.gather(*(p.close(unsubscribe) for p in self._partitions),
+                                       return_exceptions=True)
+        self._queue.wake_all()
+        self.client._handles.discard(self)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if unsubscribe and errors:
+            raise errors[0]

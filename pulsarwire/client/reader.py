@@ -1,0 +1,60 @@
+"""The Reader: a topic read from a message id on a non-durable subscription."""
+from __future__ import annotations
+
+from ..messages import Message, MessageId
+from .consumer import Consumer
+
+
+class Reader:
+    """Reads a topic from a message id on a non-durable subscription."""
+
+    def __init__(self, consumer: Consumer) -> None:
+        self._consumer = consumer
+
+    def topic(self) -> str:
+        return self._consumer.topic()
+
+    async def read_next(self, timeout_millis: int | None = None) -> Message:
+        return await self._consumer.receive(timeout_millis)
+
+    async def has_message_available(self) -> bool:
+        if len(self._consumer._queue):
+            return True
+        for p in self._consumer._partitions:
+            last = await p.get_last_message_id()
+            if last.entry_id < 0:
+                continue
+            seen = p._last_message.message_id() if p._last_message is not None else None
+            if seen is None:
+                start = p._start_message_id
+                if start is None or start == MessageId.earliest:
+                    return True
+                if start == MessageId.latest:
+                    continue
+                if (last.ledger_id, last.entry_id) > (start.ledger_id, start.entry_id) or \
+                        (self._consumer._start_inclusive and
+                         (last.ledger_id, last.entry_id) >= (start.ledger_id, start.entry_id)):
+                    return True
+                continue
+            if (last.ledger_id, last.entry_id) > (seen.ledger_id, seen.entry_id):
+                return True
+            if (last.ledger_id, last.entry_id) == (seen.ledger_id, seen.entry_id) and seen.batch_size and \
+                    seen.batch_index < seen.batch_size - 1:
+                return True
+        return False
+
+    async def seek(self, target: MessageId | int) -> None:
+        await self._consumer.seek(target)
+
+    async def get_last_message_id(self) -> MessageId:
+        """The id of the last message in the topic (entry_id -1 when it is empty)."""
+        return await self._consumer.get_last_message_id()
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> Message:
+        return await self._consumer.__anext__()
+
+    async def close(self) -> None:
+        await self._consumer.close()
