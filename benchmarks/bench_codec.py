@@ -4,7 +4,12 @@ Compares the Cython twin, the pure-Python twin and a naive baseline that
 parses every SingleMessageMetadata with the protobuf-generated class, on the
 same frames, one core. Prints a table; --json writes the rows.
 
-    python benchmarks/bench_codec.py [--seconds 0.5] [--json out.json]
+A second table times split_columns on one uncompressed batch payload, beside
+a plain copy of the same number of payload bytes (bytes(memoryview(...)),
+timed the same way, in alternate samples): "of memcpy" is the copy's best time
+over split_columns' best time; "(median)" the median of the per-sample ratios.
+
+    python benchmarks/bench_codec.py [--seconds 0.5] [--json out.json] [--columns-only]
 """
 from __future__ import annotations
 
@@ -121,12 +126,92 @@ def measure(fn, stream, seconds):
     return count, best
 
 
+def make_columns_batch(message_size, shape, seed=2):
+    """One uncompressed 128 KiB batch payload (at most 1 000 messages) and its metadata.
+
+    shape: "payload" (SingleMessageMetadata holds payload_size only), "sequence" (and a
+    sequence_id, as the official clients write), "keyed" (and a property, a partition
+    key and an event time, as make_batch_frames).
+    """
+    rng = random.Random(seed)
+    per_batch = min(MAX_BATCH_MESSAGES, BATCH_BYTES // (message_size + 16))
+    builder = _codec_py.BatchBuilder()
+    for i, payload in enumerate(_payloads(message_size, per_batch, rng)):
+        if shape == "keyed":
+            builder.add(payload, properties={"k": str(i)}, partition_key=f"key-{i % 8}", event_time=1 + i)
+        elif shape == "sequence":
+            builder.add(payload, sequence_id=1000 + i)
+        else:
+            builder.add(payload)
+    md = pb.MessageMetadata(producer_name="bench", sequence_id=0, publish_time=1, num_messages_in_batch=per_batch)
+    return md, builder.build(), per_batch, per_batch * message_size
+
+
+def paired_times(split, copy, seconds, split_calls):
+    """Alternate samples of `split` (split_calls calls) and `copy` (20 calls) for about `seconds`.
+
+    Returns the best time of one call of each and the median of the per-pair ratios
+    copy/split: pairs see the same machine, which matters where other work comes and goes.
+    """
+    split_times, copy_times = [], []
+    deadline = time.perf_counter() + seconds
+    while len(split_times) < 5 or time.perf_counter() < deadline:
+        for call, times, calls in ((split, split_times, split_calls), (copy, copy_times, 20)):
+            start = time.perf_counter()
+            for _ in range(calls):
+                call()
+            times.append((time.perf_counter() - start) / calls)
+    ratios = sorted(c / s for s, c in zip(split_times, copy_times))
+    return min(split_times), min(copy_times), ratios[len(ratios) // 2]
+
+
+def columns_main(args):
+    impls = []
+    if _codec is not None:
+        impls.append(("cython", _codec.split_columns))
+    if not args.skip_python:
+        impls.append(("python", _codec_py.split_columns))
+    if _codec is not None:
+        impls.append(("cython split_messages", _codec.split_messages))  # reference: an object per message
+    rows = []
+    header = (f"{'columnar split, one batch':<28} {'impl':<22} {'messages/s':>12} {'payload GB/s':>13} "
+              f"{'memcpy GB/s':>12} {'of memcpy':>10} {'(median)':>9}")
+    print(header)
+    print("-" * len(header))
+    for size, shape in ((100, "payload"), (100, "sequence"), (100, "keyed"), (1024, "payload"), (1024, "keyed")):
+        md, raw, messages, payload_bytes = make_columns_batch(size, shape)
+        name = f"columns {messages}x{size}B {shape}"
+        plain = bytes(payload_bytes)
+        for impl_name, split in impls:
+            if impl_name == "cython":
+                check = split(md, raw)
+                assert len(check) == messages and len(check.payloads) == payload_bytes, name
+            split_time, copy_time, median_ratio = paired_times(
+                lambda: split(md, raw), lambda: bytes(memoryview(plain)), args.seconds,
+                1 if impl_name == "python" else 20)
+            row = {"case": name, "impl": impl_name, "messages_per_s": messages / split_time,
+                   "payload_gb_per_s": payload_bytes / split_time / 1e9,
+                   "memcpy_gb_per_s": payload_bytes / copy_time / 1e9, "fraction_of_memcpy": copy_time / split_time,
+                   "fraction_of_memcpy_median": median_ratio}
+            rows.append(row)
+            print(f"{name:<28} {impl_name:<22} {row['messages_per_s']:>12,.0f} {row['payload_gb_per_s']:>13.2f} "
+                  f"{row['memcpy_gb_per_s']:>12.2f} {row['fraction_of_memcpy']:>10.3f} {median_ratio:>9.3f}")
+    return rows
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=0.5, help="time per case and implementation")
     parser.add_argument("--json", help="write the rows as JSON to this file")
     parser.add_argument("--skip-python", action="store_true", help="skip the slow pure-Python twin")
+    parser.add_argument("--columns-only", action="store_true", help="only the columnar split table")
     args = parser.parse_args(argv)
+    if args.columns_only:
+        rows = columns_main(args)
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump({"benchmark": "codec", "rows": rows}, fh, indent=1)
+        return rows
 
     impls = []
     if _codec is not None:
@@ -154,6 +239,8 @@ def main(argv=None):
             rows.append(row)
             print(f"{name:<24} {impl_name:<15} {row['frames_per_s']:>12,.0f} "
                   f"{row['messages_per_s']:>14,.0f} {row['gb_per_s']:>8.2f}")
+    print()
+    rows += columns_main(args)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"benchmark": "codec", "rows": rows}, fh, indent=1)

@@ -19,6 +19,7 @@ Batch payload (after decompression), num_messages_in_batch entries of:
 from __future__ import annotations
 
 import struct
+from array import array
 from collections import deque
 
 from crc32c import crc32c
@@ -83,6 +84,13 @@ class Frame:
             return []
         return split_messages(self.metadata,
                               decompress_payload(self.metadata, self.payload, max_uncompressed_size))
+
+    def columns(self, max_uncompressed_size=compression.DEFAULT_MAX_UNCOMPRESSED_SIZE):
+        """Decompress the payload and split it into Columns (no rows for a simple command)."""
+        if self.metadata is None:
+            return _empty_columns(Columns)
+        return split_columns(self.metadata,
+                             decompress_payload(self.metadata, self.payload, max_uncompressed_size))
 
     def __repr__(self):
         kind = _BaseCommand.Type.Name(self.command.type) if self.command.type in _TYPE_NAMES else self.command.type
@@ -425,6 +433,21 @@ def decompress_payload(metadata, payload, max_uncompressed_size=compression.DEFA
 
 
 # --- SingleMessageMetadata --------------------------------------------------
+#
+# A batch payload is num_messages_in_batch entries of
+#
+#     [u32 smm_size][SingleMessageMetadata, smm_size bytes][payload, payload_size bytes]
+#
+# SingleMessageMetadata fields read here, by tag byte (field << 3 | wire type):
+#
+#     0x0a properties: KeyValue {0x0a key, 0x12 value}, repeated
+#     0x12 partition_key (string)      0x18 payload_size (required)   0x20 compacted_out
+#     0x28 event_time                  0x30 partition_key_b64_encoded  0x3a ordering_key (bytes)
+#     0x40 sequence_id                 0x48 null_value                 0x50 null_partition_key
+#
+# Any other field is skipped by its wire type. A field other than properties
+# keeps its last value, as protobuf does. _parse_smm is the one reader of these
+# fields: split_messages, SingleMessage and split_columns all use it.
 
 def _varint(buf, pos, end):
     result = 0
@@ -466,51 +489,90 @@ def _utf8(buf, start, end):
         raise BadBatchError(f"string in SingleMessageMetadata is not UTF-8: {exc}") from None
 
 
-def _key_value(buf, start, end, decode=True):
-    """One KeyValue: (key, value), or None after checking it when decode is False."""
+def _key_value(buf, start, end, check_utf8):
+    """One KeyValue in buf[start:end]: ((key start, end), (value start, end)), last occurrence of each."""
     key = value = None
     pos = start
     while pos < end:
         tag, pos = _varint(buf, pos, end)
-        field, wire_type = tag >> 3, tag & 7
-        if field in (1, 2) and wire_type == 2:
+        if tag == 0x0A or tag == 0x12:
             length, pos = _varint(buf, pos, end)
             if length > end - pos:
                 raise BadBatchError("property runs past its KeyValue")
-            text = _utf8(buf, pos, pos + length) if decode else True
-            pos += length
-            if field == 1:
-                key = text
+            if check_utf8:
+                _utf8(buf, pos, pos + length)
+            if tag == 0x0A:
+                key = (pos, pos + length)
             else:
-                value = text
+                value = (pos, pos + length)
+            pos += length
         else:
-            pos = _skip(buf, pos, end, wire_type)
+            pos = _skip(buf, pos, end, tag & 7)
     if key is None or value is None:
         raise BadBatchError("property KeyValue lacks its required key or value")
-    return (key, value) if decode else None
+    return key, value
 
 
-def _scan_smm(buf, start, end):
-    """Check the structure of one SingleMessageMetadata; return its payload_size."""
-    payload_size = None
+class _Smm:
+    """The fields of one SingleMessageMetadata; strings and bytes as (start, end) spans."""
+
+    __slots__ = ("payload_size", "properties", "partition_key", "ordering_key", "event_time", "sequence_id",
+                 "compacted_out", "partition_key_b64_encoded", "null_value", "null_partition_key")
+
+
+_SMM_VARINT_TAGS = frozenset((0x18, 0x20, 0x28, 0x30, 0x40, 0x48, 0x50))
+
+
+def _parse_smm(buf, start, end, check_utf8):
+    """Check one SingleMessageMetadata in buf[start:end] and read its fields.
+
+    check_utf8 also checks every string it meets (split_messages leaves that
+    to the first read of a field, where SingleMessage raises).
+    """
+    smm = _Smm()
+    smm.payload_size = None
+    smm.properties = []
+    smm.partition_key = smm.ordering_key = smm.sequence_id = None
+    smm.event_time = 0
+    smm.compacted_out = smm.partition_key_b64_encoded = smm.null_value = smm.null_partition_key = False
     pos = start
     while pos < end:
         tag, pos = _varint(buf, pos, end)
-        field, wire_type = tag >> 3, tag & 7
-        if field == 3 and wire_type == 0:
+        if tag in _SMM_VARINT_TAGS:
             value, pos = _varint(buf, pos, end)
-            payload_size = value - (1 << 64) if value >= 1 << 63 else value
-        elif field == 1 and wire_type == 2:
+            if tag == 0x18:
+                smm.payload_size = value - (1 << 64) if value >= 1 << 63 else value
+            elif tag == 0x20:
+                smm.compacted_out = value != 0
+            elif tag == 0x28:
+                smm.event_time = value
+            elif tag == 0x30:
+                smm.partition_key_b64_encoded = value != 0
+            elif tag == 0x40:
+                smm.sequence_id = value
+            elif tag == 0x48:
+                smm.null_value = value != 0
+            else:
+                smm.null_partition_key = value != 0
+        elif tag == 0x0A or tag == 0x12 or tag == 0x3A:
             length, pos = _varint(buf, pos, end)
             if length > end - pos:
-                raise BadBatchError("property runs past the end of SingleMessageMetadata")
-            _key_value(buf, pos, pos + length, decode=False)
+                raise BadBatchError("property runs past the end of SingleMessageMetadata" if tag == 0x0A
+                                    else "field runs past the end of SingleMessageMetadata")
+            if tag == 0x0A:
+                smm.properties.append(_key_value(buf, pos, pos + length, check_utf8))
+            elif tag == 0x12:
+                if check_utf8:
+                    _utf8(buf, pos, pos + length)
+                smm.partition_key = (pos, pos + length)
+            else:
+                smm.ordering_key = (pos, pos + length)
             pos += length
         else:
-            pos = _skip(buf, pos, end, wire_type)
-    if payload_size is None:
+            pos = _skip(buf, pos, end, tag & 7)
+    if smm.payload_size is None:
         raise BadBatchError("SingleMessageMetadata lacks its required payload_size")
-    return payload_size
+    return smm
 
 
 class SingleMessage:
@@ -534,38 +596,18 @@ class SingleMessage:
 
     def _decode(self):
         buf, start, end = self._smm
-        properties = {}
-        pos = start
-        while pos < end:
-            tag, pos = _varint(buf, pos, end)
-            field, wire_type = tag >> 3, tag & 7
-            if wire_type == 2 and field in (1, 2, 7):
-                length, pos = _varint(buf, pos, end)
-                if field == 1:
-                    key, value = _key_value(buf, pos, pos + length)
-                    properties[key] = value
-                elif field == 2:
-                    self._partition_key = _utf8(buf, pos, pos + length)
-                else:
-                    self._ordering_key = bytes(buf[pos:pos + length])
-                pos += length
-            elif wire_type == 0 and field in (4, 5, 6, 8, 9, 10):
-                value, pos = _varint(buf, pos, end)
-                if field == 4:
-                    self._compacted_out = value != 0
-                elif field == 5:
-                    self._event_time = value
-                elif field == 6:
-                    self._partition_key_b64_encoded = value != 0
-                elif field == 8:
-                    self._sequence_id = value
-                elif field == 9:
-                    self._null_value = value != 0
-                else:
-                    self._null_partition_key = value != 0
-            else:
-                pos = _skip(buf, pos, end, wire_type)
-        self._properties = properties
+        smm = _parse_smm(buf, start, end, check_utf8=True)  # structure was checked by split_messages
+        self._properties = {_utf8(buf, *key): _utf8(buf, *value) for key, value in smm.properties}
+        if smm.partition_key is not None:
+            self._partition_key = _utf8(buf, *smm.partition_key)
+        if smm.ordering_key is not None:
+            self._ordering_key = bytes(buf[smm.ordering_key[0]:smm.ordering_key[1]])
+        self._compacted_out = smm.compacted_out
+        self._event_time = smm.event_time
+        self._partition_key_b64_encoded = smm.partition_key_b64_encoded
+        self._sequence_id = smm.sequence_id
+        self._null_value = smm.null_value
+        self._null_partition_key = smm.null_partition_key
         self._decoded = True
 
     def _field(self, name):
@@ -611,6 +653,36 @@ def _stable_view(payload):
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
+def _check_batch_count(count, end):
+    if count < 0 or count > end // 5 + 1:
+        raise BadBatchError(f"num_messages_in_batch {count} cannot fit in {end} bytes")
+
+
+def _batch_entry(view, pos, index, count, check_utf8):
+    """Check entry `index` of a batch, which starts at view[pos]; in wire order.
+
+    Returns its parsed SingleMessageMetadata, where that starts, and where its
+    payload starts and ends.
+    """
+    end = len(view)
+    if end - pos < 4:
+        raise BadBatchError(f"batch ends after {index} of {count} entries")
+    smm_size = _U32.unpack_from(view, pos)[0]
+    pos += 4
+    if smm_size > end - pos:
+        raise BadBatchError(f"entry {index}: metadata size {smm_size} exceeds the {end - pos} bytes left")
+    smm_end = pos + smm_size
+    smm = _parse_smm(view, pos, smm_end, check_utf8)
+    if smm.payload_size < 0 or smm.payload_size > end - smm_end:
+        raise BadBatchError(f"entry {index}: payload_size {smm.payload_size} does not fit in {end - smm_end} bytes")
+    return smm, pos, smm_end, smm_end + smm.payload_size
+
+
+def _check_batch_end(view, pos, count):
+    if pos != len(view):
+        raise BadBatchError(f"{len(view) - pos} bytes left over after {count} batch entries")
+
+
 def split_messages(metadata, payload):
     """Split an uncompressed payload into its messages.
 
@@ -635,30 +707,240 @@ def split_messages(metadata, payload):
         return [message]
 
     count = metadata.num_messages_in_batch
-    end = len(view)
-    if count < 0 or count > end // 5 + 1:
-        raise BadBatchError(f"num_messages_in_batch {count} cannot fit in {end} bytes")
+    _check_batch_count(count, len(view))
     messages = []
     pos = 0
     for index in range(count):
-        if end - pos < 4:
-            raise BadBatchError(f"batch ends after {index} of {count} entries")
-        smm_size = _U32.unpack_from(view, pos)[0]
-        pos += 4
-        if smm_size > end - pos:
-            raise BadBatchError(f"entry {index}: metadata size {smm_size} exceeds the {end - pos} bytes left")
-        smm_end = pos + smm_size
-        payload_size = _scan_smm(view, pos, smm_end)
-        if payload_size < 0 or payload_size > end - smm_end:
-            raise BadBatchError(f"entry {index}: payload_size {payload_size} does not fit in {end - smm_end} bytes")
-        message = _blank_message(view[smm_end:smm_end + payload_size], index, count)
-        message._smm = (view, pos, smm_end)
+        _, smm_start, payload_start, pos = _batch_entry(view, pos, index, count, check_utf8=False)
+        message = _blank_message(view[payload_start:pos], index, count)
+        message._smm = (view, smm_start, payload_start)
         message._decoded = False
         messages.append(message)
-        pos = smm_end + payload_size
-    if pos != end:
-        raise BadBatchError(f"{end - pos} bytes left over after {count} batch entries")
+    _check_batch_end(view, pos, count)
     return messages
+
+
+# --- columns ----------------------------------------------------------------
+
+#: Columns' fields, in the order Columns(...) takes them.
+_COLUMN_FIELDS = (
+    "count", "payloads", "payload_offsets",
+    "partition_keys", "partition_key_offsets", "has_partition_key",
+    "ordering_keys", "ordering_key_offsets", "has_ordering_key",
+    "property_offsets", "property_keys", "property_key_offsets", "property_values", "property_value_offsets",
+    "event_times", "sequence_ids", "has_sequence_id", "batch_indexes",
+    "compacted_out", "null_value", "null_partition_key", "partition_key_b64_encoded",
+)
+_BITMAP_FIELDS = ("has_partition_key", "has_ordering_key", "has_sequence_id",
+                  "compacted_out", "null_value", "null_partition_key", "partition_key_b64_encoded")
+
+
+class Columns:
+    """A payload split into columns: contiguous buffers and offset arrays, no object per message.
+
+    Row i's payload is payloads[payload_offsets[i]:payload_offsets[i + 1]];
+    partition keys, ordering keys and each property's key and value are laid out
+    alike (Arrow's large-binary layout: int64 offsets, one more than values).
+    Row i's properties are the pairs property_offsets[i] to property_offsets[i + 1]
+    (Arrow's map layout), every pair as carried, in order (a dict keeps the last
+    of a repeated key). has_* and the flag columns are bitmaps: row i is bit
+    i % 8 of byte i // 8 (Arrow's validity layout). Text is UTF-8, checked.
+    An absent partition or ordering key is an empty span with its has_* bit 0;
+    an absent sequence_id is 0 with has_sequence_id 0; event_time is 0 when
+    absent. batch_indexes is -1 for a payload that is not a batch.
+
+    Int arrays are array.array ('q' int64, 'Q' uint64 for event_times and
+    sequence_ids), byte buffers bytearray: both wrap zero-copy with
+    pyarrow.py_buffer, which to_arrow() does.
+    """
+
+    __slots__ = _COLUMN_FIELDS
+
+    def __init__(self, *values):
+        if len(values) != len(_COLUMN_FIELDS):
+            raise TypeError(f"Columns takes {len(_COLUMN_FIELDS)} values, got {len(values)}")
+        for name, value in zip(_COLUMN_FIELDS, values):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("Columns is read-only")
+
+    def __len__(self):
+        return self.count
+
+    def row(self, index):
+        """Row `index` as a dict of Python values, named like SingleMessage's attributes."""
+        return _columns_row(self, index)
+
+    def to_arrow(self):
+        """A pyarrow.RecordBatch over these buffers (no copy of payloads or text; needs pyarrow)."""
+        return _columns_to_arrow(self)
+
+    def __repr__(self):
+        return f"<Columns {self.count} rows, {len(self.payloads)} payload bytes>"
+
+
+def _bit(bitmap, index):
+    return bool(bitmap[index >> 3] >> (index & 7) & 1)
+
+
+def _column_fields(rows):
+    """Columns' values from rows of (payload, partition_key, ordering_key, [(key, value)], event_time,
+    sequence_id, batch_index, compacted_out, null_value, null_partition_key, partition_key_b64_encoded),
+    text as UTF-8 bytes, None where absent. The pure twin's builder; the Cython twin uses it for a
+    payload that is not a batch."""
+    def spans(values):
+        data = bytearray()
+        offsets = array("q", [0])
+        for value in values:
+            data += value
+            offsets.append(len(data))
+        return data, offsets
+
+    def bitmap(bits):
+        out = bytearray((len(rows) + 7) // 8)
+        for index, bit in enumerate(bits):
+            if bit:
+                out[index >> 3] |= 1 << (index & 7)
+        return out
+
+    payloads, payload_offsets = spans(row[0] for row in rows)
+    partition_keys, partition_key_offsets = spans(row[1] or b"" for row in rows)
+    ordering_keys, ordering_key_offsets = spans(row[2] or b"" for row in rows)
+    property_offsets = array("q", [0])
+    for row in rows:
+        property_offsets.append(property_offsets[-1] + len(row[3]))
+    pairs = [pair for row in rows for pair in row[3]]
+    property_keys, property_key_offsets = spans(key for key, _ in pairs)
+    property_values, property_value_offsets = spans(value for _, value in pairs)
+    return (len(rows), payloads, payload_offsets,
+            partition_keys, partition_key_offsets, bitmap(row[1] is not None for row in rows),
+            ordering_keys, ordering_key_offsets, bitmap(row[2] is not None for row in rows),
+            property_offsets, property_keys, property_key_offsets, property_values, property_value_offsets,
+            array("Q", (row[4] for row in rows)), array("Q", (row[5] or 0 for row in rows)),
+            bitmap(row[5] is not None for row in rows), array("q", (row[6] for row in rows)),
+            bitmap(row[7] for row in rows), bitmap(row[8] for row in rows),
+            bitmap(row[9] for row in rows), bitmap(row[10] for row in rows))
+
+
+def _metadata_text(value, what):
+    if not isinstance(value, str):  # protobuf hands back bytes for a string that is not UTF-8
+        raise BadMetadataError(f"{what} in MessageMetadata is not UTF-8")
+    return value.encode()
+
+
+def _unbatched_row(metadata, payload):
+    """The one row of a payload that is not a batch: its fields come from MessageMetadata."""
+    return (bytes(memoryview(payload)),
+            _metadata_text(metadata.partition_key, "partition_key") if metadata.HasField("partition_key") else None,
+            metadata.ordering_key if metadata.HasField("ordering_key") else None,
+            [(_metadata_text(kv.key, "property key"), _metadata_text(kv.value, "property value"))
+             for kv in metadata.properties],
+            metadata.event_time, metadata.sequence_id, -1, False, metadata.null_value,
+            metadata.null_partition_key, metadata.partition_key_b64_encoded)
+
+
+def split_columns(metadata, payload):
+    """Split an uncompressed payload into Columns: contiguous buffers and offset arrays.
+
+    The same checks and errors as split_messages, in the same order, and also
+    the UTF-8 of every string met (split_messages checks that when a field is
+    first read). A payload that is not a batch gives one row, batch_index -1.
+    """
+    view = _stable_view(payload)
+    if not metadata.HasField("num_messages_in_batch"):
+        return Columns(*_column_fields([_unbatched_row(metadata, view)]))
+    count = metadata.num_messages_in_batch
+    _check_batch_count(count, len(view))
+    def span(where):
+        return None if where is None else bytes(view[where[0]:where[1]])
+
+    rows = []
+    pos = 0
+    for index in range(count):
+        smm, _, payload_start, pos = _batch_entry(view, pos, index, count, check_utf8=True)
+        rows.append((bytes(view[payload_start:pos]), span(smm.partition_key), span(smm.ordering_key),
+                     [(span(key), span(value)) for key, value in smm.properties],
+                     smm.event_time, smm.sequence_id, index, smm.compacted_out, smm.null_value,
+                     smm.null_partition_key, smm.partition_key_b64_encoded))
+    _check_batch_end(view, pos, count)
+    return Columns(*_column_fields(rows))
+
+
+def _empty_columns(columns_type):
+    return columns_type(*_column_fields([]))
+
+
+def _columns_row(columns, index):
+    """Row `index` of a Columns (either twin's) as a dict of Python values."""
+    if not 0 <= index < columns.count:
+        raise IndexError(f"row {index} of {columns.count}")
+
+    def span(data, offsets, at):
+        return bytes(data[offsets[at]:offsets[at + 1]])
+
+    properties = {}
+    for pair in range(columns.property_offsets[index], columns.property_offsets[index + 1]):
+        properties[span(columns.property_keys, columns.property_key_offsets, pair).decode()] = \
+            span(columns.property_values, columns.property_value_offsets, pair).decode()
+    return {
+        "payload": span(columns.payloads, columns.payload_offsets, index),
+        "properties": properties,
+        "partition_key": (span(columns.partition_keys, columns.partition_key_offsets, index).decode()
+                          if _bit(columns.has_partition_key, index) else None),
+        "partition_key_b64_encoded": _bit(columns.partition_key_b64_encoded, index),
+        "ordering_key": (span(columns.ordering_keys, columns.ordering_key_offsets, index)
+                         if _bit(columns.has_ordering_key, index) else None),
+        "event_time": columns.event_times[index],
+        "sequence_id": columns.sequence_ids[index] if _bit(columns.has_sequence_id, index) else None,
+        "null_value": _bit(columns.null_value, index),
+        "null_partition_key": _bit(columns.null_partition_key, index),
+        "compacted_out": _bit(columns.compacted_out, index),
+        "batch_index": columns.batch_indexes[index],
+    }
+
+
+def _columns_to_arrow(columns):
+    """A pyarrow.RecordBatch whose columns wrap a Columns' buffers (either twin's) without copying them.
+
+    Only the map column's offsets are converted (Arrow maps take int32 offsets).
+    """
+    import pyarrow as pa
+
+    count = columns.count
+    wrap = pa.py_buffer
+
+    def spans(kind, data, offsets, valid=None, length=count):
+        return pa.Array.from_buffers(kind, length, [None if valid is None else wrap(valid),
+                                                    wrap(offsets), wrap(data)])
+
+    def ints(kind, values, valid=None):
+        return pa.Array.from_buffers(kind, count, [None if valid is None else wrap(valid), wrap(values)])
+
+    def flags(bitmap):
+        return pa.Array.from_buffers(pa.bool_(), count, [None, wrap(bitmap)])
+
+    pairs = len(columns.property_key_offsets) - 1
+    properties = pa.MapArray.from_arrays(
+        pa.Array.from_buffers(pa.int64(), count + 1, [None, wrap(columns.property_offsets)]),
+        spans(pa.large_string(), columns.property_keys, columns.property_key_offsets, length=pairs),
+        spans(pa.large_string(), columns.property_values, columns.property_value_offsets, length=pairs))
+    arrays = {
+        "payload": spans(pa.large_binary(), columns.payloads, columns.payload_offsets),
+        "properties": properties,
+        "partition_key": spans(pa.large_string(), columns.partition_keys, columns.partition_key_offsets,
+                               columns.has_partition_key),
+        "partition_key_b64_encoded": flags(columns.partition_key_b64_encoded),
+        "ordering_key": spans(pa.large_binary(), columns.ordering_keys, columns.ordering_key_offsets,
+                              columns.has_ordering_key),
+        "event_time": ints(pa.uint64(), columns.event_times),
+        "sequence_id": ints(pa.uint64(), columns.sequence_ids, columns.has_sequence_id),
+        "null_value": flags(columns.null_value),
+        "null_partition_key": flags(columns.null_partition_key),
+        "compacted_out": flags(columns.compacted_out),
+        "batch_index": ints(pa.int64(), columns.batch_indexes),
+    }
+    return pa.RecordBatch.from_arrays(list(arrays.values()), names=list(arrays))
 
 
 # --- encoding ---------------------------------------------------------------

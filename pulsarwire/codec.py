@@ -28,10 +28,12 @@ Frame = _impl.Frame
 SendFrame = _impl.SendFrame
 FrameReader = _impl.FrameReader
 SingleMessage = _impl.SingleMessage
+Columns = _impl.Columns
 BatchBuilder = _impl.BatchBuilder
 decode_frame = _impl.decode_frame
 decompress_payload = _impl.decompress_payload
 split_messages = _impl.split_messages
+split_columns = _impl.split_columns
 encode_command = _impl.encode_command
 encode_metadata_and_payload = _impl.encode_metadata_and_payload
 encode_payload_frame = _impl.encode_payload_frame
@@ -41,8 +43,8 @@ encode_send_receipt = _impl.encode_send_receipt
 
 __all__ = [
     "IMPLEMENTATION", "MAGIC_CRC32C", "MAGIC_BROKER_ENTRY_METADATA", "DEFAULT_MAX_MESSAGE_SIZE",
-    "DEFAULT_MAX_FRAME_SIZE", "FRAME_PADDING", "Frame", "SendFrame", "FrameReader", "SingleMessage",
-    "BatchBuilder", "decode_frame", "decompress_payload", "split_messages", "encode_command",
+    "DEFAULT_MAX_FRAME_SIZE", "FRAME_PADDING", "Frame", "SendFrame", "FrameReader", "SingleMessage", "Columns",
+    "BatchBuilder", "decode_frame", "decompress_payload", "split_messages", "split_columns", "encode_command",
     "encode_metadata_and_payload", "encode_payload_frame", "encode_payload_command",
     "encode_single_message_metadata", "encode_send_receipt",
 ]

@@ -314,10 +314,11 @@ def test_twins_expose_the_same_api():
               "Frame", "SendFrame", "FrameReader", "IMPLEMENTATION", "MAGIC_BROKER_ENTRY_METADATA", "MAGIC_CRC32C",
               "SingleMessage", "decode_frame", "decompress_payload", "encode_command",
               "encode_metadata_and_payload", "encode_payload_command", "encode_payload_frame",
-              "encode_single_message_metadata", "encode_send_receipt", "split_messages"}
+              "encode_single_message_metadata", "encode_send_receipt", "split_messages",
+              "Columns", "split_columns"}
     for listing in names:
         assert public <= set(listing)
-    for cls in ("Frame", "SendFrame", "SingleMessage"):
+    for cls in ("Frame", "SendFrame", "SingleMessage", "Columns"):
         members = [{n for n in dir(getattr(t, cls)) if not n.startswith("_")} for t in TWINS]
         assert all(m == members[0] for m in members), cls
     for cls in ("FrameReader", "BatchBuilder"):
