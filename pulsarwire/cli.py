@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument("--sync-policy", default="interval", choices=["always", "interval", "never"])
     broker.add_argument("--replication-factor", type=int, default=3)
     broker.add_argument("--min-insync-replicas", type=int, default=2)
+    broker.add_argument("--v1-consume-max-bytes", type=int, default=None, metavar="BYTES",
+                        help="most record bytes in one V1 CONSUME reply (default 8 MiB)")
 
     produce = sub.add_parser("produce", help="send messages")
     _add_client_options(produce)
@@ -127,11 +129,14 @@ def _write_json(args, results) -> None:
 
 async def run_broker(args) -> int:
     from .broker.server import Broker
+    from .broker.v1 import DEFAULT_CONSUME_MAX_BYTES
     broker = Broker(args.data_dir, host=args.host, port=args.port,
                     v1_port=None if args.v1_port < 0 else args.v1_port,
                     auth_tokens=set(args.auth_token) if args.auth_token else None,
                     sync_policy=args.sync_policy, replication_factor=args.replication_factor,
-                    min_insync_replicas=args.min_insync_replicas)
+                    min_insync_replicas=args.min_insync_replicas,
+                    v1_consume_max_bytes=DEFAULT_CONSUME_MAX_BYTES if args.v1_consume_max_bytes is None
+                    else args.v1_consume_max_bytes)
     await broker.start()
     for spec in args.partitioned_topic:
         name, _, count = spec.partition("=")
