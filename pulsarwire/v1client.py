@@ -80,7 +80,7 @@ def parse_payload(payload: str) -> dict:
     out: dict = {}
     if payload.startswith("messages="):
         tokens = payload[len("messages="):].split(" ")
-        fields = []
+        fields: list[str] = []
         while len(tokens) > 1 and _TRAILING_FIELD.fullmatch(tokens[-1]):
             fields.insert(0, tokens.pop())
         for key, value in _FIELD.findall(" ".join(fields)):

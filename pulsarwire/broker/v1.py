@@ -77,7 +77,7 @@ USAGE = {
     "SET_PARTITION_ROLE": "SET_PARTITION_ROLE <topic> <partition> leader-or-follower",
 }
 
-_INTEGER = re.compile(r"-?[0-9]+")
+_INTEGER = re.compile(r"[+-]?[0-9]+")
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 _NAME = r"[A-Za-z0-9_.=:-]+"
 _SHORT_TOPIC = re.compile(_NAME)
@@ -114,7 +114,7 @@ def _show(text: str) -> str:
 
 
 def _int(text: str, what: str) -> int:
-    """A numeric field: optional minus and ASCII digits, within 64 bits."""
+    """A numeric field: an optional sign and ASCII digits, within 64 bits."""
     if not _INTEGER.fullmatch(text):
         raise _bad(f"{what} must be an integer, got {_show(text)}")
     value = int(text)
@@ -157,12 +157,13 @@ def parse_request(raw: bytes) -> tuple[str, str, list[str]]:
     return correlation, command, args.split()
 
 
-def _response(correlation: str, payload) -> bytes:
+def _response(correlation: str, payload: str | list[bytes] | None) -> bytes:
+    """The OK line; `payload` is None, text, or a list of byte pieces (joined once: CONSUME's are big)."""
     if payload is None:
         return f"V1|{correlation}|OK\n".encode()
     if isinstance(payload, str):
         return f"V1|{correlation}|OK|{payload}\n".encode()
-    return b"".join((f"V1|{correlation}|OK|".encode(), payload, b"\n"))
+    return b"".join((f"V1|{correlation}|OK|".encode(), *payload, b"\n"))
 
 
 def _error(correlation: str, code: str, message: str) -> bytes:
@@ -172,7 +173,10 @@ def _error(correlation: str, code: str, message: str) -> bytes:
 def _line_safe(data) -> bytes:
     """A message's value as UTF-8 that fits in a V1 line (undecodable bytes and the
     characters newline, carriage return and `|` become U+FFFD)."""
-    return bytes(data).decode("utf-8", "replace").translate(_LINE_UNSAFE).encode()
+    raw = bytes(data)
+    if raw.isascii() and b"\n" not in raw and b"\r" not in raw and b"|" not in raw:
+        return raw
+    return raw.decode("utf-8", "replace").translate(_LINE_UNSAFE).encode()
 
 
 def _render(offset: int, metadata: pb.MessageMetadata, payload, room: int) -> list[bytes]:
@@ -275,6 +279,7 @@ class V1Server:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         session = Session()
         task = asyncio.current_task()
+        assert task is not None  # a connection callback always runs in a task
         self._connections.add(task)
         try:
             while not session.close:
@@ -307,6 +312,7 @@ class V1Server:
             correlation, command, args = parse_request(raw)
         except V1Error as exc:
             return _error("0", exc.code, exc.message)
+        payload: str | list[bytes]
         try:
             if command == "AUTH":
                 payload = self.auth(args, session)
@@ -414,12 +420,12 @@ class V1Server:
 
     # commands
 
-    async def ping(self, args):
+    async def ping(self, args: list[str]) -> str:
         if args:
             raise _usage("PING")
         return "PONG"
 
-    async def produce(self, args):
+    async def produce(self, args: list[str]) -> str:
         if len(args) not in (2, 3):
             raise _usage("PRODUCE")
         topic, record = args[0], args[1]
@@ -468,7 +474,7 @@ class V1Server:
                               f"{self.replication_timeout}s; the record is stored") from None
         return f"partition={partition} offset={offset} hw={self._hw(state, log_topic.log.next_entry_id)}"
 
-    async def consume(self, args):
+    async def consume(self, args: list[str]) -> str | list[bytes]:
         if len(args) != 3:
             raise _usage("CONSUME")
         partition, offset = _int(args[1], "partition"), _int(args[2], "offset")
@@ -504,7 +510,7 @@ class V1Server:
             records.extend(rendered)
             used += sum(len(r) + 1 for r in rendered)
             position += 1
-        return b"messages=" + b",".join(records) + b" hw=%d" % hw
+        return [b"messages=", b",".join(records), b" hw=%d" % hw]
 
     async def _entry_records(self, topic_log: TopicLog, position: int, room: int) -> list[bytes]:
         """The entry's messages as `offset:value` texts within `room` bytes (else _TooLarge).
@@ -526,7 +532,7 @@ class V1Server:
             return await loop.run_in_executor(self._executor, _render, position, metadata, payload, room)
         return _render(position, metadata, payload, room)
 
-    async def replica_fetch(self, args):
+    async def replica_fetch(self, args: list[str]) -> str:
         if len(args) != 4:
             raise _usage("REPLICA_FETCH")
         partition, replica = _int(args[1], "partition"), _int(args[2], "replica_id")
@@ -552,7 +558,7 @@ class V1Server:
         return (f"replica={replica} acked_offset={acked} hw={self._hw(state, log_end)} isr={_list(isr)} "
                 f"under_replicated={'true' if len(isr) < self.replication_factor else 'false'}")
 
-    async def set_partition_role(self, args):
+    async def set_partition_role(self, args: list[str]) -> str:
         if len(args) != 3:
             raise _usage("SET_PARTITION_ROLE")
         partition, role = _int(args[1], "partition"), args[2]
@@ -627,7 +633,7 @@ class V1Server:
         group["members"][member]["seen"] = now
         return group
 
-    async def join(self, args):
+    async def join(self, args: list[str]) -> str:
         if len(args) not in (3, 4):
             raise _usage("JOIN")
         name, topic, member = args[:3]
@@ -638,21 +644,22 @@ class V1Server:
             assignor = ASSIGNORS[args[3]]
         full = self._full_name(topic)
         canonical = self._canonical(full)
-        self._create(full)
+        self._partition_count(full)  # refuses a Pulsar topic
         now = time.monotonic()
         group = self.groups.get(name)
+        if group is not None:
+            self._expire(group, now)
+            if group["topic"] != canonical and group["members"]:
+                raise _bad(f"group {_show(name)} consumes {group['topic']}, not {topic}")
+        self._create(full)  # the group's partition count is the topic's
         changed = False
         if group is None:
             group = self.groups[name] = {"topic": canonical, "assignor": assignor or "round_robin",
                                          "generation": 0, "members": {}, "assignment": {}}
             changed = True
-        else:
-            self._expire(group, now)
-            if group["topic"] != canonical:
-                if group["members"]:
-                    raise _bad(f"group {_show(name)} consumes {group['topic']}, not {topic}")
-                group["topic"] = canonical  # an empty group may move on to another topic
-                changed = True
+        elif group["topic"] != canonical:
+            group["topic"] = canonical  # an empty group may move on to another topic
+            changed = True
         if member not in group["members"]:
             changed = True
         if assignor is not None and assignor != group["assignor"]:
@@ -663,21 +670,21 @@ class V1Server:
             self._rebalance(group)
         return self._assignment(group, member)
 
-    async def sync(self, args):
+    async def sync(self, args: list[str]) -> str:
         if len(args) != 4:
             raise _usage("SYNC")
         generation = _int(args[3], "generation")
         group = self._member_of(args[0], args[1], args[2], generation)
         return self._assignment(group, args[2])
 
-    async def heartbeat(self, args):
+    async def heartbeat(self, args: list[str]) -> str:
         if len(args) != 4:
             raise _usage("HEARTBEAT")
         generation = _int(args[3], "generation")
         self._member_of(args[0], args[1], args[2], generation)
         return "heartbeat=ok"
 
-    async def leave(self, args):
+    async def leave(self, args: list[str]) -> str:
         if len(args) != 4:
             raise _usage("LEAVE")
         generation = _int(args[3], "generation")
@@ -686,7 +693,7 @@ class V1Server:
         self._rebalance(group)
         return "left=true"
 
-    async def commit(self, args):
+    async def commit(self, args: list[str]) -> str:
         if len(args) != 6:
             raise _usage("COMMIT")
         generation = _int(args[3], "generation")
@@ -703,7 +710,7 @@ class V1Server:
         self._save_offsets()  # durable before it is acknowledged
         return "committed=true"
 
-    async def offset(self, args):
+    async def offset(self, args: list[str]) -> str:
         if len(args) != 3:
             raise _usage("OFFSET")
         partition = _int(args[2], "partition")
