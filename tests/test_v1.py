@@ -272,8 +272,18 @@ def test_replica_fetch_fields_and_replica_id_range(broker):
     partition = produced(broker, topic, "k", "a")["partition"]
     for args in (f"{topic} {partition} 0 0", f"{topic} {partition} 3 0", f"{topic} {partition} -1 0",
                  f"{topic} {partition} x 0", f"{topic} x 1 0", f"{topic} {partition} 1 y",
-                 f"{topic} {partition} 1 -1", f"{topic} {partition} 1", f"{unique('unknown')} 0 1 0"):
+                 f"{topic} {partition} 1 -1", f"{topic} {partition} 1", f"{topic} {PARTITIONS} 1 0"):
         assert is_error(ask1(broker, f"V1|2|REPLICA_FETCH|{args}"), "2", "BAD_REQUEST"), args
+
+
+def test_replica_fetch_before_anything_is_produced(broker):
+    """A follower may report before the topic exists: the fetch creates it, and the replica
+    is in the ISR with nothing acknowledged, so a record produced next is not yet committed."""
+    topic = unique("early-replica")
+    for partition in range(PARTITIONS):
+        assert ask1(broker, f"V1|1|REPLICA_FETCH|{topic} {partition} 1 0") == \
+            "V1|1|OK|replica=1 acked_offset=0 hw=0 isr=[0,1] under_replicated=true"
+    assert re.fullmatch(r"V1\|2\|OK\|partition=\d offset=0 hw=0", ask1(broker, f"V1|2|PRODUCE|{topic} k:v"))
 
 
 def test_replica_leaves_the_isr_after_the_lag_time(impatient):
@@ -516,7 +526,7 @@ def test_session_timeout_is_enforced_without_further_requests(impatient):
             break
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    assert saved["generation"] >= 3 and saved["assignment"] == {}
+    assert saved["generation"] >= 3 and saved["assignments"] == {}
 
 
 def test_groups_and_offsets_survive_restart(tmp_path):
@@ -528,8 +538,7 @@ def test_groups_and_offsets_survive_restart(tmp_path):
             "V1|3|OK|committed=true", "V1|4|OK|committed=true"]
         with open(tmp_path / "groups.json") as fh:
             assert json.load(fh)["pg"] == {"topic": "persist", "assignor": "range", "generation": 2,
-                                           "members": {"m1": {}, "m2": {}},
-                                           "assignment": {"m1": [0], "m2": [1]}}
+                                           "members": ["m1", "m2"], "assignments": {"m1": [0], "m2": [1]}}
         with open(tmp_path / "offsets.json") as fh:
             assert json.load(fh) == {"pg": {"persist": {"0": 7, "1": 3}}}
         broker.restart()

@@ -244,7 +244,8 @@ class V1Server:
         self.offsets: dict = read_json(self.offsets_path, {})
         now = time.monotonic()
         for group in self.groups.values():  # members get a fresh session after a restart
-            group["members"] = {member: {"seen": now} for member in group.get("members", {})}
+            group["members"] = {member: {"seen": now} for member in group.get("members", ())}
+            group["assignments"] = group.get("assignments", group.pop("assignment", {}))  # older files
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.Task] = set()
         # One worker: big decompressions run one at a time, off the event loop.
@@ -544,9 +545,8 @@ class V1Server:
                        if self.replication_factor > 1 else "this broker has no replicas (replication factor 1)")
         _not_negative(offset, "offset")
         count = self._partition_count(full)
-        if count is None:
-            raise _bad(f"unknown topic {args[0]}")
-        self._check_partition(partition, count)
+        self._check_partition(partition, self.partitions if count is None else count)
+        self._create(full)  # a follower may fetch before anything is produced
         state = self._state(full, partition)
         if state.role != "leader":
             raise V1Error(NOT_LEADER, f"partition {partition} of {args[0]} is a follower on this broker")
@@ -607,11 +607,11 @@ class V1Server:
             else:
                 for p in range(count):
                     assignment[members[p % len(members)]].append(p)
-        group["assignment"] = assignment
+        group["assignments"] = assignment
         self._save_groups()
 
     def _assignment(self, group: dict, member: str) -> str:
-        return f"generation={group['generation']} assigned={_list(group['assignment'].get(member, []))}"
+        return f"generation={group['generation']} assigned={_list(group['assignments'].get(member, []))}"
 
     def _member_of(self, name: str, topic: str, member: str, generation: int) -> dict:
         """The group, once `member` is shown to be in it at its current generation (the
@@ -655,7 +655,7 @@ class V1Server:
         changed = False
         if group is None:
             group = self.groups[name] = {"topic": canonical, "assignor": assignor or "round_robin",
-                                         "generation": 0, "members": {}, "assignment": {}}
+                                         "generation": 0, "members": {}, "assignments": {}}
             changed = True
         elif group["topic"] != canonical:
             group["topic"] = canonical  # an empty group may move on to another topic
@@ -703,7 +703,7 @@ class V1Server:
         _not_negative(offset, "offset")
         name, member = args[0], args[2]
         group = self._member_of(name, args[1], member, generation)
-        if partition not in group["assignment"].get(member, []):
+        if partition not in group["assignments"].get(member, []):
             raise V1Error(GENERATION_MISMATCH, f"partition {partition} is not assigned to {_show(member)} in "
                                                f"generation {generation}")
         self.offsets.setdefault(name, {}).setdefault(group["topic"], {})[str(partition)] = offset
@@ -733,7 +733,10 @@ class V1Server:
                     self._wake(state, topic.log.next_entry_id)
 
     def _save_groups(self) -> None:
-        groups = {name: dict(g, members={m: {} for m in g["members"]}) for name, g in self.groups.items()}
+        """groups.json: per group its topic, generation, assignor, members and assignments."""
+        groups = {name: {"topic": g["topic"], "generation": g["generation"], "assignor": g["assignor"],
+                         "members": sorted(g["members"]), "assignments": g["assignments"]}
+                  for name, g in self.groups.items()}
         write_json(self.groups_path, groups)
 
     def _save_offsets(self) -> None:
