@@ -584,10 +584,11 @@ def test_auth_without_broker_auth_is_accepted(broker):
     assert ask(broker, "V1|1|AUTH|anything", "V1|2|PING|") == ["V1|1|OK|authenticated=true", "V1|2|OK|PONG"]
 
 
-def test_cli_auth_token_and_consume_budget_reach_the_v1_port(tmp_path):
+def test_cli_options_reach_the_v1_port(tmp_path):
     v1_port = free_port()
-    process = BrokerProcess(tmp_path / "data", extra=["--v1-port", str(v1_port), "--auth-token", "cli-secret",
-                                                      "--v1-consume-max-bytes", "64"]).start()
+    process = BrokerProcess(tmp_path / "data", extra=[
+        "--v1-port", str(v1_port), "--auth-token", "cli-secret", "--v1-consume-max-bytes", "64",
+        "--v1-partitions", "2", "--replication-factor", "1", "--session-timeout", "600"]).start()
     try:
         wait_for_port(v1_port)
 
@@ -601,6 +602,8 @@ def test_cli_auth_token_and_consume_budget_reach_the_v1_port(tmp_path):
                 with pytest.raises(V1Error) as info:
                     await c.consume("cli", placed["partition"], 0)
                 assert info.value.code == "RECORD_TOO_LARGE" and info.value.offset == 0
+                assert await c.join("g", "cli", "c1") == {"generation": 1, "assigned": [0, 1]}
+                assert (await c.produce("cli", "k", "v", acks="all"))["hw"] == 2  # no replicas to wait for
         run(main())
     finally:
         process.stop()
