@@ -57,6 +57,15 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument("--sync-policy", default="interval", choices=["always", "interval", "never"])
     broker.add_argument("--replication-factor", type=int, default=3)
     broker.add_argument("--min-insync-replicas", type=int, default=2)
+    broker.add_argument("--v1-partitions", type=int, default=3, help="partitions of a topic V1 creates")
+    broker.add_argument("--replication-timeout", type=float, default=5.0, metavar="SECONDS",
+                        help="how long a V1 acks=all produce waits for the in-sync replicas")
+    broker.add_argument("--replica-lag-time", type=float, default=10.0, metavar="SECONDS",
+                        help="a V1 replica silent this long leaves the ISR")
+    broker.add_argument("--session-timeout", type=float, default=10.0, metavar="SECONDS",
+                        help="a V1 group member silent this long is removed")
+    broker.add_argument("--v1-consume-max-bytes", type=int, default=None, metavar="BYTES",
+                        help="most record bytes in one V1 CONSUME reply (default 8 MiB)")
 
     produce = sub.add_parser("produce", help="send messages")
     _add_client_options(produce)
@@ -127,11 +136,16 @@ def _write_json(args, results) -> None:
 
 async def run_broker(args) -> int:
     from .broker.server import Broker
+    from .broker.v1 import DEFAULT_CONSUME_MAX_BYTES
     broker = Broker(args.data_dir, host=args.host, port=args.port,
                     v1_port=None if args.v1_port < 0 else args.v1_port,
                     auth_tokens=set(args.auth_token) if args.auth_token else None,
                     sync_policy=args.sync_policy, replication_factor=args.replication_factor,
-                    min_insync_replicas=args.min_insync_replicas)
+                    min_insync_replicas=args.min_insync_replicas, v1_partitions=args.v1_partitions,
+                    replication_timeout=args.replication_timeout, replica_lag_time=args.replica_lag_time,
+                    session_timeout=args.session_timeout,
+                    v1_consume_max_bytes=DEFAULT_CONSUME_MAX_BYTES if args.v1_consume_max_bytes is None
+                    else args.v1_consume_max_bytes)
     await broker.start()
     for spec in args.partitioned_topic:
         name, _, count = spec.partition("=")

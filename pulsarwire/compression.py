@@ -6,6 +6,7 @@ header; ZSTD is one zstd frame.
 """
 from __future__ import annotations
 
+import threading
 import zlib
 
 import cramjam
@@ -22,8 +23,24 @@ BY_NAME = {name: value for value, name in NAMES.items()}
 #: uncompressed_size cannot make us allocate without bound.
 DEFAULT_MAX_UNCOMPRESSED_SIZE = 64 * 1024 * 1024
 
-_zstd_compressor = zstandard.ZstdCompressor(level=3)
-_zstd_decompressor = zstandard.ZstdDecompressor()
+# zstandard's (de)compressor objects must not be used by two threads at once (the broker
+# decompresses on a worker thread while clients in the same process use their own), so
+# each thread gets its own pair.
+_zstd = threading.local()
+
+
+def _zstd_compressor() -> zstandard.ZstdCompressor:
+    compressor = getattr(_zstd, "compressor", None)
+    if compressor is None:
+        compressor = _zstd.compressor = zstandard.ZstdCompressor(level=3)
+    return compressor
+
+
+def _zstd_decompressor() -> zstandard.ZstdDecompressor:
+    decompressor = getattr(_zstd, "decompressor", None)
+    if decompressor is None:
+        decompressor = _zstd.decompressor = zstandard.ZstdDecompressor()
+    return decompressor
 
 
 def compression_type(value: int | str) -> int:
@@ -47,7 +64,7 @@ def compress(kind: int, data) -> bytes:
     if kind == ZLIB:
         return zlib.compress(data)
     if kind == ZSTD:
-        return _zstd_compressor.compress(data)
+        return _zstd_compressor().compress(data)
     if kind == SNAPPY:
         return bytes(cramjam.snappy.compress_raw(data))
     raise ValueError(f"unknown compression type {kind!r}")
@@ -78,7 +95,7 @@ def decompress(kind: int, data, uncompressed_size: int,
             if declared >= 0 and declared != uncompressed_size:
                 raise DecompressionError(
                     f"ZSTD frame declares {declared} bytes, metadata says {uncompressed_size}")
-            out = _zstd_decompressor.decompress(data, max_output_size=uncompressed_size + 1)
+            out = _zstd_decompressor().decompress(data, max_output_size=uncompressed_size + 1)
         elif kind == SNAPPY:
             declared = _snappy_declared_size(data)
             if declared != uncompressed_size:

@@ -56,19 +56,25 @@ class BrokerCore:
         """How many partitions the partitioned topic `name` has; None if it is not one."""
         return self._partitioned.get(name)
 
+    def non_partitioned_exists(self, name: str) -> bool:
+        """Whether `name` is a non-partitioned topic, open or only on disk (topics open lazily)."""
+        if name in self.topics:
+            return True
+        return name not in self._partitioned and os.path.isdir(topic_directory(self.data_dir, name))
+
     def partitions_of(self, name: str) -> int:
         """Partitions for a partitioned-metadata lookup (0: not partitioned), creating the
         topic as partitioned first when the broker has default partitions."""
         if PARTITION_MARKER in name:
             return 0
-        if name not in self._partitioned and self.default_partitions and name not in self.topics:
+        if name not in self._partitioned and self.default_partitions and not self.non_partitioned_exists(name):
             self.create_partitioned_topic(name, self.default_partitions)
         return self._partitioned.get(name, 0)
 
     def create_partitioned_topic(self, name: str, partitions: int) -> None:
         if partitions < 1:
             raise ValueError("a partitioned topic needs at least one partition")
-        if name in self.topics:
+        if self.non_partitioned_exists(name):
             raise ValueError(f"{name} already exists as a non-partitioned topic")
         self._partitioned[name] = partitions
         write_json(self._metadata_path(), self._partitioned)

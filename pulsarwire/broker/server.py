@@ -16,7 +16,7 @@ from .core import BrokerCore
 from .pulsar import PulsarService
 from .storage import SYNC_INTERVAL
 from .topics import Topic
-from .v1 import V1Server
+from .v1 import DEFAULT_CONSUME_MAX_BYTES, V1Server
 
 log = logging.getLogger("pulsarwire.broker")
 
@@ -31,7 +31,8 @@ class Broker:
                  keep_alive_interval: float = 30.0, default_partitions: int = 0,
                  v1_partitions: int = 3, replication_factor: int = 3, min_insync_replicas: int = 2,
                  replication_timeout: float = 5.0, replica_lag_time: float = 10.0,
-                 session_timeout: float = 10.0, advertised_url: str | None = None) -> None:
+                 session_timeout: float = 10.0, v1_consume_max_bytes: int = DEFAULT_CONSUME_MAX_BYTES,
+                 advertised_url: str | None = None) -> None:
         self.core = BrokerCore(data_dir, sync_policy=sync_policy, segment_bytes=segment_bytes,
                                default_partitions=default_partitions)
         self.pulsar = PulsarService(self.core, auth_tokens=auth_tokens, max_message_size=max_message_size,
@@ -47,7 +48,8 @@ class Broker:
         self.v1_options: dict[str, Any] = dict(
             partitions=v1_partitions, replication_factor=replication_factor,
             min_insync_replicas=min_insync_replicas, replication_timeout=replication_timeout,
-            replica_lag_time=replica_lag_time, session_timeout=session_timeout)
+            replica_lag_time=replica_lag_time, session_timeout=session_timeout,
+            consume_max_bytes=v1_consume_max_bytes, auth_tokens=auth_tokens)  # V1 asks for AUTH too
         self.v1: V1Server | None = None
         self._servers: list[asyncio.AbstractServer] = []
         self._background: asyncio.Task | None = None

@@ -1,39 +1,91 @@
-"""The V1 text protocol: a small partitioned, replicated log on the broker's own storage.
+"""The V1 text protocol front end, as /work/shared/reference/v1_protocol.md specifies it.
 
 One request per line, one response per line:
 
-    V1|<correlation_id>|<command>|<args>        args separated by spaces
+    V1|<correlation_id>|<command>|<args>     exactly four sections; args separated by whitespace
     V1|<id>|OK[|<payload>]
     V1|<id>|ERR|<code>|<message>
-    V1|0|ERR|BAD_REQUEST|...                    for a line that does not parse
+    V1|0|ERR|BAD_REQUEST|...                 for a line that does not parse
 
-V1 topic `t` with N partitions is the broker's partitioned topic
+A V1 topic `t` with N partitions is the broker's partitioned topic
 `persistent://public/default/t`; partition p is its `-partition-p` log and an
 offset is an entry id, so Pulsar clients and V1 clients read the same data.
-Replicas are the followers 1..replication_factor-1 that REPLICA_FETCH; the
-leader (replica 0) is always in the ISR and the high watermark is the lowest
-offset acknowledged by every ISR member.
+V1 never writes to a non-partitioned Pulsar topic nor to a single partition by
+its own name. Replicas are the followers 1..replication_factor-1 that
+REPLICA_FETCH; the leader (replica 0) is always in the ISR and the high
+watermark is the lowest offset acknowledged by every ISR member.
+
+Additive to the specification (its compatibility policy allows new commands;
+payloads may grow): the commands PING and AUTH, and the error codes
+UNAUTHORIZED, RECORD_TOO_LARGE, CORRUPT_RECORD and INTERNAL_ERROR.
 """
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import hmac
 import logging
 import os
+import re
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 
-from .. import codec
+from .. import codec, compression
 from .._proto import PulsarApi_pb2 as pb
+from ..errors import CodecError
 from ..routing import murmur3_32
-from .core import BrokerCore
-from .storage import read_json, write_json
-from .topics import entry_metadata
+from .core import PARTITION_MARKER, BrokerCore
+from .storage import StorageError, TopicLog, read_json, write_json
+from .topics import Topic
 
 log = logging.getLogger("pulsarwire.broker.v1")
 
-MAX_LINE = 1024 * 1024
-MAX_CONSUME = 100
-ASSIGNORS = ("round_robin", "range")
+MAX_LINE = 1024 * 1024  # longest request line
+DEFAULT_CONSUME_MAX_BYTES = 8 * 1024 * 1024  # record bytes in one CONSUME reply
+MAX_CONSUME_ENTRIES = 1000  # entries one CONSUME reply reads at most
+OFF_LOOP_BYTES = 256 * 1024  # compressed entries larger than this decompress on a worker thread
+PRODUCER_NAME = "pulsarwire-v1"  # producer name of V1 records (reserved: dedup state is per name)
+DEFAULT_NAMESPACE = "persistent://public/default/"
+
+# Error codes: the specification's five, then the additive ones.
+BAD_REQUEST = "BAD_REQUEST"
+UNKNOWN_COMMAND = "UNKNOWN_COMMAND"
+REPLICATION_TIMEOUT = "REPLICATION_TIMEOUT"
+NOT_LEADER = "NOT_LEADER"
+GENERATION_MISMATCH = "GENERATION_MISMATCH"
+UNAUTHORIZED = "UNAUTHORIZED"  # AUTH failed, or a command before AUTH on a broker with auth
+RECORD_TOO_LARGE = "RECORD_TOO_LARGE"  # CONSUME: the record at the offset exceeds the reply budget
+CORRUPT_RECORD = "CORRUPT_RECORD"  # CONSUME: the record at the offset does not decode
+INTERNAL_ERROR = "INTERNAL_ERROR"  # a broker fault, not the request's
+
+ACK_MODES = {"acks=0": "0", "acks=1": "1", "acks=all": "all"}
+ASSIGNORS = {"assignor=round_robin": "round_robin", "assignor=range": "range"}
+ROLES = ("leader", "follower")
+USAGE = {
+    "PING": "PING (no arguments)",
+    "AUTH": "AUTH <token>",
+    "PRODUCE": "PRODUCE <topic> <key>:<value> [acks=0 or acks=1 or acks=all]",
+    "CONSUME": "CONSUME <topic> <partition> <offset>",
+    "JOIN": "JOIN <group> <topic> <consumer_id> [assignor=round_robin or assignor=range]",
+    "SYNC": "SYNC <group> <topic> <consumer_id> <generation>",
+    "HEARTBEAT": "HEARTBEAT <group> <topic> <consumer_id> <generation>",
+    "LEAVE": "LEAVE <group> <topic> <consumer_id> <generation>",
+    "COMMIT": "COMMIT <group> <topic> <consumer_id> <generation> <partition> <offset>",
+    "OFFSET": "OFFSET <group> <topic> <partition>",
+    "REPLICA_FETCH": "REPLICA_FETCH <topic> <partition> <replica_id> <offset>",
+    "SET_PARTITION_ROLE": "SET_PARTITION_ROLE <topic> <partition> leader-or-follower",
+}
+
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+_NAME = r"[A-Za-z0-9_.=:-]+"
+_SHORT_TOPIC = re.compile(_NAME)
+_FULL_TOPIC = re.compile(rf"persistent://{_NAME}/{_NAME}/{_NAME}")
+_MAX_FILE_NAME = 255
+# Characters a value cannot carry inside one V1 line: newline, carriage return, section separator.
+_LINE_UNSAFE = {ord("\n"): "\ufffd", ord("\r"): "\ufffd", ord("|"): "\ufffd"}
+_MESSAGE_UNSAFE = {ord("\n"): " ", ord("\r"): " ", ord("|"): "/"}  # in error messages
 
 
 class V1Error(Exception):
@@ -43,33 +95,139 @@ class V1Error(Exception):
         self.message = message
 
 
+class _TooLarge(Exception):
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.size = size
+
+
 def _bad(message: str) -> V1Error:
-    return V1Error("BAD_REQUEST", message)
+    return V1Error(BAD_REQUEST, message)
+
+
+def _usage(command: str) -> V1Error:
+    return _bad(f"usage: {USAGE[command]}")
+
+
+def _show(text: str) -> str:
+    return repr(text if len(text) <= 60 else text[:60] + "...")
 
 
 def _int(text: str, what: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise _bad(f"{what} must be an integer, got {text!r}") from None
+    """A numeric field: an optional sign and ASCII digits, within 64 bits."""
+    if not _INTEGER.fullmatch(text):
+        raise _bad(f"{what} must be an integer, got {_show(text)}")
+    value = int(text)
+    if not _INT64[0] <= value <= _INT64[1]:
+        raise _bad(f"{what} {text} does not fit in 64 bits")
+    return value
+
+
+def _not_negative(value: int, what: str) -> int:
+    if value < 0:
+        raise _bad(f"{what} must not be negative, got {value}")
+    return value
 
 
 def _list(values) -> str:
     return "[" + ",".join(str(v) for v in values) + "]"
 
 
+def parse_request(raw: bytes) -> tuple[str, str, list[str]]:
+    """(correlation id, command, args) of one request line; a V1Error when it does not parse."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _bad("request is not UTF-8") from None
+    if text.endswith("\n"):
+        text = text[:-1]
+    if text.endswith("\r"):
+        text = text[:-1]
+    sections = text.split("|")
+    if len(sections) != 4:
+        raise _bad(f"a request has exactly four sections separated by a vertical bar "
+                   f"(V1, correlation id, command, args), got {len(sections)}")
+    version, correlation, command, args = sections
+    if version != "V1":
+        raise _bad(f"protocol version must be V1, got {_show(version)}")
+    if not correlation:
+        raise _bad("correlation id is empty")
+    if not command:
+        raise _bad("command is empty")
+    return correlation, command, args.split()
+
+
+def _response(correlation: str, payload: str | list[bytes] | None) -> bytes:
+    """The OK line; `payload` is None, text, or a list of byte pieces (joined once: CONSUME's are big)."""
+    if payload is None:
+        return f"V1|{correlation}|OK\n".encode()
+    if isinstance(payload, str):
+        return f"V1|{correlation}|OK|{payload}\n".encode()
+    return b"".join((f"V1|{correlation}|OK|".encode(), *payload, b"\n"))
+
+
+def _error(correlation: str, code: str, message: str) -> bytes:
+    return f"V1|{correlation}|ERR|{code}|{message.translate(_MESSAGE_UNSAFE)}\n".encode()
+
+
+def _line_safe(data) -> bytes:
+    """A message's value as UTF-8 that fits in a V1 line (undecodable bytes and the
+    characters newline, carriage return and `|` become U+FFFD)."""
+    raw = bytes(data)
+    if raw.isascii() and b"\n" not in raw and b"\r" not in raw and b"|" not in raw:
+        return raw
+    return raw.decode("utf-8", "replace").translate(_LINE_UNSAFE).encode()
+
+
+def _render(offset: int, metadata: pb.MessageMetadata, payload, room: int) -> list[bytes]:
+    """The messages of the entry at `offset` as `offset:value` texts, or _TooLarge when
+    they (each counted with its comma) take more than `room` bytes. Thread-safe."""
+    data = codec.decompress_payload(metadata, payload, room)
+    prefix = b"%d:" % offset
+    records = []
+    size = 0
+    for message in codec.split_messages(metadata, data):
+        record = prefix + _line_safe(message.data())
+        size += len(record) + 1
+        if size > room:
+            raise _TooLarge(size)
+        records.append(record)
+    return records
+
+
 @dataclass
 class PartitionState:
     role: str = "leader"
     replicas: dict[int, tuple[int, float]] = field(default_factory=dict)  # id -> (acked, fetched at)
-    waiters: list = field(default_factory=list)
+    waiters: list = field(default_factory=list)  # (offset, future) of acks=all produces
+
+
+class Session:
+    """One V1 connection: whether it authenticated, and whether to close it."""
+
+    __slots__ = ("authenticated", "close")
+
+    def __init__(self) -> None:
+        self.authenticated = False
+        self.close = False
 
 
 class V1Server:
-    def __init__(self, core: BrokerCore, *, partitions: int, replication_factor: int, min_insync_replicas: int,
-                 replication_timeout: float, replica_lag_time: float, session_timeout: float) -> None:
+    """The V1 listener and its state: partition roles and replicas, consumer groups, offsets.
+
+    `auth_tokens` (the broker's): when set, a connection must `AUTH <token>` before any
+    other command. `consume_max_bytes`: the most record bytes one CONSUME reply carries."""
+
+    def __init__(self, core: BrokerCore, *, partitions: int = 3, replication_factor: int = 3,
+                 min_insync_replicas: int = 2, replication_timeout: float = 5.0, replica_lag_time: float = 10.0,
+                 session_timeout: float = 10.0, consume_max_bytes: int = DEFAULT_CONSUME_MAX_BYTES,
+                 auth_tokens: set[str] | None = None) -> None:
+        if partitions < 1:
+            raise ValueError("a V1 topic needs at least one partition")
         if replication_factor < 1:
             raise ValueError("replication_factor must be at least 1")
+        if consume_max_bytes < 1:
+            raise ValueError("consume_max_bytes must be at least 1")
         self.core = core
         self.partitions = partitions
         self.replication_factor = replication_factor
@@ -77,6 +235,8 @@ class V1Server:
         self.replication_timeout = replication_timeout
         self.replica_lag_time = replica_lag_time
         self.session_timeout = session_timeout
+        self.consume_max_bytes = consume_max_bytes
+        self.auth_tokens = None if auth_tokens is None else [t.encode() for t in auth_tokens]
         self.state: dict[tuple[str, int], PartitionState] = {}
         self.groups_path = os.path.join(core.data_dir, "groups.json")
         self.offsets_path = os.path.join(core.data_dir, "offsets.json")
@@ -84,9 +244,12 @@ class V1Server:
         self.offsets: dict = read_json(self.offsets_path, {})
         now = time.monotonic()
         for group in self.groups.values():  # members get a fresh session after a restart
-            for member in group["members"].values():
-                member["seen"] = now
+            group["members"] = {member: {"seen": now} for member in group.get("members", ())}
+            group["assignments"] = group.get("assignments", group.pop("assignment", {}))  # older files
         self._server: asyncio.AbstractServer | None = None
+        self._connections: set[asyncio.Task] = set()
+        # One worker: big decompressions run one at a time, off the event loop.
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pulsarwire-v1")
         self._round_robin = 0
         self._commands = {
             "PING": self.ping, "PRODUCE": self.produce, "CONSUME": self.consume, "JOIN": self.join,
@@ -102,86 +265,137 @@ class V1Server:
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        if self._connections:
+            await asyncio.wait(list(self._connections), timeout=5)
+        if self._server is not None:
             await self._server.wait_closed()
-        self._save()
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        self._save_groups()
+        self._save_offsets()
 
     # connection
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        session = Session()
+        task = asyncio.current_task()
+        assert task is not None  # a connection callback always runs in a task
+        self._connections.add(task)
         try:
-            while True:
+            while not session.close:
                 try:
                     line = await reader.readuntil(b"\n")
                 except asyncio.IncompleteReadError as exc:
-                    if exc.partial.strip():
-                        writer.write(await self.handle_line(exc.partial))
+                    if exc.partial.strip():  # a last request without its newline
+                        writer.write(await self.handle_line(exc.partial, session))
+                        await writer.drain()
                     break
                 except asyncio.LimitOverrunError:
-                    writer.write(b"V1|0|ERR|BAD_REQUEST|line longer than %d bytes\n" % MAX_LINE)
+                    writer.write(_error("0", BAD_REQUEST, f"request line longer than {MAX_LINE} bytes"))
+                    await writer.drain()
                     break
-                writer.write(await self.handle_line(line))
+                writer.write(await self.handle_line(line, session))
                 await writer.drain()
         except (ConnectionError, asyncio.CancelledError):
             pass
         finally:
+            self._connections.discard(task)
             try:
                 writer.close()
             except Exception:  # noqa: BLE001 - already gone
                 pass
 
-    async def handle_line(self, raw: bytes) -> bytes:
+    async def handle_line(self, raw: bytes, session: Session | None = None) -> bytes:
         """One request line in, one response line out (never raises)."""
+        session = session if session is not None else Session()
         try:
-            text = raw.decode("utf-8").rstrip("\r\n")
-        except UnicodeDecodeError:
-            return b"V1|0|ERR|BAD_REQUEST|request is not UTF-8\n"
-        parts = text.split("|", 3)
-        if len(parts) < 3 or parts[0] != "V1" or not parts[1].isdigit() or not parts[2]:
-            return f"V1|0|ERR|BAD_REQUEST|expected V1|<correlation_id>|<command>|<args>: {text[:80]!r}\n".encode()
-        correlation, command = parts[1], parts[2]
-        args = parts[3].split() if len(parts) == 4 else []
-        handler = self._commands.get(command)
-        try:
-            if handler is None:
-                raise V1Error("UNKNOWN_COMMAND", f"unknown command {command!r}")
-            payload = await handler(args)
+            correlation, command, args = parse_request(raw)
         except V1Error as exc:
-            return f"V1|{correlation}|ERR|{exc.code}|{exc.message}\n".encode()
-        except Exception as exc:  # noqa: BLE001 - a bug must not kill the connection
+            return _error("0", exc.code, exc.message)
+        payload: str | list[bytes]
+        try:
+            if command == "AUTH":
+                payload = self.auth(args, session)
+            elif self.auth_tokens is not None and not session.authenticated:
+                raise V1Error(UNAUTHORIZED, "this broker requires authentication: send AUTH <token> first")
+            else:
+                handler = self._commands.get(command)
+                if handler is None:
+                    raise V1Error(UNKNOWN_COMMAND, f"unknown command {_show(command)}")
+                payload = await handler(args)
+        except V1Error as exc:
+            return _error(correlation, exc.code, exc.message)
+        except Exception as exc:  # noqa: BLE001 - a fault must not kill the connection
             log.exception("V1 %s failed", command)
-            return f"V1|{correlation}|ERR|BAD_REQUEST|{type(exc).__name__}: {exc}\n".encode()
-        return (f"V1|{correlation}|OK\n" if payload is None else f"V1|{correlation}|OK|{payload}\n").encode()
+            return _error(correlation, INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
+        return _response(correlation, payload)
+
+    def auth(self, args: list[str], session: Session) -> str:
+        if len(args) != 1:
+            raise _usage("AUTH")
+        if self.auth_tokens is not None:
+            offered = args[0].encode()
+            # compare with every token, so the time taken does not tell which one nearly matched
+            matched = [hmac.compare_digest(offered, token) for token in self.auth_tokens]
+            if not any(matched):
+                session.close = True
+                raise V1Error(UNAUTHORIZED, "authentication failed")
+        session.authenticated = True
+        return "authenticated=true"
 
     # topics and replication
 
     def _full_name(self, topic: str) -> str:
-        if not topic or "|" in topic:
-            raise _bad(f"invalid topic {topic!r}")
-        return topic if "://" in topic else f"persistent://public/default/{topic}"
+        """The broker topic that a V1 topic argument names; BAD_REQUEST for one V1 cannot use."""
+        if _SHORT_TOPIC.fullmatch(topic):
+            full = DEFAULT_NAMESPACE + topic
+        elif _FULL_TOPIC.fullmatch(topic):
+            full = topic
+        else:
+            raise _bad(f"invalid topic {_show(topic)}: a name of letters, digits and _.=:- "
+                       "or persistent://<tenant>/<namespace>/<name>")
+        if PARTITION_MARKER in full:
+            raise _bad(f"topic {_show(topic)} names a single partition; give the topic and a partition number")
+        longest = f"{full}{PARTITION_MARKER}{self.partitions + 99999}"
+        if len(urllib.parse.quote(longest, safe="")) > _MAX_FILE_NAME:
+            raise _bad(f"topic {_show(topic)} is too long")
+        return full
 
-    def _partition_count(self, topic: str, create: bool) -> int:
-        full = self._full_name(topic)
+    @staticmethod
+    def _canonical(full: str) -> str:
+        """How groups and offsets name a topic (the short name in the default namespace)."""
+        return full[len(DEFAULT_NAMESPACE):] if full.startswith(DEFAULT_NAMESPACE) else full
+
+    def _partition_count(self, full: str) -> int | None:
+        """Partitions of V1 topic `full`; None when it does not exist yet. A non-partitioned
+        Pulsar topic of that name is no V1 topic: V1 must neither read nor re-register it."""
         count = self.core.partitioned_count(full)
+        if count is None and self.core.non_partitioned_exists(full):
+            raise _bad(f"{self._canonical(full)} is a non-partitioned Pulsar topic; "
+                       "V1 only uses partitioned topics")
+        return count
+
+    def _check_partition(self, partition: int, count: int) -> None:
+        if not 0 <= partition < count:
+            raise _bad(f"partition {partition} out of range 0..{count - 1}")
+
+    def _create(self, full: str) -> int:
+        """The partition count of `full`, creating it as a V1 topic first if it does not exist."""
+        count = self._partition_count(full)
         if count is None:
-            if full in self.core.topics:
-                return 1
-            if not create:
-                raise _bad(f"unknown topic {topic!r}")
             self.core.create_partitioned_topic(full, self.partitions)
             count = self.partitions
         return count
 
-    def _log_topic(self, topic: str, partition: int, create: bool = False):
-        count = self._partition_count(topic, create)
-        if not 0 <= partition < count:
-            raise _bad(f"partition {partition} out of range 0..{count - 1}")
-        full = self._full_name(topic)
-        name = full if full in self.core.topics and self.core.partitioned_count(full) is None \
-            else f"{full}-partition-{partition}"
-        return self.core.topic(name)
+    def _log(self, full: str, partition: int) -> Topic:
+        topic = self.core.topic(f"{full}{PARTITION_MARKER}{partition}")
+        if topic is None:  # someone registered the partition's own name as a partitioned topic
+            raise _bad(f"partition {partition} of {self._canonical(full)} is unusable")
+        return topic
 
-    def _state(self, topic: str, partition: int) -> PartitionState:
-        key = (self._full_name(topic), partition)
+    def _state(self, full: str, partition: int) -> PartitionState:
+        key = (full, partition)
         state = self.state.get(key)
         if state is None:
             state = self.state[key] = PartitionState()
@@ -207,38 +421,42 @@ class V1Server:
 
     # commands
 
-    async def ping(self, args):
+    async def ping(self, args: list[str]) -> str:
+        if args:
+            raise _usage("PING")
         return "PONG"
 
-    async def produce(self, args):
-        if len(args) < 2:
-            raise _bad("PRODUCE <topic> <key>:<value> [acks=0|1|all]")
+    async def produce(self, args: list[str]) -> str:
+        if len(args) not in (2, 3):
+            raise _usage("PRODUCE")
+        topic, record = args[0], args[1]
         acks = "1"
-        if len(args) > 2 and args[-1].startswith("acks="):
-            acks = args.pop()[5:]
-        if acks not in ("0", "1", "all"):
-            raise _bad(f"acks must be 0, 1 or all, got {acks!r}")
-        record = " ".join(args[1:])
-        if ":" not in record:
-            raise _bad("record must be <key>:<value>")
-        key, value = record.split(":", 1)
-        topic = args[0]
-        count = self._partition_count(topic, create=True)
+        if len(args) == 3:
+            if args[2] not in ACK_MODES:
+                raise _bad(f"ack mode must be exactly acks=0, acks=1 or acks=all, got {_show(args[2])}")
+            acks = ACK_MODES[args[2]]
+        key, colon, value = record.partition(":")
+        if not colon:
+            raise _bad(f"PRODUCE needs a <key>:<value> record, got {_show(record)}")
+        full = self._full_name(topic)
+        count = self._create(full)
         if key:
             partition = murmur3_32(key.encode()) % count
         else:
             partition = self._round_robin % count
             self._round_robin += 1
-        state = self._state(topic, partition)
+        state = self._state(full, partition)
         if state.role != "leader":
-            raise V1Error("NOT_LEADER", f"{topic}/{partition} is a follower")
-        log_topic = self._log_topic(topic, partition)
-        md = pb.MessageMetadata(producer_name="v1", sequence_id=log_topic.log.next_entry_id,
+            raise V1Error(NOT_LEADER, f"partition {partition} of {topic} is a follower on this broker")
+        log_topic = self._log(full, partition)
+        if log_topic.terminated:
+            raise _bad(f"partition {partition} of {topic} is terminated and takes no more records")
+        md = pb.MessageMetadata(producer_name=PRODUCER_NAME, sequence_id=log_topic.log.next_entry_id,
                                 publish_time=int(time.time() * 1000))
         if key:
             md.partition_key = key
         body = codec.encode_metadata_and_payload(md, value.encode())
-        offset = log_topic.append(body, None, md.publish_time, None, 1, "v1", md.sequence_id)
+        offset = log_topic.append(body, None, md.publish_time, None, 1, PRODUCER_NAME, md.sequence_id)
         self.core.commit()  # written before it is acknowledged
         log_end = log_topic.log.next_entry_id
         self._wake(state, log_end)
@@ -252,46 +470,87 @@ class V1Server:
             except asyncio.TimeoutError:
                 if waiter in state.waiters:
                     state.waiters.remove(waiter)
-                raise V1Error("REPLICATION_TIMEOUT",
-                              f"offset {offset} not replicated to {self.min_insync} in-sync replicas "
-                              f"within {self.replication_timeout}s") from None
+                raise V1Error(REPLICATION_TIMEOUT,
+                              f"offset {offset} not replicated to {self.min_insync} in-sync replicas within "
+                              f"{self.replication_timeout}s; the record is stored") from None
         return f"partition={partition} offset={offset} hw={self._hw(state, log_topic.log.next_entry_id)}"
 
-    async def consume(self, args):
+    async def consume(self, args: list[str]) -> str | list[bytes]:
         if len(args) != 3:
-            raise _bad("CONSUME <topic> <partition> <offset>")
-        topic, partition, offset = args[0], _int(args[1], "partition"), _int(args[2], "offset")
-        if offset < 0:
-            raise _bad("offset must not be negative")
-        log_topic = self._log_topic(topic, partition)
-        state = self._state(topic, partition)
-        hw = self._hw(state, log_topic.log.next_entry_id)
-        records = []
-        position = max(offset, log_topic.log.first_entry_id)
-        while position < hw and len(records) < MAX_CONSUME:
-            entry = log_topic.log.read(position)
-            md = entry_metadata(entry)
-            size = int.from_bytes(entry.body[:4], "big")
-            payload = codec.decompress_payload(md, memoryview(entry.body)[4 + size:])
-            for message in codec.split_messages(md, payload):
-                records.append(f"{position}:{message.data().decode('utf-8', 'replace')}")
+            raise _usage("CONSUME")
+        partition, offset = _int(args[1], "partition"), _int(args[2], "offset")
+        full = self._full_name(args[0])
+        _not_negative(partition, "partition")
+        _not_negative(offset, "offset")
+        count = self._partition_count(full)
+        self._check_partition(partition, self.partitions if count is None else count)
+        if count is None:  # nothing produced yet: nothing committed (the topic is not created)
+            return "messages= hw=0"
+        log_topic = self._log(full, partition)
+        topic_log = log_topic.log
+        hw = self._hw(self._state(full, partition), topic_log.next_entry_id)
+        records: list[bytes] = []
+        used = 0
+        position = max(offset, topic_log.first_entry_id)
+        end = min(hw, position + MAX_CONSUME_ENTRIES)
+        while position < end:
+            try:
+                rendered = await self._entry_records(topic_log, position, self.consume_max_bytes - used)
+            except _TooLarge as exc:
+                if records:
+                    break  # the next CONSUME starts here
+                raise V1Error(RECORD_TOO_LARGE,
+                              f"offset={position} bytes={exc.size} budget={self.consume_max_bytes}: the record "
+                              f"is larger than one CONSUME reply may carry (--v1-consume-max-bytes); "
+                              f"CONSUME from {position + 1} to skip it") from None
+            except (StorageError, CodecError, KeyError) as exc:
+                if records:
+                    break
+                raise V1Error(CORRUPT_RECORD, f"offset={position}: the record does not decode ({exc}); "
+                                              f"CONSUME from {position + 1} to skip it") from None
+            records.extend(rendered)
+            used += sum(len(r) + 1 for r in rendered)
             position += 1
-        return f"messages={','.join(records)} hw={hw}"
+        return [b"messages=", b",".join(records), b" hw=%d" % hw]
 
-    async def replica_fetch(self, args):
+    async def _entry_records(self, topic_log: TopicLog, position: int, room: int) -> list[bytes]:
+        """The entry's messages as `offset:value` texts within `room` bytes (else _TooLarge).
+        The declared size is checked before anything is decompressed, and big
+        decompressions run on the worker thread so that the event loop keeps serving."""
+        entry = topic_log.read(position)
+        size = int.from_bytes(entry.body[:4], "big")
+        try:
+            metadata = pb.MessageMetadata.FromString(entry.body[4:4 + size])
+        except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError
+            raise CodecError(f"metadata does not parse: {exc}") from None
+        payload = memoryview(entry.body)[4 + size:]
+        compressed = metadata.compression != compression.NONE
+        declared = metadata.uncompressed_size if compressed else len(payload)
+        if declared > room:
+            raise _TooLarge(declared)
+        if compressed and declared > OFF_LOOP_BYTES:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._executor, _render, position, metadata, payload, room)
+        return _render(position, metadata, payload, room)
+
+    async def replica_fetch(self, args: list[str]) -> str:
         if len(args) != 4:
-            raise _bad("REPLICA_FETCH <topic> <partition> <replica_id> <offset>")
-        topic, partition = args[0], _int(args[1], "partition")
-        replica, offset = _int(args[2], "replica_id"), _int(args[3], "offset")
+            raise _usage("REPLICA_FETCH")
+        partition, replica = _int(args[1], "partition"), _int(args[2], "replica_id")
+        offset = _int(args[3], "offset")
+        full = self._full_name(args[0])
+        _not_negative(partition, "partition")
         if not 1 <= replica < self.replication_factor:
-            raise _bad(f"replica_id must be in 1..{self.replication_factor - 1}")
-        if offset < 0:
-            raise _bad("offset must not be negative")
-        log_topic = self._log_topic(topic, partition)
-        state = self._state(topic, partition)
+            raise _bad(f"replica_id must be in 1..{self.replication_factor - 1} (0 is the leader), got {replica}"
+                       if self.replication_factor > 1 else "this broker has no replicas (replication factor 1)")
+        _not_negative(offset, "offset")
+        count = self._partition_count(full)
+        self._check_partition(partition, self.partitions if count is None else count)
+        self._create(full)  # a follower may fetch before anything is produced
+        state = self._state(full, partition)
         if state.role != "leader":
-            raise V1Error("NOT_LEADER", f"{topic}/{partition} is a follower")
-        log_end = log_topic.log.next_entry_id
+            raise V1Error(NOT_LEADER, f"partition {partition} of {args[0]} is a follower on this broker")
+        log_end = self._log(full, partition).log.next_entry_id
         acked = min(offset, log_end)
         state.replicas[replica] = (acked, time.monotonic())
         self._wake(state, log_end)
@@ -299,32 +558,43 @@ class V1Server:
         return (f"replica={replica} acked_offset={acked} hw={self._hw(state, log_end)} isr={_list(isr)} "
                 f"under_replicated={'true' if len(isr) < self.replication_factor else 'false'}")
 
-    async def set_partition_role(self, args):
-        if len(args) != 3 or args[2] not in ("leader", "follower"):
-            raise _bad("SET_PARTITION_ROLE <topic> <partition> leader|follower")
-        partition = _int(args[1], "partition")
-        self._log_topic(args[0], partition, create=True)
-        state = self._state(args[0], partition)
-        state.role = args[2]
-        if state.role == "follower":
+    async def set_partition_role(self, args: list[str]) -> str:
+        if len(args) != 3:
+            raise _usage("SET_PARTITION_ROLE")
+        partition, role = _int(args[1], "partition"), args[2]
+        if role not in ROLES:
+            raise _bad(f"role must be exactly leader or follower, got {_show(role)}")
+        full = self._full_name(args[0])
+        _not_negative(partition, "partition")
+        count = self._partition_count(full)
+        self._check_partition(partition, self.partitions if count is None else count)
+        self._create(full)
+        state = self._state(full, partition)
+        state.role = role
+        if role == "follower":
             for _, future in state.waiters:
                 if not future.done():
-                    future.set_exception(V1Error("NOT_LEADER", "partition became a follower"))
+                    future.set_exception(V1Error(NOT_LEADER, "the partition became a follower; the record is stored"))
             state.waiters.clear()
-        return f"role={state.role}"
+        hw = self._hw(state, self._log(full, partition).log.next_entry_id)
+        return f"topic={args[0]} partition={partition} role={role} hw={hw}"
 
     # consumer groups
 
-    def _group(self, name: str) -> dict:
-        group = self.groups.get(name)
-        if group is None:
-            raise V1Error("GENERATION_MISMATCH", f"unknown group {name!r}")
-        return group
+    def _expire(self, group: dict, now: float) -> None:
+        expired = [m for m, info in group["members"].items() if now - info["seen"] > self.session_timeout]
+        for member in expired:
+            log.info("V1 group member %s timed out", member)
+            del group["members"][member]
+        if expired:
+            self._rebalance(group)
 
     def _rebalance(self, group: dict) -> None:
         group["generation"] += 1
         members = sorted(group["members"])
-        count = self._partition_count(group["topic"], create=True)
+        topic = group["topic"]  # as validated when the group was created (older files: as given)
+        full = topic if "://" in topic else DEFAULT_NAMESPACE + topic
+        count = self.core.partitioned_count(full) or self.partitions
         assignment: dict[str, list[int]] = {m: [] for m in members}
         if members:
             if group["assignor"] == "range":
@@ -337,94 +607,116 @@ class V1Server:
             else:
                 for p in range(count):
                     assignment[members[p % len(members)]].append(p)
-        group["assignment"] = assignment
-        self._save()
+        group["assignments"] = assignment
+        self._save_groups()
 
-    def _assignment_payload(self, group: dict, member: str) -> str:
-        return f"generation={group['generation']} assigned={_list(group['assignment'].get(member, []))}"
+    def _assignment(self, group: dict, member: str) -> str:
+        return f"generation={group['generation']} assigned={_list(group['assignments'].get(member, []))}"
 
-    async def join(self, args):
-        if len(args) not in (3, 4):
-            raise _bad("JOIN <group> <topic> <consumer_id> [assignor=round_robin|range]")
-        name, topic, member = args[:3]
-        assignor = "round_robin"
-        if len(args) == 4:
-            if not args[3].startswith("assignor=") or args[3][9:] not in ASSIGNORS:
-                raise _bad("assignor must be round_robin or range")
-            assignor = args[3][9:]
-        self._partition_count(topic, create=True)
+    def _member_of(self, name: str, topic: str, member: str, generation: int) -> dict:
+        """The group, once `member` is shown to be in it at its current generation (the
+        member's session is then renewed); GENERATION_MISMATCH otherwise."""
+        canonical = self._canonical(self._full_name(topic))
         group = self.groups.get(name)
         if group is None:
-            group = self.groups[name] = {"topic": topic, "assignor": assignor, "generation": 0,
-                                         "members": {}, "assignment": {}}
-        elif group["topic"] != topic:
-            raise _bad(f"group {name!r} consumes {group['topic']!r}, not {topic!r}")
-        new_member = member not in group["members"]
-        group["members"][member] = {"seen": time.monotonic()}
-        if new_member or assignor != group["assignor"]:
+            raise V1Error(GENERATION_MISMATCH, f"unknown member {_show(member)}: no group {_show(name)}; JOIN first")
+        now = time.monotonic()
+        self._expire(group, now)
+        if group["topic"] != canonical:
+            raise _bad(f"group {_show(name)} consumes {group['topic']}, not {topic}")
+        if member not in group["members"]:
+            raise V1Error(GENERATION_MISMATCH,
+                          f"unknown member {_show(member)} of group {_show(name)}; JOIN again")
+        if generation != group["generation"]:
+            raise V1Error(GENERATION_MISMATCH, f"generation {generation} is stale: group {_show(name)} is at "
+                                               f"generation {group['generation']}; JOIN again")
+        group["members"][member]["seen"] = now
+        return group
+
+    async def join(self, args: list[str]) -> str:
+        if len(args) not in (3, 4):
+            raise _usage("JOIN")
+        name, topic, member = args[:3]
+        assignor = None
+        if len(args) == 4:
+            if args[3] not in ASSIGNORS:
+                raise _bad(f"assignor must be exactly assignor=round_robin or assignor=range, got {_show(args[3])}")
+            assignor = ASSIGNORS[args[3]]
+        full = self._full_name(topic)
+        canonical = self._canonical(full)
+        self._partition_count(full)  # refuses a Pulsar topic
+        now = time.monotonic()
+        group = self.groups.get(name)
+        if group is not None:
+            self._expire(group, now)
+            if group["topic"] != canonical and group["members"]:
+                raise _bad(f"group {_show(name)} consumes {group['topic']}, not {topic}")
+        self._create(full)  # the group's partition count is the topic's
+        changed = False
+        if group is None:
+            group = self.groups[name] = {"topic": canonical, "assignor": assignor or "round_robin",
+                                         "generation": 0, "members": {}, "assignments": {}}
+            changed = True
+        elif group["topic"] != canonical:
+            group["topic"] = canonical  # an empty group may move on to another topic
+            changed = True
+        if member not in group["members"]:
+            changed = True
+        if assignor is not None and assignor != group["assignor"]:
             group["assignor"] = assignor
+            changed = True
+        group["members"][member] = {"seen": now}
+        if changed:
             self._rebalance(group)
-        return self._assignment_payload(group, member)
+        return self._assignment(group, member)
 
-    def _member(self, group: dict, member: str) -> dict:
-        found = group["members"].get(member)
-        if found is None:
-            raise V1Error("GENERATION_MISMATCH", f"{member!r} is not a member; JOIN again")
-        return found
+    async def sync(self, args: list[str]) -> str:
+        if len(args) != 4:
+            raise _usage("SYNC")
+        generation = _int(args[3], "generation")
+        group = self._member_of(args[0], args[1], args[2], generation)
+        return self._assignment(group, args[2])
 
-    async def sync(self, args):
-        if len(args) != 2:
-            raise _bad("SYNC <group> <consumer_id>")
-        group = self._group(args[0])
-        self._member(group, args[1])["seen"] = time.monotonic()
-        return self._assignment_payload(group, args[1])
+    async def heartbeat(self, args: list[str]) -> str:
+        if len(args) != 4:
+            raise _usage("HEARTBEAT")
+        generation = _int(args[3], "generation")
+        self._member_of(args[0], args[1], args[2], generation)
+        return "heartbeat=ok"
 
-    async def heartbeat(self, args):
-        if len(args) != 3:
-            raise _bad("HEARTBEAT <group> <consumer_id> <generation>")
-        group = self._group(args[0])
-        self._member(group, args[1])["seen"] = time.monotonic()
-        generation = _int(args[2], "generation")
-        if generation != group["generation"]:
-            raise V1Error("GENERATION_MISMATCH",
-                          f"generation {generation} is stale; current is {group['generation']}: SYNC")
-        return f"generation={generation}"
-
-    async def leave(self, args):
-        if len(args) != 2:
-            raise _bad("LEAVE <group> <consumer_id>")
-        group = self._group(args[0])
-        self._member(group, args[1])
-        del group["members"][args[1]]
+    async def leave(self, args: list[str]) -> str:
+        if len(args) != 4:
+            raise _usage("LEAVE")
+        generation = _int(args[3], "generation")
+        group = self._member_of(args[0], args[1], args[2], generation)
+        del group["members"][args[2]]
         self._rebalance(group)
-        return f"generation={group['generation']}"
+        return "left=true"
 
-    async def commit(self, args):
+    async def commit(self, args: list[str]) -> str:
         if len(args) != 6:
-            raise _bad("COMMIT <group> <topic> <partition> <offset> <consumer_id> <generation>")
-        name, topic = args[0], args[1]
-        partition, offset = _int(args[2], "partition"), _int(args[3], "offset")
-        member, generation = args[4], _int(args[5], "generation")
-        if offset < 0:
-            raise _bad("offset must not be negative")
-        group = self._group(name)
-        if group["topic"] != topic:
-            raise _bad(f"group {name!r} consumes {group['topic']!r}")
-        self._member(group, member)["seen"] = time.monotonic()
-        if generation != group["generation"]:
-            raise V1Error("GENERATION_MISMATCH",
-                          f"generation {generation} is stale; current is {group['generation']}")
-        if partition not in group["assignment"].get(member, []):
-            raise V1Error("GENERATION_MISMATCH", f"partition {partition} is not assigned to {member!r}")
-        self.offsets.setdefault(name, {}).setdefault(topic, {})[str(partition)] = offset
-        self._save()
-        return f"offset={offset}"
+            raise _usage("COMMIT")
+        generation = _int(args[3], "generation")
+        partition, offset = _int(args[4], "partition"), _int(args[5], "offset")
+        self._full_name(args[1])
+        _not_negative(partition, "partition")
+        _not_negative(offset, "offset")
+        name, member = args[0], args[2]
+        group = self._member_of(name, args[1], member, generation)
+        if partition not in group["assignments"].get(member, []):
+            raise V1Error(GENERATION_MISMATCH, f"partition {partition} is not assigned to {_show(member)} in "
+                                               f"generation {generation}")
+        self.offsets.setdefault(name, {}).setdefault(group["topic"], {})[str(partition)] = offset
+        self._save_offsets()  # durable before it is acknowledged
+        return "committed=true"
 
-    async def offset(self, args):
+    async def offset(self, args: list[str]) -> str:
         if len(args) != 3:
-            raise _bad("OFFSET <group> <topic> <partition>")
+            raise _usage("OFFSET")
         partition = _int(args[2], "partition")
-        committed = self.offsets.get(args[0], {}).get(args[1], {}).get(str(partition), -1)
+        canonical = self._canonical(self._full_name(args[1]))
+        _not_negative(partition, "partition")
+        committed = self.offsets.get(args[0], {}).get(canonical, {}).get(str(partition), -1)
         return f"offset={committed}"
 
     # housekeeping
@@ -433,19 +725,19 @@ class V1Server:
         """Expire members whose session timed out, and let ISR changes release waiters."""
         now = time.monotonic()
         for group in self.groups.values():
-            expired = [m for m, info in group["members"].items() if now - info["seen"] > self.session_timeout]
-            for member in expired:
-                log.info("member %s of a group timed out", member)
-                del group["members"][member]
-            if expired:
-                self._rebalance(group)
+            self._expire(group, now)
         for (full, partition), state in self.state.items():
             if state.waiters:
-                topic = self.core.topics.get(f"{full}-partition-{partition}") or self.core.topics.get(full)
+                topic = self.core.topics.get(f"{full}{PARTITION_MARKER}{partition}")
                 if topic is not None:
                     self._wake(state, topic.log.next_entry_id)
 
-    def _save(self) -> None:
-        groups = {name: dict(g, members={m: {} for m in g["members"]}) for name, g in self.groups.items()}
+    def _save_groups(self) -> None:
+        """groups.json: per group its topic, generation, assignor, members and assignments."""
+        groups = {name: {"topic": g["topic"], "generation": g["generation"], "assignor": g["assignor"],
+                         "members": sorted(g["members"]), "assignments": g["assignments"]}
+                  for name, g in self.groups.items()}
         write_json(self.groups_path, groups)
+
+    def _save_offsets(self) -> None:
         write_json(self.offsets_path, self.offsets)
