@@ -45,7 +45,7 @@ MAX_LINE = 1024 * 1024  # longest request line
 DEFAULT_CONSUME_MAX_BYTES = 8 * 1024 * 1024  # record bytes in one CONSUME reply
 MAX_CONSUME_ENTRIES = 1000  # entries one CONSUME reply reads at most
 OFF_LOOP_BYTES = 256 * 1024  # compressed entries larger than this decompress on a worker thread
-PRODUCER_NAME = "pulsarwire-v1"  # producer name of V1 records (reserved: dedup state is per name)
+PRODUCER_NAME = ""  # V1 records' producer name: no Pulsar producer can have it (the broker names unnamed ones), so V1 never shares dedup state with one
 DEFAULT_NAMESPACE = "persistent://public/default/"
 
 # Error codes: the specification's five, then the additive ones.
