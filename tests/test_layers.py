@@ -43,19 +43,60 @@ def test_domain_layer_knows_no_front_end():
         assert word not in source
 
 
-CLIENT_MODULES = ["options", "reconnect", "connection", "producer", "consumer", "reader", "client"]
-# Every name `pulsarwire.client` offered when it was one module, so user code keeps working.
-CLIENT_NAMES = ["Address", "AuthenticationToken", "Client", "CompressionType", "Consumer", "ConsumerType",
-                "DEFAULT_PORT", "DEFAULT_TLS_PORT", "InitialPosition", "Producer", "Reader",
-                "partition_name", "topic_name"]
+# Each client module and the client modules it may pull in at import time (type-only imports
+# sit under TYPE_CHECKING): producers and consumers know nothing of each other or of `Client`.
+CLIENT_DEPENDS = {
+    "options": set(),
+    "reconnect": {"options"},
+    "connection": {"options"},
+    "producer": {"options", "reconnect"},
+    "consumer": {"options", "reconnect"},
+    "reader": {"options", "reconnect", "consumer"},
+    "client": {"options", "reconnect", "connection", "producer", "consumer", "reader"},
+}
+# Every name `pulsarwire.client` offered when it was one module and that user code may import
+# from it: its own public names, the message and routing types in its signatures, the errors
+# it raises. (Its stdlib modules, session events and private helpers are not kept.)
+CLIENT_NAMES = [
+    "Address", "AuthenticationToken", "Client", "CompressionType", "Consumer", "ConsumerType",
+    "DEFAULT_PORT", "DEFAULT_TLS_PORT", "InitialPosition", "Producer", "Reader", "partition_name",
+    "topic_name",
+    "HashingScheme", "Message", "MessageId", "RoutingMode",
+    "AuthenticationError", "AuthorizationError", "CodecError", "ConnectionClosedError", "NotAllowedError",
+    "ProducerFencedError", "ProducerQueueFullError", "PulsarWireError", "ServerError", "TimeoutError",
+    "TopicNotFoundError", "TopicTerminatedError",
+]
 
 
-@pytest.mark.parametrize("module", CLIENT_MODULES)
+@pytest.mark.parametrize("module", sorted(CLIENT_DEPENDS))
 def test_each_client_module_imports_alone(module):
     subprocess.run([sys.executable, "-c", f"import pulsarwire.client.{module}"], check=True)
+
+
+@pytest.mark.parametrize("module", sorted(CLIENT_DEPENDS))
+def test_client_module_imports_without_the_package_init(module):
+    # `import pulsarwire.client.x` runs the package __init__ first, which imports every module
+    # in one order; empty stand-ins for `pulsarwire` and `pulsarwire.client` make `x` the first
+    # client module loaded, so a cycle through it fails here whatever order __init__ uses.
+    code = ("import importlib, importlib.util, json, sys, types\n"
+            "root = importlib.util.find_spec('pulsarwire').submodule_search_locations[0]\n"
+            "for name, path in (('pulsarwire', root), ('pulsarwire.client', root + '/client')):\n"
+            "    package = types.ModuleType(name)\n"
+            "    package.__path__ = [path]\n"
+            "    sys.modules[name] = package\n"
+            "sys.modules['pulsarwire'].__version__ = '0'\n"  # session.py reads it
+            f"importlib.import_module('pulsarwire.client.{module}')\n"
+            "print(json.dumps(sorted(m.rsplit('.', 1)[1] for m in sys.modules "
+            "if m.startswith('pulsarwire.client.'))))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    loaded = set(json.loads(out)) - {module}
+    assert loaded == CLIENT_DEPENDS[module], f"{module} pulls in {sorted(loaded)}"
 
 
 def test_client_package_keeps_its_public_names():
     import pulsarwire.client as client
     missing = [name for name in CLIENT_NAMES if not hasattr(client, name)]
     assert not missing
+    assert set(CLIENT_NAMES) <= set(client.__all__)
+    from pulsarwire import Client, Consumer, Producer, Reader
+    assert (client.Client, client.Producer, client.Consumer, client.Reader) == (Client, Producer, Consumer, Reader)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -17,7 +18,22 @@ pytestmark = pytest.mark.skipif(bool(os.environ.get("PULSARWIRE_PURE_PYTHON")),
 
 def test_wheel_and_sdist_build(tmp_path):
     pytest.importorskip("build")
-    wheel = subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps",
+    # Build from a copy without build outputs: a stale ./build or *.egg-info/SOURCES.txt would
+    # carry modules into the artifacts that pyproject.toml no longer (or never did) list.
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis",
+        "*.so", "*.pyd", "_codec.c", "_codec.html"))
+    sdist = subprocess.run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "-o", str(tmp_path),
+                            str(source)], capture_output=True, text=True, timeout=600)
+    assert sdist.returncode == 0, sdist.stderr[-2000:]
+    (archive,) = tmp_path.glob("pulsarwire-*.tar.gz")
+    members = [m.split("/", 1)[1] for m in tarfile.open(archive).getnames() if "/" in m]
+    for expected in ("setup.py", "pyproject.toml", "pulsarwire/_codec.pyx", "proto/PulsarApi.proto"):
+        assert expected in members
+
+    # The wheel is built from the sdist, as pip does from an index.
+    wheel = subprocess.run([sys.executable, "-m", "pip", "wheel", str(archive), "--no-deps",
                             "--no-build-isolation", "-w", str(tmp_path)],
                            capture_output=True, text=True, timeout=600)
     assert wheel.returncode == 0, wheel.stderr[-2000:]
@@ -27,15 +43,12 @@ def test_wheel_and_sdist_build(tmp_path):
     for expected in ("pulsarwire/py.typed", "pulsarwire/_proto/PulsarApi_pb2.py",
                      "pulsarwire/_proto/PulsarApi_pb2.pyi", "pulsarwire/_codec_py.py"):
         assert expected in names
+    # Every module of every subpackage ships (a package left out of pyproject.toml would not).
+    sources = {p.relative_to(ROOT).as_posix() for p in (ROOT / "pulsarwire").rglob("*.py")}
+    assert {"pulsarwire/broker/__init__.py", "pulsarwire/client/__init__.py"} <= sources
+    missing = sorted(sources - set(names))
+    assert not missing
     assert any(n.endswith("entry_points.txt") for n in names)
-
-    sdist = subprocess.run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "-o", str(tmp_path),
-                            str(ROOT)], capture_output=True, text=True, timeout=600)
-    assert sdist.returncode == 0, sdist.stderr[-2000:]
-    (archive,) = tmp_path.glob("pulsarwire-*.tar.gz")
-    members = [m.split("/", 1)[1] for m in tarfile.open(archive).getnames() if "/" in m]
-    for expected in ("setup.py", "pyproject.toml", "pulsarwire/_codec.pyx", "proto/PulsarApi.proto"):
-        assert expected in members
 
 
 def test_type_hints_check():

@@ -22,8 +22,22 @@ from .options import (
 from .producer import Producer
 from .reader import Reader
 
+# Names the one-module client offered from its own imports and that user code may take from
+# here: the message and routing types in its signatures, and the errors it raises.
+from ..errors import (
+    AuthenticationError, AuthorizationError, CodecError, ConnectionClosedError, NotAllowedError,
+    ProducerFencedError, ProducerQueueFullError, PulsarWireError, ServerError, TimeoutError,
+    TopicNotFoundError, TopicTerminatedError,
+)
+from ..messages import Message, MessageId
+from ..routing import HashingScheme, RoutingMode
+
 __all__ = [
     "DEFAULT_PORT", "DEFAULT_TLS_PORT", "Address", "AuthenticationToken", "Client", "CompressionType",
     "Connection", "ConnectionPool", "Consumer", "ConsumerType", "InitialPosition", "Producer", "Reader",
     "partition_name", "topic_name",
+    "AuthenticationError", "AuthorizationError", "CodecError", "ConnectionClosedError", "HashingScheme",
+    "Message", "MessageId", "NotAllowedError", "ProducerFencedError", "ProducerQueueFullError",
+    "PulsarWireError", "RoutingMode", "ServerError", "TimeoutError", "TopicNotFoundError",
+    "TopicTerminatedError",
 ]

@@ -19,7 +19,7 @@ DEFAULT_PORT = 6650
 DEFAULT_TLS_PORT = 6651
 # Errors after which retrying the same producer or consumer cannot succeed.
 FATAL_ERRORS = (TopicTerminatedError, ProducerFencedError, NotAllowedError, AuthenticationError,
-          AuthorizationError, TopicNotFoundError)
+                AuthorizationError, TopicNotFoundError)
 
 
 class ConsumerType(enum.IntEnum):
