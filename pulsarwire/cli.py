@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="create a partitioned topic (repeatable)")
     broker.add_argument("--auth-token", action="append", default=None, help="accepted token (enables auth)")
     broker.add_argument("--sync-policy", default="interval", choices=["always", "interval", "never"])
+    broker.add_argument("--max-open-files", type=int, default=None, metavar="N",
+                        help="most segment files open at once; idle ones are closed and reopened on "
+                             "demand (default: a quarter of the descriptor limit, 16 to 1024)")
     broker.add_argument("--replication-factor", type=int, default=3)
     broker.add_argument("--min-insync-replicas", type=int, default=2)
     broker.add_argument("--v1-partitions", type=int, default=3, help="partitions of a topic V1 creates")
@@ -143,7 +146,7 @@ async def run_broker(args) -> int:
                     sync_policy=args.sync_policy, replication_factor=args.replication_factor,
                     min_insync_replicas=args.min_insync_replicas, v1_partitions=args.v1_partitions,
                     replication_timeout=args.replication_timeout, replica_lag_time=args.replica_lag_time,
-                    session_timeout=args.session_timeout,
+                    session_timeout=args.session_timeout, max_open_files=args.max_open_files,
                     v1_consume_max_bytes=DEFAULT_CONSUME_MAX_BYTES if args.v1_consume_max_bytes is None
                     else args.v1_consume_max_bytes)
     await broker.start()

@@ -8,7 +8,7 @@ import itertools
 import logging
 import os
 
-from .storage import SYNC_INTERVAL, TopicLog, read_json, topic_directory, write_json
+from .storage import SYNC_INTERVAL, FileOps, FilePool, StorageError, read_json, topic_directory
 from .topics import Topic
 
 log = logging.getLogger("pulsarwire.broker")
@@ -26,13 +26,15 @@ def highest_sequence(sequence_id: int, highest_sequence_id: int | None) -> int:
 
 class BrokerCore:
     def __init__(self, data_dir: str, *, sync_policy: str = SYNC_INTERVAL,
-                 segment_bytes: int = 64 * 1024 * 1024, default_partitions: int = 0) -> None:
+                 segment_bytes: int = 64 * 1024 * 1024, default_partitions: int = 0,
+                 max_open_files: int | None = None, file_ops: FileOps | None = None) -> None:
         self.data_dir = os.path.abspath(data_dir)
         self.sync_policy = sync_policy
         self.segment_bytes = segment_bytes
         self.default_partitions = default_partitions
         self.topics: dict[str, Topic] = {}
-        self.uncommitted: set[TopicLog] = set()  # logs with appends not yet handed to the OS
+        self.uncommitted: set[Topic] = set()  # topics with appends not yet handed to the OS
+        self.files = FilePool(max_open_files, file_ops)  # every segment's descriptors, bounded
         self.producer_name_prefix = "pulsarwire"
         self._names = itertools.count()
         self._partitioned: dict[str, int] = {}
@@ -77,7 +79,7 @@ class BrokerCore:
         if self.non_partitioned_exists(name):
             raise ValueError(f"{name} already exists as a non-partitioned topic")
         self._partitioned[name] = partitions
-        write_json(self._metadata_path(), self._partitioned)
+        self.files.write_json(self._metadata_path(), self._partitioned)
 
     def topic(self, name: str) -> Topic | None:
         """The topic-partition `name`, created on first use; None for a partitioned parent."""
@@ -85,8 +87,9 @@ class BrokerCore:
         if topic is None:
             if name in self._partitioned:
                 return None
+            # StorageError (logged) when the file system refuses, e.g. no descriptors left
             topic = Topic(name, topic_directory(self.data_dir, name), segment_bytes=self.segment_bytes,
-                          sync_policy=self.sync_policy, on_append=self.uncommitted.add)
+                          sync_policy=self.sync_policy, on_append=self.uncommitted.add, pool=self.files)
             self.topics[name] = topic
         return topic
 
@@ -122,16 +125,38 @@ class BrokerCore:
     # persistence
 
     def commit(self) -> None:
-        """Group commit: write every pending append. Runs before any receipt leaves the broker."""
+        """Group commit: write every pending append. Runs before any receipt leaves the broker;
+        a topic whose write fails marks its `log.batch` failed (logged), and the front ends
+        answer an error instead of a receipt for every send in it."""
         while self.uncommitted:
             self.uncommitted.pop().commit()
 
-    def save(self) -> None:
-        """Persist cursors and dedup state that changed."""
+    def save(self) -> bool:
+        """Persist cursors and dedup state that changed; a topic that cannot is logged and
+        tried again on the next call. Returns whether every topic was saved."""
+        self.commit()
+        saved = True
         for topic in list(self.topics.values()):
-            topic.save()
+            try:
+                topic.save()
+            except StorageError:
+                saved = False  # logged where it failed; still marked changed
+        return saved
 
-    def sync(self) -> None:
-        """fsync every log (the interval sync policy calls this on its cadence)."""
+    def sync(self) -> bool:
+        """fsync every log (the interval sync policy calls this on its cadence); failures are
+        logged and tried again next time. Returns whether every log was synced."""
+        self.commit()
+        synced = True
         for topic in list(self.topics.values()):
-            topic.log.sync()
+            try:
+                topic.log.sync()
+            except StorageError as exc:
+                log.error("topic %s: fsync failed: %s", topic.name, exc)
+                synced = False
+        return synced
+
+    def storage_stats(self) -> dict:
+        """Storage fault counters (corrupt entries skipped, failed commits, ...) and open files."""
+        return dict(self.files.stats.as_dict(), open_files=self.files.open_count,
+                    max_open_files=self.files.max_open_files)

@@ -14,6 +14,7 @@ from .._proto import PulsarApi_pb2 as pb
 from ..errors import BadMetadataError, ChecksumMismatchError, PulsarWireError
 from ..messages import ack_set_bits
 from .core import DUPLICATE, BrokerCore, highest_sequence
+from .storage import StorageError
 from .topics import EARLIEST, LATEST, LEDGER_ID, ConsumerLink, ProducerLink, Subscription, Topic, start_entry
 
 log = logging.getLogger("pulsarwire.broker")
@@ -128,6 +129,9 @@ class BrokerConnection(asyncio.Protocol):
         self._keepalive: asyncio.Task | None = None
         self._out: list[bytes] = []
         self._flush_scheduled = False
+        # receipts in _out wait on their group commit: (index in _out, batch, producer, sequence id)
+        self._sends: list[tuple] = []
+        self._batches: list = []  # the distinct commit batches those receipts belong to
 
     # asyncio.Protocol
 
@@ -183,8 +187,23 @@ class BrokerConnection(asyncio.Protocol):
         self._flush_scheduled = False
         if self._out and self.transport is not None and not self.closed:
             self.core.commit()  # nothing is acknowledged before it is written
+            if self._sends and any(batch.error is not None for batch in self._batches):
+                self._fail_uncommitted_sends()
             self.transport.writelines(self._out)
         self._out.clear()
+        self._sends.clear()
+        self._batches.clear()
+
+    def _fail_uncommitted_sends(self) -> None:
+        """The file system refused a group commit: each of its sends is answered SendError
+        in place of its receipt (the log and the dedup state were rolled back)."""
+        for index, batch, producer_id, sequence_id in self._sends:
+            if batch.error is not None:
+                cmd = T(type=T.SEND_ERROR)
+                cmd.send_error.CopyFrom(pb.CommandSendError(
+                    producer_id=producer_id, sequence_id=sequence_id, error=pb.PersistenceError,
+                    message=f"not stored: {batch.error}"))
+                self._out[index] = codec.encode_command(cmd)
 
     def command(self, kind: Any, field: str, sub) -> None:
         cmd = T(type=kind)
@@ -244,7 +263,15 @@ class BrokerConnection(asyncio.Protocol):
             if request_id is not None:
                 self._error(request_id, pb.NotAllowedError, f"command {kind} is not supported")
             return
-        handler(self, frame)
+        try:
+            handler(self, frame)
+        except StorageError as exc:
+            # the file system refused (no descriptors left, disk full): an error reply, and the
+            # connection stays up for the client to retry
+            log.error("command %s failed: %s", kind, exc)
+            request_id = _request_id(frame.command)
+            if request_id is not None:
+                self._error(request_id, pb.PersistenceError, str(exc))
 
     def _error(self, request_id: int, code: Any, message: str) -> None:
         self.command(T.ERROR, "error", pb.CommandError(request_id=request_id, error=code, message=message))
@@ -359,10 +386,19 @@ class BrokerConnection(asyncio.Protocol):
         if topic.terminated:
             self._send_error(producer_id, sequence_id, pb.TopicTerminatedError, "topic is terminated")
             return
-        entry_id = self.core.publish(topic, producer.name, sequence_id, highest_sequence_id,
-                                     bool(is_chunk and chunk_id), body, checksum, publish_time,
-                                     deliver_at_time, num_messages)
-        # a duplicate, already stored, is answered with the (-1, -1) id
+        try:
+            entry_id = self.core.publish(topic, producer.name, sequence_id, highest_sequence_id,
+                                         bool(is_chunk and chunk_id), body, checksum, publish_time,
+                                         deliver_at_time, num_messages)
+        except StorageError as exc:
+            self._send_error(producer_id, sequence_id, pb.PersistenceError, f"not stored: {exc}")
+            return
+        # the receipt stands only if its group commit succeeds (see flush); a duplicate, judged
+        # against pending sends too, waits on the same batch and is answered with the (-1, -1) id
+        batch = topic.log.batch
+        if not self._batches or self._batches[-1] is not batch:
+            self._batches.append(batch)
+        self._sends.append((len(self._out), batch, producer_id, sequence_id))
         self.write(codec.encode_send_receipt(producer_id, sequence_id,
                                              highest_sequence(sequence_id, highest_sequence_id),
                                              LEDGER_ID if entry_id != DUPLICATE else -1, entry_id))

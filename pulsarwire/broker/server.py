@@ -14,7 +14,7 @@ from typing import Any
 from .. import codec
 from .core import BrokerCore
 from .pulsar import PulsarService
-from .storage import SYNC_INTERVAL
+from .storage import SYNC_INTERVAL, FileOps
 from .topics import Topic
 from .v1 import DEFAULT_CONSUME_MAX_BYTES, V1Server
 
@@ -32,9 +32,11 @@ class Broker:
                  v1_partitions: int = 3, replication_factor: int = 3, min_insync_replicas: int = 2,
                  replication_timeout: float = 5.0, replica_lag_time: float = 10.0,
                  session_timeout: float = 10.0, v1_consume_max_bytes: int = DEFAULT_CONSUME_MAX_BYTES,
-                 advertised_url: str | None = None) -> None:
+                 advertised_url: str | None = None, max_open_files: int | None = None,
+                 file_ops: FileOps | None = None) -> None:
         self.core = BrokerCore(data_dir, sync_policy=sync_policy, segment_bytes=segment_bytes,
-                               default_partitions=default_partitions)
+                               default_partitions=default_partitions, max_open_files=max_open_files,
+                               file_ops=file_ops)
         self.pulsar = PulsarService(self.core, auth_tokens=auth_tokens, max_message_size=max_message_size,
                                     keep_alive_interval=keep_alive_interval)
         self.data_dir = self.core.data_dir
@@ -111,21 +113,31 @@ class Broker:
         await asyncio.gather(*(s.serve_forever() for s in self._servers))
 
     async def _maintain(self) -> None:
-        """Persist cursors often and fsync logs on the sync interval."""
+        """Persist cursors often and fsync logs on the sync interval. A failure is logged and
+        the step tried again next time: this task never ends before the broker stops."""
         elapsed = 0.0
         step = 0.2
-        try:
-            while True:
+        while True:
+            try:
                 await asyncio.sleep(step)
-                elapsed += step
-                self.core.save()
-                if self.v1 is not None:
-                    self.v1.tick()
-                if self.sync_policy == SYNC_INTERVAL and elapsed >= self.sync_interval:
-                    elapsed = 0.0
-                    self.core.sync()
-        except asyncio.CancelledError:
-            pass
+            except asyncio.CancelledError:
+                return
+            elapsed += step
+            jobs = [("saving cursors and dedup state", self.core.save)]
+            if self.v1 is not None:
+                jobs.append(("V1 upkeep", self.v1.tick))
+            if self.sync_policy == SYNC_INTERVAL and elapsed >= self.sync_interval:
+                elapsed = 0.0
+                jobs.append(("fsync", self.core.sync))
+            for name, job in jobs:
+                try:
+                    job()
+                except Exception:  # noqa: BLE001 - the loop must outlive any one failure
+                    log.exception("maintenance: %s failed; trying again", name)
+
+    def storage_stats(self) -> dict:
+        """Storage fault counters: corrupt entries skipped, failed commits and syncs, open files."""
+        return self.core.storage_stats()
 
     # administration
 

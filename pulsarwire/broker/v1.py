@@ -457,7 +457,10 @@ class V1Server:
             md.partition_key = key
         body = codec.encode_metadata_and_payload(md, value.encode())
         offset = log_topic.append(body, None, md.publish_time, None, 1, PRODUCER_NAME, md.sequence_id)
+        batch = log_topic.log.batch
         self.core.commit()  # written before it is acknowledged
+        if batch.error is not None:
+            raise V1Error(INTERNAL_ERROR, f"the record is not stored: {batch.error}")
         log_end = log_topic.log.next_entry_id
         self._wake(state, log_end)
         if acks == "all":
