@@ -416,9 +416,9 @@ class _Segment:
                 written = ops.pwrite(idx_fd, index, offset)
                 index = index[written:]
                 offset += written
-            if sync:
-                ops.fsync(fd)
-                ops.fsync(idx_fd)
+            if sync:  # fetched again: opening the index may have closed the log's descriptor
+                ops.fsync(self.pool.fd(self.log_path))
+                ops.fsync(self.pool.fd(self.idx_path))
         except (OSError, StorageError) as exc:
             self._roll_back()
             raise StorageError(f"{self.log_path}: cannot write {len(data)} bytes: {exc}") from exc

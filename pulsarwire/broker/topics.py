@@ -412,6 +412,8 @@ class Topic:
     def commit(self) -> bool:
         """Hand the appended entries to the OS; then subscriptions may send them. False when
         the file system refused (the log is rolled back, and so is the dedup state)."""
+        if not self.log.batch.count:
+            return True
         ok = self.log.commit()
         self._settled(ok)
         return ok
