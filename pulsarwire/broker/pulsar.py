@@ -13,7 +13,7 @@ from .. import __version__, codec
 from .._proto import PulsarApi_pb2 as pb
 from ..errors import BadMetadataError, ChecksumMismatchError, PulsarWireError
 from ..messages import ack_set_bits
-from .core import DUPLICATE, BrokerCore, highest_sequence
+from .core import DUPLICATE, BrokerCore, InvalidTopicName, highest_sequence
 from .topics import EARLIEST, LATEST, LEDGER_ID, ConsumerLink, ProducerLink, Subscription, Topic, start_entry
 
 log = logging.getLogger("pulsarwire.broker")
@@ -288,6 +288,13 @@ class BrokerConnection(asyncio.Protocol):
 
     def on_lookup(self, frame) -> None:
         c = frame.command.lookupTopic
+        try:
+            self.core.check_topic_name(c.topic)
+        except InvalidTopicName as exc:
+            self.command(T.LOOKUP_RESPONSE, "lookupTopicResponse", pb.CommandLookupTopicResponse(
+                request_id=c.request_id, response=pb.CommandLookupTopicResponse.Failed,
+                error=pb.InvalidTopicName, message=str(exc)))
+            return
         response = pb.CommandLookupTopicResponse(request_id=c.request_id, authoritative=True,
                                                  response=pb.CommandLookupTopicResponse.Connect,
                                                  brokerServiceUrl=self.service.lookup_url)
@@ -297,14 +304,26 @@ class BrokerConnection(asyncio.Protocol):
 
     def on_partitioned_metadata(self, frame) -> None:
         c = frame.command.partitionMetadata
+        try:
+            partitions = self.core.partitions_of(c.topic)
+        except InvalidTopicName as exc:
+            self.command(T.PARTITIONED_METADATA_RESPONSE, "partitionMetadataResponse",
+                         pb.CommandPartitionedTopicMetadataResponse(
+                             request_id=c.request_id, response=pb.CommandPartitionedTopicMetadataResponse.Failed,
+                             error=pb.InvalidTopicName, message=str(exc)))
+            return
         self.command(T.PARTITIONED_METADATA_RESPONSE, "partitionMetadataResponse",
                      pb.CommandPartitionedTopicMetadataResponse(
-                         request_id=c.request_id, partitions=self.core.partitions_of(c.topic),
+                         request_id=c.request_id, partitions=partitions,
                          response=pb.CommandPartitionedTopicMetadataResponse.Success))
 
     def on_producer(self, frame) -> None:
         c = frame.command.producer
-        topic = self.core.topic(c.topic)
+        try:
+            topic = self.core.topic(c.topic)
+        except InvalidTopicName as exc:
+            self._error(c.request_id, pb.InvalidTopicName, str(exc))
+            return
         if topic is None:
             self._error(c.request_id, pb.TopicNotFound, f"{c.topic} is a partitioned topic; use a partition")
             return
@@ -376,7 +395,11 @@ class BrokerConnection(asyncio.Protocol):
 
     def on_subscribe(self, frame) -> None:
         c = frame.command.subscribe
-        topic = self.core.topic(c.topic)
+        try:
+            topic = self.core.topic(c.topic)
+        except InvalidTopicName as exc:
+            self._error(c.request_id, pb.InvalidTopicName, str(exc))
+            return
         if topic is None:
             self._error(c.request_id, pb.TopicNotFound, f"{c.topic} is a partitioned topic; use a partition")
             return

@@ -1,0 +1,165 @@
+"""Hostile clients against the embedded broker (issue 11, items 2, 3, 5, 7, 8, 9): each test
+speaks raw frames or raw lines, so nothing a well-behaved client would do hides the fault."""
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import pytest
+
+from pulsarwire import codec
+from pulsarwire._proto import PulsarApi_pb2 as pb
+
+from .peers import BrokerProcess, BrokerThread, free_port
+
+T = pb.BaseCommand
+
+
+def command(kind, field, sub) -> bytes:
+    cmd = T(type=kind)
+    getattr(cmd, field).CopyFrom(sub)
+    return codec.encode_command(cmd)
+
+
+class Raw:
+    """A raw Pulsar connection: frames out, decoded frames in."""
+
+    def __init__(self, port: int, *, connect: bool = True, token: str | None = None, timeout: float = 5) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.reader = codec.FrameReader()
+        self.pending: list = []
+        self.request_id = 0
+        if connect:
+            c = pb.CommandConnect(client_version="hostile", protocol_version=21)
+            if token is not None:
+                c.auth_method_name = "token"
+                c.auth_data = token.encode()
+            self.sock.sendall(command(T.CONNECT, "connect", c))
+            self.connected = self.next()
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> "Raw":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def next(self, skip_pings: bool = True):
+        """The next frame (PINGs from the broker answered and skipped); None when the broker closed."""
+        while True:
+            while not self.pending:
+                data = self.sock.recv(1 << 16)
+                if not data:
+                    return None
+                self.reader.feed(data)
+                self.pending.extend(self.reader)
+            frame = self.pending.pop(0)
+            if skip_pings and frame.type == T.PING:
+                self.send(command(T.PONG, "pong", pb.CommandPong()))
+                continue
+            return frame
+
+    def rid(self) -> int:
+        self.request_id += 1
+        return self.request_id
+
+    def producer(self, topic: str, producer_id: int = 1, name: str | None = None):
+        c = pb.CommandProducer(topic=topic, producer_id=producer_id, request_id=self.rid())
+        if name is not None:
+            c.producer_name = name
+        self.send(command(T.PRODUCER, "producer", c))
+        return self.next()
+
+    def subscribe(self, topic: str, sub: str = "s", consumer_id: int = 1, earliest: bool = True):
+        c = pb.CommandSubscribe(topic=topic, subscription=sub, subType=pb.CommandSubscribe.Exclusive,
+                                consumer_id=consumer_id, request_id=self.rid(),
+                                initialPosition=pb.CommandSubscribe.Earliest if earliest
+                                else pb.CommandSubscribe.Latest)
+        self.send(command(T.SUBSCRIBE, "subscribe", c))
+        return self.next()
+
+    def flow(self, consumer_id: int, permits: int) -> None:
+        self.send(command(T.FLOW, "flow", pb.CommandFlow(consumer_id=consumer_id, messagePermits=permits)))
+
+    def publish(self, producer_id: int, sequence_id: int, payload: bytes, *, num_messages: int = 1,
+                metadata: pb.MessageMetadata | None = None):
+        md = metadata or pb.MessageMetadata(producer_name="raw", sequence_id=sequence_id, publish_time=1)
+        send = T(type=T.SEND, send=pb.CommandSend(producer_id=producer_id, sequence_id=sequence_id,
+                                                 num_messages=num_messages))
+        self.send(codec.encode_payload_command(send, md, payload))
+        return self.next()
+
+    def ping(self) -> bool:
+        self.send(command(T.PING, "ping", pb.CommandPing()))
+        frame = self.next(skip_pings=False)
+        return frame is not None and frame.type == T.PONG
+
+
+@pytest.fixture
+def broker(tmp_path):
+    b = BrokerThread(tmp_path / "data", v1_port=0).start()
+    yield b
+    b.stop()
+
+
+# item 9: topic names
+
+BAD_NAMES = [".", "..", "", "../escape", "a/../../b", "persistent://public/default/..",
+             "persistent://public/default/", "persistent://public//x", "x" * 300,
+             "persistent://public/default/" + "\u00e9" * 120, "new\nline"]
+
+
+def _stored_outside_topics(data_dir) -> list[str]:
+    """Anything the broker wrote outside <data>/topics/<one directory per topic>/ (its own state
+    files in the root are fine)."""
+    strays = []
+    for root, dirs, files in os.walk(data_dir):
+        rel = os.path.relpath(root, data_dir)
+        depth = 0 if rel == "." else rel.count(os.sep) + 1
+        if depth < 2:
+            strays += [os.path.join(rel, f) for f in files if f.endswith((".log", ".idx", "cursors.json",
+                                                                         "state.json"))]
+    return strays
+
+
+@pytest.mark.parametrize("name", BAD_NAMES, ids=lambda n: repr(n[:32]))
+def test_invalid_topic_names_are_refused_on_the_pulsar_port(broker, name):
+    with Raw(broker.broker.port) as raw:
+        answer = raw.producer(name)
+        assert answer.type == T.ERROR and answer.command.error.error == pb.InvalidTopicName
+        assert answer.command.error.request_id == raw.request_id
+        answer = raw.subscribe(name)
+        assert answer.type == T.ERROR and answer.command.error.error == pb.InvalidTopicName
+        rid = raw.rid()
+        raw.send(command(T.PARTITIONED_METADATA, "partitionMetadata",
+                         pb.CommandPartitionedTopicMetadata(topic=name, request_id=rid)))
+        answer = raw.next().command.partitionMetadataResponse
+        assert answer.request_id == rid and answer.error == pb.InvalidTopicName
+        rid = raw.rid()
+        raw.send(command(T.LOOKUP, "lookupTopic", pb.CommandLookupTopic(topic=name, request_id=rid)))
+        answer = raw.next().command.lookupTopicResponse
+        assert answer.request_id == rid and answer.error == pb.InvalidTopicName
+        assert raw.ping()  # the connection lives on
+    assert _stored_outside_topics(broker.broker.data_dir) == []
+    assert not os.path.exists(os.path.join(os.path.dirname(broker.broker.data_dir), "escape"))
+
+
+def test_invalid_topic_names_are_refused_on_the_v1_port(broker):
+    with socket.create_connection(("127.0.0.1", broker.v1_port), timeout=5) as s:
+        f = s.makefile("rwb")
+        for i, name in enumerate([".", "..", "../escape", "a/../b", "x" * 300,
+                                  "persistent://public/default/..", "persistent://public/default/."]):
+            f.write(f"V1|{i}|PRODUCE|{name} k:v\n".encode())
+            f.flush()
+            line = f.readline().decode()
+            assert line.startswith(f"V1|{i}|ERR|BAD_REQUEST|"), line
+        f.write(b"V1|99|PING|\n")
+        f.flush()
+        assert f.readline().startswith(b"V1|99|OK")
+    assert _stored_outside_topics(broker.broker.data_dir) == []
