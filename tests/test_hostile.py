@@ -163,3 +163,28 @@ def test_invalid_topic_names_are_refused_on_the_v1_port(broker):
         f.flush()
         assert f.readline().startswith(b"V1|99|OK")
     assert _stored_outside_topics(broker.broker.data_dir) == []
+
+
+# item 2: broker-assigned producer names
+
+def test_assigned_producer_names_are_unique_across_restarts(tmp_path):
+    broker = BrokerThread(tmp_path / "data", v1_port=None).start()
+    topic = "persistent://public/default/names"
+    try:
+        with Raw(broker.broker.port) as raw:
+            first = raw.producer(topic).command.producer_success
+            for seq in range(5):
+                receipt = raw.publish(1, seq, b"before").command.send_receipt
+                assert receipt.message_id.entryId == seq
+        broker.restart()
+        with Raw(broker.broker.port) as raw:
+            second = raw.producer(topic).command.producer_success
+            assert second.producer_name != first.producer_name
+            assert second.last_sequence_id == -1  # no inherited dedup state
+            receipt = raw.publish(1, 0, b"after").command.send_receipt
+            assert receipt.message_id.entryId == 5  # stored, not answered as a duplicate (-1)
+            # the first producer's name is free for its owner to come back with, not busy
+            back = raw.producer(topic, producer_id=2, name=first.producer_name).command.producer_success
+            assert back.last_sequence_id == 4
+    finally:
+        broker.stop()

@@ -57,12 +57,17 @@ class BrokerCore:
         self.topics: dict[str, Topic] = {}
         self.uncommitted: set[TopicLog] = set()  # logs with appends not yet handed to the OS
         self.producer_name_prefix = "pulsarwire"
+        self.generation = 0  # counts broker starts on this data dir, so names never repeat across restarts
         self._names = itertools.count()
         self._partitioned: dict[str, int] = {}
 
     def open(self) -> None:
         os.makedirs(self.data_dir, exist_ok=True)
         self._partitioned = read_json(self._metadata_path(), {})
+        state_path = os.path.join(self.data_dir, "broker.json")
+        state = read_json(state_path, {})
+        self.generation = int(state.get("generation", 0)) + 1
+        write_json(state_path, dict(state, generation=self.generation))
 
     def close(self) -> None:
         self.commit()
@@ -135,8 +140,13 @@ class BrokerCore:
 
     # producers
 
-    def new_producer_name(self) -> str:
-        return f"{self.producer_name_prefix}-{next(self._names)}"
+    def new_producer_name(self, topic: Topic | None = None) -> str:
+        """A name no producer had: `<prefix>-<generation>-<n>`, the generation counting broker starts
+        (dedup state is keyed by name; a reused name would inherit another producer's sequence ids)."""
+        while True:
+            name = f"{self.producer_name_prefix}-{self.generation}-{next(self._names)}"
+            if topic is None or (name not in topic.last_sequence and name not in topic.producers):
+                return name
 
     def publish(self, topic: Topic, producer_name: str, sequence_id: int, highest_sequence_id: int | None,
                 continuation_chunk: bool, body, checksum: int | None, publish_time: int,

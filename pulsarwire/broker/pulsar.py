@@ -337,7 +337,7 @@ class BrokerConnection(asyncio.Protocol):
                 last_sequence_id=topic.last_sequence.get(existing.name, -1)))
             return
         name = c.producer_name if c.HasField("producer_name") and c.producer_name else \
-            self.core.new_producer_name()
+            self.core.new_producer_name(topic)
         holder = topic.producers.get(name)
         if holder is not None and getattr(holder, "conn", None) is not self and not holder.closed:
             self._error(c.request_id, pb.ProducerBusy, f"producer {name} is already connected to {c.topic}")
