@@ -188,3 +188,35 @@ def test_assigned_producer_names_are_unique_across_restarts(tmp_path):
             assert back.last_sequence_id == 4
     finally:
         broker.stop()
+
+
+# item 3: acknowledgements of entries that do not exist
+
+def _ack(raw: Raw, consumer_id: int, entry_id: int, cumulative: bool) -> int:
+    rid = raw.rid()
+    ack = pb.CommandAck(consumer_id=consumer_id, request_id=rid,
+                        ack_type=pb.CommandAck.Cumulative if cumulative else pb.CommandAck.Individual)
+    ack.message_id.add(ledgerId=0, entryId=entry_id)
+    raw.send(command(T.ACK, "ack", ack))
+    return rid
+
+
+def test_acks_beyond_the_end_of_the_topic_are_refused(broker):
+    topic = "persistent://public/default/acks"
+    with Raw(broker.broker.port) as raw:
+        raw.producer(topic)
+        for seq in range(3):
+            raw.publish(1, seq, b"m%d" % seq)
+        assert raw.subscribe(topic).type == T.SUCCESS
+        for entry_id, cumulative in [(1000, True), (999, False), (3, True), ((1 << 64) - 1, False),
+                                     ((1 << 63) + 5, True)]:
+            rid = _ack(raw, 1, entry_id, cumulative)
+            answer = raw.next().command.ackResponse
+            assert answer.request_id == rid and answer.HasField("error"), (entry_id, cumulative)
+        for seq in range(3, 5):
+            raw.publish(1, seq, b"m%d" % seq)
+        raw.flow(1, 10)
+        got = [raw.next() for _ in range(5)]
+        assert [f.command.message.message_id.entryId for f in got] == [0, 1, 2, 3, 4]
+    subscription = broker.broker.topics[topic].subscriptions["s"]
+    assert subscription.cursor.mark_delete == -1 and not subscription.cursor.acked

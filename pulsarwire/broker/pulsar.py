@@ -436,16 +436,25 @@ class BrokerConnection(asyncio.Protocol):
     def on_ack(self, frame) -> None:
         c = frame.command.ack
         consumer = self.consumers.get(c.consumer_id)
+        refused = []
         if consumer is not None:
             subscription = consumer.subscription
             cumulative = c.ack_type == pb.CommandAck.Cumulative
             for mid in c.message_id:
-                subscription.ack(mid.entryId, ack_set_bits(mid.ack_set) if mid.ack_set else None, cumulative)
+                if not subscription.ack(mid.entryId, ack_set_bits(mid.ack_set) if mid.ack_set else None,
+                                        cumulative):
+                    refused.append(mid.entryId)
             subscription.dispatch()
             subscription.check_end_of_topic()
+            if refused:
+                log.warning("refused acks of entries %s on %s: the topic ends before entry %d",
+                            refused[:5], subscription.topic.name, subscription.topic.log.next_entry_id)
         if c.HasField("request_id"):
-            self.command(T.ACK_RESPONSE, "ackResponse",
-                         pb.CommandAckResponse(consumer_id=c.consumer_id, request_id=c.request_id))
+            response = pb.CommandAckResponse(consumer_id=c.consumer_id, request_id=c.request_id)
+            if refused:
+                response.error = pb.NotAllowedError
+                response.message = f"no entry {refused[0]} on this topic: acknowledgement refused"
+            self.command(T.ACK_RESPONSE, "ackResponse", response)
 
     def on_redeliver(self, frame) -> None:
         c = frame.command.redeliverUnacknowledgedMessages

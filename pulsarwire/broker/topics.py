@@ -138,8 +138,13 @@ class Subscription:
 
     # acknowledgement
 
-    def ack(self, entry_id: int, unacked_indexes: int | None, cumulative: bool) -> None:
-        """Acknowledge an entry (or, with `unacked_indexes`, all of its batch but those bits)."""
+    def ack(self, entry_id: int, unacked_indexes: int | None, cumulative: bool) -> bool:
+        """Acknowledge an entry (or, with `unacked_indexes`, all of its batch but those bits).
+
+        Returns False, changing nothing, for an entry the topic does not have yet: a cursor moved
+        past the end would silently skip every message published later."""
+        if not 0 <= entry_id < self.topic.log.next_entry_id:
+            return False
         cursor = self.cursor
         if cumulative:
             if unacked_indexes is not None:
@@ -157,6 +162,7 @@ class Subscription:
             cursor.ack(entry_id)
             self._settle(entry_id)
         self.dirty = True
+        return True
 
     def _settle(self, entry_id: int) -> None:
         consumer = self.owner.pop(entry_id, None)
