@@ -220,3 +220,34 @@ def test_acks_beyond_the_end_of_the_topic_are_refused(broker):
         assert [f.command.message.message_id.entryId for f in got] == [0, 1, 2, 3, 4]
     subscription = broker.broker.topics[topic].subscriptions["s"]
     assert subscription.cursor.mark_delete == -1 and not subscription.cursor.acked
+
+
+# item 5: a producer's num_messages claim
+
+def _batch(count: int, claimed_in_batch: int | None = None, sequence_id: int = 0):
+    builder = codec.BatchBuilder()
+    for i in range(count):
+        builder.add(b"b%d" % i)
+    md = pb.MessageMetadata(producer_name="raw", sequence_id=sequence_id, publish_time=1,
+                            num_messages_in_batch=count if claimed_in_batch is None else claimed_in_batch)
+    return md, builder.build()
+
+
+def test_num_messages_claims_cannot_stall_consumers(broker):
+    topic = "persistent://public/default/claims"
+    with Raw(broker.broker.port, timeout=5) as raw:
+        raw.producer(topic)
+        huge = 10 ** 9
+        raw.publish(1, 0, b"single", num_messages=huge)  # not a batch: 1 message
+        md, payload = _batch(2, sequence_id=1)
+        raw.publish(1, 1, payload, num_messages=huge, metadata=md)  # a real batch of 2
+        md, payload = _batch(2, claimed_in_batch=huge, sequence_id=2)
+        raw.publish(1, 2, payload, num_messages=huge, metadata=md)  # a batch that does not split
+        for seq in range(3, 6):
+            raw.publish(1, seq, b"plain")
+        log = broker.broker.topics[topic].log
+        assert [log.read(e).num_messages for e in range(6)] == [1, 2, 1, 1, 1, 1]
+        assert raw.subscribe(topic).type == T.SUCCESS
+        raw.flow(1, 10)
+        got = [raw.next() for _ in range(6)]  # the old broker stalled after the first entry
+        assert [f.command.message.message_id.entryId for f in got] == list(range(6))

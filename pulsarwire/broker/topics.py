@@ -16,7 +16,9 @@ import os
 import time
 from typing import Callable
 
+from .. import codec
 from .._proto import PulsarApi_pb2 as pb
+from ..errors import PulsarWireError
 from ..messages import ack_set_words
 from ..routing import murmur3_32
 from .storage import Cursor, TopicLog, read_json, write_json
@@ -24,6 +26,7 @@ from .storage import Cursor, TopicLog, read_json, write_json
 log = logging.getLogger("pulsarwire.broker")
 
 LEDGER_ID = 0
+COUNT_MAX_UNCOMPRESSED = 8 * 1024 * 1024  # a compressed batch larger than this is not counted (CPU bound)
 EARLIEST = -1  # a start position before every entry
 LATEST = 1 << 63  # a start position after every entry
 _SubType = pb.CommandSubscribe
@@ -311,6 +314,24 @@ def _entry_key(entry) -> bytes | None:
     return None
 
 
+def entry_message_count(body, claimed: int) -> int:
+    """How many messages an entry holds, which consumers' permits are charged: 1 unless it is a
+    batch, else the messages its payload really splits into. A producer's claim above 1 is never
+    trusted (10**9 would stall every consumer); a batch that does not split, or is too big to
+    decompress cheaply, counts as 1."""
+    if claimed <= 1:
+        return 1
+    try:
+        size = int.from_bytes(body[:4], "big")
+        metadata = pb.MessageMetadata.FromString(bytes(body[4:4 + size]))
+        if not metadata.HasField("num_messages_in_batch"):
+            return 1
+        payload = codec.decompress_payload(metadata, memoryview(body)[4 + size:], COUNT_MAX_UNCOMPRESSED)
+        return max(1, len(codec.split_messages(metadata, payload)))
+    except (PulsarWireError, ValueError):  # DecodeError is a ValueError
+        return 1
+
+
 def entry_metadata(entry) -> pb.MessageMetadata:
     size = int.from_bytes(entry.body[:4], "big")
     return pb.MessageMetadata.FromString(entry.body[4:4 + size])
@@ -358,7 +379,7 @@ class Topic:
     def append(self, body, checksum: int | None, publish_time: int, deliver_at_time: int | None,
                num_messages: int, producer_name: str, highest_sequence_id: int) -> int:
         """Store an entry, remember the producer's sequence id, and dispatch it."""
-        entry_id = self.log.append(body, checksum, publish_time, max(num_messages, 1))
+        entry_id = self.log.append(body, checksum, publish_time, entry_message_count(body, num_messages))
         self._on_append(self.log)
         if deliver_at_time is not None and deliver_at_time > time.time() * 1000:
             self.deliver_at[entry_id] = deliver_at_time
