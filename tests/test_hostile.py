@@ -251,3 +251,109 @@ def test_num_messages_claims_cannot_stall_consumers(broker):
         raw.flow(1, 10)
         got = [raw.next() for _ in range(6)]  # the old broker stalled after the first entry
         assert [f.command.message.message_id.entryId for f in got] == list(range(6))
+
+
+# item 8: authentication and TLS
+
+def test_official_client_gets_an_authentication_error_promptly(tmp_path):
+    pulsar = pytest.importorskip("pulsar")
+    broker = BrokerThread(tmp_path / "data", v1_port=None, auth_tokens={"secret"}).start()
+    try:
+        for auth in (pulsar.AuthenticationToken("wrong"), None):
+            client = pulsar.Client(broker.url, authentication=auth, operation_timeout_seconds=20)
+            try:
+                for attempt in (lambda: client.create_producer("auth-topic"),
+                                lambda: client.subscribe("auth-topic", "s")):
+                    started = time.monotonic()
+                    with pytest.raises(pulsar.AuthenticationError):
+                        attempt()
+                    assert time.monotonic() - started < 5  # not a TimeOut after retries
+            finally:
+                client.close()
+        client = pulsar.Client(broker.url, authentication=pulsar.AuthenticationToken("secret"))
+        try:
+            client.create_producer("auth-topic").send(b"ok")
+        finally:
+            client.close()
+    finally:
+        broker.stop()
+
+
+def test_unauthenticated_connection_is_refused_every_request(tmp_path):
+    broker = BrokerThread(tmp_path / "data", v1_port=None, auth_tokens={"secret"}).start()
+    try:
+        for token in ("wrong", None, ""):
+            with Raw(broker.broker.port, token=token) as raw:
+                answer = raw.producer("persistent://public/default/refused")
+                assert answer.type == T.ERROR and answer.command.error.error == pb.AuthenticationError
+                assert answer.command.error.request_id == raw.request_id
+                answer = raw.subscribe("persistent://public/default/refused")
+                assert answer.command.error.error == pb.AuthenticationError
+                rid = raw.rid()
+                raw.send(command(T.LOOKUP, "lookupTopic", pb.CommandLookupTopic(topic="x", request_id=rid)))
+                answer = raw.next().command.lookupTopicResponse
+                assert answer.request_id == rid and answer.error == pb.AuthenticationError
+                answer = raw.publish(1, 0, b"sneaky")
+                assert answer.type == T.SEND_ERROR and answer.command.send_error.error == pb.AuthenticationError
+        assert broker.broker.topics == {}
+    finally:
+        broker.stop()
+
+
+def test_empty_auth_token_is_refused_at_startup(tmp_path):
+    import subprocess
+    import sys
+
+    from pulsarwire.broker.server import Broker
+
+    with pytest.raises(ValueError):
+        Broker(str(tmp_path / "a"), v1_port=None, auth_tokens={""})
+    done = subprocess.run([sys.executable, "-m", "pulsarwire", "broker", "--data-dir", str(tmp_path / "b"),
+                           "--port", str(free_port()), "--v1-port", "-1", "--auth-token", ""],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode != 0 and "auth-token" in done.stderr
+
+
+def _certificate(tmp_path):
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    return cert, key
+
+
+def test_cli_tls_only_broker(tmp_path):
+    import subprocess
+    import sys
+
+    from .peers import terminate, wait_for_port
+
+    pulsar = pytest.importorskip("pulsar")
+    cert, key = _certificate(tmp_path)
+    tls_port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pulsarwire", "broker", "--data-dir", str(tmp_path / "data"), "--port", "-1",
+         "--v1-port", "-1", "--tls-port", str(tls_port), "--tls-cert-file", str(cert),
+         "--tls-key-file", str(key)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_port(tls_port, process=process)
+        banner = process.stdout.readline()
+        assert f"pulsar+ssl://127.0.0.1:{tls_port}" in banner and "pulsar://" not in banner
+        client = pulsar.Client(f"pulsar+ssl://127.0.0.1:{tls_port}", tls_trust_certs_file_path=str(cert),
+                               operation_timeout_seconds=10)
+        try:
+            consumer = client.subscribe("tls-only", "s", initial_position=pulsar.InitialPosition.Earliest)
+            client.create_producer("tls-only").send(b"over tls")
+            assert consumer.receive(10000).data() == b"over tls"
+        finally:
+            client.close()
+    finally:
+        terminate(process)
+    bad = subprocess.run([sys.executable, "-m", "pulsarwire", "broker", "--data-dir", str(tmp_path / "x"),
+                          "--port", "-1", "--v1-port", "-1"], capture_output=True, text=True, timeout=30)
+    assert bad.returncode != 0 and "--tls-port" in bad.stderr

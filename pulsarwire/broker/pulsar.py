@@ -5,6 +5,7 @@ which the domain reaches this connection's producers and consumers.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import time
 from typing import Any, Callable
@@ -45,7 +46,9 @@ class PulsarService:
                  max_message_size: int = codec.DEFAULT_MAX_MESSAGE_SIZE,
                  keep_alive_interval: float = 30.0) -> None:
         self.core = core
-        self.auth_tokens = auth_tokens
+        if auth_tokens is not None and (not auth_tokens or any(not token for token in auth_tokens)):
+            raise ValueError("auth tokens must be non-empty strings (an empty one would admit a CONNECT without a token)")
+        self.auth_tokens = None if auth_tokens is None else [t.encode() for t in auth_tokens]
         self.max_message_size = max_message_size
         self.keep_alive_interval = keep_alive_interval
         self.connections: set[BrokerConnection] = set()
@@ -120,6 +123,7 @@ class BrokerConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.reader = codec.FrameReader(service.max_message_size + codec.FRAME_PADDING, send_fast_path=True)
         self.connected = False
+        self.refused = ""  # why authentication failed: every request is answered with that error
         self.closed = False
         self.writable = True
         self.producers: dict[int, PulsarProducer] = {}
@@ -232,11 +236,17 @@ class BrokerConnection(asyncio.Protocol):
         if type(frame) is codec.SendFrame:
             if not self.connected:
                 raise PulsarWireError("SEND before CONNECT")
+            if self.refused:
+                self._send_error(frame.producer_id, frame.sequence_id, pb.AuthenticationError, self.refused)
+                return
             self.on_send_fast(frame)
             return
         kind = frame.command.type
         if not self.connected and kind != T.CONNECT:
             raise PulsarWireError(f"command {kind} before CONNECT")
+        if self.refused and kind not in (T.PING, T.PONG):
+            self._refuse(frame.command)
+            return
         handler = _HANDLERS.get(kind)
         if handler is None:
             log.info("unsupported command %s", kind)
@@ -268,17 +278,43 @@ class BrokerConnection(asyncio.Protocol):
             raise PulsarWireError("second CONNECT on one connection")
         tokens = self.service.auth_tokens
         if tokens is not None:
-            token = c.auth_data.decode("utf-8", "replace") if c.HasField("auth_data") else ""
-            if c.auth_method_name != "token" or token not in tokens:
-                self._error(0, pb.AuthenticationError, "authentication failed")
-                self.flush()
-                self.close()
-                return
+            offered = c.auth_data if c.HasField("auth_data") else b""
+            # compare with every token, so the time taken does not tell which one nearly matched
+            matched = [hmac.compare_digest(offered, token) for token in tokens]
+            if c.auth_method_name != "token" or not offered or not any(matched):
+                # The official (C++) client treats any answer to CONNECT but CONNECTED as a broken
+                # connection and retries until its operation timeout. So the handshake completes,
+                # and every request on this connection is refused with AuthenticationError, which
+                # clients raise at once; the handshake timeout closes the connection.
+                log.warning("authentication failed (method %r)", c.auth_method_name)
+                self.refused = "authentication failed: " + (
+                    "no token offered" if not offered else "the token is not accepted")
         self.connected = True
         response = pb.CommandConnected(server_version=SERVER_VERSION,
                                        protocol_version=min(c.protocol_version, MAX_PROTOCOL_VERSION),
                                        max_message_size=self.service.max_message_size)
         self.command(T.CONNECTED, "connected", response)
+
+    def _refuse(self, command) -> None:
+        """Answer one request on an unauthenticated connection with AuthenticationError."""
+        kind = command.type
+        if kind == T.LOOKUP:
+            self.command(T.LOOKUP_RESPONSE, "lookupTopicResponse", pb.CommandLookupTopicResponse(
+                request_id=command.lookupTopic.request_id, response=pb.CommandLookupTopicResponse.Failed,
+                error=pb.AuthenticationError, message=self.refused))
+        elif kind == T.PARTITIONED_METADATA:
+            self.command(T.PARTITIONED_METADATA_RESPONSE, "partitionMetadataResponse",
+                         pb.CommandPartitionedTopicMetadataResponse(
+                             request_id=command.partitionMetadata.request_id,
+                             response=pb.CommandPartitionedTopicMetadataResponse.Failed,
+                             error=pb.AuthenticationError, message=self.refused))
+        elif kind == T.SEND:
+            self._send_error(command.send.producer_id, command.send.sequence_id, pb.AuthenticationError,
+                             self.refused)
+        else:
+            request_id = _request_id(command)
+            if request_id is not None:
+                self._error(request_id, pb.AuthenticationError, self.refused)
 
     def on_ping(self, frame) -> None:
         self.command(T.PONG, "pong", pb.CommandPong())

@@ -3,6 +3,8 @@ front end (Pulsar binary, Pulsar over TLS, V1 text) and runs the maintenance loo
 
     async with Broker(data_dir) as broker:      # free ports on 127.0.0.1
         broker.service_url                      # pulsar://127.0.0.1:PORT
+
+`port=None` turns the plaintext Pulsar listener off (then `tls_port` is required).
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ log = logging.getLogger("pulsarwire.broker")
 
 
 class Broker:
-    def __init__(self, data_dir: str, *, host: str = "127.0.0.1", port: int = 0,
+    def __init__(self, data_dir: str, *, host: str = "127.0.0.1", port: int | None = 0,
                  tls_port: int | None = None, ssl_context: ssl.SSLContext | None = None,
                  v1_port: int | None = 0, auth_tokens: set[str] | None = None,
                  sync_policy: str = SYNC_INTERVAL, sync_interval: float = 1.0,
@@ -64,28 +66,31 @@ class Broker:
     # lifecycle
 
     async def start(self) -> "Broker":
+        if self.port is None and self.tls_port is None:
+            raise ValueError("with the plaintext port off (port=None) a tls_port is needed")
+        if self.tls_port is not None and self.ssl_context is None:
+            raise ValueError("tls_port needs an ssl_context")
         self.core.open()
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(self.pulsar.protocol(), self.host, self.port)
-        self._servers.append(server)
-        self.port = server.sockets[0].getsockname()[1]
-        self.core.producer_name_prefix = f"pulsarwire-{self.port}"
-        self.service_url = f"pulsar://{self.host}:{self.port}"
-        self.pulsar.lookup_url = self.advertised_url or self.service_url
+        if self.port is not None:
+            server = await loop.create_server(self.pulsar.protocol(), self.host, self.port)
+            self._servers.append(server)
+            self.port = server.sockets[0].getsockname()[1]
+            self.service_url = f"pulsar://{self.host}:{self.port}"
         if self.tls_port is not None:
-            if self.ssl_context is None:
-                raise ValueError("tls_port needs an ssl_context")
             tls_server = await loop.create_server(self.pulsar.protocol(tls=True), self.host,
                                                   self.tls_port, ssl=self.ssl_context)
             self._servers.append(tls_server)
             self.tls_port = tls_server.sockets[0].getsockname()[1]
             self.service_url_tls = f"pulsar+ssl://{self.host}:{self.tls_port}"
             self.pulsar.service_url_tls = self.service_url_tls
+        self.core.producer_name_prefix = f"pulsarwire-{self.port if self.port is not None else self.tls_port}"
+        self.pulsar.lookup_url = self.advertised_url or self.service_url or self.service_url_tls
         if self.v1_port is not None:
             self.v1 = V1Server(self.core, **self.v1_options)
             self.v1_port = await self.v1.start(self.host, self.v1_port)
         self._background = asyncio.ensure_future(self._maintain())
-        log.info("broker on %s (data in %s)", self.service_url, self.data_dir)
+        log.info("broker on %s (data in %s)", self.service_url or self.service_url_tls, self.data_dir)
         return self
 
     async def stop(self) -> None:
