@@ -68,6 +68,17 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a V1 replica silent this long leaves the ISR")
     broker.add_argument("--session-timeout", type=float, default=10.0, metavar="SECONDS",
                         help="a V1 group member silent this long is removed")
+    broker.add_argument("--max-connections", type=int, default=1000,
+                        help="Pulsar connections served at once; more are refused (default 1000)")
+    broker.add_argument("--max-output-bytes", type=int, default=4 * 1024 * 1024, metavar="BYTES",
+                        help="unsent output per connection before the broker stops dispatching to it and "
+                             "reading from it (default 4 MiB)")
+    broker.add_argument("--handshake-timeout", type=float, default=10.0, metavar="SECONDS",
+                        help="a connection without an accepted CONNECT this long is closed (default 10)")
+    broker.add_argument("--max-frame-before-connect", type=int, default=64 * 1024, metavar="BYTES",
+                        help="largest frame before CONNECT is accepted (default 64 KiB)")
+    broker.add_argument("--frame-timeout", type=float, default=30.0, metavar="SECONDS",
+                        help="a frame still incomplete after this long closes its connection (default 30)")
     broker.add_argument("--v1-consume-max-bytes", type=int, default=None, metavar="BYTES",
                         help="most record bytes in one V1 CONSUME reply (default 8 MiB)")
 
@@ -162,7 +173,9 @@ async def run_broker(args) -> int:
                     sync_policy=args.sync_policy, replication_factor=args.replication_factor,
                     min_insync_replicas=args.min_insync_replicas, v1_partitions=args.v1_partitions,
                     replication_timeout=args.replication_timeout, replica_lag_time=args.replica_lag_time,
-                    session_timeout=args.session_timeout,
+                    session_timeout=args.session_timeout, max_connections=args.max_connections,
+                    max_output_bytes=args.max_output_bytes, handshake_timeout=args.handshake_timeout,
+                    max_frame_before_connect=args.max_frame_before_connect, frame_timeout=args.frame_timeout,
                     v1_consume_max_bytes=DEFAULT_CONSUME_MAX_BYTES if args.v1_consume_max_bytes is None
                     else args.v1_consume_max_bytes)
     await broker.start()

@@ -357,3 +357,167 @@ def test_cli_tls_only_broker(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "pulsarwire", "broker", "--data-dir", str(tmp_path / "x"),
                           "--port", "-1", "--v1-port", "-1"], capture_output=True, text=True, timeout=30)
     assert bad.returncode != 0 and "--tls-port" in bad.stderr
+
+
+# item 7: bounded buffering, handshake and frame deadlines, connection limit
+
+def _stats(broker) -> dict:
+    return broker.call(broker.broker.pulsar.stats)
+
+
+def _eventually(predicate, timeout: float = 5.0, step: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(step)
+
+
+def _closed_by_broker(sock: socket.socket, timeout: float) -> bool:
+    sock.settimeout(timeout)
+    try:
+        while True:
+            if not sock.recv(65536):
+                return True
+    except socket.timeout:
+        return False
+    except ConnectionError:
+        return True
+
+
+@pytest.fixture
+def strict(tmp_path):
+    b = BrokerThread(tmp_path / "data", v1_port=None, handshake_timeout=0.5, frame_timeout=1.0,
+                     max_connections=4, max_output_bytes=64 * 1024).start()
+    yield b
+    b.stop()
+
+
+def test_connection_without_connect_is_closed_after_the_handshake_timeout(strict):
+    with socket.create_connection(("127.0.0.1", strict.broker.port)) as idle:
+        started = time.monotonic()
+        assert _closed_by_broker(idle, 5)
+        assert time.monotonic() - started < 3
+    with Raw(strict.broker.port, token="unused") as raw:  # auth is off: a connected one stays
+        assert not _closed_by_broker(raw.sock, 1.5)
+    assert _stats(strict)["handshake_timeouts"] == 1
+
+
+def test_big_frame_before_connect_is_refused_at_its_header(strict):
+    with socket.create_connection(("127.0.0.1", strict.broker.port)) as s:
+        s.sendall((5 * 1024 * 1024).to_bytes(4, "big") + b"\0" * 60000)
+        assert _closed_by_broker(s, 3)
+    stats = _stats(strict)
+    assert stats["oversized_frames_before_connect"] == 1 and stats["input_bytes"] == 0
+    with Raw(strict.broker.port) as raw:  # after CONNECT, big frames are fine
+        raw.producer("persistent://public/default/big")
+        receipt = raw.publish(1, 0, b"x" * (1024 * 1024))
+        assert receipt.type == T.SEND_RECEIPT
+
+
+def test_slowloris_frame_is_closed_by_the_frame_timeout(strict):
+    with Raw(strict.broker.port) as raw:
+        frame = command(T.PING, "ping", pb.CommandPing())
+        started = time.monotonic()
+        closed = False
+        for byte in frame * 20:
+            try:
+                raw.sock.sendall(bytes([byte]))
+            except OSError:
+                closed = True
+                break
+            raw.sock.settimeout(0.25)
+            try:
+                if raw.sock.recv(65536) == b"":
+                    closed = True
+                    break
+            except socket.timeout:
+                pass
+        assert closed and time.monotonic() - started < 4
+    assert _stats(strict)["frame_timeouts"] == 1
+
+
+def test_connections_over_the_limit_are_refused_with_an_error(strict):
+    held = [Raw(strict.broker.port) for _ in range(4)]
+    try:
+        with Raw(strict.broker.port, connect=False) as extra:
+            answer = extra.next()
+            assert answer.type == T.ERROR and answer.command.error.error == pb.ServiceNotReady
+            assert "too many connections" in answer.command.error.message
+            assert extra.next() is None
+        held.pop().close()
+        assert _eventually(lambda: _stats(strict)["connections"] == 3)
+        with Raw(strict.broker.port) as again:
+            assert again.connected.type == T.CONNECTED
+    finally:
+        for raw in held:
+            raw.close()
+    assert _stats(strict)["refused_connections"] == 1
+
+
+def test_ping_flood_that_never_reads_is_bounded(strict):
+    ping = command(T.PING, "ping", pb.CommandPing())
+    pong = command(T.PONG, "pong", pb.CommandPong())
+    with Raw(strict.broker.port) as raw:
+        raw.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 32 * 1024)
+        raw.sock.settimeout(0.5)
+        sent = 0
+        try:
+            for _ in range(200):  # up to 2 M pings, until the broker stops reading
+                raw.sock.sendall(ping * 10_000)
+                sent += 10_000
+        except socket.timeout:
+            pass  # part of the last chunk may have gone: count only what is known
+        assert sent < 2_000_000  # the broker stopped reading
+        stats = _stats(strict)
+        budget = 64 * 1024
+        assert stats["output_pauses"] >= 1 and stats["paused_connections"] == 1
+        assert stats["peak_connection_output_bytes"] <= budget + 64 * 1024
+        assert stats["output_bytes"] <= budget + 64 * 1024
+        # reading resumes the broker: every ping sent in full is answered
+        raw.sock.settimeout(10)
+        received = 0
+        while received < sent * len(pong):
+            data = raw.sock.recv(1 << 20)
+            assert data
+            received += len(data)
+
+
+def test_consumer_that_never_reads_is_bounded_and_its_memory_freed_on_close(strict):
+    topic = "persistent://public/default/unread"
+    body = b"p" * 4096
+    with Raw(strict.broker.port) as producer:
+        producer.producer(topic)
+        for seq in range(1000):  # 4 MB
+            producer.publish(1, seq, body)
+    consumer = Raw(strict.broker.port)
+    assert consumer.subscribe(topic).type == T.SUCCESS
+    consumer.flow(1, 100_000)
+    time.sleep(0.5)
+    stats = _stats(strict)
+    assert stats["paused_connections"] == 1
+    assert stats["output_bytes"] <= 64 * 1024 + 2 * len(body) + 1024
+    consumer.close()  # without reading: what was queued for it is dropped
+    assert _eventually(lambda: _stats(strict)["connections"] == 0)
+    assert _stats(strict)["output_bytes"] == 0
+    with Raw(strict.broker.port) as again:  # the unread messages go to the next consumer, all of them
+        again.subscribe(topic)
+        again.flow(1, 2000)
+        ids = [again.next().command.message.message_id.entryId for _ in range(1000)]
+        assert sorted(ids) == list(range(1000))
+
+
+def test_unfinished_big_frames_are_freed_when_their_connections_close(tmp_path):
+    broker = BrokerThread(tmp_path / "data", v1_port=None).start()
+    try:
+        held = [Raw(broker.broker.port) for _ in range(4)]
+        for raw in held:
+            raw.sock.sendall((5 * 1024 * 1024).to_bytes(4, "big") + b"\0" * (3 * 1024 * 1024))
+        assert _eventually(lambda: _stats(broker)["input_bytes"] >= 4 * 3 * 1024 * 1024)
+        for raw in held:
+            raw.close()
+        assert _eventually(lambda: _stats(broker)["connections"] == 0)
+        assert _stats(broker)["input_bytes"] == 0
+    finally:
+        broker.stop()

@@ -5,6 +5,7 @@ which the domain reaches this connection's producers and consumers.
 from __future__ import annotations
 
 import asyncio
+import collections
 import hmac
 import logging
 import time
@@ -12,7 +13,7 @@ from typing import Any, Callable
 
 from .. import __version__, codec
 from .._proto import PulsarApi_pb2 as pb
-from ..errors import BadMetadataError, ChecksumMismatchError, PulsarWireError
+from ..errors import BadMetadataError, ChecksumMismatchError, FrameTooLargeError, PulsarWireError
 from ..messages import ack_set_bits
 from .core import DUPLICATE, BrokerCore, InvalidTopicName, highest_sequence
 from .topics import EARLIEST, LATEST, LEDGER_ID, ConsumerLink, ProducerLink, Subscription, Topic, start_entry
@@ -21,7 +22,13 @@ log = logging.getLogger("pulsarwire.broker")
 T = pb.BaseCommand
 SERVER_VERSION = f"pulsarwire-broker-{__version__}"
 MAX_PROTOCOL_VERSION = 21
-_WRITE_HIGH_WATER = 4 * 1024 * 1024
+# Limits on what one client can make the broker hold (Broker options and CLI flags of the same names).
+DEFAULT_MAX_CONNECTIONS = 1000
+DEFAULT_MAX_OUTPUT_BYTES = 4 * 1024 * 1024  # unsent output per connection before it is paused
+DEFAULT_HANDSHAKE_TIMEOUT = 10.0  # seconds from accept to an accepted CONNECT
+DEFAULT_MAX_FRAME_BEFORE_CONNECT = 64 * 1024
+DEFAULT_FRAME_TIMEOUT = 30.0  # seconds one frame may take to arrive in full
+CLOSE_GRACE = 5.0  # seconds a closing connection may take to send its last bytes before it is aborted
 _U64 = 0xFFFFFFFFFFFFFFFF
 _I64_MAX = 0x7FFFFFFFFFFFFFFF
 
@@ -44,8 +51,26 @@ class PulsarService:
 
     def __init__(self, core: BrokerCore, *, auth_tokens: set[str] | None = None,
                  max_message_size: int = codec.DEFAULT_MAX_MESSAGE_SIZE,
-                 keep_alive_interval: float = 30.0) -> None:
+                 keep_alive_interval: float = 30.0, max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                 max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+                 handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+                 max_frame_before_connect: int = DEFAULT_MAX_FRAME_BEFORE_CONNECT,
+                 frame_timeout: float = DEFAULT_FRAME_TIMEOUT) -> None:
+        for name, value in (("max_connections", max_connections), ("max_output_bytes", max_output_bytes),
+                            ("handshake_timeout", handshake_timeout), ("frame_timeout", frame_timeout)):
+            if value <= 0:
+                raise ValueError(f"{name} must be positive")
+        if max_frame_before_connect < 64:
+            raise ValueError("max_frame_before_connect must be at least 64 bytes (a CONNECT must fit)")
         self.core = core
+        self.max_connections = max_connections
+        self.max_output_bytes = max_output_bytes
+        self.handshake_timeout = handshake_timeout
+        self.max_frame_before_connect = max_frame_before_connect
+        self.frame_timeout = frame_timeout
+        # what hostile or slow clients cost: refused/closed connections, pauses, peak output held
+        self.counters: collections.Counter[str] = collections.Counter()
+        self._sweeper: asyncio.Task | None = None
         if auth_tokens is not None and (not auth_tokens or any(not token for token in auth_tokens)):
             raise ValueError("auth tokens must be non-empty strings (an empty one would admit a CONNECT without a token)")
         self.auth_tokens = None if auth_tokens is None else [t.encode() for t in auth_tokens]
@@ -59,8 +84,35 @@ class PulsarService:
         return lambda: BrokerConnection(self, tls)
 
     def close_all(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         for conn in list(self.connections):
             conn.close()
+
+    def stats(self) -> dict[str, int]:
+        """The counters, plus what live connections hold now: unsent output and unfinished input."""
+        live = list(self.connections)
+        return dict(self.counters, connections=len(live),
+                    output_bytes=sum(c.output_bytes for c in live),
+                    input_bytes=sum(c.reader.buffered for c in live),
+                    paused_connections=sum(1 for c in live if not c.writable))
+
+    def watch(self) -> None:
+        """Start the sweep that closes connections past their handshake or frame deadline."""
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.ensure_future(self._sweep())
+
+    async def _sweep(self) -> None:
+        step = max(0.05, min(1.0, self.handshake_timeout / 4, self.frame_timeout / 4))
+        try:
+            while True:
+                await asyncio.sleep(step)
+                now = time.monotonic()
+                for conn in list(self.connections):
+                    conn.check_deadlines(now)
+        except asyncio.CancelledError:
+            pass
 
 
 class PulsarConsumer(ConsumerLink):
@@ -125,27 +177,56 @@ class BrokerConnection(asyncio.Protocol):
         self.connected = False
         self.refused = ""  # why authentication failed: every request is answered with that error
         self.closed = False
+        # False while unsent output is over the budget: no dispatch to it, no reading from it
         self.writable = True
         self.producers: dict[int, PulsarProducer] = {}
         self.consumers: dict[int, PulsarConsumer] = {}
         self.last_received = time.monotonic()
+        self.accepted_at = self.last_received
+        self._partial_since: float | None = None  # when the unfinished frame in the reader began
         self._keepalive: asyncio.Task | None = None
         self._out: list[bytes] = []
+        self._out_bytes = 0
         self._flush_scheduled = False
+        self._transport_paused = False  # between the transport's pause_writing and resume_writing
 
     # asyncio.Protocol
 
     def connection_made(self, transport) -> None:
         self.transport = transport
-        self.transport.set_write_buffer_limits(high=_WRITE_HIGH_WATER)
-        self.service.connections.add(self)
+        service = self.service
+        budget = service.max_output_bytes
+        transport.set_write_buffer_limits(high=budget, low=budget // 2)
+        if len(service.connections) >= service.max_connections:
+            service.counters["refused_connections"] += 1
+            log.warning("refusing a connection: at the limit of %d connections", service.max_connections)
+            self._error(_U64, pb.ServiceNotReady,
+                        f"too many connections: this broker serves at most {service.max_connections}")
+            self.close()
+            return
+        self.reader.max_frame_size = service.max_frame_before_connect
+        service.connections.add(self)
+        service.watch()
         self._keepalive = asyncio.ensure_future(self._keep_alive())
 
     def data_received(self, data: bytes) -> None:
-        self.last_received = time.monotonic()
+        if self.closed:
+            return
+        now = self.last_received = time.monotonic()
         try:
             self.reader.feed(data)
-            while True:
+        except PulsarWireError as exc:
+            log.warning("closing connection: %s", exc)
+            self.close()
+            return
+        if self._partial_since is None:
+            self._partial_since = now
+        self._process()
+
+    def _process(self) -> None:
+        """Handle the complete frames the reader holds, stopping while output is over budget."""
+        try:
+            while self.writable and not self.closed:
                 try:
                     frame = self.reader.next_frame()
                 except (ChecksumMismatchError, BadMetadataError) as exc:
@@ -157,28 +238,82 @@ class BrokerConnection(asyncio.Protocol):
                     raise
                 if frame is None:
                     break
+                self._partial_since = time.monotonic() if self.reader.buffered else None
                 self._handle(frame)
         except PulsarWireError as exc:
+            if isinstance(exc, FrameTooLargeError) and not self.connected:
+                self.service.counters["oversized_frames_before_connect"] += 1
             log.warning("closing connection: %s", exc)
             self.close()
+        if not self.reader.buffered:
+            self._partial_since = None
         self.flush()
+
+    def check_deadlines(self, now: float) -> None:
+        """Close a connection that has not completed its handshake, or whose frame is too slow."""
+        service = self.service
+        if (not self.connected or self.refused) and now - self.accepted_at > service.handshake_timeout:
+            service.counters["handshake_timeouts"] += 1
+            log.warning("closing a connection %s after %.0fs", "refused authentication" if self.refused
+                        else "that did not CONNECT", service.handshake_timeout)
+            self.close(abort=True)
+        elif self.writable and self._partial_since is not None and self.reader.buffered and \
+                now - self._partial_since > service.frame_timeout:
+            service.counters["frame_timeouts"] += 1
+            log.warning("closing a connection whose frame took over %.0fs (%d bytes arrived)",
+                        service.frame_timeout, self.reader.buffered)
+            self.close(abort=True)
 
     def connection_lost(self, exc) -> None:
         self._cleanup()
 
     def pause_writing(self) -> None:
-        self.writable = False
+        self._transport_paused = True
+        self._pause()
 
     def resume_writing(self) -> None:
+        self._transport_paused = False
+        self._resume()
+
+    def _resume_unless_transport_paused(self) -> None:
+        if not self._transport_paused:
+            self._resume()
+
+    def _pause(self) -> None:
+        if self.writable:
+            self.writable = False
+            self.service.counters["output_pauses"] += 1
+            if self.transport is not None and not self.closed:
+                self.transport.pause_reading()
+
+    def _resume(self) -> None:
+        if self.writable or self.closed:
+            return
         self.writable = True
+        if self.transport is not None:
+            self.transport.resume_reading()
+        if self._partial_since is not None:
+            self._partial_since = time.monotonic()  # the client may have been stalled by us
         for consumer in list(self.consumers.values()):
             consumer.subscription.dispatch()
-        self.flush()
+        self._process()  # frames read before the pause
 
     # output
 
+    @property
+    def output_bytes(self) -> int:
+        """Output queued and not yet taken by the socket."""
+        transport = self.transport
+        buffered = transport.get_write_buffer_size() if transport is not None and not self.closed else 0
+        return self._out_bytes + buffered
+
     def write(self, data: bytes) -> None:
+        if self.closed:
+            return
         self._out.append(data)
+        self._out_bytes += len(data)
+        if self.writable and self.output_bytes > self.service.max_output_bytes:
+            self._pause()
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
@@ -188,23 +323,45 @@ class BrokerConnection(asyncio.Protocol):
         if self._out and self.transport is not None and not self.closed:
             self.core.commit()  # nothing is acknowledged before it is written
             self.transport.writelines(self._out)
+            self._out_bytes = 0
+            output = self.output_bytes
+            if output > self.service.counters["peak_connection_output_bytes"]:
+                self.service.counters["peak_connection_output_bytes"] = output
         self._out.clear()
+        self._out_bytes = 0
+        if not self.writable and not self.closed and not self._transport_paused:
+            # the transport holds at most the budget and will send no resume_writing: resume
+            # (scheduled, as flush runs inside _process)
+            asyncio.get_running_loop().call_soon(self._resume_unless_transport_paused)
 
     def command(self, kind: Any, field: str, sub) -> None:
         cmd = T(type=kind)
         getattr(cmd, field).CopyFrom(sub)
         self.write(codec.encode_command(cmd))
 
-    def close(self) -> None:
-        if self.transport is not None:
-            self.flush()
-            self.transport.close()
+    def close(self, abort: bool = False) -> None:
+        """Close after sending what is queued; `abort` drops it. A peer that does not read what is
+        left within CLOSE_GRACE is aborted, so its unsent output is freed."""
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            if abort:
+                transport.abort()
+            else:
+                self.flush()
+                transport.close()
+                if transport.get_write_buffer_size():
+                    asyncio.get_running_loop().call_later(CLOSE_GRACE, transport.abort)
         self._cleanup()
 
     def _cleanup(self) -> None:
         if self.closed:
             return
         self.closed = True
+        self.writable = False
+        # hand back what this connection held: unread input, unsent output
+        self.reader = _CLOSED_READER
+        self._out.clear()
+        self._out_bytes = 0
         if self._keepalive is not None:
             self._keepalive.cancel()
         self.service.connections.discard(self)
@@ -290,6 +447,8 @@ class BrokerConnection(asyncio.Protocol):
                 self.refused = "authentication failed: " + (
                     "no token offered" if not offered else "the token is not accepted")
         self.connected = True
+        if not self.refused:  # an unauthenticated connection keeps the small frame limit
+            self.reader.max_frame_size = self.service.max_message_size + codec.FRAME_PADDING
         response = pb.CommandConnected(server_version=SERVER_VERSION,
                                        protocol_version=min(c.protocol_version, MAX_PROTOCOL_VERSION),
                                        max_message_size=self.service.max_message_size)
@@ -567,6 +726,9 @@ class BrokerConnection(asyncio.Protocol):
 
     def on_auth_response(self, frame) -> None:
         pass  # we never challenge; a refreshed token needs no answer
+
+
+_CLOSED_READER = codec.FrameReader(8)  # what a closed connection holds instead of its buffers
 
 
 def _request_id(command) -> int | None:
