@@ -16,7 +16,9 @@ import os
 import time
 from typing import Callable
 
+from .. import codec
 from .._proto import PulsarApi_pb2 as pb
+from ..errors import PulsarWireError
 from ..messages import ack_set_words
 from ..routing import murmur3_32
 from .storage import CorruptEntryError, Cursor, FilePool, StorageError, TopicLog, read_json
@@ -24,6 +26,7 @@ from .storage import CorruptEntryError, Cursor, FilePool, StorageError, TopicLog
 log = logging.getLogger("pulsarwire.broker")
 
 LEDGER_ID = 0
+COUNT_MAX_UNCOMPRESSED = 8 * 1024 * 1024  # a compressed batch larger than this is not counted (CPU bound)
 EARLIEST = -1  # a start position before every entry
 LATEST = 1 << 63  # a start position after every entry
 _SubType = pb.CommandSubscribe
@@ -139,8 +142,13 @@ class Subscription:
 
     # acknowledgement
 
-    def ack(self, entry_id: int, unacked_indexes: int | None, cumulative: bool) -> None:
-        """Acknowledge an entry (or, with `unacked_indexes`, all of its batch but those bits)."""
+    def ack(self, entry_id: int, unacked_indexes: int | None, cumulative: bool) -> bool:
+        """Acknowledge an entry (or, with `unacked_indexes`, all of its batch but those bits).
+
+        Returns False, changing nothing, for an entry the topic does not have yet: a cursor moved
+        past the end would silently skip every message published later."""
+        if not 0 <= entry_id < self.topic.log.next_entry_id:
+            return False
         cursor = self.cursor
         if cumulative:
             if unacked_indexes is not None:
@@ -158,6 +166,7 @@ class Subscription:
             cursor.ack(entry_id)
             self._settle(entry_id)
         self.dirty = True
+        return True
 
     def _settle(self, entry_id: int) -> None:
         consumer = self.owner.pop(entry_id, None)
@@ -343,6 +352,24 @@ def _entry_key(entry) -> bytes | None:
     return None
 
 
+def entry_message_count(body, claimed: int) -> int:
+    """How many messages an entry holds, which consumers' permits are charged: 1 unless it is a
+    batch, else the messages its payload really splits into. A producer's claim above 1 is never
+    trusted (10**9 would stall every consumer); a batch that does not split, or is too big to
+    decompress cheaply, counts as 1."""
+    if claimed <= 1:
+        return 1
+    try:
+        size = int.from_bytes(body[:4], "big")
+        metadata = pb.MessageMetadata.FromString(bytes(body[4:4 + size]))
+        if not metadata.HasField("num_messages_in_batch"):
+            return 1
+        payload = codec.decompress_payload(metadata, memoryview(body)[4 + size:], COUNT_MAX_UNCOMPRESSED)
+        return max(1, len(codec.split_messages(metadata, payload)))
+    except (PulsarWireError, ValueError):  # DecodeError is a ValueError
+        return 1
+
+
 def entry_metadata(entry) -> pb.MessageMetadata:
     size = int.from_bytes(entry.body[:4], "big")
     return pb.MessageMetadata.FromString(entry.body[4:4 + size])
@@ -395,7 +422,7 @@ class Topic:
         """Store an entry, remember the producer's sequence id, and dispatch it."""
         batch = self.log.batch
         try:
-            entry_id = self.log.append(body, checksum, publish_time, max(num_messages, 1))
+            entry_id = self.log.append(body, checksum, publish_time, entry_message_count(body, num_messages))
         finally:
             if self.log.batch is not batch:  # starting a new segment committed the batch before
                 self._settled(batch.error is None)
