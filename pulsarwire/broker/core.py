@@ -9,7 +9,7 @@ import logging
 import os
 
 from .storage import SYNC_INTERVAL, TopicLog, read_json, topic_directory, write_json
-from .topics import Topic
+from .topics import LEDGERS_FILE, Topic
 
 log = logging.getLogger("pulsarwire.broker")
 
@@ -36,10 +36,34 @@ class BrokerCore:
         self.producer_name_prefix = "pulsarwire"
         self._names = itertools.count()
         self._partitioned: dict[str, int] = {}
+        self._next_ledger_id = 1  # ledger 0 is what entries stored before ledger ids carry
 
     def open(self) -> None:
         os.makedirs(self.data_dir, exist_ok=True)
         self._partitioned = read_json(self._metadata_path(), {})
+        allocation = read_json(self._ledgers_path(), None)
+        self._next_ledger_id = allocation["next"] if allocation else self._highest_ledger_on_disk() + 1
+
+    # ledger ids: unique per broker across topics and restarts, as in Pulsar
+
+    def _ledgers_path(self) -> str:
+        return os.path.join(self.data_dir, "ledger-ids.json")
+
+    def _highest_ledger_on_disk(self) -> int:
+        """Without the allocation file (a new or older data dir): the highest id any topic holds."""
+        highest = 0
+        root = os.path.join(self.data_dir, "topics")
+        for name in os.listdir(root) if os.path.isdir(root) else ():
+            ranges = read_json(os.path.join(root, name, LEDGERS_FILE), [])
+            highest = max([highest] + [int(ledger) for _, ledger in ranges])
+        return highest
+
+    def new_ledger_id(self) -> int:
+        """A ledger id no topic of this broker has had; the allocation is on disk before it is used."""
+        ledger_id = self._next_ledger_id
+        write_json(self._ledgers_path(), {"next": ledger_id + 1})
+        self._next_ledger_id = ledger_id + 1
+        return ledger_id
 
     def close(self) -> None:
         self.commit()
@@ -86,7 +110,8 @@ class BrokerCore:
             if name in self._partitioned:
                 return None
             topic = Topic(name, topic_directory(self.data_dir, name), segment_bytes=self.segment_bytes,
-                          sync_policy=self.sync_policy, on_append=self.uncommitted.add)
+                          sync_policy=self.sync_policy, on_append=self.uncommitted.add,
+                          new_ledger_id=self.new_ledger_id)
             self.topics[name] = topic
         return topic
 

@@ -14,7 +14,10 @@ from .._proto import PulsarApi_pb2 as pb
 from ..errors import BadMetadataError, ChecksumMismatchError, PulsarWireError
 from ..messages import ack_set_bits
 from .core import DUPLICATE, BrokerCore, highest_sequence
-from .topics import EARLIEST, LATEST, LEDGER_ID, ConsumerLink, ProducerLink, Subscription, Topic, start_entry
+from .topics import (
+    EARLIEST, LATEST, SHARED, ConsumerLink, ProducerBusyError, ProducerFencedError, ProducerLink, Subscription,
+    Topic, start_entry,
+)
 
 log = logging.getLogger("pulsarwire.broker")
 T = pb.BaseCommand
@@ -25,8 +28,8 @@ _U64 = 0xFFFFFFFFFFFFFFFF
 _I64_MAX = 0x7FFFFFFFFFFFFFFF
 
 
-def message_id(entry_id: int) -> pb.MessageIdData:
-    return pb.MessageIdData(ledgerId=LEDGER_ID, entryId=entry_id & _U64)
+def message_id(topic: Topic, entry_id: int) -> pb.MessageIdData:
+    return pb.MessageIdData(ledgerId=topic.ledger_of(entry_id), entryId=entry_id & _U64)
 
 
 def start_position(mid: pb.MessageIdData) -> int:
@@ -75,7 +78,7 @@ class PulsarConsumer(ConsumerLink):
         cmd = pb.BaseCommand(type=pb.BaseCommand.MESSAGE)
         m = cmd.message
         m.consumer_id = self.consumer_id
-        m.message_id.ledgerId = LEDGER_ID
+        m.message_id.ledgerId = self.subscription.topic.ledger_of(entry.entry_id)
         m.message_id.entryId = entry.entry_id
         if redelivery_count:
             m.redelivery_count = redelivery_count
@@ -101,6 +104,7 @@ class PulsarProducer(ProducerLink):
         self.producer_id = producer_id
         self.topic = topic
         self.name = name
+        self.epoch: int | None = None  # the topic epoch an exclusive producer holds the topic at
 
     @property
     def closed(self) -> bool:  # type: ignore[override]
@@ -108,6 +112,7 @@ class PulsarProducer(ProducerLink):
 
     def evict(self) -> None:
         self.conn.producers.pop(self.producer_id, None)
+        self.conn.waiting_producers.pop(self.producer_id, None)
         self.conn.command(T.CLOSE_PRODUCER, "close_producer",
                           pb.CommandCloseProducer(producer_id=self.producer_id, request_id=0))
 
@@ -123,6 +128,7 @@ class BrokerConnection(asyncio.Protocol):
         self.closed = False
         self.writable = True
         self.producers: dict[int, PulsarProducer] = {}
+        self.waiting_producers: dict[int, PulsarProducer] = {}  # WaitForExclusive, not yet granted
         self.consumers: dict[int, PulsarConsumer] = {}
         self.last_received = time.monotonic()
         self._keepalive: asyncio.Task | None = None
@@ -204,10 +210,10 @@ class BrokerConnection(asyncio.Protocol):
         if self._keepalive is not None:
             self._keepalive.cancel()
         self.service.connections.discard(self)
-        for producer in self.producers.values():
-            if producer.topic.producers.get(producer.name) is producer:
-                del producer.topic.producers[producer.name]
+        for producer in list(self.producers.values()) + list(self.waiting_producers.values()):
+            producer.topic.remove_producer(producer)
         self.producers.clear()
+        self.waiting_producers.clear()
         for consumer in list(self.consumers.values()):
             consumer.subscription.detach(consumer)
         self.consumers.clear()
@@ -313,9 +319,11 @@ class BrokerConnection(asyncio.Protocol):
             return
         existing = self.producers.get(c.producer_id)
         if existing is not None and existing.topic is topic:  # a retried create: answer again
-            self.command(T.PRODUCER_SUCCESS, "producer_success", pb.CommandProducerSuccess(
-                request_id=c.request_id, producer_name=existing.name,
-                last_sequence_id=topic.last_sequence.get(existing.name, -1)))
+            self._producer_success(c.request_id, existing, existing.epoch)
+            return
+        waiting = self.waiting_producers.get(c.producer_id)
+        if waiting is not None and waiting.topic is topic:
+            self._producer_success(c.request_id, waiting, None)
             return
         name = c.producer_name if c.HasField("producer_name") and c.producer_name else \
             self.core.new_producer_name()
@@ -324,11 +332,46 @@ class BrokerConnection(asyncio.Protocol):
             self._error(c.request_id, pb.ProducerBusy, f"producer {name} is already connected to {c.topic}")
             return
         producer = PulsarProducer(self, c.producer_id, topic, name)
-        topic.producers[name] = producer
-        self.producers[c.producer_id] = producer
-        self.command(T.PRODUCER_SUCCESS, "producer_success", pb.CommandProducerSuccess(
-            request_id=c.request_id, producer_name=name,
-            last_sequence_id=topic.last_sequence.get(name, -1)))
+        request_id = c.request_id
+
+        def granted(epoch: int) -> None:  # a WaitForExclusive producer got the topic
+            if self.waiting_producers.pop(producer.producer_id, None) is producer and not self.closed:
+                self.producers[producer.producer_id] = producer
+                producer.epoch = epoch
+                self._producer_success(request_id, producer, epoch)
+                self.flush()
+
+        def refused(error: Exception) -> None:
+            if self.waiting_producers.pop(producer.producer_id, None) is producer and not self.closed:
+                self._error(request_id, pb.ProducerFenced, str(error))
+                self.flush()
+
+        try:
+            epoch = topic.add_producer(producer, c.producer_access_mode,
+                                       c.topic_epoch if c.HasField("topic_epoch") else None, granted, refused)
+        except ProducerBusyError as exc:
+            self._error(c.request_id, pb.ProducerBusy, str(exc))
+            return
+        except ProducerFencedError as exc:
+            self._error(c.request_id, pb.ProducerFenced, str(exc))
+            return
+        if epoch is None:
+            self.waiting_producers[c.producer_id] = producer
+        else:
+            producer.epoch = epoch if c.producer_access_mode != SHARED else None
+            self.producers[c.producer_id] = producer
+        self._producer_success(c.request_id, producer, producer.epoch)
+
+    def _producer_success(self, request_id: int, producer: PulsarProducer, epoch: int | None) -> None:
+        """Answer a create; a waiting producer (not ready yet) is answered again once it is granted."""
+        response = pb.CommandProducerSuccess(
+            request_id=request_id, producer_name=producer.name,
+            last_sequence_id=producer.topic.last_sequence.get(producer.name, -1))
+        if producer.producer_id in self.waiting_producers:
+            response.producer_ready = False
+        elif epoch is not None:
+            response.topic_epoch = epoch
+        self.command(T.PRODUCER_SUCCESS, "producer_success", response)
 
     def on_send(self, frame) -> None:
         """A Send frame decoded in full (the fast path declined it)."""
@@ -365,13 +408,13 @@ class BrokerConnection(asyncio.Protocol):
         # a duplicate, already stored, is answered with the (-1, -1) id
         self.write(codec.encode_send_receipt(producer_id, sequence_id,
                                              highest_sequence(sequence_id, highest_sequence_id),
-                                             LEDGER_ID if entry_id != DUPLICATE else -1, entry_id))
+                                             topic.ledger_id if entry_id != DUPLICATE else -1, entry_id))
 
     def on_close_producer(self, frame) -> None:
         c = frame.command.close_producer
-        producer = self.producers.pop(c.producer_id, None)
-        if producer is not None and producer.topic.producers.get(producer.name) is producer:
-            del producer.topic.producers[producer.name]
+        producer = self.producers.pop(c.producer_id, None) or self.waiting_producers.pop(c.producer_id, None)
+        if producer is not None:
+            producer.topic.remove_producer(producer)
         self._success(c.request_id)
 
     def on_subscribe(self, frame) -> None:
@@ -446,10 +489,12 @@ class BrokerConnection(asyncio.Protocol):
             self._error(c.request_id, pb.UnknownError, "seek needs a message id or a publish time")
             return
         subscription.seek(position)
-        self._success(c.request_id)
-        # As a real broker does: disconnect the consumers so they re-subscribe at the new position.
+        # As Pulsar does: close the consumers first, then answer, so that a client re-subscribes
+        # from the seek position (the official client takes it as its start while the seek is
+        # pending); a reader's non-durable subscription is kept meanwhile (topics.py).
         for other in list(subscription.consumers):
             other.evict()
+        self._success(c.request_id)
 
     def on_unsubscribe(self, frame) -> None:
         c = frame.command.unsubscribe
@@ -490,11 +535,11 @@ class BrokerConnection(asyncio.Protocol):
             return
         subscription = consumer.subscription
         last_entry, batch_index = subscription.topic.last_position()
-        last = message_id(last_entry)
+        last = message_id(subscription.topic, last_entry)
         if batch_index >= 0:
             last.batch_index = batch_index
         response = pb.CommandGetLastMessageIdResponse(request_id=c.request_id, last_message_id=last)
-        response.consumer_mark_delete_position.CopyFrom(message_id(subscription.cursor.mark_delete))
+        response.consumer_mark_delete_position.CopyFrom(message_id(subscription.topic, subscription.cursor.mark_delete))
         self.command(T.GET_LAST_MESSAGE_ID_RESPONSE, "getLastMessageIdResponse", response)
 
     def on_auth_response(self, frame) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import bisect
 import heapq
 import logging
 import os
@@ -23,9 +24,13 @@ from .storage import Cursor, TopicLog, read_json, write_json
 
 log = logging.getLogger("pulsarwire.broker")
 
-LEDGER_ID = 0
+LEGACY_LEDGER_ID = 0  # the ledger of entries stored before topics had their own ledger ids
+LEDGERS_FILE = "ledgers.json"
 EARLIEST = -1  # a start position before every entry
 LATEST = 1 << 63  # a start position after every entry
+# A seek closes the consumers so they re-subscribe at the new position; a non-durable
+# subscription (a reader) is kept this long for them instead of ending with its last consumer.
+SEEK_RETAIN_SECONDS = 30.0
 _SubType = pb.CommandSubscribe
 
 
@@ -76,10 +81,24 @@ class ProducerLink(abc.ABC):
     """A producer attached to a topic, as the domain sees it."""
 
     closed: bool
+    name: str
 
     @abc.abstractmethod
     def evict(self) -> None:
         """Close it from the broker's side (unload); the client re-attaches."""
+
+
+class ProducerBusyError(Exception):
+    """The topic's producer access mode refuses another producer now."""
+
+
+class ProducerFencedError(Exception):
+    """A newer exclusive producer took the topic over (its epoch moved on)."""
+
+
+# Producer access modes, as Pulsar enforces them.
+SHARED, EXCLUSIVE = pb.Shared, pb.Exclusive
+WAIT_FOR_EXCLUSIVE, EXCLUSIVE_WITH_FENCING = pb.WaitForExclusive, pb.ExclusiveWithFencing
 
 
 class Subscription:
@@ -100,11 +119,13 @@ class Subscription:
         self._dispatching = False
         self.dirty = False
         self.active: ConsumerLink | None = None
+        self.retained_until = 0.0  # monotonic time; a seek keeps a non-durable subscription
 
     # consumers
 
     def add_consumer(self, consumer: ConsumerLink) -> None:
         self.consumers.append(consumer)
+        self.retained_until = 0.0
         self._update_active()
 
     def detach(self, consumer: ConsumerLink) -> None:
@@ -115,8 +136,12 @@ class Subscription:
         self._requeue(list(consumer.pending), consumer)
         self._update_active()
         self.dispatch()
-        if not self.durable and not self.consumers:
-            self.topic.subscriptions.pop(self.name, None)
+        if not self.durable and not self.consumers and time.monotonic() >= self.retained_until:
+            self._drop_if_unused()
+
+    def _drop_if_unused(self) -> None:
+        if not self.durable and not self.consumers and self.topic.subscriptions.get(self.name) is self:
+            del self.topic.subscriptions[self.name]
 
     def _update_active(self) -> None:
         if self.type not in (_SubType.Failover, _SubType.Exclusive):
@@ -181,6 +206,9 @@ class Subscription:
                 self.redelivery_counts[entry_id] = self.redelivery_counts.get(entry_id, 0) + 1
 
     def seek(self, entry_id: int) -> None:
+        if not self.durable:
+            self.retained_until = time.monotonic() + SEEK_RETAIN_SECONDS
+            asyncio.get_running_loop().call_later(SEEK_RETAIN_SECONDS + 0.01, self._drop_if_unused)
         self.cursor.reset(entry_id)
         self.read_position = entry_id
         self._redeliver.clear()
@@ -318,13 +346,20 @@ class Topic:
     every log written in one event-loop turn before any receipt leaves the broker."""
 
     def __init__(self, name: str, directory: str, *, segment_bytes: int, sync_policy: str,
-                 on_append: Callable[[TopicLog], None]) -> None:
+                 on_append: Callable[[TopicLog], None],
+                 new_ledger_id: Callable[[], int] = lambda: LEGACY_LEDGER_ID) -> None:
         self.name = name
         self.partition = _partition_index(name)
         self.directory = directory
         self.log = TopicLog(self.directory, segment_bytes=segment_bytes, sync_policy=sync_policy)
+        self._open_ledgers(new_ledger_id)
         self._on_append = on_append
         self.producers: dict[str, ProducerLink] = {}
+        self.exclusive_producer: ProducerLink | None = None
+        # WaitForExclusive producers in arrival order, each with its callbacks (granted epoch; error)
+        self.waiting_producers: list[tuple[ProducerLink, int | None, Callable[[int], None],
+                                           Callable[[Exception], None]]] = []
+        self.epoch = 0  # bumped each time an exclusive producer takes the topic
         self.subscriptions: dict[str, Subscription] = {}
         self.deliver_at: dict[int, int] = {}  # entry -> epoch ms before which Shared subs hold it
         state = read_json(os.path.join(self.directory, "state.json"), {})
@@ -335,6 +370,29 @@ class Topic:
             self.subscriptions[sub_name] = Subscription(self, sub_name, data.get("type", 0), True,
                                                         Cursor.from_json(data))
         self._state_dirty = False
+
+    def _open_ledgers(self, new_ledger_id: Callable[[], int]) -> None:
+        """Which ledger id each entry's message id carries: `[first entry, ledger id]` ranges,
+        persisted before any entry of a new range is written. A topic gets a broker-unique ledger
+        id when created; entries stored before ledger ids existed keep ledger 0."""
+        path = os.path.join(self.directory, LEDGERS_FILE)
+        ranges = read_json(path, None)
+        if not ranges:
+            ranges = []
+            if self.log.next_entry_id > self.log.first_entry_id:
+                ranges.append([0, LEGACY_LEDGER_ID])
+            ranges.append([self.log.next_entry_id, new_ledger_id()])
+            write_json(path, ranges)
+        self._ledger_starts = [int(first) for first, _ in ranges]
+        self._ledger_ids = [int(ledger) for _, ledger in ranges]
+        self.ledger_id = self._ledger_ids[-1]  # the ledger new entries go to
+        self._ledger_start = self._ledger_starts[-1]
+
+    def ledger_of(self, entry_id: int) -> int:
+        """The ledger id of entry `entry_id`'s message id."""
+        if entry_id >= self._ledger_start:
+            return self.ledger_id
+        return self._ledger_ids[max(0, bisect.bisect_right(self._ledger_starts, entry_id) - 1)]
 
     def _recover_dedup(self, upto: int) -> None:
         """Producers' last sequence ids, from the snapshot plus the entries after it."""
@@ -419,13 +477,75 @@ class Topic:
             subscription.check_end_of_topic()
         return self.log.last_entry_id
 
+    # producers and their access modes
+
+    def add_producer(self, producer: ProducerLink, mode: int, epoch: int | None,
+                     on_granted: Callable[[int], None], on_refused: Callable[[Exception], None]) -> int | None:
+        """Attach `producer` under access `mode` (SHARED, EXCLUSIVE, ...). Returns the topic epoch
+        it holds the topic at (exclusive modes) or 0 (shared); None when it waits for exclusive
+        access, granted later through `on_granted(epoch)` (or `on_refused(error)` if fenced out).
+        Raises ProducerBusyError or ProducerFencedError when refused."""
+        if mode == SHARED:
+            if self.exclusive_producer is not None or self.waiting_producers:
+                raise ProducerBusyError(f"{self.name} has an exclusive producer")
+            self.producers[producer.name] = producer
+            return 0
+        if mode == EXCLUSIVE_WITH_FENCING:
+            for _, _, _, refused in self.waiting_producers:
+                refused(ProducerFencedError(f"fenced out of {self.name} by an exclusive producer"))
+            self.waiting_producers.clear()
+            for other in list(self.producers.values()):
+                other.evict()
+            self.producers.clear()
+            self.exclusive_producer = None
+            self.epoch = max(self.epoch, epoch or 0) + 1
+            return self._grant(producer, self.epoch)
+        if epoch is not None and epoch < self.epoch:
+            raise ProducerFencedError(f"{self.name}: topic epoch moved on to {self.epoch}")
+        if self.exclusive_producer is not None or self.producers:
+            if mode == WAIT_FOR_EXCLUSIVE:
+                self.waiting_producers.append((producer, epoch, on_granted, on_refused))
+                return None
+            holder = "an exclusive producer" if self.exclusive_producer is not None else "shared producers"
+            raise ProducerBusyError(f"{self.name} has {holder}")
+        return self._take_exclusive(producer, epoch)
+
+    def _take_exclusive(self, producer: ProducerLink, epoch: int | None) -> int:
+        if epoch is not None and epoch < self.epoch:
+            # a producer coming back after another exclusive one held the topic meanwhile
+            raise ProducerFencedError(f"{self.name}: topic epoch moved on to {self.epoch}")
+        return self._grant(producer, self.epoch + 1 if epoch is None else epoch)
+
+    def _grant(self, producer: ProducerLink, epoch: int) -> int:
+        self.epoch = epoch
+        self.exclusive_producer = producer
+        self.producers[producer.name] = producer
+        return epoch
+
+    def remove_producer(self, producer: ProducerLink) -> None:
+        """The producer left (closed, or its connection went): a waiting producer may take over."""
+        if self.producers.get(producer.name) is producer:
+            del self.producers[producer.name]
+        if self.exclusive_producer is producer:
+            self.exclusive_producer = None
+        self.waiting_producers = [w for w in self.waiting_producers if w[0] is not producer]
+        while self.waiting_producers and self.exclusive_producer is None and not self.producers:
+            waiting, epoch, granted, refused = self.waiting_producers.pop(0)
+            try:
+                granted(self._take_exclusive(waiting, epoch))
+            except ProducerFencedError as exc:
+                refused(exc)
+
     def evict_all(self) -> int:
         """Close every producer and consumer attached here (unload); returns how many."""
         closed = 0
-        for producer in list(self.producers.values()):
+        waiting = [w[0] for w in self.waiting_producers]
+        self.waiting_producers.clear()
+        for producer in list(self.producers.values()) + waiting:
             producer.evict()
             closed += 1
         self.producers.clear()
+        self.exclusive_producer = None
         for subscription in list(self.subscriptions.values()):
             for consumer in list(subscription.consumers):
                 consumer.evict()

@@ -17,7 +17,7 @@ from .connection import Connection, ConnectionPool
 from .consumer import Consumer
 from .options import (
     DEFAULT_PORT, DEFAULT_TLS_PORT, Address, AuthenticationToken, CompressionType, ConsumerType,
-    InitialPosition, partition_name, topic_name,
+    InitialPosition, ProducerAccessMode, partition_name, topic_name,
 )
 from .producer import Producer
 from .reader import Reader
@@ -34,7 +34,7 @@ from ..routing import HashingScheme, RoutingMode
 
 __all__ = [
     "DEFAULT_PORT", "DEFAULT_TLS_PORT", "Address", "AuthenticationToken", "Client", "CompressionType",
-    "Connection", "ConnectionPool", "Consumer", "ConsumerType", "InitialPosition", "Producer", "Reader",
+    "Connection", "ConnectionPool", "Consumer", "ConsumerType", "InitialPosition", "Producer", "ProducerAccessMode", "Reader",
     "partition_name", "topic_name",
     "AuthenticationError", "AuthorizationError", "CodecError", "ConnectionClosedError", "HashingScheme",
     "Message", "MessageId", "NotAllowedError", "ProducerFencedError", "ProducerQueueFullError",

@@ -96,8 +96,9 @@ class Connection(asyncio.Protocol):
     async def drain(self) -> None:
         await self._can_write.wait()
 
-    async def request(self, start: Callable[..., int], *args, **kwargs):
-        """Send a request (a session method returning its request id) and await its answer."""
+    async def request(self, start: Callable[..., int], *args, _wait: bool = False, **kwargs):
+        """Send a request (a session method returning its request id) and await its answer
+        (within the operation timeout, or as long as the connection lives with `_wait`)."""
         if self.closed:
             raise ConnectionClosedError(f"connection to {self.address.url()} is closed")
         rid = start(*args, **kwargs)
@@ -105,7 +106,7 @@ class Connection(asyncio.Protocol):
         self._requests[rid] = future
         self.flush()
         try:
-            return await asyncio.wait_for(future, self.client._operation_timeout)
+            return await asyncio.wait_for(future, None if _wait else self.client._operation_timeout)
         except asyncio.TimeoutError:
             raise TimeoutError(f"no answer from {self.address.url()} within "
                                f"{self.client._operation_timeout}s") from None

@@ -34,6 +34,14 @@ class InitialPosition(enum.IntEnum):
     Earliest = pb.CommandSubscribe.Earliest
 
 
+class ProducerAccessMode(enum.IntEnum):
+    """Who may produce to a topic alongside this producer (as the official client names them)."""
+    Shared = pb.Shared
+    Exclusive = pb.Exclusive
+    WaitForExclusive = pb.WaitForExclusive
+    ExclusiveWithFencing = pb.ExclusiveWithFencing
+
+
 class CompressionType(enum.IntEnum):
     NONE = compression.NONE
     LZ4 = compression.LZ4
