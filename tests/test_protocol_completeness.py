@@ -200,7 +200,8 @@ def test_message_ids_are_unique_across_topics_partitions_and_restarts(broker, of
         producer = official.create_producer(topic)
         seen[topic] = producer.send(b"x")
         producer.close()
-    producer = official.create_producer(partitioned, message_routing_mode=pulsar.PartitionsRoutingMode.RoundRobinDistribution)
+    producer = official.create_producer(partitioned,
+                                        message_routing_mode=pulsar.PartitionsRoutingMode.RoundRobinDistribution)
     part_ids = [producer.send(b"p") for _ in range(3)]
     producer.close()
     ledgers = [m.ledger_id() for m in seen.values()] + [m.ledger_id() for m in part_ids]
@@ -259,3 +260,184 @@ def test_data_stored_with_ledger_zero_stays_readable(broker, official):
         client.close()
     with open(os.path.join(broker.data_dir, "ledger-ids.json")) as fh:
         assert json.load(fh)["next"] > new_id.ledger_id()
+
+
+# -- GetTopicsOfNamespace and pattern subscriptions -------------------------------------------
+
+def test_official_pattern_subscription_receives_from_matching_topics(official):
+    prefix = unique("orders")
+    for topic in (f"{prefix}-1", f"{prefix}-2", unique("other")):
+        official.create_producer(topic).close()
+    consumer = official.subscribe(re.compile(f"persistent://public/default/{prefix}-.*"), "pattern-sub")
+    for topic in (f"{prefix}-1", f"{prefix}-2", unique("other")):
+        producer = official.create_producer(topic)
+        producer.send(topic.encode())
+        producer.close()
+    got = sorted(drain(consumer.receive, 1000))
+    assert got == [f"{prefix}-1".encode(), f"{prefix}-2".encode()]
+    consumer.close()
+
+
+def test_get_topics_of_namespace_modes_pattern_and_hash(broker):
+    Mode = pb.CommandGetTopicsOfNamespace
+    prefix = unique("gtn")
+    full = f"persistent://public/default/{prefix}"
+    broker.call(broker.broker.create_partitioned_topic, f"{full}-parted", 2)
+
+    async def main():
+        async with pw.Client(broker.url, operation_timeout_seconds=10) as client:
+            for name in (f"{prefix}-a", f"{prefix}-b", f"non-persistent://public/default/{prefix}-np",
+                         f"persistent://other/ns/{prefix}-elsewhere"):
+                await (await client.create_producer(name)).close()
+            pool = client._pool
+            persistent = (await pool.topics_of_namespace("public/default", Mode.PERSISTENT)).topics
+            assert {f"{full}-a", f"{full}-b", f"{full}-parted-partition-0", f"{full}-parted-partition-1"} <= \
+                set(persistent)
+            assert not any(t.startswith("non-persistent://") or "elsewhere" in t for t in persistent)
+            non_persistent = (await pool.topics_of_namespace("public/default", Mode.NON_PERSISTENT)).topics
+            assert list(non_persistent) == [f"non-persistent://public/default/{prefix}-np"]
+            every = (await pool.topics_of_namespace("public/default", Mode.ALL)).topics
+            assert set(every) == set(persistent) | set(non_persistent)
+            filtered = await pool.topics_of_namespace("public/default", Mode.PERSISTENT,
+                                                      f"persistent://public/default/{prefix}-[ab]")
+            assert filtered.filtered and list(filtered.topics) == [f"{full}-a", f"{full}-b"]
+            again = await pool.topics_of_namespace("public/default", Mode.PERSISTENT,
+                                                   f"persistent://public/default/{prefix}-[ab]",
+                                                   filtered.topics_hash)
+            assert not again.changed and list(again.topics) == []
+            unfiltered = await pool.topics_of_namespace("public/default", Mode.PERSISTENT, "public/default/(")
+            assert not unfiltered.filtered and set(unfiltered.topics) == set(persistent)
+            with pytest.raises(errors.InvalidTopicNameError):
+                await pool.topics_of_namespace("no-namespace", Mode.PERSISTENT)
+    run(main())
+
+
+def test_pulsarwire_pattern_subscription_discovers_new_topics(broker):
+    prefix = unique("orders")
+
+    async def main():
+        async with pw.Client(broker.url, operation_timeout_seconds=10) as client:
+            for name in (f"{prefix}-1", unique("other")):
+                await (await client.create_producer(name)).close()
+            by_regex = await client.subscribe(re.compile(f"persistent://public/default/{prefix}-.*"), "regex",
+                                              initial_position=pw.InitialPosition.Earliest,
+                                              pattern_auto_discovery_period=0.2)
+            by_keyword = await client.subscribe(topics_pattern=f"public/default/{prefix}-[0-9]+",
+                                                subscription_name="keyword",
+                                                initial_position=pw.InitialPosition.Earliest,
+                                                pattern_auto_discovery_period=0.2)
+            assert by_regex.topics() == [f"persistent://public/default/{prefix}-1"]
+            for name in (f"{prefix}-1", f"{prefix}-2", unique("other")):
+                producer = await client.create_producer(name)
+                await producer.send(name.encode())
+                await producer.close()
+            for consumer in (by_regex, by_keyword):
+                got = sorted([(await consumer.receive(5000)).data() for _ in range(2)])
+                assert got == [f"{prefix}-1".encode(), f"{prefix}-2".encode()]
+                with pytest.raises(errors.TimeoutError):
+                    await consumer.receive(300)
+            assert len(by_regex.topics()) == 2
+            await by_regex.close()
+            await by_keyword.close()
+    run(main())
+
+
+def test_pulsarwire_pattern_subscription_sees_partitioned_topics(broker):
+    prefix = unique("parted")
+    broker.call(broker.broker.create_partitioned_topic, f"persistent://public/default/{prefix}-x", 2)
+
+    async def main():
+        async with pw.Client(broker.url, operation_timeout_seconds=10) as client:
+            consumer = await client.subscribe(re.compile(f"{prefix}-.*"), "sub",
+                                              initial_position=pw.InitialPosition.Earliest)
+            producer = await client.create_producer(f"{prefix}-x", batching_enabled=False)
+            sent = {(await producer.send(b"%d" % i)).partition for i in range(4)}
+            assert sent == {0, 1}
+            got = [await consumer.receive(5000) for _ in range(4)]
+            assert sorted(m.data() for m in got) == [b"0", b"1", b"2", b"3"]
+            assert {m.message_id().partition for m in got} == {0, 1}
+            for m in got:
+                consumer.acknowledge(m)
+            await consumer.close()
+    run(main())
+
+
+def test_topics_pattern_parsing():
+    pattern = pw.options.TopicsPattern.parse("orders-.*")
+    assert (pattern.namespace, pattern.text) == ("public/default", "persistent://public/default/orders-.*")
+    assert pattern.matches("persistent://public/default/orders-1")
+    assert not pattern.matches("persistent://public/default/xorders-1")
+    assert pw.options.TopicsPattern.parse(re.compile("t/n/a.*", re.I)).matches("persistent://t/n/ABC")
+    with pytest.raises(ValueError):
+        pw.options.TopicsPattern.parse("persistent://only-tenant")
+
+
+# -- Key_Shared sticky hash ranges --------------------------------------------------------------
+
+def _slot(key: str) -> int:
+    return murmur3_32(key.encode()) % 65536
+
+
+def test_pulsarwire_key_shared_sticky_ranges(broker):
+    topic = unique("sticky")
+    keys = [f"key-{i}" for i in range(40)]
+    low = pw.KeySharedPolicy(pw.KeySharedMode.Sticky, sticky_ranges=[(0, 32767)])
+    high = pw.KeySharedPolicy(pw.KeySharedMode.Sticky, sticky_ranges=[(32768, 49999), (50000, 65535)])
+
+    async def main():
+        async with pw.Client(broker.url, operation_timeout_seconds=10) as client:
+            options = dict(consumer_type=pw.ConsumerType.KeyShared, initial_position=pw.InitialPosition.Earliest)
+            first = await client.subscribe(topic, "ks", key_shared_policy=low, **options)
+            with pytest.raises(errors.ConsumerAssignError):
+                await client.subscribe(topic, "ks", key_shared_policy=pw.KeySharedPolicy(
+                    pw.KeySharedMode.Sticky, sticky_ranges=[(30000, 40000)]), **options)
+            with pytest.raises(errors.ConsumerAssignError):  # auto-split cannot join a sticky subscription
+                await client.subscribe(topic, "ks", **options)
+            producer = await client.create_producer(topic, batching_enabled=False)
+            for i, key in enumerate(keys * 3):
+                await producer.send(b"%d" % i, partition_key=key)
+            low_keys = [k for k in keys if _slot(k) <= 32767]
+            got_first = [await first.receive(5000) for _ in range(3 * len(low_keys))]
+            with pytest.raises(errors.TimeoutError):  # the other keys wait for an owner
+                await first.receive(300)
+            second = await client.subscribe(topic, "ks", key_shared_policy=high, **options)
+            got_second = [await second.receive(5000) for _ in range(3 * (len(keys) - len(low_keys)))]
+            assert {m.partition_key() for m in got_first} == set(low_keys)
+            assert all(_slot(m.partition_key()) >= 32768 for m in got_second)
+            per_key = {}
+            for m in got_second:  # each key's messages in order
+                per_key.setdefault(m.partition_key(), []).append(int(m.data()))
+            assert all(v == sorted(v) for v in per_key.values())
+            await producer.close()
+            await first.close()
+            await second.close()
+    run(main())
+
+
+def test_official_key_shared_sticky_ranges_on_embedded_broker(official):
+    topic = unique("sticky-official")
+    policy = pulsar.ConsumerKeySharedPolicy(pulsar.KeySharedMode.Sticky, sticky_ranges=[(0, 20000)])
+    consumer = official.subscribe(topic, "ks", consumer_type=pulsar.ConsumerType.KeyShared,
+                                  key_shared_policy=policy)
+    with pytest.raises(pulsar.ConsumerAssignError):
+        official.subscribe(topic, "ks", consumer_type=pulsar.ConsumerType.KeyShared,
+                           key_shared_policy=pulsar.ConsumerKeySharedPolicy(
+                               pulsar.KeySharedMode.Sticky, sticky_ranges=[(20000, 30000)]))
+    producer = official.create_producer(topic)
+    keys = [f"k{i}" for i in range(30)]
+    for key in keys:
+        producer.send(key.encode(), partition_key=key)
+    got = [m.decode() for m in drain(consumer.receive)]
+    assert sorted(got) == sorted(k for k in keys if _slot(k) <= 20000)
+    consumer.close()
+
+
+def test_key_shared_policy_validation():
+    with pytest.raises(ValueError):
+        pw.KeySharedPolicy(pw.KeySharedMode.Sticky)
+    with pytest.raises(ValueError):
+        pw.KeySharedPolicy(pw.KeySharedMode.Sticky, sticky_ranges=[(0, 70000)])
+    with pytest.raises(ValueError):
+        pw.KeySharedPolicy(pw.KeySharedMode.Sticky, sticky_ranges=[(0, 10), (10, 20)])
+    meta = pw.KeySharedPolicy(pw.KeySharedMode.Sticky, sticky_ranges=[(5, 9)]).to_proto()
+    assert meta.keySharedMode == pb.STICKY and [(r.start, r.end) for r in meta.hashRanges] == [(5, 9)]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import urllib.parse
 
 from .storage import SYNC_INTERVAL, TopicLog, read_json, topic_directory, write_json
 from .topics import LEDGERS_FILE, Topic
@@ -102,6 +103,21 @@ class BrokerCore:
             raise ValueError(f"{name} already exists as a non-partitioned topic")
         self._partitioned[name] = partitions
         write_json(self._metadata_path(), self._partitioned)
+
+    def topics_of_namespace(self, namespace: str, persistent: bool = True, non_persistent: bool = False) -> list[str]:
+        """The topic-partitions of `tenant/namespace` (open, on disk, or partitions of a
+        partitioned topic), sorted, as Pulsar lists them: partitions by their own names."""
+        names = set(self.topics)
+        root = os.path.join(self.data_dir, "topics")
+        if os.path.isdir(root):
+            names.update(urllib.parse.unquote(entry) for entry in os.listdir(root))
+        for parent, partitions in self._partitioned.items():
+            names.update(f"{parent}{PARTITION_MARKER}{i}" for i in range(partitions))
+            names.discard(parent)
+        prefixes = tuple(f"{scheme}://{namespace}/" for scheme, wanted in
+                         (("persistent", persistent), ("non-persistent", non_persistent)) if wanted)
+        return sorted(n for n in names
+                      if n.startswith(prefixes) and "/" not in n.split("://", 1)[1][len(namespace) + 1:])
 
     def topic(self, name: str) -> Topic | None:
         """The topic-partition `name`, created on first use; None for a partitioned parent."""

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
+import struct
 import time
 from typing import Any, Callable
+
+from crc32c import crc32c
 
 from .. import __version__, codec
 from .._proto import PulsarApi_pb2 as pb
@@ -437,11 +441,22 @@ class BrokerConnection(asyncio.Protocol):
         if subscription.type == pb.CommandSubscribe.Exclusive and subscription.consumers:
             self._error(c.request_id, pb.ConsumerBusy, f"exclusive subscription {c.subscription} is in use")
             return
+        sticky = False
+        if c.subType == pb.CommandSubscribe.Key_Shared:
+            meta = c.keySharedMeta
+            sticky = c.HasField("keySharedMeta") and meta.keySharedMode == pb.STICKY
+            ranges = [(r.start, r.end) for r in meta.hashRanges] if sticky else []
+            refusal = subscription.key_shared_refusal(sticky, ranges)
+            if refusal is not None:
+                self._error(c.request_id, pb.ConsumerAssignError, refusal)
+                return
         subscription.type = c.subType
         consumer = PulsarConsumer(self, c.consumer_id, subscription, c.consumer_name or str(c.consumer_id),
                                   c.priority_level)
+        if sticky:
+            consumer.hash_ranges = ranges
         self.consumers[c.consumer_id] = consumer
-        subscription.add_consumer(consumer)
+        subscription.add_consumer(consumer, sticky)
         self._success(c.request_id)
         subscription.check_end_of_topic()
 
@@ -542,8 +557,54 @@ class BrokerConnection(asyncio.Protocol):
         response.consumer_mark_delete_position.CopyFrom(message_id(subscription.topic, subscription.cursor.mark_delete))
         self.command(T.GET_LAST_MESSAGE_ID_RESPONSE, "getLastMessageIdResponse", response)
 
+    def on_get_topics_of_namespace(self, frame) -> None:
+        c = frame.command.getTopicsOfNamespace
+        if not _NAMESPACE.fullmatch(c.namespace):
+            self._error(c.request_id, pb.InvalidTopicName, f"invalid namespace {c.namespace!r}")
+            return
+        modes = pb.CommandGetTopicsOfNamespace
+        topics = self.core.topics_of_namespace(c.namespace, persistent=c.mode != modes.NON_PERSISTENT,
+                                               non_persistent=c.mode != modes.PERSISTENT)
+        response = pb.CommandGetTopicsOfNamespaceResponse(request_id=c.request_id)
+        if c.HasField("topics_pattern") and c.topics_pattern:
+            matched = _filter_topics(topics, c.topics_pattern)
+            if matched is not None:
+                topics, response.filtered = matched, True
+        response.topics_hash = topics_hash(topics)
+        if c.HasField("topics_hash") and c.topics_hash == response.topics_hash:
+            response.changed = False  # the client's list is current: no need to send it again
+        else:
+            response.topics.extend(topics)
+        self.command(T.GET_TOPICS_OF_NAMESPACE_RESPONSE, "getTopicsOfNamespaceResponse", response)
+
     def on_auth_response(self, frame) -> None:
         pass  # we never challenge; a refreshed token needs no answer
+
+
+_NAMESPACE = re.compile(r"[^/\s]+/[^/\s]+")
+MAX_TOPICS_PATTERN = 1024  # longer patterns are left to the client to apply, as Pulsar does
+
+
+def _without_scheme(name: str) -> str:
+    return name.split("://", 1)[1] if "://" in name else name
+
+
+def _filter_topics(topics: list[str], pattern: str) -> list[str] | None:
+    """The topics whose name (scheme aside) matches `pattern` in full, or None when the broker
+    leaves filtering to the client (a pattern too long, or one Python cannot compile)."""
+    if len(pattern) > MAX_TOPICS_PATTERN:
+        return None
+    try:
+        regex = re.compile(_without_scheme(pattern))
+    except re.error as exc:
+        log.info("topics pattern %r left to the client: %s", pattern, exc)
+        return None
+    return [t for t in topics if regex.fullmatch(_without_scheme(t))]
+
+
+def topics_hash(topics: list[str]) -> str:
+    """A digest of a topic list, which a client sends back to learn whether it changed."""
+    return struct.pack("<I", crc32c(",".join(sorted(topics)).encode())).hex()
 
 
 def _request_id(command) -> int | None:
@@ -571,4 +632,5 @@ _HANDLERS: dict[int, Callable] = {
     T.CLOSE_CONSUMER: BrokerConnection.on_close_consumer,
     T.GET_LAST_MESSAGE_ID: BrokerConnection.on_get_last_message_id,
     T.AUTH_RESPONSE: BrokerConnection.on_auth_response,
+    T.GET_TOPICS_OF_NAMESPACE: BrokerConnection.on_get_topics_of_namespace,
 }

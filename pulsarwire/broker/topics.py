@@ -15,7 +15,7 @@ import heapq
 import logging
 import os
 import time
-from typing import Callable
+from typing import Callable, cast
 
 from .._proto import PulsarApi_pb2 as pb
 from ..messages import ack_set_words
@@ -55,6 +55,7 @@ class ConsumerLink(abc.ABC):
         self.permits = 0
         self.pending: set[int] = set()  # entries dispatched to it and not yet acknowledged
         self.told_end = False
+        self.hash_ranges: list[tuple[int, int]] = []  # Key_Shared sticky: the key hashes it owns
 
     @property
     @abc.abstractmethod
@@ -96,6 +97,15 @@ class ProducerFencedError(Exception):
     """A newer exclusive producer took the topic over (its epoch moved on)."""
 
 
+KEY_HASH_RANGE = 65536  # Key_Shared hashes keys (Murmur3) into 0..65535, as Pulsar
+_UNASSIGNED = object()  # _pick: no sticky consumer owns this entry's key hash
+
+
+def key_hash(entry) -> int:
+    key = _entry_key(entry)
+    return (murmur3_32(key) if key else entry.entry_id) % KEY_HASH_RANGE
+
+
 # Producer access modes, as Pulsar enforces them.
 SHARED, EXCLUSIVE = pb.Shared, pb.Exclusive
 WAIT_FOR_EXCLUSIVE, EXCLUSIVE_WITH_FENCING = pb.WaitForExclusive, pb.ExclusiveWithFencing
@@ -120,13 +130,42 @@ class Subscription:
         self.dirty = False
         self.active: ConsumerLink | None = None
         self.retained_until = 0.0  # monotonic time; a seek keeps a non-durable subscription
+        self.sticky = False  # Key_Shared: consumers own the hash ranges they asked for
+        self._parked: list[int] = []  # sticky: entries whose key hash no consumer owns yet
 
     # consumers
 
-    def add_consumer(self, consumer: ConsumerLink) -> None:
+    def key_shared_refusal(self, sticky: bool, ranges: list[tuple[int, int]]) -> str | None:
+        """Why a Key_Shared consumer asking for this mode and these hash ranges cannot join
+        (None when it can): sticky ranges must be valid and overlap no other consumer's."""
+        if self.consumers and sticky != self.sticky:
+            return f"subscription {self.name} uses the {'sticky' if self.sticky else 'auto-split'} key-shared mode"
+        if not sticky:
+            return None
+        if not ranges:
+            return "a sticky key-shared consumer needs hash ranges"
+        for start, end in ranges:
+            if not 0 <= start <= end < KEY_HASH_RANGE:
+                return f"hash range [{start}, {end}] is not within 0..{KEY_HASH_RANGE - 1}"
+        taken = [(s, e, c.name) for c in self.consumers for s, e in c.hash_ranges]
+        for i, (start, end) in enumerate(ranges):
+            for other_start, other_end, owner in taken + [(s, e, "itself") for s, e in ranges[:i]]:
+                if start <= other_end and other_start <= end:
+                    return f"hash range [{start}, {end}] overlaps [{other_start}, {other_end}] of consumer {owner}"
+        return None
+
+    def add_consumer(self, consumer: ConsumerLink, sticky: bool = False) -> None:
+        if not self.consumers:
+            self.sticky = sticky
         self.consumers.append(consumer)
         self.retained_until = 0.0
         self._update_active()
+        if self._parked:  # a new owner of some key hashes: try the held entries again
+            for entry_id in self._parked:
+                if entry_id not in self._redeliver_set:
+                    self._redeliver_set.add(entry_id)
+                    heapq.heappush(self._redeliver, entry_id)
+            self._parked.clear()
 
     def detach(self, consumer: ConsumerLink) -> None:
         """The consumer is gone: what it held goes to the others. A non-durable subscription
@@ -214,6 +253,7 @@ class Subscription:
         self._redeliver.clear()
         self._redeliver_set.clear()
         self._delayed.clear()
+        self._parked.clear()
         self.owner.clear()
         self.redelivery_counts.clear()
         for consumer in self.consumers:
@@ -224,7 +264,7 @@ class Subscription:
     def check_end_of_topic(self) -> None:
         """Tell each consumer once when the topic is terminated and it has been sent everything."""
         if not self.topic.terminated or self.read_position < self.topic.log.next_entry_id or \
-                self._redeliver:
+                self._redeliver or self._parked:
             return
         for consumer in self.consumers:
             if not consumer.told_end:
@@ -275,7 +315,9 @@ class Subscription:
             return position, False
         return None
 
-    def _pick(self, entry) -> ConsumerLink | None:
+    def _pick(self, entry) -> ConsumerLink | object | None:
+        """The consumer to send `entry` to; None when that consumer cannot take it now;
+        _UNASSIGNED when no sticky consumer owns its key hash."""
         if self.type in (_SubType.Exclusive, _SubType.Failover):
             active = self.active
             return active if active is not None and active.permits > 0 and active.writable else None
@@ -283,9 +325,14 @@ class Subscription:
         if not candidates:
             return None
         if self.type == _SubType.Key_Shared:
-            key = _entry_key(entry)
-            slot = (murmur3_32(key) if key else entry.entry_id) % 65536
-            consumer = candidates[slot * len(candidates) // 65536]
+            slot = key_hash(entry)
+            if self.sticky:
+                consumer = next((c for c in candidates for start, end in c.hash_ranges if start <= slot <= end),
+                                None)
+                if consumer is None:
+                    return _UNASSIGNED
+            else:  # auto-split: the hash range split evenly among the consumers
+                consumer = candidates[slot * len(candidates) // KEY_HASH_RANGE]
             return consumer if consumer.permits > 0 and consumer.writable else None
         for step in range(len(candidates)):
             consumer = candidates[(self._round_robin + step) % len(candidates)]
@@ -306,14 +353,18 @@ class Subscription:
                     return
                 entry_id, redelivery = found
                 entry = topic_log.read(entry_id)
-                consumer = self._pick(entry)
-                if consumer is None:
+                picked = self._pick(entry)
+                if picked is None:
                     return
                 if redelivery:
                     heapq.heappop(self._redeliver)
                     self._redeliver_set.discard(entry_id)
                 else:
                     self.read_position = entry_id + 1
+                if picked is _UNASSIGNED:  # held until a consumer owns its key hash
+                    self._parked.append(entry_id)
+                    continue
+                consumer = cast(ConsumerLink, picked)
                 partial = self.cursor.partial.get(entry_id)
                 consumer.deliver(entry, self.redelivery_counts.get(entry_id, 0),
                               ack_set_words(partial, entry.num_messages) if partial else None)

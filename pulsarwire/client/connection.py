@@ -303,6 +303,13 @@ class ConnectionPool:
             return [partition_name(topic, i) for i in range(response.partitions)]
         return [topic]
 
+    async def topics_of_namespace(self, namespace: str, mode: int, topics_pattern: str | None = None,
+                                  topics_hash: str | None = None):
+        """The broker's GetTopicsOfNamespace answer (topics, filtered, topics_hash, changed)."""
+        conn = await self.connection(self._service)
+        return await conn.request(conn.session.get_topics_of_namespace, namespace, mode,
+                                  topics_pattern, topics_hash)
+
     def close_all(self) -> None:
         for conn in list(self._connections.values()):
             conn.close()
