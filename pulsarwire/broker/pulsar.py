@@ -582,7 +582,40 @@ class BrokerConnection(asyncio.Protocol):
 
 
 _NAMESPACE = re.compile(r"[^/\s]+/[^/\s]+")
-MAX_TOPICS_PATTERN = 1024  # longer patterns are left to the client to apply, as Pulsar does
+MAX_TOPICS_PATTERN = 256  # longer patterns are left to the client to apply, as Pulsar does
+MAX_PATTERN_REPEATS = 2  # Python's re cannot be timed out: only patterns that cannot backtrack badly
+
+
+def _cheap_to_match(regex: str) -> bool:
+    """Whether matching `regex` costs at most about (name length)^2 steps: no backreference, no
+    repeated group, at most MAX_PATTERN_REPEATS repetitions. Others are left to the client, so a
+    client's pattern can never stall the broker."""
+    repeats, i, previous = 0, 0, ""
+    while i < len(regex):
+        char = regex[i]
+        if char == "\\":
+            if regex[i + 1:i + 2].isdigit():
+                return False
+            i, previous = i + 2, "atom"
+            continue
+        if char == "[":  # a character class is one atom: skip to its closing bracket
+            i += 2 if regex[i + 1:i + 2] == "^" else 1
+            i += 1 if regex[i:i + 1] == "]" else 0
+            while i < len(regex) and regex[i] != "]":
+                i += 2 if regex[i] == "\\" else 1
+            i, previous = i + 1, "atom"
+            continue
+        if char in "*+?{" and previous != "(":
+            if previous == ")":
+                return False
+            repeats += 1
+            if char == "{":
+                i = regex.find("}", i)
+                if i < 0:
+                    return False
+        previous = char if char in "()" else "atom"
+        i += 1
+    return repeats <= MAX_PATTERN_REPEATS
 
 
 def _without_scheme(name: str) -> str:
@@ -591,8 +624,8 @@ def _without_scheme(name: str) -> str:
 
 def _filter_topics(topics: list[str], pattern: str) -> list[str] | None:
     """The topics whose name (scheme aside) matches `pattern` in full, or None when the broker
-    leaves filtering to the client (a pattern too long, or one Python cannot compile)."""
-    if len(pattern) > MAX_TOPICS_PATTERN:
+    leaves filtering to the client (a pattern too long or too costly, or one Python cannot compile)."""
+    if len(pattern) > MAX_TOPICS_PATTERN or not _cheap_to_match(_without_scheme(pattern)):
         return None
     try:
         regex = re.compile(_without_scheme(pattern))
