@@ -443,3 +443,33 @@ def test_key_shared_policy_validation():
         pw.KeySharedPolicy(pw.KeySharedMode.Sticky, sticky_ranges=[(0, 10), (10, 20)])
     meta = pw.KeySharedPolicy(pw.KeySharedMode.Sticky, sticky_ranges=[(5, 9)]).to_proto()
     assert meta.keySharedMode == pb.STICKY and [(r.start, r.end) for r in meta.hashRanges] == [(5, 9)]
+
+
+def test_key_shared_many_interleaved_sticky_ranges(broker):
+    topic = unique("sticky-many")
+    evens = [(2 * i, 2 * i) for i in range(20000)]
+    odds = [(2 * i + 1, 2 * i + 1) for i in range(20000)]
+
+    async def main():
+        async with pw.Client(broker.url, operation_timeout_seconds=10) as client:
+            options = dict(consumer_type=pw.ConsumerType.KeyShared, initial_position=pw.InitialPosition.Earliest)
+            even = await client.subscribe(topic, "ks", key_shared_policy=pw.KeySharedPolicy(
+                pw.KeySharedMode.Sticky, sticky_ranges=evens), **options)
+            odd = await client.subscribe(topic, "ks", key_shared_policy=pw.KeySharedPolicy(
+                pw.KeySharedMode.Sticky, sticky_ranges=odds + [(40000, 65535)]), **options)
+            with pytest.raises(errors.ConsumerAssignError):
+                await client.subscribe(topic, "ks", key_shared_policy=pw.KeySharedPolicy(
+                    pw.KeySharedMode.Sticky, sticky_ranges=[(39998, 39998)]), **options)
+            producer = await client.create_producer(topic, batching_enabled=False)
+            keys = [f"k{i}" for i in range(60)]
+            for key in keys:
+                await producer.send(key.encode(), partition_key=key)
+            low_even = [k for k in keys if _slot(k) < 40000 and _slot(k) % 2 == 0]
+            got_even = sorted([(await even.receive(5000)).data().decode() for _ in low_even])
+            got_odd = sorted([(await odd.receive(5000)).data().decode() for _ in range(len(keys) - len(low_even))])
+            assert got_even == sorted(low_even)
+            assert sorted(got_even + got_odd) == sorted(keys)
+            for c in (even, odd):
+                await c.close()
+            await producer.close()
+    run(main())

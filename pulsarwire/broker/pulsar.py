@@ -73,6 +73,7 @@ class PulsarConsumer(ConsumerLink):
         super().__init__(subscription, name, priority)
         self.conn = conn
         self.consumer_id = consumer_id
+        self.topic = subscription.topic
 
     @property
     def writable(self) -> bool:
@@ -82,8 +83,10 @@ class PulsarConsumer(ConsumerLink):
         cmd = pb.BaseCommand(type=pb.BaseCommand.MESSAGE)
         m = cmd.message
         m.consumer_id = self.consumer_id
-        m.message_id.ledgerId = self.subscription.topic.ledger_of(entry.entry_id)
-        m.message_id.entryId = entry.entry_id
+        topic = self.topic
+        entry_id = entry.entry_id
+        m.message_id.ledgerId = topic.ledger_id if entry_id >= topic.ledger_start else topic.ledger_of(entry_id)
+        m.message_id.entryId = entry_id
         if redelivery_count:
             m.redelivery_count = redelivery_count
         if ack_set:

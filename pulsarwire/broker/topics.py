@@ -132,6 +132,8 @@ class Subscription:
         self.retained_until = 0.0  # monotonic time; a seek keeps a non-durable subscription
         self.sticky = False  # Key_Shared: consumers own the hash ranges they asked for
         self._parked: list[int] = []  # sticky: entries whose key hash no consumer owns yet
+        self._range_starts: list[int] = []
+        self._range_owners: list[tuple[int, ConsumerLink]] = []
 
     # consumers
 
@@ -147,11 +149,11 @@ class Subscription:
         for start, end in ranges:
             if not 0 <= start <= end < KEY_HASH_RANGE:
                 return f"hash range [{start}, {end}] is not within 0..{KEY_HASH_RANGE - 1}"
-        taken = [(s, e, c.name) for c in self.consumers for s, e in c.hash_ranges]
-        for i, (start, end) in enumerate(ranges):
-            for other_start, other_end, owner in taken + [(s, e, "itself") for s, e in ranges[:i]]:
-                if start <= other_end and other_start <= end:
-                    return f"hash range [{start}, {end}] overlaps [{other_start}, {other_end}] of consumer {owner}"
+        claimed = sorted([(s, e, c.name) for c in self.consumers for s, e in c.hash_ranges] +
+                         [(s, e, "the new consumer") for s, e in ranges])
+        for (start, end, owner), (next_start, next_end, next_owner) in zip(claimed, claimed[1:]):
+            if next_start <= end:
+                return f"hash range [{start}, {end}] of {owner} overlaps [{next_start}, {next_end}] of {next_owner}"
         return None
 
     def add_consumer(self, consumer: ConsumerLink, sticky: bool = False) -> None:
@@ -160,6 +162,7 @@ class Subscription:
         self.consumers.append(consumer)
         self.retained_until = 0.0
         self._update_active()
+        self._index_ranges()
         if self._parked:  # a new owner of some key hashes: try the held entries again
             for entry_id in self._parked:
                 if entry_id not in self._redeliver_set:
@@ -172,11 +175,19 @@ class Subscription:
         lives only while it has consumers."""
         if consumer in self.consumers:
             self.consumers.remove(consumer)
+        self._index_ranges()
         self._requeue(list(consumer.pending), consumer)
         self._update_active()
         self.dispatch()
         if not self.durable and not self.consumers and time.monotonic() >= self.retained_until:
             self._drop_if_unused()
+
+    def _index_ranges(self) -> None:
+        """Sticky Key_Shared: the consumers' hash ranges sorted by start, for a bisect per entry."""
+        owned = sorted(((start, end, c) for c in self.consumers for start, end in c.hash_ranges),
+                       key=lambda owned_range: owned_range[0]) if self.sticky else []
+        self._range_starts = [start for start, _, _ in owned]
+        self._range_owners = [(end, c) for _, end, c in owned]
 
     def _drop_if_unused(self) -> None:
         if not self.durable and not self.consumers and self.topic.subscriptions.get(self.name) is self:
@@ -327,10 +338,10 @@ class Subscription:
         if self.type == _SubType.Key_Shared:
             slot = key_hash(entry)
             if self.sticky:
-                consumer = next((c for c in candidates for start, end in c.hash_ranges if start <= slot <= end),
-                                None)
-                if consumer is None:
+                i = bisect.bisect_right(self._range_starts, slot) - 1
+                if i < 0 or self._range_owners[i][0] < slot:
                     return _UNASSIGNED
+                consumer = self._range_owners[i][1]
             else:  # auto-split: the hash range split evenly among the consumers
                 consumer = candidates[slot * len(candidates) // KEY_HASH_RANGE]
             return consumer if consumer.permits > 0 and consumer.writable else None
@@ -437,11 +448,11 @@ class Topic:
         self._ledger_starts = [int(first) for first, _ in ranges]
         self._ledger_ids = [int(ledger) for _, ledger in ranges]
         self.ledger_id = self._ledger_ids[-1]  # the ledger new entries go to
-        self._ledger_start = self._ledger_starts[-1]
+        self.ledger_start = self._ledger_starts[-1]
 
     def ledger_of(self, entry_id: int) -> int:
         """The ledger id of entry `entry_id`'s message id."""
-        if entry_id >= self._ledger_start:
+        if entry_id >= self.ledger_start:
             return self.ledger_id
         return self._ledger_ids[max(0, bisect.bisect_right(self._ledger_starts, entry_id) - 1)]
 
