@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from . import __version__, codec
 from ._proto import PulsarApi_pb2 as pb
@@ -278,6 +278,17 @@ class ClientSession:
                       pb.CommandGetLastMessageId(consumer_id=consumer_id, request_id=rid))
         return rid
 
+    def get_topics_of_namespace(self, namespace: str, mode: int = pb.CommandGetTopicsOfNamespace.PERSISTENT,
+                                topics_pattern: str | None = None, topics_hash: str | None = None) -> int:
+        rid = self.new_request_id()
+        cmd = pb.CommandGetTopicsOfNamespace(request_id=rid, namespace=namespace, mode=cast(Any, mode))
+        if topics_pattern is not None:
+            cmd.topics_pattern = topics_pattern
+        if topics_hash is not None:
+            cmd.topics_hash = topics_hash
+        self._command(T.GET_TOPICS_OF_NAMESPACE, "getTopicsOfNamespace", cmd)
+        return rid
+
     def ping(self) -> None:
         self._command(T.PING, "ping", pb.CommandPing())
 
@@ -358,6 +369,10 @@ class ClientSession:
         r = frame.command.getLastMessageIdResponse
         events.append(RequestDone(r.request_id, r))
 
+    def _on_topics_of_namespace(self, frame, events):
+        r = frame.command.getTopicsOfNamespaceResponse
+        events.append(RequestDone(r.request_id, r))
+
     def _on_ack_response(self, frame, events):
         r = frame.command.ackResponse
         if not r.HasField("request_id"):
@@ -418,6 +433,7 @@ _TRANSITIONS: dict[tuple[State, int], Callable] = {
     (_S.CONNECTED, T.PARTITIONED_METADATA_RESPONSE): ClientSession._on_partitioned_metadata_response,
     (_S.CONNECTED, T.GET_LAST_MESSAGE_ID_RESPONSE): ClientSession._on_last_message_id,
     (_S.CONNECTED, T.ACK_RESPONSE): ClientSession._on_ack_response,
+    (_S.CONNECTED, T.GET_TOPICS_OF_NAMESPACE_RESPONSE): ClientSession._on_topics_of_namespace,
     (_S.CONNECTED, T.SEND_RECEIPT): ClientSession._on_send_receipt,
     (_S.CONNECTED, T.SEND_ERROR): ClientSession._on_send_error,
     (_S.CONNECTED, T.MESSAGE): ClientSession._on_message,

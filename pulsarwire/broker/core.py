@@ -7,9 +7,10 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import urllib.parse
 
 from .storage import SYNC_INTERVAL, FileOps, FilePool, StorageError, read_json, topic_directory
-from .topics import Topic
+from .topics import LEDGERS_FILE, Topic
 
 log = logging.getLogger("pulsarwire.broker")
 
@@ -62,6 +63,7 @@ class BrokerCore:
         self.generation = 0  # counts broker starts on this data dir, so names never repeat across restarts
         self._names = itertools.count()
         self._partitioned: dict[str, int] = {}
+        self._next_ledger_id = 1  # ledger 0 is what entries stored before ledger ids carry
 
     def open(self) -> None:
         os.makedirs(self.data_dir, exist_ok=True)
@@ -70,6 +72,29 @@ class BrokerCore:
         state = read_json(state_path, {})
         self.generation = int(state.get("generation", 0)) + 1
         self.files.write_json(state_path, dict(state, generation=self.generation))
+        allocation = read_json(self._ledgers_path(), None)
+        self._next_ledger_id = allocation["next"] if allocation else self._highest_ledger_on_disk() + 1
+
+    # ledger ids: unique per broker across topics and restarts, as in Pulsar
+
+    def _ledgers_path(self) -> str:
+        return os.path.join(self.data_dir, "ledger-ids.json")
+
+    def _highest_ledger_on_disk(self) -> int:
+        """Without the allocation file (a new or older data dir): the highest id any topic holds."""
+        highest = 0
+        root = os.path.join(self.data_dir, "topics")
+        for name in os.listdir(root) if os.path.isdir(root) else ():
+            ranges = read_json(os.path.join(root, name, LEDGERS_FILE), [])
+            highest = max([highest] + [int(ledger) for _, ledger in ranges])
+        return highest
+
+    def new_ledger_id(self) -> int:
+        """A ledger id no topic of this broker has had; the allocation is on disk before it is used."""
+        ledger_id = self._next_ledger_id
+        self.files.write_json(self._ledgers_path(), {"next": ledger_id + 1})
+        self._next_ledger_id = ledger_id + 1
+        return ledger_id
 
     def close(self) -> None:
         self.commit()
@@ -116,6 +141,21 @@ class BrokerCore:
         self._partitioned[name] = partitions
         self.files.write_json(self._metadata_path(), self._partitioned)
 
+    def topics_of_namespace(self, namespace: str, persistent: bool = True, non_persistent: bool = False) -> list[str]:
+        """The topic-partitions of `tenant/namespace` (open, on disk, or partitions of a
+        partitioned topic), sorted, as Pulsar lists them: partitions by their own names."""
+        names = set(self.topics)
+        root = os.path.join(self.data_dir, "topics")
+        if os.path.isdir(root):
+            names.update(urllib.parse.unquote(entry) for entry in os.listdir(root))
+        for parent, partitions in self._partitioned.items():
+            names.update(f"{parent}{PARTITION_MARKER}{i}" for i in range(partitions))
+            names.discard(parent)
+        prefixes = tuple(f"{scheme}://{namespace}/" for scheme, wanted in
+                         (("persistent", persistent), ("non-persistent", non_persistent)) if wanted)
+        return sorted(n for n in names
+                      if n.startswith(prefixes) and "/" not in n.split("://", 1)[1][len(namespace) + 1:])
+
     def topic(self, name: str) -> Topic | None:
         """The topic-partition `name`, created on first use; None for a partitioned parent."""
         topic = self.topics.get(name)
@@ -125,7 +165,8 @@ class BrokerCore:
             self.check_topic_name(name)
             # StorageError (logged) when the file system refuses, e.g. no descriptors left
             topic = Topic(name, topic_directory(self.data_dir, name), segment_bytes=self.segment_bytes,
-                          sync_policy=self.sync_policy, on_append=self.uncommitted.add, pool=self.files)
+                          sync_policy=self.sync_policy, on_append=self.uncommitted.add, pool=self.files,
+                          new_ledger_id=self.new_ledger_id)
             self.topics[name] = topic
         return topic
 

@@ -8,8 +8,12 @@ import asyncio
 import collections
 import hmac
 import logging
+import re
+import struct
 import time
 from typing import Any, Callable
+
+from crc32c import crc32c
 
 from .. import __version__, codec
 from .._proto import PulsarApi_pb2 as pb
@@ -17,7 +21,10 @@ from ..errors import BadMetadataError, ChecksumMismatchError, FrameTooLargeError
 from ..messages import ack_set_bits
 from .core import DUPLICATE, BrokerCore, InvalidTopicName, highest_sequence
 from .storage import StorageError
-from .topics import EARLIEST, LATEST, LEDGER_ID, ConsumerLink, ProducerLink, Subscription, Topic, start_entry
+from .topics import (
+    EARLIEST, LATEST, SHARED, ConsumerLink, ProducerBusyError, ProducerFencedError, ProducerLink, Subscription,
+    Topic, start_entry,
+)
 
 log = logging.getLogger("pulsarwire.broker")
 T = pb.BaseCommand
@@ -34,8 +41,8 @@ _U64 = 0xFFFFFFFFFFFFFFFF
 _I64_MAX = 0x7FFFFFFFFFFFFFFF
 
 
-def message_id(entry_id: int) -> pb.MessageIdData:
-    return pb.MessageIdData(ledgerId=LEDGER_ID, entryId=entry_id & _U64)
+def message_id(topic: Topic, entry_id: int) -> pb.MessageIdData:
+    return pb.MessageIdData(ledgerId=topic.ledger_of(entry_id), entryId=entry_id & _U64)
 
 
 def start_position(mid: pb.MessageIdData) -> int:
@@ -122,6 +129,7 @@ class PulsarConsumer(ConsumerLink):
         super().__init__(subscription, name, priority)
         self.conn = conn
         self.consumer_id = consumer_id
+        self.topic = subscription.topic
 
     @property
     def writable(self) -> bool:
@@ -131,8 +139,10 @@ class PulsarConsumer(ConsumerLink):
         cmd = pb.BaseCommand(type=pb.BaseCommand.MESSAGE)
         m = cmd.message
         m.consumer_id = self.consumer_id
-        m.message_id.ledgerId = LEDGER_ID
-        m.message_id.entryId = entry.entry_id
+        topic = self.topic
+        entry_id = entry.entry_id
+        m.message_id.ledgerId = topic.ledger_id if entry_id >= topic.ledger_start else topic.ledger_of(entry_id)
+        m.message_id.entryId = entry_id
         if redelivery_count:
             m.redelivery_count = redelivery_count
         if ack_set:
@@ -157,6 +167,7 @@ class PulsarProducer(ProducerLink):
         self.producer_id = producer_id
         self.topic = topic
         self.name = name
+        self.epoch: int | None = None  # the topic epoch an exclusive producer holds the topic at
 
     @property
     def closed(self) -> bool:  # type: ignore[override]
@@ -164,6 +175,7 @@ class PulsarProducer(ProducerLink):
 
     def evict(self) -> None:
         self.conn.producers.pop(self.producer_id, None)
+        self.conn.waiting_producers.pop(self.producer_id, None)
         self.conn.command(T.CLOSE_PRODUCER, "close_producer",
                           pb.CommandCloseProducer(producer_id=self.producer_id, request_id=0))
 
@@ -181,6 +193,7 @@ class BrokerConnection(asyncio.Protocol):
         # False while unsent output is over the budget: no dispatch to it, no reading from it
         self.writable = True
         self.producers: dict[int, PulsarProducer] = {}
+        self.waiting_producers: dict[int, PulsarProducer] = {}  # WaitForExclusive, not yet granted
         self.consumers: dict[int, PulsarConsumer] = {}
         self.last_received = time.monotonic()
         self.accepted_at = self.last_received
@@ -384,10 +397,10 @@ class BrokerConnection(asyncio.Protocol):
         if self._keepalive is not None:
             self._keepalive.cancel()
         self.service.connections.discard(self)
-        for producer in self.producers.values():
-            if producer.topic.producers.get(producer.name) is producer:
-                del producer.topic.producers[producer.name]
+        for producer in list(self.producers.values()) + list(self.waiting_producers.values()):
+            producer.topic.remove_producer(producer)
         self.producers.clear()
+        self.waiting_producers.clear()
         for consumer in list(self.consumers.values()):
             consumer.subscription.detach(consumer)
         self.consumers.clear()
@@ -554,9 +567,11 @@ class BrokerConnection(asyncio.Protocol):
             return
         existing = self.producers.get(c.producer_id)
         if existing is not None and existing.topic is topic:  # a retried create: answer again
-            self.command(T.PRODUCER_SUCCESS, "producer_success", pb.CommandProducerSuccess(
-                request_id=c.request_id, producer_name=existing.name,
-                last_sequence_id=topic.last_sequence.get(existing.name, -1)))
+            self._producer_success(c.request_id, existing, existing.epoch)
+            return
+        waiting = self.waiting_producers.get(c.producer_id)
+        if waiting is not None and waiting.topic is topic:
+            self._producer_success(c.request_id, waiting, None)
             return
         name = c.producer_name if c.HasField("producer_name") and c.producer_name else \
             self.core.new_producer_name(topic)
@@ -565,11 +580,46 @@ class BrokerConnection(asyncio.Protocol):
             self._error(c.request_id, pb.ProducerBusy, f"producer {name} is already connected to {c.topic}")
             return
         producer = PulsarProducer(self, c.producer_id, topic, name)
-        topic.producers[name] = producer
-        self.producers[c.producer_id] = producer
-        self.command(T.PRODUCER_SUCCESS, "producer_success", pb.CommandProducerSuccess(
-            request_id=c.request_id, producer_name=name,
-            last_sequence_id=topic.last_sequence.get(name, -1)))
+        request_id = c.request_id
+
+        def granted(epoch: int) -> None:  # a WaitForExclusive producer got the topic
+            if self.waiting_producers.pop(producer.producer_id, None) is producer and not self.closed:
+                self.producers[producer.producer_id] = producer
+                producer.epoch = epoch
+                self._producer_success(request_id, producer, epoch)
+                self.flush()
+
+        def refused(error: Exception) -> None:
+            if self.waiting_producers.pop(producer.producer_id, None) is producer and not self.closed:
+                self._error(request_id, pb.ProducerFenced, str(error))
+                self.flush()
+
+        try:
+            epoch = topic.add_producer(producer, c.producer_access_mode,
+                                       c.topic_epoch if c.HasField("topic_epoch") else None, granted, refused)
+        except ProducerBusyError as exc:
+            self._error(c.request_id, pb.ProducerBusy, str(exc))
+            return
+        except ProducerFencedError as exc:
+            self._error(c.request_id, pb.ProducerFenced, str(exc))
+            return
+        if epoch is None:
+            self.waiting_producers[c.producer_id] = producer
+        else:
+            producer.epoch = epoch if c.producer_access_mode != SHARED else None
+            self.producers[c.producer_id] = producer
+        self._producer_success(c.request_id, producer, producer.epoch)
+
+    def _producer_success(self, request_id: int, producer: PulsarProducer, epoch: int | None) -> None:
+        """Answer a create; a waiting producer (not ready yet) is answered again once it is granted."""
+        response = pb.CommandProducerSuccess(
+            request_id=request_id, producer_name=producer.name,
+            last_sequence_id=producer.topic.last_sequence.get(producer.name, -1))
+        if producer.producer_id in self.waiting_producers:
+            response.producer_ready = False
+        elif epoch is not None:
+            response.topic_epoch = epoch
+        self.command(T.PRODUCER_SUCCESS, "producer_success", response)
 
     def on_send(self, frame) -> None:
         """A Send frame decoded in full (the fast path declined it)."""
@@ -615,13 +665,13 @@ class BrokerConnection(asyncio.Protocol):
         self._sends.append((len(self._out), batch, producer_id, sequence_id))
         self.write(codec.encode_send_receipt(producer_id, sequence_id,
                                              highest_sequence(sequence_id, highest_sequence_id),
-                                             LEDGER_ID if entry_id != DUPLICATE else -1, entry_id))
+                                             topic.ledger_id if entry_id != DUPLICATE else -1, entry_id))
 
     def on_close_producer(self, frame) -> None:
         c = frame.command.close_producer
-        producer = self.producers.pop(c.producer_id, None)
-        if producer is not None and producer.topic.producers.get(producer.name) is producer:
-            del producer.topic.producers[producer.name]
+        producer = self.producers.pop(c.producer_id, None) or self.waiting_producers.pop(c.producer_id, None)
+        if producer is not None:
+            producer.topic.remove_producer(producer)
         self._success(c.request_id)
 
     def on_subscribe(self, frame) -> None:
@@ -648,11 +698,22 @@ class BrokerConnection(asyncio.Protocol):
         if subscription.type == pb.CommandSubscribe.Exclusive and subscription.consumers:
             self._error(c.request_id, pb.ConsumerBusy, f"exclusive subscription {c.subscription} is in use")
             return
+        sticky = False
+        if c.subType == pb.CommandSubscribe.Key_Shared:
+            meta = c.keySharedMeta
+            sticky = c.HasField("keySharedMeta") and meta.keySharedMode == pb.STICKY
+            ranges = [(r.start, r.end) for r in meta.hashRanges] if sticky else []
+            refusal = subscription.key_shared_refusal(sticky, ranges)
+            if refusal is not None:
+                self._error(c.request_id, pb.ConsumerAssignError, refusal)
+                return
         subscription.type = c.subType
         consumer = PulsarConsumer(self, c.consumer_id, subscription, c.consumer_name or str(c.consumer_id),
                                   c.priority_level)
+        if sticky:
+            consumer.hash_ranges = ranges
         self.consumers[c.consumer_id] = consumer
-        subscription.add_consumer(consumer)
+        subscription.add_consumer(consumer, sticky)
         self._success(c.request_id)
         subscription.check_end_of_topic()
 
@@ -709,10 +770,12 @@ class BrokerConnection(asyncio.Protocol):
             self._error(c.request_id, pb.UnknownError, "seek needs a message id or a publish time")
             return
         subscription.seek(position)
-        self._success(c.request_id)
-        # As a real broker does: disconnect the consumers so they re-subscribe at the new position.
+        # As Pulsar does: close the consumers first, then answer, so that a client re-subscribes
+        # from the seek position (the official client takes it as its start while the seek is
+        # pending); a reader's non-durable subscription is kept meanwhile (topics.py).
         for other in list(subscription.consumers):
             other.evict()
+        self._success(c.request_id)
 
     def on_unsubscribe(self, frame) -> None:
         c = frame.command.unsubscribe
@@ -753,18 +816,97 @@ class BrokerConnection(asyncio.Protocol):
             return
         subscription = consumer.subscription
         last_entry, batch_index = subscription.topic.last_position()
-        last = message_id(last_entry)
+        last = message_id(subscription.topic, last_entry)
         if batch_index >= 0:
             last.batch_index = batch_index
         response = pb.CommandGetLastMessageIdResponse(request_id=c.request_id, last_message_id=last)
-        response.consumer_mark_delete_position.CopyFrom(message_id(subscription.cursor.mark_delete))
+        response.consumer_mark_delete_position.CopyFrom(message_id(subscription.topic, subscription.cursor.mark_delete))
         self.command(T.GET_LAST_MESSAGE_ID_RESPONSE, "getLastMessageIdResponse", response)
+
+    def on_get_topics_of_namespace(self, frame) -> None:
+        c = frame.command.getTopicsOfNamespace
+        if not _NAMESPACE.fullmatch(c.namespace):
+            self._error(c.request_id, pb.InvalidTopicName, f"invalid namespace {c.namespace!r}")
+            return
+        modes = pb.CommandGetTopicsOfNamespace
+        topics = self.core.topics_of_namespace(c.namespace, persistent=c.mode != modes.NON_PERSISTENT,
+                                               non_persistent=c.mode != modes.PERSISTENT)
+        response = pb.CommandGetTopicsOfNamespaceResponse(request_id=c.request_id)
+        if c.HasField("topics_pattern") and c.topics_pattern:
+            matched = _filter_topics(topics, c.topics_pattern)
+            if matched is not None:
+                topics, response.filtered = matched, True
+        response.topics_hash = topics_hash(topics)
+        if c.HasField("topics_hash") and c.topics_hash == response.topics_hash:
+            response.changed = False  # the client's list is current: no need to send it again
+        else:
+            response.topics.extend(topics)
+        self.command(T.GET_TOPICS_OF_NAMESPACE_RESPONSE, "getTopicsOfNamespaceResponse", response)
 
     def on_auth_response(self, frame) -> None:
         pass  # we never challenge; a refreshed token needs no answer
 
 
 _CLOSED_READER = codec.FrameReader(8)  # what a closed connection holds instead of its buffers
+
+
+_NAMESPACE = re.compile(r"[^/\s]+/[^/\s]+")
+MAX_TOPICS_PATTERN = 256  # longer patterns are left to the client to apply, as Pulsar does
+MAX_PATTERN_REPEATS = 2  # Python's re cannot be timed out: only patterns that cannot backtrack badly
+
+
+def _cheap_to_match(regex: str) -> bool:
+    """Whether matching `regex` costs at most about (name length)^2 steps: no backreference, no
+    repeated group, at most MAX_PATTERN_REPEATS repetitions. Others are left to the client, so a
+    client's pattern can never stall the broker."""
+    repeats, i, previous = 0, 0, ""
+    while i < len(regex):
+        char = regex[i]
+        if char == "\\":
+            if regex[i + 1:i + 2].isdigit():
+                return False
+            i, previous = i + 2, "atom"
+            continue
+        if char == "[":  # a character class is one atom: skip to its closing bracket
+            i += 2 if regex[i + 1:i + 2] == "^" else 1
+            i += 1 if regex[i:i + 1] == "]" else 0
+            while i < len(regex) and regex[i] != "]":
+                i += 2 if regex[i] == "\\" else 1
+            i, previous = i + 1, "atom"
+            continue
+        if char in "*+?{" and previous != "(":
+            if previous == ")":
+                return False
+            repeats += 1
+            if char == "{":
+                i = regex.find("}", i)
+                if i < 0:
+                    return False
+        previous = char if char in "()" else "atom"
+        i += 1
+    return repeats <= MAX_PATTERN_REPEATS
+
+
+def _without_scheme(name: str) -> str:
+    return name.split("://", 1)[1] if "://" in name else name
+
+
+def _filter_topics(topics: list[str], pattern: str) -> list[str] | None:
+    """The topics whose name (scheme aside) matches `pattern` in full, or None when the broker
+    leaves filtering to the client (a pattern too long or too costly, or one Python cannot compile)."""
+    if len(pattern) > MAX_TOPICS_PATTERN or not _cheap_to_match(_without_scheme(pattern)):
+        return None
+    try:
+        regex = re.compile(_without_scheme(pattern))
+    except re.error as exc:
+        log.info("topics pattern %r left to the client: %s", pattern, exc)
+        return None
+    return [t for t in topics if regex.fullmatch(_without_scheme(t))]
+
+
+def topics_hash(topics: list[str]) -> str:
+    """A digest of a topic list, which a client sends back to learn whether it changed."""
+    return struct.pack("<I", crc32c(",".join(sorted(topics)).encode())).hex()
 
 
 def _request_id(command) -> int | None:
@@ -792,4 +934,5 @@ _HANDLERS: dict[int, Callable] = {
     T.CLOSE_CONSUMER: BrokerConnection.on_close_consumer,
     T.GET_LAST_MESSAGE_ID: BrokerConnection.on_get_last_message_id,
     T.AUTH_RESPONSE: BrokerConnection.on_auth_response,
+    T.GET_TOPICS_OF_NAMESPACE: BrokerConnection.on_get_topics_of_namespace,
 }

@@ -16,8 +16,9 @@ from .client import Client
 from .connection import Connection, ConnectionPool
 from .consumer import Consumer
 from .options import (
-    DEFAULT_PORT, DEFAULT_TLS_PORT, Address, AuthenticationToken, CompressionType, ConsumerType,
-    InitialPosition, partition_name, topic_name,
+    DEFAULT_PORT, DEFAULT_TLS_PORT, Address, AuthenticationToken, CompressionType, ConsumerKeySharedPolicy,
+    ConsumerType, InitialPosition, KeySharedMode, KeySharedPolicy, ProducerAccessMode, RegexSubscriptionMode,
+    partition_name, topic_name,
 )
 from .producer import Producer
 from .reader import Reader
@@ -34,7 +35,8 @@ from ..routing import HashingScheme, RoutingMode
 
 __all__ = [
     "DEFAULT_PORT", "DEFAULT_TLS_PORT", "Address", "AuthenticationToken", "Client", "CompressionType",
-    "Connection", "ConnectionPool", "Consumer", "ConsumerType", "InitialPosition", "Producer", "Reader",
+    "Connection", "ConnectionPool", "Consumer", "ConsumerKeySharedPolicy", "ConsumerType", "InitialPosition",
+    "KeySharedMode", "KeySharedPolicy", "Producer", "ProducerAccessMode", "RegexSubscriptionMode", "Reader",
     "partition_name", "topic_name",
     "AuthenticationError", "AuthorizationError", "CodecError", "ConnectionClosedError", "HashingScheme",
     "Message", "MessageId", "NotAllowedError", "ProducerFencedError", "ProducerQueueFullError",

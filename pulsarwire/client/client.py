@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import re
 import uuid
 
 from .. import codec
 from ..messages import MessageId
 from .connection import Connection, ConnectionPool
 from .consumer import Consumer
-from .options import Address, AuthenticationToken, ConsumerType, topic_name
+from .options import Address, AuthenticationToken, ConsumerType, TopicsPattern, topic_name
 from .producer import Producer
 from .reader import Reader
 
@@ -76,7 +77,26 @@ class Client:
         self._handles.add(producer)
         return producer
 
-    async def subscribe(self, topic: str | list[str], subscription_name: str, **options) -> Consumer:
+    async def subscribe(self, topic: "str | list[str] | re.Pattern[str] | None" = None,
+                        subscription_name: str | None = None, *,
+                        topics_pattern: "str | re.Pattern[str] | None" = None, **options) -> Consumer:
+        """Subscribe to a topic, a list of topics, or every topic of a namespace matching a
+        regex (`re.compile(...)` as `topic`, or `topics_pattern=`); a pattern subscription
+        looks for new matching topics every `pattern_auto_discovery_period` seconds (60)."""
+        if not subscription_name:
+            raise ValueError("subscribe needs a subscription_name")
+        if isinstance(topic, re.Pattern):
+            topic, topics_pattern = None, topic
+        if topics_pattern is not None:
+            if topic is not None:
+                raise ValueError("give either topic(s) or topics_pattern, not both")
+            consumer = Consumer(self, [], subscription_name, _pattern=TopicsPattern.parse(topics_pattern),
+                                **options)
+            await consumer._start()
+            self._handles.add(consumer)
+            return consumer
+        if topic is None:
+            raise ValueError("subscribe needs a topic, a list of topics or a topics pattern")
         topics = [topic_name(t) for t in ([topic] if isinstance(topic, str) else topic)]
         consumer = Consumer(self, topics, subscription_name, **options)
         await consumer._start()

@@ -96,8 +96,9 @@ class Connection(asyncio.Protocol):
     async def drain(self) -> None:
         await self._can_write.wait()
 
-    async def request(self, start: Callable[..., int], *args, **kwargs):
-        """Send a request (a session method returning its request id) and await its answer."""
+    async def request(self, start: Callable[..., int], *args, _wait: bool = False, **kwargs):
+        """Send a request (a session method returning its request id) and await its answer
+        (within the operation timeout, or as long as the connection lives with `_wait`)."""
         if self.closed:
             raise ConnectionClosedError(f"connection to {self.address.url()} is closed")
         rid = start(*args, **kwargs)
@@ -105,7 +106,7 @@ class Connection(asyncio.Protocol):
         self._requests[rid] = future
         self.flush()
         try:
-            return await asyncio.wait_for(future, self.client._operation_timeout)
+            return await asyncio.wait_for(future, None if _wait else self.client._operation_timeout)
         except asyncio.TimeoutError:
             raise TimeoutError(f"no answer from {self.address.url()} within "
                                f"{self.client._operation_timeout}s") from None
@@ -301,6 +302,13 @@ class ConnectionPool:
         if response.partitions > 0:
             return [partition_name(topic, i) for i in range(response.partitions)]
         return [topic]
+
+    async def topics_of_namespace(self, namespace: str, mode: int, topics_pattern: str | None = None,
+                                  topics_hash: str | None = None):
+        """The broker's GetTopicsOfNamespace answer (topics, filtered, topics_hash, changed)."""
+        conn = await self.connection(self._service)
+        return await conn.request(conn.session.get_topics_of_namespace, namespace, mode,
+                                  topics_pattern, topics_hash)
 
     def close_all(self) -> None:
         for conn in list(self._connections.values()):

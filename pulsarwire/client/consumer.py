@@ -15,7 +15,9 @@ from ..errors import (
     CodecError, ConnectionClosedError, PulsarWireError, TimeoutError, TopicTerminatedError,
 )
 from ..messages import Message, MessageId, ack_set_bits, ack_set_words, signed64
-from .options import ConsumerType, InitialPosition
+from .options import (
+    ConsumerType, InitialPosition, KeySharedPolicy, RegexSubscriptionMode, TopicsPattern,
+)
 from .reconnect import Reconnecting
 
 if TYPE_CHECKING:
@@ -128,7 +130,7 @@ class PartitionConsumer(Reconnecting):
         if parent._consumer_name:
             fields["consumer_name"] = parent._consumer_name
         if parent._type == ConsumerType.KeyShared:
-            fields["keySharedMeta"] = pb.KeySharedMeta(keySharedMode=pb.AUTO_SPLIT)
+            fields["keySharedMeta"] = parent._key_shared_policy.to_proto()
         if parent._properties:
             fields["metadata"] = [pb.KeyValue(key=k, value=v) for k, v in parent._properties.items()]
         if not parent._durable and self._last_message is not None:
@@ -456,10 +458,24 @@ class Consumer:
                  negative_ack_redelivery_delay_ms: int = 60_000, ack_group_time_ms: int = 100,
                  batch_index_ack_enabled: bool = False, read_compacted: bool = False,
                  properties: dict[str, str] | None = None, max_pending_chunked_message: int = 10,
+                 key_shared_policy: KeySharedPolicy | None = None,
+                 pattern_auto_discovery_period: float = 60,
+                 regex_subscription_mode: RegexSubscriptionMode = RegexSubscriptionMode.PersistentOnly,
+                 _pattern: TopicsPattern | None = None,
                  _durable: bool = True, _start_message_id: MessageId | None = None,
                  _start_inclusive: bool = False) -> None:
         if receiver_queue_size < 1:
             raise ValueError("receiver_queue_size must be at least 1")
+        if key_shared_policy is not None and not isinstance(key_shared_policy, KeySharedPolicy):
+            raise TypeError("key_shared_policy must be a KeySharedPolicy")
+        if pattern_auto_discovery_period <= 0:
+            raise ValueError("pattern_auto_discovery_period must be positive (seconds)")
+        self._key_shared_policy = key_shared_policy or KeySharedPolicy()
+        self._pattern = _pattern
+        self._discovery_period = float(pattern_auto_discovery_period)
+        self._regex_mode = RegexSubscriptionMode(regex_subscription_mode)
+        self._topics_hash: str | None = None
+        self._discovery: asyncio.Task | None = None
         self.client = client
         self._topics = topics
         self._subscription = subscription_name
@@ -487,13 +503,16 @@ class Consumer:
         self.corrupt_messages = 0
 
     async def _start(self) -> None:
-        for topic in self._topics:
-            names = await self.client.get_topic_partitions(topic)
-            partitioned = len(names) > 1 or names[0] != topic
-            for index, name in enumerate(names):
-                pc = PartitionConsumer(self, name, index if partitioned else -1)
-                self._partitions.append(pc)
-                self._by_topic[name] = pc
+        if self._pattern is not None:
+            self._topics = await self._matching_topics() or []
+            for name in self._topics:  # the broker lists topic-partitions by their own names
+                self._add_partition(name, _partition_index(name))
+        else:
+            for topic in self._topics:
+                names = await self.client.get_topic_partitions(topic)
+                partitioned = len(names) > 1 or names[0] != topic
+                for index, name in enumerate(names):
+                    self._add_partition(name, index if partitioned else -1)
         try:
             await asyncio.gather(*(p.start() for p in self._partitions))
         except BaseException:
@@ -501,9 +520,76 @@ class Consumer:
             raise
         if self._ack_timeout:
             self._ack_timeout_task = asyncio.ensure_future(self._check_ack_timeouts())
+        if self._pattern is not None:
+            self._discovery = asyncio.ensure_future(self._discover_periodically())
+
+    def _add_partition(self, name: str, index: int) -> PartitionConsumer:
+        pc = PartitionConsumer(self, name, index)
+        self._partitions.append(pc)
+        self._by_topic[name] = pc
+        return pc
+
+    # pattern subscriptions
+
+    async def _matching_topics(self) -> list[str] | None:
+        """The topics of the pattern's namespace that match it; None when unchanged since the
+        last answer (the broker compares the topic-list hash we send back)."""
+        pattern = self._pattern
+        assert pattern is not None
+        response = await self.client._pool.topics_of_namespace(
+            pattern.namespace, int(self._regex_mode), pattern.text, self._topics_hash)
+        if response.HasField("topics_hash"):
+            self._topics_hash = response.topics_hash
+        if not response.changed:
+            return None
+        # filter here as well: a broker may leave the pattern to the client (filtered = false)
+        return [topic for topic in response.topics if pattern.matches(topic)]
+
+    async def _discover_periodically(self) -> None:
+        """Every `pattern_auto_discovery_period` seconds: subscribe to new matching topics and
+        drop those that went away."""
+        while not self._closed:
+            await asyncio.sleep(self._discovery_period)
+            try:
+                topics = await self._matching_topics()
+                if topics is not None and not self._closed:
+                    await self._update_topics(topics)
+            except asyncio.CancelledError:
+                raise
+            except (PulsarWireError, OSError) as exc:
+                log.info("pattern %s: topic discovery failed, trying again later: %s", self.topic(), exc)
+
+    async def _update_topics(self, topics: list[str]) -> None:
+        wanted = set(topics)
+        gone = [p for p in self._partitions if p.topic not in wanted]
+        added = [self._add_partition(name, _partition_index(name)) for name in topics if name not in self._by_topic]
+        for pc in gone:
+            self._remove_partition(pc)
+        await asyncio.gather(*(pc.close() for pc in gone), return_exceptions=True)
+        results = await asyncio.gather(*(pc.start() for pc in added), return_exceptions=True)
+        for pc, result in zip(added, results):
+            if isinstance(result, BaseException):  # tried again at the next discovery
+                log.info("pattern %s: cannot subscribe to %s yet: %s", self.topic(), pc.topic, result)
+                self._remove_partition(pc)
+            elif self._closed:
+                await pc.close()
+        if added or gone:
+            self._topics = sorted(self._by_topic)
+            log.info("pattern %s: %d topics added, %d removed", self.topic(), len(added), len(gone))
+
+    def _remove_partition(self, pc: PartitionConsumer) -> None:
+        self._partitions.remove(pc)
+        self._by_topic.pop(pc.topic, None)
+        self._queue.remove_from(pc)
 
     def topic(self) -> str:
+        if self._pattern is not None:
+            return self._pattern.text
         return self._topics[0]
+
+    def topics(self) -> list[str]:
+        """The topic-partitions this consumer is subscribed to (for a pattern, as discovered so far)."""
+        return [p.topic for p in self._partitions]
 
     def subscription_name(self) -> str:
         return self._subscription
@@ -651,6 +737,8 @@ class Consumer:
         self._closed = True
         if self._ack_timeout_task is not None:
             self._ack_timeout_task.cancel()
+        if self._discovery is not None:
+            self._discovery.cancel()
         results = await asyncio.gather(*(p.close(unsubscribe) for p in self._partitions),
                                        return_exceptions=True)
         self._queue.wake_all()
@@ -658,3 +746,9 @@ class Consumer:
         errors = [r for r in results if isinstance(r, BaseException)]
         if unsubscribe and errors:
             raise errors[0]
+
+
+def _partition_index(name: str) -> int:
+    """The partition index a topic-partition name ends with (-1 for a non-partitioned topic)."""
+    head, marker, tail = name.rpartition("-partition-")
+    return int(tail) if marker and head and tail.isdigit() else -1

@@ -16,7 +16,7 @@ from ..errors import ConnectionClosedError, ProducerQueueFullError, PulsarWireEr
 from ..messages import MessageId
 from ..routing import HashingScheme, Router, RoutingMode
 from ..session import SendFailed, SendReceipt
-from .options import FATAL_ERRORS, CompressionType, now_ms
+from .options import FATAL_ERRORS, CompressionType, ProducerAccessMode, now_ms
 from .reconnect import Reconnecting
 
 if TYPE_CHECKING:
@@ -57,6 +57,7 @@ class PartitionProducer(Reconnecting):
         self.last_sequence_id = -1
         self._next_sequence_id: int | None = parent._initial_sequence_id
         self._epoch = 0
+        self._topic_epoch: int | None = None  # granted by the broker to an exclusive producer
         self._batch = codec.BatchBuilder()
         self._batch_futures: list[asyncio.Future] = []
         self._batch_first_sequence = 0
@@ -81,13 +82,19 @@ class PartitionProducer(Reconnecting):
             fields["user_provided_producer_name"] = self.parent._user_named
         if self.parent._metadata:
             fields["metadata"] = [pb.KeyValue(key=k, value=v) for k, v in self.parent._metadata.items()]
+        if self._topic_epoch is not None:  # coming back: fenced if another exclusive producer came
+            fields["topic_epoch"] = self._topic_epoch
         conn.producers[self.producer_id] = self
         try:
-            response = await conn.request(conn.session.create_producer, **fields)
+            # WaitForExclusive: the broker answers once this producer has the topic, however long
+            response = await conn.request(conn.session.create_producer, **fields,
+                                          _wait=self.parent._access_mode == pb.WaitForExclusive)
         except BaseException:
             conn.producers.pop(self.producer_id, None)
             raise
         self._epoch += 1
+        if response.HasField("topic_epoch"):
+            self._topic_epoch = response.topic_epoch
         self.producer_name = response.producer_name
         self.last_sequence_id = max(self.last_sequence_id, response.last_sequence_id)
         if self._next_sequence_id is None:
@@ -349,7 +356,7 @@ class Producer:
         self._batching_delay = batching_max_publish_delay_ms / 1000
         self._chunking = chunking_enabled
         self._metadata = properties or {}
-        self._access_mode = access_mode
+        self._access_mode = int(ProducerAccessMode(access_mode))
         self._router = Router(hashing_scheme, message_routing_mode)
         self._partitions: list[PartitionProducer] = []
         self._in_flight = 0
