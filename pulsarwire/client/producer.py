@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from .. import codec, compression
 from .._proto import PulsarApi_pb2 as pb
 from ..errors import ConnectionClosedError, ProducerQueueFullError, PulsarWireError, TimeoutError
-from ..messages import MessageId
+from ..messages import MessageId, signed64
 from ..routing import HashingScheme, Router, RoutingMode
 from ..session import SendFailed, SendReceipt
 from .options import FATAL_ERRORS, CompressionType, now_ms
@@ -54,8 +54,11 @@ class PartitionProducer(Reconnecting):
         self.producer_name = parent._producer_name
         self.conn: Connection | None = None
         self.pending: collections.deque[_OpSend] = collections.deque()
-        self.last_sequence_id = -1
-        self._next_sequence_id: int | None = parent._initial_sequence_id
+        initial = parent._initial_sequence_id
+        # As the official client: the first message takes initial + 1 (initial is the last one
+        # already published), and without an initial id the broker's last one decides.
+        self.last_sequence_id = -1 if initial is None else initial
+        self._next_sequence_id: int | None = None if initial is None else initial + 1
         self._epoch = 0
         self._batch = codec.BatchBuilder()
         self._batch_futures: list[asyncio.Future] = []
@@ -89,8 +92,8 @@ class PartitionProducer(Reconnecting):
             raise
         self._epoch += 1
         self.producer_name = response.producer_name
-        self.last_sequence_id = max(self.last_sequence_id, response.last_sequence_id)
         if self._next_sequence_id is None:
+            self.last_sequence_id = max(self.last_sequence_id, response.last_sequence_id)
             self._next_sequence_id = response.last_sequence_id + 1
         self.conn = conn
         for op in self.pending:  # resend in order, same sequence ids: the broker dedups
@@ -235,21 +238,21 @@ class PartitionProducer(Reconnecting):
             if op.num_messages == 0 and op.first_chunk is not None and not op.futures:
                 if op.first_chunk not in self._chunk_ids:
                     mid = receipt.message_id
-                    self._chunk_ids[op.first_chunk] = MessageId(mid.ledgerId, mid.entryId, self.partition,
-                                                                topic=self.topic)
+                    self._chunk_ids[op.first_chunk] = MessageId(signed64(mid.ledgerId), signed64(mid.entryId),
+                                                                self.partition, topic=self.topic)
                 return  # earlier chunk: wait for the receipt of the last one
             self._chunk_ids.pop(op.first_chunk, None)
             self.last_sequence_id = max(self.last_sequence_id, op.highest_sequence_id)
             mid = receipt.message_id
+            ledger, entry = signed64(mid.ledgerId), signed64(mid.entryId)  # a duplicate is (-1, -1)
             batched = len(op.futures) > 1 or op.highest_sequence_id != op.sequence_id
             for index, future in enumerate(op.futures):
                 if not future.done():
                     if batched or op.num_messages > 1:
-                        future.set_result(MessageId(mid.ledgerId, mid.entryId, self.partition, index,
+                        future.set_result(MessageId(ledger, entry, self.partition, index,
                                                     len(op.futures), self.topic))
                     else:
-                        future.set_result(MessageId(mid.ledgerId, mid.entryId, self.partition,
-                                                    topic=self.topic))
+                        future.set_result(MessageId(ledger, entry, self.partition, topic=self.topic))
             self.parent._release(len(op.futures))
             return
 
@@ -337,7 +340,9 @@ class Producer:
         self._topic = topic
         self._producer_name = producer_name
         self._user_named = producer_name is not None
-        self._initial_sequence_id = None if initial_sequence_id is None else initial_sequence_id
+        # As the official client: 0 (its Python layer tests truthiness) and -1 (its "unset") leave
+        # the broker's last sequence id in charge.
+        self._initial_sequence_id = None if initial_sequence_id in (None, 0, -1) else initial_sequence_id
         self._send_timeout = send_timeout_millis / 1000
         self._compression: Any = compression.compression_type(
             compression_type.name if isinstance(compression_type, enum.Enum) else compression_type)

@@ -1,0 +1,150 @@
+"""Calls that must mean what they mean in the official `pulsar-client` (issue 14, "wrong
+meaning"): each scenario runs with the official client against the embedded broker where it
+can, and pulsarwire must give the same observable result."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from pulsarwire import Client, InitialPosition, MessageId, errors
+
+from .conftest import unique
+
+pulsar = pytest.importorskip("pulsar")
+
+EARLIEST = InitialPosition.Earliest
+
+
+def run(coro, timeout=60):
+    async def bounded():
+        return await asyncio.wait_for(coro, timeout)
+    return asyncio.run(bounded())
+
+
+def ours(broker, **options):
+    options.setdefault("operation_timeout_seconds", 10)
+    options.setdefault("initial_backoff_seconds", 0.05)
+    options.setdefault("max_backoff_seconds", 0.5)
+    return Client(broker.url, **options)
+
+
+@pytest.fixture
+def official(embedded):
+    client = pulsar.Client(embedded.url, operation_timeout_seconds=10,
+                           logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    yield client
+    client.close()
+
+
+def _value(field):
+    return field() if callable(field) else field
+
+
+def ids_of(mid):
+    """(ledger, entry, batch index) of either client's MessageId."""
+    return _value(mid.ledger_id), _value(mid.entry_id), _value(mid.batch_index)
+
+
+def official_drain(consumer, timeout_ms=500):
+    got = []
+    while True:
+        try:
+            message = consumer.receive(timeout_ms)
+        except pulsar.Timeout:
+            return got
+        consumer.acknowledge(message)
+        got.append(message.data())
+
+
+async def drain(consumer, timeout_ms=500):
+    got = []
+    while True:
+        try:
+            message = await consumer.receive(timeout_ms)
+        except errors.TimeoutError:
+            return got
+        consumer.acknowledge(message)
+        got.append(message.data())
+
+
+# 1. initial_sequence_id ---------------------------------------------------------------------
+
+def test_initial_sequence_id_is_the_last_published_one(embedded, official):
+    """The first message takes initial + 1, so a producer restarted with its last acknowledged
+    sequence id loses nothing; a duplicate's receipt is (-1, -1), not 2**64 - 1."""
+    def with_official(topic):
+        consumer = official.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+        producer = official.create_producer(topic, producer_name=f"{topic}-p", initial_sequence_id=5,
+                                            batching_enabled=False)
+        first = producer.send(b"first")
+        last = producer.last_sequence_id()
+        producer.close()
+        restarted = official.create_producer(topic, producer_name=f"{topic}-p", initial_sequence_id=last,
+                                             batching_enabled=False)
+        after_restart = restarted.send(b"after restart")
+        restarted.close()
+        stale = official.create_producer(topic, producer_name=f"{topic}-p", initial_sequence_id=3,
+                                         batching_enabled=False)
+        duplicate = stale.send(b"duplicate")
+        stale_last = stale.last_sequence_id()
+        stale.close()
+        received = official_drain(consumer)
+        return (last, ids_of(first)[1] >= 0, ids_of(after_restart)[1] >= 0, ids_of(duplicate)[:2],
+                stale_last, received)
+
+    async def with_ours(topic):
+        async with ours(embedded) as client:
+            consumer = await client.subscribe(topic, "s", initial_position=EARLIEST)
+            producer = await client.create_producer(topic, producer_name=f"{topic}-p", initial_sequence_id=5,
+                                                    batching_enabled=False)
+            first = await producer.send(b"first")
+            last = producer.last_sequence_id()
+            await producer.close()
+            restarted = await client.create_producer(topic, producer_name=f"{topic}-p",
+                                                     initial_sequence_id=last, batching_enabled=False)
+            after_restart = await restarted.send(b"after restart")
+            await restarted.close()
+            stale = await client.create_producer(topic, producer_name=f"{topic}-p", initial_sequence_id=3,
+                                                 batching_enabled=False)
+            duplicate = await stale.send(b"duplicate")
+            stale_last = stale.last_sequence_id()
+            await stale.close()
+            received = await drain(consumer)
+            return (last, ids_of(first)[1] >= 0, ids_of(after_restart)[1] >= 0, ids_of(duplicate)[:2],
+                    stale_last, received)
+
+    expected = with_official(unique("seq"))
+    assert expected == (6, True, True, (-1, -1), 4, [b"first", b"after restart"])
+    assert run(with_ours(unique("seq"))) == expected
+
+
+def test_initial_sequence_id_zero_leaves_the_broker_in_charge(embedded, official):
+    """The official client treats 0 as unset: a producer comes back after the broker's last id."""
+    def with_official(topic):
+        producer = official.create_producer(topic, producer_name=f"{topic}-p", batching_enabled=False)
+        for i in range(3):
+            producer.send(b"%d" % i)
+        producer.close()
+        again = official.create_producer(topic, producer_name=f"{topic}-p", initial_sequence_id=0,
+                                         batching_enabled=False)
+        mid = again.send(b"next")
+        result = again.last_sequence_id(), ids_of(mid)[1]
+        again.close()
+        return result
+
+    async def with_ours(topic):
+        async with ours(embedded) as client:
+            producer = await client.create_producer(topic, producer_name=f"{topic}-p", batching_enabled=False)
+            for i in range(3):
+                await producer.send(b"%d" % i)
+            await producer.close()
+            again = await client.create_producer(topic, producer_name=f"{topic}-p", initial_sequence_id=0,
+                                                 batching_enabled=False)
+            mid = await again.send(b"next")
+            return again.last_sequence_id(), ids_of(mid)[1]
+
+    expected = with_official(unique("seq0"))
+    assert expected == (3, 3)
+    assert run(with_ours(unique("seq0"))) == expected
