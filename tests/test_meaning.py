@@ -148,3 +148,40 @@ def test_initial_sequence_id_zero_leaves_the_broker_in_charge(embedded, official
     expected = with_official(unique("seq0"))
     assert expected == (3, 3)
     assert run(with_ours(unique("seq0"))) == expected
+
+
+# 4. batched send ids -------------------------------------------------------------------------
+
+def test_batched_send_returns_the_id_the_consumer_sees(embedded, official):
+    """With batching on, even a batch of one carries batch index 0, on send and on receive."""
+    def with_official(topic):
+        consumer = official.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+        producer = official.create_producer(topic, batching_enabled=True, batching_max_messages=3,
+                                            batching_max_publish_delay_ms=200)
+        sent = [producer.send(b"alone")]
+        later = []
+        for i in range(3):
+            producer.send_async(b"%d" % i, lambda result, mid: later.append(mid))
+        producer.flush()
+        sent += sorted(later, key=ids_of)
+        received = [consumer.receive(5000).message_id() for _ in range(4)]
+        return [ids_of(m) for m in sent], [ids_of(m) for m in received]
+
+    async def with_ours(topic):
+        async with ours(embedded) as client:
+            consumer = await client.subscribe(topic, "s", initial_position=EARLIEST)
+            producer = await client.create_producer(topic, batching_enabled=True, batching_max_messages=3,
+                                                    batching_max_publish_delay_ms=200)
+            sent = [await producer.send(b"alone")]
+            futures = [await producer.send_async(b"%d" % i) for i in range(3)]
+            await producer.flush()
+            sent += [f.result() for f in futures]
+            received = [(await consumer.receive(5000)).message_id() for _ in range(4)]
+            assert sent == received  # MessageId equality too, not only the numbers
+            return [ids_of(m) for m in sent], [ids_of(m) for m in received]
+
+    official_sent, official_received = with_official(unique("batchid"))
+    assert official_sent == official_received
+    assert official_sent[0][1:] == (0, 0)
+    our_sent, our_received = run(with_ours(unique("batchid")))
+    assert our_sent == our_received == official_sent

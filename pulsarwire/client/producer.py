@@ -30,9 +30,10 @@ class _OpSend:
     """One Send frame in flight: a single message, a batch, or one chunk."""
 
     __slots__ = ("sequence_id", "highest_sequence_id", "num_messages", "frame", "futures", "created",
-                 "first_chunk")
+                 "first_chunk", "batched")
 
-    def __init__(self, sequence_id, highest_sequence_id, num_messages, frame, futures, first_chunk=None):
+    def __init__(self, sequence_id, highest_sequence_id, num_messages, frame, futures, first_chunk=None,
+                 batched=False):
         self.sequence_id = sequence_id
         self.highest_sequence_id = highest_sequence_id
         self.num_messages = num_messages
@@ -40,6 +41,7 @@ class _OpSend:
         self.futures = futures  # one per message; empty for all but a message's last chunk
         self.created = time.monotonic()
         self.first_chunk = first_chunk
+        self.batched = batched  # a batch entry, even of one message: ids carry batch indexes
 
 
 class PartitionProducer(Reconnecting):
@@ -216,7 +218,7 @@ class PartitionProducer(Reconnecting):
             md.uncompressed_size = len(raw)
             raw = compression.compress(kind, raw)
         frame = codec.encode_payload_command(self._send_command(first, highest, count), md, raw)
-        self._enqueue(_OpSend(first, highest, count, frame, futures))
+        self._enqueue(_OpSend(first, highest, count, frame, futures, batched=True))
 
     def _enqueue(self, op: _OpSend) -> None:
         self.pending.append(op)
@@ -245,10 +247,9 @@ class PartitionProducer(Reconnecting):
             self.last_sequence_id = max(self.last_sequence_id, op.highest_sequence_id)
             mid = receipt.message_id
             ledger, entry = signed64(mid.ledgerId), signed64(mid.entryId)  # a duplicate is (-1, -1)
-            batched = len(op.futures) > 1 or op.highest_sequence_id != op.sequence_id
             for index, future in enumerate(op.futures):
                 if not future.done():
-                    if batched or op.num_messages > 1:
+                    if op.batched:
                         future.set_result(MessageId(ledger, entry, self.partition, index,
                                                     len(op.futures), self.topic))
                     else:
