@@ -182,7 +182,7 @@ class PartitionConsumer(Reconnecting):
         else:
             bits = (1 << max(batch_size, 1)) - 1
         unit = AckUnit(self, ledger, entry, batch_size, bits, chunk_entries)
-        durable = parent._durable
+        filtered = self._start_message_id is not None
         compacted = parent._read_compacted
         partition, topic, redelivery = self.partition, self.topic, command.redelivery_count
         put = parent._queue.put
@@ -191,7 +191,7 @@ class PartitionConsumer(Reconnecting):
             if batch_size and not (bits >> index) & 1:
                 skip += 1
                 continue
-            if (not durable and self._before_start(
+            if (filtered and self._before_start(
                     MessageId(ledger, entry, partition, index, batch_size), batch_size)) or \
                     (compacted and single.compacted_out):
                 skip += 1
@@ -200,13 +200,16 @@ class PartitionConsumer(Reconnecting):
             put(Message(single, md, ledger, entry, partition, topic, redelivery, unit))
         if unit.remaining:
             self._unacked[(ledger, entry)] = unit
+        elif parent._durable:
+            self.ack_ids(unit.ids())  # all of it lies before the seek position: done with it
         if skip:
             self._message_consumed(skip)
 
     def _before_start(self, mid: MessageId, batch_size: int) -> bool:
-        """A reader skips what lies before its start position (and the start itself unless inclusive)."""
+        """What lies before the start position (a reader's start, or the last seek) is skipped, and
+        the start itself too unless start_message_id_inclusive, as in the official client."""
         start = self._start_message_id
-        if self.parent._durable or start is None or start.ledger_id < 0 or start == MessageId.latest:
+        if start is None or start.ledger_id < 0 or start == MessageId.latest:
             return False
         key, start_key = (mid.ledger_id, mid.entry_id), (start.ledger_id, start.entry_id)
         if key != start_key:
@@ -415,8 +418,8 @@ class PartitionConsumer(Reconnecting):
         self.parent._queue.remove_from(self)
         self._unacked.clear()
         self._last_message = None
-        if not self.parent._durable:
-            self._start_message_id, self._start_inclusive = message_id, True
+        # Delivery resumes after the sought message (at it with start_message_id_inclusive).
+        self._start_message_id, self._start_inclusive = message_id, self.parent._start_inclusive
 
     async def get_last_message_id(self) -> MessageId:
         conn = self.conn
@@ -456,6 +459,7 @@ class Consumer:
                  negative_ack_redelivery_delay_ms: int = 60_000, ack_group_time_ms: int = 100,
                  batch_index_ack_enabled: bool = False, read_compacted: bool = False,
                  properties: dict[str, str] | None = None, max_pending_chunked_message: int = 10,
+                 start_message_id_inclusive: bool = False,
                  _durable: bool = True, _start_message_id: MessageId | None = None,
                  _start_inclusive: bool = False) -> None:
         if receiver_queue_size < 1:
@@ -477,7 +481,7 @@ class Consumer:
         self._max_pending_chunked = max_pending_chunked_message
         self._durable = _durable
         self._start_message_id = _start_message_id
-        self._start_inclusive = _start_inclusive
+        self._start_inclusive = start_message_id_inclusive or _start_inclusive
         self._queue = MessageQueue()
         self._partitions: list[PartitionConsumer] = []
         self._by_topic: dict[str, PartitionConsumer] = {}
