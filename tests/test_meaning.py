@@ -259,3 +259,38 @@ def test_reader_keeps_its_inclusiveness_after_seek(embedded, batching, inclusive
     assert after_seek == ([b"3", b"4", b"5"] if inclusive else [b"4", b"5"])
     assert after_second_seek == (b"4" if inclusive else b"5")
     assert from_earliest == b"0"
+
+
+# 3. redelivery after grouped acks --------------------------------------------------------------
+
+@pytest.mark.parametrize("consumer_type", ["Exclusive", "Shared"])
+def test_redeliver_unacknowledged_keeps_what_was_just_acknowledged(embedded, official, consumer_type):
+    def with_official(topic):
+        producer = official.create_producer(topic, batching_enabled=False)
+        consumer = official.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest,
+                                      consumer_type=getattr(pulsar.ConsumerType, consumer_type))
+        for i in range(4):
+            producer.send(b"%d" % i)
+        messages = [consumer.receive(5000) for _ in range(4)]
+        consumer.acknowledge(messages[0])
+        consumer.acknowledge(messages[1])
+        consumer.redeliver_unacknowledged_messages()
+        return official_drain(consumer, 1000)
+
+    async def with_ours(topic):
+        from pulsarwire import ConsumerType
+        async with ours(embedded) as client:
+            producer = await client.create_producer(topic, batching_enabled=False)
+            consumer = await client.subscribe(topic, "s", initial_position=EARLIEST, ack_group_time_ms=5000,
+                                              consumer_type=getattr(ConsumerType, consumer_type))
+            for i in range(4):
+                await producer.send(b"%d" % i)
+            messages = [await consumer.receive(5000) for _ in range(4)]
+            consumer.acknowledge(messages[0])
+            consumer.acknowledge(messages[1])
+            consumer.redeliver_unacknowledged_messages()
+            return await drain(consumer, 1000)
+
+    expected = with_official(unique("redeliver"))
+    assert expected == [b"2", b"3"]
+    assert run(with_ours(unique("redeliver"))) == expected

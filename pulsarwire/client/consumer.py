@@ -401,6 +401,7 @@ class PartitionConsumer(Reconnecting):
     def redeliver_unacknowledged(self) -> None:
         if self.conn is None:
             return
+        self.flush_acks()  # what was just acknowledged must not come back
         removed = self.parent._queue.remove_from(self)
         self._unacked.clear()
         self.conn.session.redeliver(self.consumer_id)
