@@ -294,3 +294,120 @@ def test_redeliver_unacknowledged_keeps_what_was_just_acknowledged(embedded, off
     expected = with_official(unique("redeliver"))
     assert expected == [b"2", b"3"]
     assert run(with_ours(unique("redeliver"))) == expected
+
+
+# 7. typed errors -------------------------------------------------------------------------------
+
+#: the official exception class -> pulsarwire's
+OFFICIAL_TO_OURS = {
+    "AlreadyClosed": "AlreadyClosedError",
+    "MessageTooBig": "MessageTooBigError",
+    "CumulativeAcknowledgementNotAllowedError": "CumulativeAcknowledgementNotAllowedError",
+    "Timeout": "TimeoutError",
+}
+
+
+def _raised(call):
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001 - the class is what is compared
+        return type(exc).__name__
+    return None
+
+
+async def _araised(call):
+    try:
+        await call()
+    except Exception as exc:  # noqa: BLE001
+        return type(exc).__name__
+    return None
+
+
+def test_errors_are_typed_as_the_official_ones(embedded):
+    topic = unique("typed")
+    client = pulsar.Client(embedded.url, operation_timeout_seconds=10,
+                           logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    producer = client.create_producer(topic, batching_enabled=False)
+    consumer = client.subscribe(topic, "s")
+    shared = client.subscribe(topic, "shared", consumer_type=pulsar.ConsumerType.Shared)
+    reader = client.create_reader(topic, pulsar.MessageId.earliest)
+    producer.send(b"one")
+    message = consumer.receive(5000)
+    shared_message = shared.receive(5000)
+    expected = {
+        "too big": _raised(lambda: producer.send(b"x" * (6 * 1024 * 1024))),
+        "cumulative on shared": _raised(lambda: shared.acknowledge_cumulative(shared_message)),
+        "receive timeout": _raised(lambda: consumer.receive(100)),
+    }
+    producer.close()
+    consumer.close()
+    reader.close()
+    expected.update({
+        "send after close": _raised(lambda: producer.send(b"late")),
+        "flush after close": _raised(producer.flush),
+        "receive after close": _raised(lambda: consumer.receive(100)),
+        "ack after close": _raised(lambda: consumer.acknowledge(message)),
+        "seek after close": _raised(lambda: consumer.seek(pulsar.MessageId.earliest)),
+        "read after close": _raised(lambda: reader.read_next(100)),
+    })
+    client.close()
+    expected["subscribe after client close"] = _raised(lambda: client.subscribe(topic, "late"))
+    expected = {k: OFFICIAL_TO_OURS[v] for k, v in expected.items()}
+
+    async def with_ours():
+        async with ours(embedded) as client:
+            producer = await client.create_producer(topic, batching_enabled=False)
+            consumer = await client.subscribe(topic, "s2")
+            shared = await client.subscribe(topic, "shared", consumer_type=ConsumerType.Shared)
+            reader = await client.create_reader(topic, MessageId.earliest)
+            await producer.send(b"two")
+            message = await consumer.receive(5000)
+            shared_message = await shared.receive(5000)
+            got = {
+                "too big": await _araised(lambda: producer.send(b"x" * (6 * 1024 * 1024))),
+                "cumulative on shared": _raised(lambda: shared.acknowledge_cumulative(shared_message)),
+                "receive timeout": await _araised(lambda: consumer.receive(100)),
+            }
+            await producer.close()
+            await consumer.close()
+            await reader.close()
+            got.update({
+                "send after close": await _araised(lambda: producer.send(b"late")),
+                "flush after close": await _araised(producer.flush),
+                "receive after close": await _araised(lambda: consumer.receive(100)),
+                "ack after close": _raised(lambda: consumer.acknowledge(message)),
+                "seek after close": await _araised(lambda: consumer.seek(MessageId.earliest)),
+                "read after close": await _araised(lambda: reader.read_next(100)),
+            })
+        got["subscribe after client close"] = await _araised(lambda: client.subscribe(topic, "late"))
+        return got
+
+    from pulsarwire import ConsumerType
+    assert run(with_ours()) == expected
+
+
+def test_blocking_facade_after_close_raises_already_closed(embedded):
+    from pulsarwire import sync
+    client = sync.Client(embedded.url, operation_timeout_seconds=10)
+    producer = client.create_producer(unique("closed"))
+    consumer = client.subscribe(unique("closed"), "s")
+    client.close()
+    client.close()  # closing twice is harmless
+    with pytest.raises(errors.AlreadyClosedError):
+        producer.send(b"late")
+    with pytest.raises(errors.AlreadyClosedError):
+        consumer.receive(100)
+    with pytest.raises(errors.AlreadyClosedError):
+        client.create_producer(unique("closed"))
+
+
+def test_timeout_error_is_the_builtin_one(embedded):
+    assert issubclass(errors.TimeoutError, TimeoutError)
+    assert issubclass(errors.AlreadyClosedError, errors.ConnectionClosedError)  # old handlers still catch it
+
+    async def main():
+        async with ours(embedded) as client:
+            consumer = await client.subscribe(unique("timeout"), "s")
+            with pytest.raises(TimeoutError):  # the builtin name catches it
+                await consumer.receive(50)
+    run(main())

@@ -8,6 +8,7 @@ import logging
 import uuid
 
 from .. import codec
+from ..errors import AlreadyClosedError
 from ..messages import MessageId
 from .connection import Connection, ConnectionPool
 from .consumer import Consumer
@@ -63,6 +64,7 @@ class Client:
         return await self._pool.lookup(topic)
 
     async def get_topic_partitions(self, topic: str) -> list[str]:
+        self._check_open()
         return await self._pool.topic_partitions(topic_name(topic))
 
     async def _backoff(self, attempt: int) -> None:
@@ -70,13 +72,19 @@ class Client:
 
     # public API
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise AlreadyClosedError("client is closed")
+
     async def create_producer(self, topic: str, **options) -> Producer:
+        self._check_open()
         producer = Producer(self, topic_name(topic), **options)
         await producer._start()
         self._handles.add(producer)
         return producer
 
     async def subscribe(self, topic: str | list[str], subscription_name: str, **options) -> Consumer:
+        self._check_open()
         topics = [topic_name(t) for t in ([topic] if isinstance(topic, str) else topic)]
         consumer = Consumer(self, topics, subscription_name, **options)
         await consumer._start()
@@ -87,6 +95,7 @@ class Client:
                             reader_name: str | None = None, receiver_queue_size: int = 1000,
                             subscription_role_prefix: str = "reader",
                             start_message_id_inclusive: bool = False) -> Reader:
+        self._check_open()
         consumer = Consumer(self, [topic_name(topic)], f"{subscription_role_prefix}-{uuid.uuid4().hex[:10]}",
                             consumer_type=ConsumerType.Exclusive, consumer_name=reader_name,
                             receiver_queue_size=receiver_queue_size, _durable=False,

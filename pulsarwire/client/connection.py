@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from .._proto import PulsarApi_pb2 as pb
-from ..errors import ConnectionClosedError, PulsarWireError, ServerError, TimeoutError
+from ..errors import AlreadyClosedError, ConnectionClosedError, PulsarWireError, ServerError, TimeoutError
 from ..session import (
     ActiveConsumerChanged, ClientSession, Connected, ConnectionFailed, ConsumerClosedByBroker,
     CorruptMessage, EndOfTopic, MessageArrived, ProducerClosedByBroker, RequestDone, RequestFailed,
@@ -244,7 +244,7 @@ class ConnectionPool:
         """A ready connection to `address`: the pooled one, or a new one (opened once even
         when several callers ask at the same time)."""
         if self._client._closed:
-            raise ConnectionClosedError("client is closed")
+            raise AlreadyClosedError("client is closed")
         conn = self._connections.get(address)
         if conn is not None and not conn.closed:
             return conn

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 from .. import codec
 from .._proto import PulsarApi_pb2 as pb
 from ..errors import (
-    CodecError, ConnectionClosedError, PulsarWireError, TimeoutError, TopicTerminatedError,
+    AlreadyClosedError, CodecError, ConnectionClosedError, CumulativeAcknowledgementNotAllowedError,
+    PulsarWireError, TimeoutError, TopicTerminatedError,
 )
 from ..messages import Message, MessageId, ack_set_bits, ack_set_words, signed64
 from .options import ConsumerType, InitialPosition
@@ -522,6 +523,8 @@ class Consumer:
 
     async def receive(self, timeout_millis: int | None = None) -> Message:
         """The next message; TimeoutError after timeout_millis, TopicTerminatedError at the end."""
+        if self._closed:
+            raise AlreadyClosedError("consumer is closed")
         message = self._queue.pop()
         if message is not None:  # the common case: something is already queued
             unit = message._ack_unit
@@ -540,7 +543,7 @@ class Consumer:
             if self._error is not None:
                 raise self._error
             if self._closed:
-                raise ConnectionClosedError("consumer is closed")
+                raise AlreadyClosedError("consumer is closed")
             if self._ended():
                 raise TopicTerminatedError("reached the end of the topic")
             waiter = self._queue.waiter(loop)
@@ -594,7 +597,12 @@ class Consumer:
     def _id(message: Message | MessageId) -> MessageId:
         return message.message_id() if isinstance(message, Message) else message
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise AlreadyClosedError("consumer is closed")
+
     def acknowledge(self, message: Message | MessageId) -> None:
+        self._check_open()
         if isinstance(message, Message):
             unit = message._ack_unit
             unit.owner.ack_in(unit, message._single.batch_index)
@@ -602,21 +610,26 @@ class Consumer:
         self._owner(message).ack(message, cumulative=False)
 
     def acknowledge_cumulative(self, message: Message | MessageId) -> None:
+        self._check_open()
         if self._type in (ConsumerType.Shared, ConsumerType.KeyShared):
-            raise PulsarWireError("cumulative acknowledgement is not allowed on Shared subscriptions")
+            raise CumulativeAcknowledgementNotAllowedError(
+                "cumulative acknowledgement is not allowed on Shared and Key_Shared subscriptions")
         mid = self._id(message)
         self._owner(mid).ack(mid, cumulative=True)
 
     def negative_acknowledge(self, message: Message | MessageId) -> None:
+        self._check_open()
         mid = self._id(message)
         self._owner(mid).negative_ack(mid)
 
     def redeliver_unacknowledged_messages(self) -> None:
+        self._check_open()
         for p in self._partitions:
             p.redeliver_unacknowledged()
 
     async def seek(self, target: MessageId | int) -> None:
         """Rewind or skip to a message id, or to a publish time in ms."""
+        self._check_open()
         if isinstance(target, MessageId):
             owners = self._partitions if target in (MessageId.earliest, MessageId.latest) \
                 else [self._owner(target)]
@@ -625,6 +638,7 @@ class Consumer:
             await asyncio.gather(*(p.seek(None, int(target)) for p in self._partitions))
 
     async def get_last_message_id(self) -> MessageId:
+        self._check_open()
         ids = await asyncio.gather(*(p.get_last_message_id() for p in self._partitions))
         return max(ids)
 

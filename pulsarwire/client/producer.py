@@ -12,7 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from .. import codec, compression
 from .._proto import PulsarApi_pb2 as pb
-from ..errors import ConnectionClosedError, ProducerQueueFullError, PulsarWireError, TimeoutError
+from ..errors import (
+    AlreadyClosedError, ConnectionClosedError, MessageTooBigError, ProducerQueueFullError, PulsarWireError,
+    TimeoutError,
+)
 from ..messages import MessageId, signed64
 from ..routing import HashingScheme, Router, RoutingMode
 from ..session import SendFailed, SendReceipt
@@ -145,7 +148,7 @@ class PartitionProducer(Reconnecting):
         limit = self.conn.max_message_size if self.conn else codec.DEFAULT_MAX_MESSAGE_SIZE
         if len(body) > limit - 1024:
             if not parent._chunking:
-                future.set_exception(PulsarWireError(
+                future.set_exception(MessageTooBigError(
                     f"message of {len(body)} bytes is over the broker's {limit}-byte limit; "
                     "enable chunking_enabled to send it"))
                 self.parent._release(1)
@@ -400,7 +403,7 @@ class Producer:
                          deliver_at: int | None = None, deliver_after_ms: int | None = None) -> asyncio.Future:
         """Queue a message; returns a future for its MessageId (waits only for queue space)."""
         if self._closed:
-            raise ConnectionClosedError("producer is closed")
+            raise AlreadyClosedError("producer is closed")
         if not isinstance(content, (bytes, bytearray, memoryview)):
             raise TypeError(f"content must be bytes, not {type(content).__name__}")
         if self._in_flight >= self._max_pending:
@@ -435,6 +438,8 @@ class Producer:
 
     async def flush(self) -> None:
         """Send what is batched and wait until every pending message is acknowledged."""
+        if self._closed:
+            raise AlreadyClosedError("producer is closed")
         self.flush_batches()
         await asyncio.gather(*(p.wait_pending() for p in self._partitions))
 
