@@ -401,8 +401,8 @@ def test_bad_arguments_are_typed(embedded):
                 await producer.send("not bytes")
             with pytest.raises(ValueError):
                 await client.create_producer(unique(), batching_enabled=True, chunking_enabled=True)
-        async with Client("pulsar://127.0.0.1:1", connection_timeout_ms=500) as client:
-            with pytest.raises(errors.ConnectionClosedError):
+        async with Client("pulsar://127.0.0.1:1", connection_timeout_ms=500, operation_timeout_seconds=1) as client:
+            with pytest.raises(errors.ConnectTimeoutError):  # refused until the operation timeout
                 await client.create_producer("nowhere")
     run(main())
 

@@ -411,3 +411,62 @@ def test_timeout_error_is_the_builtin_one(embedded):
             with pytest.raises(TimeoutError):  # the builtin name catches it
                 await consumer.receive(50)
     run(main())
+
+
+# 5. refused connections -------------------------------------------------------------------------
+
+def test_refused_connection_times_out_after_the_operation_timeout():
+    from .peers import free_port
+    url = f"pulsar://127.0.0.1:{free_port()}"  # nothing listens there
+    client = pulsar.Client(url, operation_timeout_seconds=2, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    started = time.monotonic()
+    with pytest.raises(pulsar.Timeout):
+        client.create_producer("nowhere")
+    official_took = time.monotonic() - started
+    client.close()
+
+    async def main():
+        async with Client(url, operation_timeout_seconds=2, initial_backoff_seconds=0.05) as client:
+            started = time.monotonic()
+            with pytest.raises(errors.ConnectTimeoutError) as caught:
+                await client.create_producer("nowhere")
+            return time.monotonic() - started, caught.value
+    took, error = run(main())
+    assert isinstance(error, errors.TimeoutError) and isinstance(error, errors.ConnectError)
+    assert 1.5 < official_took < 4 and 1.5 < took < 4
+
+
+def test_connection_refused_at_first_is_retried(tmp_path):
+    """A broker that comes up within the operation timeout is reached, by both clients."""
+    import threading
+
+    from .peers import BrokerThread, free_port
+
+    port = free_port()
+    url = f"pulsar://127.0.0.1:{port}"
+    broker = BrokerThread(tmp_path, v1_port=None, port=port)
+    starter = threading.Timer(1.0, broker.start)
+    starter.start()
+    try:
+        official = pulsar.Client(url, operation_timeout_seconds=15,
+                                 logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+        official.create_producer("late").send(b"official")
+        official.close()
+    finally:
+        starter.join()
+        broker.stop()
+
+    broker = BrokerThread(tmp_path, v1_port=None, port=port)
+    starter = threading.Timer(1.0, broker.start)
+
+    async def main():
+        async with Client(url, operation_timeout_seconds=15, initial_backoff_seconds=0.05,
+                          max_backoff_seconds=0.3) as client:
+            starter.start()
+            producer = await client.create_producer("late")
+            return await producer.send(b"ours")
+    try:
+        assert run(main()).entry_id >= 0
+    finally:
+        starter.join()
+        broker.stop()
