@@ -470,3 +470,133 @@ def test_connection_refused_at_first_is_retried(tmp_path):
     finally:
         starter.join()
         broker.stop()
+
+
+# 6. incomplete chunked messages ----------------------------------------------------------------
+
+CHUNK = 60_000
+
+
+@pytest.fixture(scope="module")
+def small_frames(tmp_path_factory):
+    """A broker with a 64 KiB message limit, so chunked messages have small chunks."""
+    from .peers import BrokerThread
+    broker = BrokerThread(tmp_path_factory.mktemp("chunks"), v1_port=None, max_message_size=64 * 1024).start()
+    yield broker
+    broker.stop()
+
+
+def _publish_first_chunks(broker, topic, count, chunks_per_message=3):
+    """`count` chunked messages of which only the first chunk is ever published, then b"done"."""
+    from pulsarwire import codec
+    from pulsarwire._proto import PulsarApi_pb2 as pb
+
+    async def main():
+        async with ours(broker) as client:
+            producer = await client.create_producer(topic, producer_name=f"{topic}-chunks", batching_enabled=False)
+            part = producer._partitions[0]
+            receipts = []
+            for i in range(count):
+                sequence_id = 1000 + i
+                metadata = pb.MessageMetadata(
+                    producer_name=part.producer_name, sequence_id=sequence_id, publish_time=int(time.time() * 1000),
+                    uuid=f"{part.producer_name}-{sequence_id}", num_chunks_from_msg=chunks_per_message,
+                    total_chunk_msg_size=chunks_per_message * CHUNK, chunk_id=0)
+                command = pb.BaseCommand(type=pb.BaseCommand.SEND)
+                command.send.producer_id = part.producer_id
+                command.send.sequence_id = sequence_id
+                command.send.num_messages = 1
+                command.send.is_chunk = True
+                part.conn.write_frame(codec.encode_payload_command(command, metadata, b"c" * CHUNK))
+                receipts.append(sequence_id)
+            marker = await client.create_producer(topic, batching_enabled=False)
+            await marker.send(b"done")  # stored after every first chunk (same connection, in order)
+    run(main())
+
+
+def _backlog(broker, topic, subscription):
+    core = broker.broker.core
+    return broker.call(lambda: core.topic(f"persistent://public/default/{topic}")
+                       .subscriptions[subscription].backlog())
+
+
+def test_chunk_bounds_default_as_official():
+    import inspect
+    official = inspect.signature(pulsar.Client.subscribe).parameters
+    from pulsarwire.client import Consumer
+    our = inspect.signature(Consumer.__init__).parameters
+    for name in ("max_pending_chunked_message", "auto_ack_oldest_chunked_message_on_queue_full"):
+        assert our[name].default == official[name].default
+    assert our["expire_time_of_incomplete_chunked_message_ms"].default == 60_000  # the C++ core's default
+
+
+@pytest.mark.parametrize("auto_ack", [False, True], ids=["leave-unacked", "auto-ack"])
+def test_never_completing_chunked_messages_keep_memory_bounded(small_frames, auto_ack):
+    """150 first chunks of messages that never complete: at most max_pending_chunked_message (10)
+    are held; the oldest are dropped, acknowledged only with auto_ack_oldest_..., as officially."""
+    def with_official(topic):
+        client = pulsar.Client(small_frames.url, operation_timeout_seconds=10,
+                               logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+        consumer = client.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest,
+                                    auto_ack_oldest_chunked_message_on_queue_full=auto_ack)
+        message = consumer.receive(10_000)
+        consumer.acknowledge(message)
+        time.sleep(0.5)  # grouped acks go out
+        consumer.close()
+        client.close()
+        return message.data(), _backlog(small_frames, topic, "s")
+
+    async def with_ours(topic):
+        async with ours(small_frames) as client:
+            consumer = await client.subscribe(topic, "s", initial_position=EARLIEST,
+                                              auto_ack_oldest_chunked_message_on_queue_full=auto_ack)
+            message = await consumer.receive(10_000)
+            consumer.acknowledge(message)
+            held = consumer._partitions[0]._chunks
+            buffered = sum(len(payload) for _, parts in held.values() for _, _, payload in parts)
+            assert len(held) <= 10 and buffered <= 10 * CHUNK
+            assert consumer.dropped_chunked_messages == 140
+            await consumer.close()
+        await asyncio.sleep(0.2)
+        return message.data(), _backlog(small_frames, topic, "s")
+
+    official_topic, our_topic = unique("chunks"), unique("chunks")
+    _publish_first_chunks(small_frames, official_topic, 150)
+    _publish_first_chunks(small_frames, our_topic, 150)
+    expected = with_official(official_topic)
+    # auto-ack: the 140 oldest are acknowledged, the 10 still held stay; otherwise all 150 stay
+    assert expected == (b"done", 10 if auto_ack else 150)
+    assert run(with_ours(our_topic)) == expected
+
+
+def test_incomplete_chunked_messages_expire(small_frames):
+    topic = unique("expire")
+    _publish_first_chunks(small_frames, topic, 3)
+
+    async def main():
+        async with ours(small_frames) as client:
+            consumer = await client.subscribe(topic, "s", initial_position=EARLIEST,
+                                              expire_time_of_incomplete_chunked_message_ms=300)
+            consumer.acknowledge(await consumer.receive(10_000))
+            assert len(consumer._partitions[0]._chunks) == 3
+            await asyncio.sleep(0.8)
+            assert len(consumer._partitions[0]._chunks) == 0 and consumer.dropped_chunked_messages == 3
+            consumer.flush_acks()
+            await asyncio.sleep(0.2)
+            return _backlog(small_frames, topic, "s")
+    assert run(main()) == 0  # expired ones are acknowledged, as the official client does
+
+
+def test_chunked_messages_still_complete(small_frames):
+    topic = unique("whole")
+
+    async def main():
+        async with ours(small_frames) as client:
+            consumer = await client.subscribe(topic, "s", initial_position=EARLIEST, max_pending_chunked_message=2)
+            producer = await client.create_producer(topic, batching_enabled=False, chunking_enabled=True)
+            payloads = [bytes([i]) * (3 * CHUNK) for i in range(5)]
+            for payload in payloads:
+                await producer.send(payload)
+            got = [(await consumer.receive(10_000)).data() for _ in payloads]
+            return got == payloads and consumer.dropped_chunked_messages == 0
+    assert run(main())

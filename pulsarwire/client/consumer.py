@@ -109,7 +109,9 @@ class PartitionConsumer(Reconnecting):
         self._ack_timer: asyncio.TimerHandle | None = None
         self._nacks: dict[tuple[int, int], float] = {}
         self._nack_timer: asyncio.TimerHandle | None = None
-        self._chunks: collections.OrderedDict[str, list] = collections.OrderedDict()
+        # uuid -> (first chunk's arrival, [(ledger, entry, payload), ...]), oldest first
+        self._chunks: collections.OrderedDict[str, tuple[float, list]] = collections.OrderedDict()
+        self._chunk_timer: asyncio.TimerHandle | None = None
         self._reconnecting: asyncio.Task | None = None
         self._closed = False
         self._last_message: Message | None = None  # the last one handed to the application
@@ -223,25 +225,34 @@ class PartitionConsumer(Reconnecting):
     def _on_chunk(self, command, frame) -> None:
         md = frame.metadata
         mid = command.message_id
+        ledger, entry = signed64(mid.ledgerId), signed64(mid.entryId)
         key = md.uuid
-        parts = self._chunks.get(key)
-        if md.chunk_id == 0 or parts is None:
-            parts = self._chunks[key] = []
+        parent = self.parent
+        pending = self._chunks.get(key)
+        if md.chunk_id == 0:
+            if pending is not None:  # the message again from its start (a redelivery)
+                del self._chunks[key]
+            # Bound what incomplete messages hold, as the official client: the oldest go first.
+            limit = parent._max_pending_chunked
+            while limit and len(self._chunks) >= limit:
+                _, (_, dropped) = self._chunks.popitem(last=False)
+                self._drop_chunks(dropped, parent._auto_ack_oldest_chunked, "too many incomplete chunked messages")
+            pending = self._chunks[key] = (time.monotonic(), [])
+            self._schedule_chunk_expiry()
+        parts = pending[1] if pending is not None else []
         if md.chunk_id != len(parts):
-            log.warning("chunk %d of %s out of order; dropping the message", md.chunk_id, key)
             self._chunks.pop(key, None)
-            self.ack_ids([mid])
+            self._drop_chunks(parts + [(ledger, entry, b"")], False,
+                              f"chunk {md.chunk_id} of {key} arrived without the chunks before it")
             self._message_consumed(1)
             return
-        parts.append((signed64(mid.ledgerId), signed64(mid.entryId), bytes(frame.payload)))
-        while len(self._chunks) > self.parent._max_pending_chunked:
-            _, dropped = self._chunks.popitem(last=False)
-            log.warning("dropping an incomplete chunked message (too many in progress)")
-            self.ack_ids([pb.MessageIdData(ledgerId=l, entryId=e) for l, e, _ in dropped])
+        parts.append((ledger, entry, bytes(frame.payload)))
         if len(parts) < md.num_chunks_from_msg:
             self._message_consumed(1)  # each chunk took a permit; only the last is delivered
             return
         del self._chunks[key]
+        for chunk_ledger, chunk_entry, _ in parts:  # tracked when an earlier attempt was given up
+            self._unacked.pop((chunk_ledger, chunk_entry), None)
         whole = b"".join(p for _, _, p in parts)
         md_whole = pb.MessageMetadata()
         md_whole.CopyFrom(md)
@@ -254,6 +265,40 @@ class PartitionConsumer(Reconnecting):
             return
         last_ledger, last_entry = parts[-1][0], parts[-1][1]
         self._deliver(singles, md, last_ledger, last_entry, command, [(l, e) for l, e, _ in parts])
+
+    def _drop_chunks(self, parts: list, acknowledge: bool, why: str) -> None:
+        """Give up an incomplete chunked message: acknowledge its chunks, or leave them
+        unacknowledged (tracked, so the ack timeout or redeliver_unacknowledged_messages brings
+        them back, as the official client does)."""
+        log.warning("%s on %s: %s %d chunk(s)", why, self.topic,
+                    "acknowledging" if acknowledge else "leaving unacknowledged", len(parts))
+        self.parent.dropped_chunked_messages += 1
+        for ledger, entry, _ in parts:
+            if acknowledge:
+                self._queue_ack(pb.MessageIdData(ledgerId=ledger & 0xFFFFFFFFFFFFFFFF,
+                                                 entryId=entry & 0xFFFFFFFFFFFFFFFF))
+            else:
+                self._unacked[(ledger, entry)] = AckUnit(self, ledger, entry, 0, 1)
+
+    def _schedule_chunk_expiry(self) -> None:
+        expiry = self.parent._chunk_expiry
+        if expiry and self._chunk_timer is None and self._chunks:
+            oldest = next(iter(self._chunks.values()))[0]
+            delay = max(0.0, oldest + expiry - time.monotonic())
+            self._chunk_timer = self.client._loop.call_later(delay, self._expire_chunks)
+
+    def _expire_chunks(self) -> None:
+        """Incomplete chunked messages older than the expiry are acknowledged and dropped (the
+        official client's expire_time_of_incomplete_chunked_message)."""
+        self._chunk_timer = None
+        deadline = time.monotonic() - self.parent._chunk_expiry
+        while self._chunks:
+            key, (started, parts) = next(iter(self._chunks.items()))
+            if started > deadline:
+                break
+            del self._chunks[key]
+            self._drop_chunks(parts, True, "incomplete chunked message expired")
+        self._schedule_chunk_expiry()
 
     def _on_corrupt(self, message_id: pb.MessageIdData, error: CodecError) -> None:
         log.warning("discarding corrupt message %s:%s on %s: %s", message_id.ledgerId,
@@ -433,9 +478,10 @@ class PartitionConsumer(Reconnecting):
     async def close(self, unsubscribe: bool = False) -> None:
         self.flush_acks()
         self._closed = True
-        for timer in (self._ack_timer, self._nack_timer):
+        for timer in (self._ack_timer, self._nack_timer, self._chunk_timer):
             if timer is not None:
                 timer.cancel()
+        self._chunks.clear()
         if self._reconnecting is not None:
             self._reconnecting.cancel()
         conn = self.conn
@@ -461,6 +507,8 @@ class Consumer:
                  negative_ack_redelivery_delay_ms: int = 60_000, ack_group_time_ms: int = 100,
                  batch_index_ack_enabled: bool = False, read_compacted: bool = False,
                  properties: dict[str, str] | None = None, max_pending_chunked_message: int = 10,
+                 auto_ack_oldest_chunked_message_on_queue_full: bool = False,
+                 expire_time_of_incomplete_chunked_message_ms: int = 60_000,
                  start_message_id_inclusive: bool = False,
                  _durable: bool = True, _start_message_id: MessageId | None = None,
                  _start_inclusive: bool = False) -> None:
@@ -480,7 +528,13 @@ class Consumer:
         self._batch_index_ack = batch_index_ack_enabled
         self._read_compacted = read_compacted
         self._properties = properties or {}
-        self._max_pending_chunked = max_pending_chunked_message
+        if max_pending_chunked_message < 0 or expire_time_of_incomplete_chunked_message_ms < 0:
+            raise ValueError("max_pending_chunked_message and expire_time_of_incomplete_chunked_message_ms "
+                             "must not be negative (0: no bound)")
+        self._max_pending_chunked = max_pending_chunked_message  # 0: no bound
+        self._auto_ack_oldest_chunked = auto_ack_oldest_chunked_message_on_queue_full
+        self._chunk_expiry = expire_time_of_incomplete_chunked_message_ms / 1000  # 0: never
+        self.dropped_chunked_messages = 0
         self._durable = _durable
         self._start_message_id = _start_message_id
         self._start_inclusive = start_message_id_inclusive or _start_inclusive
