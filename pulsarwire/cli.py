@@ -24,6 +24,8 @@ from .client import Client, InitialPosition
 def _add_client_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--service-url", help="pulsar://host:port of a cluster; default: start the embedded broker")
     parser.add_argument("--token", help="authentication token")
+    parser.add_argument("--operation-timeout", type=float, default=30,
+                        help="seconds an operation may take, connection retries included (default 30)")
 
 
 def _add_load_options(parser: argparse.ArgumentParser, messages: int, duration: float) -> None:
@@ -122,7 +124,8 @@ async def _target(service_url: str | None):
 
 def _client(url: str, args) -> Client:
     from .client import AuthenticationToken
-    return Client(url, authentication=AuthenticationToken(args.token) if args.token else None)
+    return Client(url, authentication=AuthenticationToken(args.token) if args.token else None,
+                  operation_timeout_seconds=args.operation_timeout)
 
 
 async def main_job(args) -> int:

@@ -9,6 +9,7 @@ import re
 import uuid
 
 from .. import codec
+from ..errors import AlreadyClosedError
 from ..messages import MessageId
 from .connection import Connection, ConnectionPool
 from .consumer import Consumer
@@ -64,6 +65,7 @@ class Client:
         return await self._pool.lookup(topic)
 
     async def get_topic_partitions(self, topic: str) -> list[str]:
+        self._check_open()
         return await self._pool.topic_partitions(topic_name(topic))
 
     async def _backoff(self, attempt: int) -> None:
@@ -71,7 +73,12 @@ class Client:
 
     # public API
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise AlreadyClosedError("client is closed")
+
     async def create_producer(self, topic: str, **options) -> Producer:
+        self._check_open()
         producer = Producer(self, topic_name(topic), **options)
         await producer._start()
         self._handles.add(producer)
@@ -83,6 +90,7 @@ class Client:
         """Subscribe to a topic, a list of topics, or every topic of a namespace matching a
         regex (`re.compile(...)` as `topic`, or `topics_pattern=`); a pattern subscription
         looks for new matching topics every `pattern_auto_discovery_period` seconds (60)."""
+        self._check_open()
         if not subscription_name:
             raise ValueError("subscribe needs a subscription_name")
         if isinstance(topic, re.Pattern):
@@ -107,6 +115,7 @@ class Client:
                             reader_name: str | None = None, receiver_queue_size: int = 1000,
                             subscription_role_prefix: str = "reader",
                             start_message_id_inclusive: bool = False) -> Reader:
+        self._check_open()
         consumer = Consumer(self, [topic_name(topic)], f"{subscription_role_prefix}-{uuid.uuid4().hex[:10]}",
                             consumer_type=ConsumerType.Exclusive, consumer_name=reader_name,
                             receiver_queue_size=receiver_queue_size, _durable=False,

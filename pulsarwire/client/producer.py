@@ -12,8 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 from .. import codec, compression
 from .._proto import PulsarApi_pb2 as pb
-from ..errors import ConnectionClosedError, ProducerQueueFullError, PulsarWireError, TimeoutError
-from ..messages import MessageId
+from ..errors import (
+    AlreadyClosedError, ConnectionClosedError, MessageTooBigError, ProducerQueueFullError, PulsarWireError,
+    TimeoutError,
+)
+from ..messages import MessageId, signed64
 from ..routing import HashingScheme, Router, RoutingMode
 from ..session import SendFailed, SendReceipt
 from .options import FATAL_ERRORS, CompressionType, ProducerAccessMode, now_ms
@@ -30,9 +33,10 @@ class _OpSend:
     """One Send frame in flight: a single message, a batch, or one chunk."""
 
     __slots__ = ("sequence_id", "highest_sequence_id", "num_messages", "frame", "futures", "created",
-                 "first_chunk")
+                 "first_chunk", "batched")
 
-    def __init__(self, sequence_id, highest_sequence_id, num_messages, frame, futures, first_chunk=None):
+    def __init__(self, sequence_id, highest_sequence_id, num_messages, frame, futures, first_chunk=None,
+                 batched=False):
         self.sequence_id = sequence_id
         self.highest_sequence_id = highest_sequence_id
         self.num_messages = num_messages
@@ -40,6 +44,7 @@ class _OpSend:
         self.futures = futures  # one per message; empty for all but a message's last chunk
         self.created = time.monotonic()
         self.first_chunk = first_chunk
+        self.batched = batched  # a batch entry, even of one message: ids carry batch indexes
 
 
 class PartitionProducer(Reconnecting):
@@ -54,8 +59,11 @@ class PartitionProducer(Reconnecting):
         self.producer_name = parent._producer_name
         self.conn: Connection | None = None
         self.pending: collections.deque[_OpSend] = collections.deque()
-        self.last_sequence_id = -1
-        self._next_sequence_id: int | None = parent._initial_sequence_id
+        initial = parent._initial_sequence_id
+        # As the official client: the first message takes initial + 1 (initial is the last one
+        # already published), and without an initial id the broker's last one decides.
+        self.last_sequence_id = -1 if initial is None else initial
+        self._next_sequence_id: int | None = None if initial is None else initial + 1
         self._epoch = 0
         self._topic_epoch: int | None = None  # granted by the broker to an exclusive producer
         self._batch = codec.BatchBuilder()
@@ -96,8 +104,8 @@ class PartitionProducer(Reconnecting):
         if response.HasField("topic_epoch"):
             self._topic_epoch = response.topic_epoch
         self.producer_name = response.producer_name
-        self.last_sequence_id = max(self.last_sequence_id, response.last_sequence_id)
         if self._next_sequence_id is None:
+            self.last_sequence_id = max(self.last_sequence_id, response.last_sequence_id)
             self._next_sequence_id = response.last_sequence_id + 1
         self.conn = conn
         for op in self.pending:  # resend in order, same sequence ids: the broker dedups
@@ -147,7 +155,7 @@ class PartitionProducer(Reconnecting):
         limit = self.conn.max_message_size if self.conn else codec.DEFAULT_MAX_MESSAGE_SIZE
         if len(body) > limit - 1024:
             if not parent._chunking:
-                future.set_exception(PulsarWireError(
+                future.set_exception(MessageTooBigError(
                     f"message of {len(body)} bytes is over the broker's {limit}-byte limit; "
                     "enable chunking_enabled to send it"))
                 self.parent._release(1)
@@ -220,7 +228,7 @@ class PartitionProducer(Reconnecting):
             md.uncompressed_size = len(raw)
             raw = compression.compress(kind, raw)
         frame = codec.encode_payload_command(self._send_command(first, highest, count), md, raw)
-        self._enqueue(_OpSend(first, highest, count, frame, futures))
+        self._enqueue(_OpSend(first, highest, count, frame, futures, batched=True))
 
     def _enqueue(self, op: _OpSend) -> None:
         self.pending.append(op)
@@ -242,21 +250,20 @@ class PartitionProducer(Reconnecting):
             if op.num_messages == 0 and op.first_chunk is not None and not op.futures:
                 if op.first_chunk not in self._chunk_ids:
                     mid = receipt.message_id
-                    self._chunk_ids[op.first_chunk] = MessageId(mid.ledgerId, mid.entryId, self.partition,
-                                                                topic=self.topic)
+                    self._chunk_ids[op.first_chunk] = MessageId(signed64(mid.ledgerId), signed64(mid.entryId),
+                                                                self.partition, topic=self.topic)
                 return  # earlier chunk: wait for the receipt of the last one
             self._chunk_ids.pop(op.first_chunk, None)
             self.last_sequence_id = max(self.last_sequence_id, op.highest_sequence_id)
             mid = receipt.message_id
-            batched = len(op.futures) > 1 or op.highest_sequence_id != op.sequence_id
+            ledger, entry = signed64(mid.ledgerId), signed64(mid.entryId)  # a duplicate is (-1, -1)
             for index, future in enumerate(op.futures):
                 if not future.done():
-                    if batched or op.num_messages > 1:
-                        future.set_result(MessageId(mid.ledgerId, mid.entryId, self.partition, index,
+                    if op.batched:
+                        future.set_result(MessageId(ledger, entry, self.partition, index,
                                                     len(op.futures), self.topic))
                     else:
-                        future.set_result(MessageId(mid.ledgerId, mid.entryId, self.partition,
-                                                    topic=self.topic))
+                        future.set_result(MessageId(ledger, entry, self.partition, topic=self.topic))
             self.parent._release(len(op.futures))
             return
 
@@ -344,7 +351,9 @@ class Producer:
         self._topic = topic
         self._producer_name = producer_name
         self._user_named = producer_name is not None
-        self._initial_sequence_id = None if initial_sequence_id is None else initial_sequence_id
+        # As the official client: 0 (its Python layer tests truthiness) and -1 (its "unset") leave
+        # the broker's last sequence id in charge.
+        self._initial_sequence_id = None if initial_sequence_id in (None, 0, -1) else initial_sequence_id
         self._send_timeout = send_timeout_millis / 1000
         self._compression: Any = compression.compression_type(
             compression_type.name if isinstance(compression_type, enum.Enum) else compression_type)
@@ -401,7 +410,7 @@ class Producer:
                          deliver_at: int | None = None, deliver_after_ms: int | None = None) -> asyncio.Future:
         """Queue a message; returns a future for its MessageId (waits only for queue space)."""
         if self._closed:
-            raise ConnectionClosedError("producer is closed")
+            raise AlreadyClosedError("producer is closed")
         if not isinstance(content, (bytes, bytearray, memoryview)):
             raise TypeError(f"content must be bytes, not {type(content).__name__}")
         if self._in_flight >= self._max_pending:
@@ -436,6 +445,8 @@ class Producer:
 
     async def flush(self) -> None:
         """Send what is batched and wait until every pending message is acknowledged."""
+        if self._closed:
+            raise AlreadyClosedError("producer is closed")
         self.flush_batches()
         await asyncio.gather(*(p.wait_pending() for p in self._partitions))
 
