@@ -54,6 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument("--partitioned-topic", action="append", default=[], metavar="TOPIC=N",
                         help="create a partitioned topic (repeatable)")
     broker.add_argument("--auth-token", action="append", default=None, help="accepted token (enables auth)")
+    broker.add_argument("--auth-basic", action="append", default=None, metavar="USER:PASSWORD",
+                        help="accepted basic credentials (enables auth)")
+    broker.add_argument("--tls-port", type=int, default=None, help="Pulsar over TLS on this port")
+    broker.add_argument("--tls-cert-file", help="the broker's certificate (PEM)")
+    broker.add_argument("--tls-key-file", help="the broker's private key (PEM)")
+    broker.add_argument("--tls-trust-certs-file",
+                        help="CA for client certificates: verified, and accepted as auth method tls")
     broker.add_argument("--sync-policy", default="interval", choices=["always", "interval", "never"])
     broker.add_argument("--replication-factor", type=int, default=3)
     broker.add_argument("--min-insync-replicas", type=int, default=2)
@@ -137,9 +144,16 @@ def _write_json(args, results) -> None:
 async def run_broker(args) -> int:
     from .broker.server import Broker
     from .broker.v1 import DEFAULT_CONSUME_MAX_BYTES
+    from .broker.server import tls_context
+    if args.tls_port is not None and not (args.tls_cert_file and args.tls_key_file):
+        raise SystemExit("--tls-port needs --tls-cert-file and --tls-key-file")
     broker = Broker(args.data_dir, host=args.host, port=args.port,
                     v1_port=None if args.v1_port < 0 else args.v1_port,
                     auth_tokens=set(args.auth_token) if args.auth_token else None,
+                    auth_basic=dict(c.partition(":")[::2] for c in args.auth_basic) if args.auth_basic else None,
+                    auth_tls=bool(args.tls_trust_certs_file), tls_port=args.tls_port,
+                    ssl_context=tls_context(args.tls_cert_file, args.tls_key_file, args.tls_trust_certs_file)
+                    if args.tls_port is not None else None,
                     sync_policy=args.sync_policy, replication_factor=args.replication_factor,
                     min_insync_replicas=args.min_insync_replicas, v1_partitions=args.v1_partitions,
                     replication_timeout=args.replication_timeout, replica_lag_time=args.replica_lag_time,

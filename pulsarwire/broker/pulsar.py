@@ -5,6 +5,8 @@ which the domain reaches this connection's producers and consumers.
 from __future__ import annotations
 
 import asyncio
+import base64
+import hmac
 import logging
 import time
 from typing import Any, Callable
@@ -13,6 +15,7 @@ from .. import __version__, codec
 from .._proto import PulsarApi_pb2 as pb
 from ..errors import BadMetadataError, ChecksumMismatchError, PulsarWireError
 from ..messages import ack_set_bits
+from ..schema import schema_definitions_match
 from .core import DUPLICATE, BrokerCore, highest_sequence
 from .topics import EARLIEST, LATEST, LEDGER_ID, ConsumerLink, ProducerLink, Subscription, Topic, start_entry
 
@@ -42,15 +45,38 @@ class PulsarService:
     """The Pulsar front end's settings and live connections, shared by its listeners."""
 
     def __init__(self, core: BrokerCore, *, auth_tokens: set[str] | None = None,
+                 auth_basic: dict[str, str] | None = None, auth_tls: bool = False,
                  max_message_size: int = codec.DEFAULT_MAX_MESSAGE_SIZE,
                  keep_alive_interval: float = 30.0) -> None:
         self.core = core
         self.auth_tokens = auth_tokens
+        self.auth_basic = auth_basic  # username -> password
+        self.auth_tls = auth_tls  # accept a client certificate the TLS listener verified
         self.max_message_size = max_message_size
         self.keep_alive_interval = keep_alive_interval
         self.connections: set[BrokerConnection] = set()
         self.lookup_url = ""  # what lookups answer: this broker, or a proxy in front of it
         self.service_url_tls = ""
+
+    @property
+    def auth_enabled(self) -> bool:
+        return self.auth_tokens is not None or self.auth_basic is not None or self.auth_tls
+
+    def authenticate(self, method: str, data: bytes, peer_certificate: dict | None) -> str | None:
+        """The role a CONNECT proves, or None. Methods: token, basic (`user:password`), tls."""
+        if method == "token" and self.auth_tokens is not None:
+            token = data.decode("utf-8", "replace")
+            return "token" if token in self.auth_tokens else None
+        if method == "basic" and self.auth_basic is not None:
+            user, sep, password = data.decode("utf-8", "replace").partition(":")
+            expected = self.auth_basic.get(user)
+            if sep and expected is not None and hmac.compare_digest(expected.encode(), password.encode()):
+                return user
+            return None
+        if method == "tls" and self.auth_tls and peer_certificate:
+            subject = dict(pair for rdn in peer_certificate.get("subject", ()) for pair in rdn)
+            return subject.get("commonName", "tls")
+        return None
 
     def protocol(self, tls: bool = False) -> Callable[[], "BrokerConnection"]:
         return lambda: BrokerConnection(self, tls)
@@ -266,10 +292,11 @@ class BrokerConnection(asyncio.Protocol):
         c = frame.command.connect
         if self.connected:
             raise PulsarWireError("second CONNECT on one connection")
-        tokens = self.service.auth_tokens
-        if tokens is not None:
-            token = c.auth_data.decode("utf-8", "replace") if c.HasField("auth_data") else ""
-            if c.auth_method_name != "token" or token not in tokens:
+        if self.service.auth_enabled:
+            peer = self.transport.get_extra_info("peercert") if self.tls and self.transport else None
+            role = self.service.authenticate(c.auth_method_name, c.auth_data if c.HasField("auth_data") else b"",
+                                             peer)
+            if role is None:
                 self._error(0, pb.AuthenticationError, "authentication failed")
                 self.flush()
                 self.close()
@@ -317,18 +344,25 @@ class BrokerConnection(asyncio.Protocol):
                 request_id=c.request_id, producer_name=existing.name,
                 last_sequence_id=topic.last_sequence.get(existing.name, -1)))
             return
+        schema_version = self._attach_schema(c.request_id, topic, c.schema if c.HasField("schema") else None)
+        if schema_version is False:
+            return
         name = c.producer_name if c.HasField("producer_name") and c.producer_name else \
             self.core.new_producer_name()
         holder = topic.producers.get(name)
         if holder is not None and getattr(holder, "conn", None) is not self and not holder.closed:
             self._error(c.request_id, pb.ProducerBusy, f"producer {name} is already connected to {c.topic}")
             return
+        if c.HasField("initial_subscription_name") and c.initial_subscription_name:
+            topic.subscription(c.initial_subscription_name, pb.CommandSubscribe.Shared, True, True, None)
         producer = PulsarProducer(self, c.producer_id, topic, name)
         topic.producers[name] = producer
         self.producers[c.producer_id] = producer
-        self.command(T.PRODUCER_SUCCESS, "producer_success", pb.CommandProducerSuccess(
-            request_id=c.request_id, producer_name=name,
-            last_sequence_id=topic.last_sequence.get(name, -1)))
+        success = pb.CommandProducerSuccess(request_id=c.request_id, producer_name=name,
+                                            last_sequence_id=topic.last_sequence.get(name, -1))
+        if schema_version is not None:
+            success.schema_version = schema_version
+        self.command(T.PRODUCER_SUCCESS, "producer_success", success)
 
     def on_send(self, frame) -> None:
         """A Send frame decoded in full (the fast path declined it)."""
@@ -382,6 +416,8 @@ class BrokerConnection(asyncio.Protocol):
             return
         if c.consumer_id in self.consumers:
             self._success(c.request_id)  # a retried subscribe
+            return
+        if self._attach_schema(c.request_id, topic, c.schema if c.HasField("schema") else None) is False:
             return
         subscription = topic.subscription(c.subscription, c.subType, c.durable,
                                           c.initialPosition == pb.CommandSubscribe.Earliest,
@@ -497,8 +533,52 @@ class BrokerConnection(asyncio.Protocol):
         response.consumer_mark_delete_position.CopyFrom(message_id(subscription.cursor.mark_delete))
         self.command(T.GET_LAST_MESSAGE_ID_RESPONSE, "getLastMessageIdResponse", response)
 
+    # schemas: one per topic; a producer or consumer may declare it, or the same one, or none
+
+    def _attach_schema(self, request_id: int, topic: Topic, schema: pb.Schema | None) -> bytes | None | bool:
+        """The schema version for a declared schema (registering the first one); None when none
+        is declared; False after answering IncompatibleSchema."""
+        if schema is None:
+            return None
+        if topic.schemas:
+            version = len(topic.schemas) - 1
+            if not schema_definitions_match(_schema_proto(topic.schemas[version]), schema):
+                self._error(request_id, pb.IncompatibleSchema,
+                            f"a {pb.Schema.Type.Name(schema.type)} schema is incompatible with the "
+                            f"{pb.Schema.Type.Name(topic.schemas[version]['type'])} schema of {topic.name}")
+                return False
+        else:
+            version = topic.register_schema({
+                "type": schema.type, "name": schema.name, "data": base64.b64encode(schema.schema_data).decode(),
+                "properties": {p.key: p.value for p in schema.properties}})
+        return version.to_bytes(8, "big")
+
+    def on_get_schema(self, frame) -> None:
+        c = frame.command.getSchema
+        name = c.topic
+        partitions = self.core.partitioned_count(name)
+        if partitions:
+            name = f"{name}-partition-0"  # every partition carries the same schema
+        topic = self.core.topic(name) if self.core.non_partitioned_exists(name) else None
+        response = pb.CommandGetSchemaResponse(request_id=c.request_id)
+        versions = topic.schemas if topic is not None else []
+        version = int.from_bytes(c.schema_version, "big") if c.HasField("schema_version") and c.schema_version \
+            else len(versions) - 1
+        if not 0 <= version < len(versions):
+            response.error_code = pb.TopicNotFound
+            response.error_message = f"no schema for {c.topic}"
+        else:
+            response.schema.CopyFrom(_schema_proto(versions[version]))
+            response.schema_version = version.to_bytes(8, "big")
+        self.command(T.GET_SCHEMA_RESPONSE, "getSchemaResponse", response)
+
     def on_auth_response(self, frame) -> None:
         pass  # we never challenge; a refreshed token needs no answer
+
+
+def _schema_proto(record: dict) -> pb.Schema:
+    return pb.Schema(type=record["type"], name=record["name"], schema_data=base64.b64decode(record["data"]),
+                     properties=[pb.KeyValue(key=k, value=v) for k, v in sorted(record["properties"].items())])
 
 
 def _request_id(command) -> int | None:
@@ -526,4 +606,5 @@ _HANDLERS: dict[int, Callable] = {
     T.CLOSE_CONSUMER: BrokerConnection.on_close_consumer,
     T.GET_LAST_MESSAGE_ID: BrokerConnection.on_get_last_message_id,
     T.AUTH_RESPONSE: BrokerConnection.on_auth_response,
+    T.GET_SCHEMA: BrokerConnection.on_get_schema,
 }

