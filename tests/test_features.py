@@ -215,3 +215,127 @@ def test_schemas_interoperate_with_the_official_client(broker):
             assert [view(their_consumer.receive(5000).value()) for _ in range(2)] == [view(value)] * 2
     finally:
         theirs.close()
+
+
+# --- dead letters, retry letters, negative-ack backoff -------------------------------------
+
+def test_dead_letter_topic_after_max_redeliveries(broker):
+    topic = unique("dlq")
+
+    async def main():
+        async with client_for(broker.url) as client:
+            dlq = await client.subscribe(f"{topic}-sub-DLQ", "inspect", initial_position=EARLIEST)
+            consumer = await client.subscribe(
+                topic, "sub", consumer_type=ConsumerType.Shared, negative_ack_redelivery_delay_ms=20,
+                dead_letter_policy=DeadLetterPolicy(max_redeliver_count=2))
+            producer = await client.create_producer(topic, batching_enabled=False)
+            await producer.send(b"poison", partition_key="k", properties={"a": "1"})
+            await producer.send(b"good")
+            counts = []
+            while True:
+                message = await consumer.receive(5000)
+                if message.data() == b"good":
+                    consumer.acknowledge(message)
+                    continue
+                counts.append(message.redelivery_count())
+                consumer.negative_acknowledge(message)
+                if len(counts) == 3:
+                    break
+            assert counts == [0, 1, 2]  # delivered 1 + max_redeliver_count times
+            dead = await dlq.receive(5000)
+            assert dead.data() == b"poison" and dead.partition_key() == "k"
+            assert dead.properties()["a"] == "1"
+            assert dead.properties()["REAL_TOPIC"] == f"persistent://public/default/{topic}"
+            assert "ORIGIN_MESSAGE_ID" in dead.properties()
+            with pytest.raises(errors.TimeoutError):  # acknowledged on the source: not redelivered
+                await consumer.receive(300)
+            await consumer.close()
+            again = await client.subscribe(topic, "sub", consumer_type=ConsumerType.Shared)
+            with pytest.raises(errors.TimeoutError):
+                await again.receive(300)
+    run(main())
+
+
+def test_dead_letter_after_ack_timeout_with_named_topic_and_initial_subscription(broker):
+    topic, dead_topic = unique("dlq-timeout"), unique("dead")
+
+    async def main():
+        async with client_for(broker.url) as client:
+            consumer = await client.subscribe(
+                topic, "sub", consumer_type=ConsumerType.Shared, unacked_messages_timeout_ms=150,
+                dead_letter_policy=DeadLetterPolicy(1, dead_letter_topic=dead_topic,
+                                                    initial_subscription_name="keep"))
+            producer = await client.create_producer(topic)
+            await producer.send(b"ignored")
+            assert (await consumer.receive(5000)).redelivery_count() == 0  # never acknowledged
+            assert (await consumer.receive(5000)).redelivery_count() == 1
+            await asyncio.sleep(0.6)  # the second timeout sends it to the dead letter topic
+            await consumer.close()
+            # the initial subscription existed before the dead letter was written
+            kept = await client.subscribe(dead_topic, "keep")
+            assert (await kept.receive(5000)).data() == b"ignored"
+    run(main())
+
+
+def test_reconsume_later_goes_through_the_retry_topic_then_the_dead_letter_topic(broker):
+    topic = unique("retry")
+
+    async def main():
+        async with client_for(broker.url) as client:
+            dlq = await client.subscribe(f"{topic}-sub-DLQ", "inspect", initial_position=EARLIEST)
+            consumer = await client.subscribe(
+                topic, "sub", consumer_type=ConsumerType.Shared, retry_enable=True,
+                dead_letter_policy=DeadLetterPolicy(max_redeliver_count=2))
+            producer = await client.create_producer(topic)
+            await producer.send(b"later", properties={"origin": "x"})
+            seen = []
+            started = time.monotonic()
+            for _ in range(3):
+                message = await consumer.receive(5000)
+                seen.append((message.topic_name().rsplit("/", 1)[1],
+                             message.properties().get("RECONSUMETIMES")))
+                await consumer.reconsume_later(message, 200)
+            assert time.monotonic() - started >= 0.4  # two delayed retries
+            assert seen == [(topic, None), (f"{topic}-sub-RETRY", "1"), (f"{topic}-sub-RETRY", "2")]
+            dead = await dlq.receive(5000)
+            assert dead.data() == b"later" and dead.properties()["origin"] == "x"
+            with pytest.raises(errors.TimeoutError):
+                await consumer.receive(300)
+    run(main())
+
+
+def test_reconsume_later_needs_a_policy(broker):
+    async def main():
+        async with client_for(broker.url) as client:
+            consumer = await client.subscribe(unique("no-retry"), "sub", initial_position=EARLIEST)
+            producer = await client.create_producer(consumer.topic())
+            await producer.send(b"x")
+            with pytest.raises(errors.PulsarWireError):
+                await consumer.reconsume_later(await consumer.receive(5000), 10)
+            with pytest.raises(ValueError):
+                DeadLetterPolicy(0)
+    run(main())
+
+
+def test_negative_ack_backoff_grows_with_the_redelivery_count(broker):
+    topic = unique("nack-backoff")
+    backoff = NegativeAckRedeliveryBackoff(min_delay_ms=100, max_delay_ms=400, multiplier=2)
+    assert [backoff.next(n) for n in range(5)] == [100, 200, 400, 400, 400]
+
+    async def main():
+        async with client_for(broker.url) as client:
+            consumer = await client.subscribe(topic, "sub", consumer_type=ConsumerType.Shared,
+                                              negative_ack_redelivery_backoff=backoff)
+            producer = await client.create_producer(topic)
+            await producer.send(b"retry me")
+            gaps, last = [], None
+            for _ in range(4):
+                message = await consumer.receive(5000)
+                now = time.monotonic()
+                if last is not None:
+                    gaps.append(now - last)
+                last = now
+                consumer.negative_acknowledge(message)
+            assert [round(g, 1) >= d for g, d in zip(gaps, (0.1, 0.2, 0.4))] == [True] * 3
+            assert gaps[2] > gaps[0] + 0.15
+    run(main())
