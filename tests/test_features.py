@@ -339,3 +339,64 @@ def test_negative_ack_backoff_grows_with_the_redelivery_count(broker):
             assert [round(g, 1) >= d for g, d in zip(gaps, (0.1, 0.2, 0.4))] == [True] * 3
             assert gaps[2] > gaps[0] + 0.15
     run(main())
+
+
+# --- custom message router, lazy partitioned producers -------------------------------------
+
+def _partitioned(broker, partitions):
+    topic = f"persistent://public/default/{unique('parts')}"
+    broker.call(broker.broker.create_partitioned_topic, topic, partitions)
+    return topic
+
+
+def _attached_producers(broker, topic, partitions):
+    return [len(broker.broker.topics[f"{topic}-partition-{i}"].producers)
+            if f"{topic}-partition-{i}" in broker.broker.topics else 0 for i in range(partitions)]
+
+
+def test_custom_message_router_chooses_the_partition(broker):
+    topic = _partitioned(broker, 4)
+    seen = []
+
+    def by_property(message, num_partitions):
+        seen.append((message.data(), message.partition_key(), num_partitions))
+        return int(message.properties()["to"]) % num_partitions
+
+    async def main():
+        async with client_for(broker.url) as client:
+            consumer = await client.subscribe(topic, "s", initial_position=EARLIEST)
+            producer = await client.create_producer(topic, message_router=by_property)
+            for i in range(8):
+                message_id = await producer.send(f"m{i}".encode(), properties={"to": str(i)}, partition_key="k")
+                assert message_id.partition == i % 4
+            received = [await consumer.receive(5000) for _ in range(8)]
+            assert sorted((m.data(), m.message_id().partition) for m in received) == \
+                [(f"m{i}".encode(), i % 4) for i in range(8)]
+            assert seen[0] == (b"m0", "k", 4)
+            bad = await client.create_producer(topic, message_router=lambda message, n: n)
+            with pytest.raises(ValueError):
+                await bad.send(b"out of range")
+            with pytest.raises(TypeError):
+                await client.create_producer(topic, message_router="not callable")
+    run(main())
+
+
+def test_lazy_partitioned_producers_attach_on_first_send(broker):
+    topic = _partitioned(broker, 3)
+
+    async def main():
+        async with client_for(broker.url) as client:
+            producer = await client.create_producer(topic, lazy_start_partitioned_producers=True,
+                                                    message_router=lambda message, n: 2)
+            assert broker.call(_attached_producers, broker, topic, 3) == [0, 0, 0]
+            sends = [await producer.send_async(f"x{i}".encode()) for i in range(5)]  # concurrent first sends
+            ids = await asyncio.gather(*sends)
+            assert {m.partition for m in ids} == {2}
+            assert broker.call(_attached_producers, broker, topic, 3) == [0, 0, 1]
+            consumer = await client.subscribe(topic, "s", initial_position=EARLIEST)
+            assert [(await consumer.receive(5000)).data() for _ in range(5)] == [f"x{i}".encode() for i in range(5)]
+            await producer.close()
+            eager = await client.create_producer(topic)
+            assert broker.call(_attached_producers, broker, topic, 3) == [1, 1, 1]
+            await eager.close()
+    run(main())
