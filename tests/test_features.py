@@ -400,3 +400,153 @@ def test_lazy_partitioned_producers_attach_on_first_send(broker):
             assert broker.call(_attached_producers, broker, topic, 3) == [1, 1, 1]
             await eager.close()
     run(main())
+
+
+# --- authentication: Basic, TLS client certificates, OAuth2 client credentials -------------
+
+def test_basic_authentication(tmp_path):
+    thread = BrokerThread(tmp_path, v1_port=None, auth_basic={"ann": "s3cret:with colon"}).start()
+    try:
+        async def main():
+            async with client_for(thread.url, authentication=AuthenticationBasic("ann", "s3cret:with colon")) as client:
+                consumer = await client.subscribe("basic", "s", initial_position=EARLIEST)
+                await (await client.create_producer("basic")).send(b"in")
+                assert (await consumer.receive(5000)).data() == b"in"
+            for wrong in (AuthenticationBasic("ann", "nope"), AuthenticationBasic("bob", "s3cret:with colon"),
+                          AuthenticationToken("s3cret:with colon"), None):
+                async with client_for(thread.url, authentication=wrong) as client:
+                    with pytest.raises(errors.AuthenticationError):
+                        await client.create_producer("basic")
+            official_style = AuthenticationBasic(auth_params_string='{"username": "ann", "password": "s3cret:with colon"}')
+            async with client_for(thread.url, authentication=official_style) as client:
+                await client.create_producer("basic")
+        run(main())
+    finally:
+        thread.stop()
+
+
+def _openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory):
+    """A CA, a broker certificate for 127.0.0.1 and client certificates: one from the CA, one self-signed."""
+    if subprocess.run(["which", "openssl"], capture_output=True).returncode:
+        pytest.skip("openssl is not installed")
+    folder = tmp_path_factory.mktemp("certs")
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
+             "-keyout", "ca.key", "-out", "ca.pem", cwd=folder)
+    (folder / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    for name, extra in (("broker", ["-extfile", "san.ext"]), ("alice", [])):
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", f"{name}.key",
+                 "-out", f"{name}.csr", cwd=folder)
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                 "-days", "2", "-out", f"{name}.pem", *extra, cwd=folder)
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=mallory",
+             "-keyout", "mallory.key", "-out", "mallory.pem", cwd=folder)
+    return folder
+
+
+def test_tls_client_certificate_authentication(tmp_path, certificates):
+    from pulsarwire.broker.server import tls_context
+    c = certificates
+    context = tls_context(str(c / "broker.pem"), str(c / "broker.key"), str(c / "ca.pem"))
+    thread = BrokerThread(tmp_path, v1_port=None, tls_port=0, ssl_context=context, auth_tls=True).start()
+    try:
+        url = thread.broker.service_url_tls
+
+        async def main():
+            alice = AuthenticationTLS(str(c / "alice.pem"), str(c / "alice.key"))
+            async with client_for(url, authentication=alice, tls_trust_certs_file_path=str(c / "ca.pem"),
+                                  tls_validate_hostname=True) as client:
+                consumer = await client.subscribe("tls-auth", "s", initial_position=EARLIEST)
+                await (await client.create_producer("tls-auth")).send(b"over tls")
+                assert (await consumer.receive(5000)).data() == b"over tls"
+            async with client_for(url, tls_trust_certs_file_path=str(c / "ca.pem")) as client:
+                with pytest.raises(errors.AuthenticationError):  # TLS, but no certificate: no credential
+                    await client.create_producer("tls-auth")
+            mallory = AuthenticationTLS(str(c / "mallory.pem"), str(c / "mallory.key"))
+            async with client_for(url, authentication=mallory, tls_trust_certs_file_path=str(c / "ca.pem"),
+                                  operation_timeout_seconds=3) as client:
+                with pytest.raises((errors.ConnectionClosedError, errors.AuthenticationError)):
+                    await client.create_producer("tls-auth")  # the broker refuses an unknown CA
+            async with client_for(thread.url, authentication=alice) as client:
+                with pytest.raises(errors.AuthenticationError):  # method tls without TLS
+                    await client.create_producer("tls-auth")
+        run(main())
+    finally:
+        thread.stop()
+
+
+class _TokenIssuer:
+    """A tiny OAuth2 issuer on 127.0.0.1: discovery document and client-credentials token endpoint."""
+
+    def __init__(self, client_id, client_secret, audience, token) -> None:
+        issuer = self
+        self.requests: list[dict] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _answer(self, status, body):
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                if self.path == "/.well-known/openid-configuration":
+                    self._answer(200, {"issuer": issuer.url, "token_endpoint": issuer.url + "/oauth/token"})
+                else:
+                    self._answer(404, {"error": "not found"})
+
+            def do_POST(self):
+                form = {k: v[0] for k, v in parse_qs(self.rfile.read(int(self.headers["Content-Length"])).decode()).items()}
+                issuer.requests.append(form)
+                if self.path == "/oauth/token" and form == {"grant_type": "client_credentials", "client_id": client_id,
+                                                            "client_secret": client_secret, "audience": audience}:
+                    self._answer(200, {"access_token": token, "token_type": "Bearer", "expires_in": 3600})
+                else:
+                    self._answer(401, {"error": "invalid_client"})
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_oauth2_client_credentials(tmp_path):
+    token = "issued-" + unique("tok")
+    issuer = _TokenIssuer("my-app", "app-secret", "urn:pulsar:test", token)
+    broker_process = BrokerProcess(tmp_path, extra=["--auth-token", token]).start()
+    try:
+        async def main():
+            oauth = AuthenticationOauth2(issuer.url, "my-app", "app-secret", audience="urn:pulsar:test")
+            async with client_for(broker_process.url, authentication=oauth) as client:
+                consumer = await client.subscribe("oauth", "s", initial_position=EARLIEST)
+                await (await client.create_producer("oauth")).send(b"authorised")
+                assert (await consumer.receive(5000)).data() == b"authorised"
+            assert len(issuer.requests) == 1  # one token, reused while fresh
+            import base64
+            credentials = base64.b64encode(b'{"client_id": "my-app", "client_secret": "app-secret"}').decode()
+            official_style = AuthenticationOauth2(json.dumps({
+                "issuer_url": issuer.url, "audience": "urn:pulsar:test",
+                "private_key": f"data:application/json;base64,{credentials}"}))
+            async with client_for(broker_process.url, authentication=official_style) as client:
+                await client.create_producer("oauth")
+            refused = AuthenticationOauth2(issuer.url, "my-app", "wrong-secret", audience="urn:pulsar:test")
+            async with client_for(broker_process.url, authentication=refused) as client:
+                with pytest.raises(errors.AuthenticationError):
+                    await client.create_producer("oauth")
+        run(main())
+    finally:
+        broker_process.stop()
+        issuer.stop()
