@@ -550,3 +550,40 @@ def test_oauth2_client_credentials(tmp_path):
     finally:
         broker_process.stop()
         issuer.stop()
+
+
+# --- table view ----------------------------------------------------------------------------
+
+def test_table_view_keeps_the_latest_value_per_key(broker):
+    topic = _partitioned(broker, 2)
+
+    async def main():
+        async with client_for(broker.url) as client:
+            producer = await client.create_producer(topic, schema=StringSchema())
+            for key, value in [("a", "1"), ("b", "1"), ("a", "2"), ("c", "1")]:
+                await producer.send(value, partition_key=key)
+            await producer.send("ignored")  # no key: not part of the table
+            raw = await client.create_producer(topic)
+            await raw.send(b"", partition_key="c")  # an empty value removes the key
+            view = await client.create_table_view(topic, schema=StringSchema())
+            assert dict(view.items()) == {"a": "2", "b": "1"}  # everything before create is read
+            assert view.get("a") == "2" and view.get("c") is None and len(view) == 2 and "b" in view
+            seen = []
+            view.for_each(lambda k, v: seen.append((k, v)))
+            assert sorted(seen) == [("a", "2"), ("b", "1")]
+            updates = []
+            view.for_each_and_listen(lambda k, v: updates.append((k, v)))
+            await producer.send("3", partition_key="a")
+            await producer.send("9", partition_key="d")
+            await raw.send(b"", partition_key="b")
+            deadline = time.monotonic() + 5
+            while len(updates) < 5 and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            assert sorted(updates[:2]) == [("a", "2"), ("b", "1")]
+            assert sorted(updates[2:]) == [("a", "3"), ("b", None), ("d", "9")]
+            assert dict(view.items()) == {"a": "3", "d": "9"}
+            await view.close()
+            empty = await client.create_table_view(unique("empty-table"))
+            assert len(empty) == 0
+            await empty.close()
+    run(main())
