@@ -64,7 +64,7 @@ class SchemaInfo:
         return dict(self._properties)
 
     def to_proto(self) -> pb.Schema:
-        return pb.Schema(name=self._name, schema_data=self._data, type=max(self._type, 0),
+        return pb.Schema(name=self._name, schema_data=self._data, type=typing.cast(Any, max(self._type, 0)),
                          properties=[pb.KeyValue(key=k, value=v) for k, v in sorted(self._properties.items())])
 
     @classmethod
@@ -230,7 +230,7 @@ def _from_plain(tp, value, enum_by_name: bool):
         return _from_plain(members[0], value, enum_by_name) if len(members) == 1 else value
     if dataclasses.is_dataclass(tp):
         hints = typing.get_type_hints(tp)
-        return tp(**{f.name: _from_plain(hints[f.name], value.get(f.name), enum_by_name)
+        return typing.cast(Any, tp)(**{f.name: _from_plain(hints[f.name], value.get(f.name), enum_by_name)
                      for f in dataclasses.fields(tp) if f.name in value})
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return tp[value] if enum_by_name else tp(value)
@@ -313,7 +313,7 @@ class AvroSchema(_RecordSchema):
 
     def decode(self, data: bytes):
         plain = self._fastavro.schemaless_reader(io.BytesIO(bytes(data)), self._parsed)
-        return self._build(plain, enum_by_name=True)
+        return self._build(typing.cast(dict, plain), enum_by_name=True)
 
 
 class ProtobufNativeSchema(Schema):
@@ -327,7 +327,7 @@ class ProtobufNativeSchema(Schema):
         from google.protobuf.message import Message as ProtobufMessage
         if not (isinstance(message_cls, type) and issubclass(message_cls, ProtobufMessage)):
             raise TypeError(f"ProtobufNativeSchema needs a protobuf message class, got {message_cls!r}")
-        self._message_cls = message_cls
+        self._message_cls: Any = message_cls
 
     def _definition(self) -> bytes:
         from google.protobuf import descriptor_pb2

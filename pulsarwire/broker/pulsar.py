@@ -344,8 +344,9 @@ class BrokerConnection(asyncio.Protocol):
                 request_id=c.request_id, producer_name=existing.name,
                 last_sequence_id=topic.last_sequence.get(existing.name, -1)))
             return
-        schema_version = self._attach_schema(c.request_id, topic, c.schema if c.HasField("schema") else None)
-        if schema_version is False:
+        accepted, schema_version = self._attach_schema(c.request_id, topic,
+                                                       c.schema if c.HasField("schema") else None)
+        if not accepted:
             return
         name = c.producer_name if c.HasField("producer_name") and c.producer_name else \
             self.core.new_producer_name()
@@ -417,7 +418,7 @@ class BrokerConnection(asyncio.Protocol):
         if c.consumer_id in self.consumers:
             self._success(c.request_id)  # a retried subscribe
             return
-        if self._attach_schema(c.request_id, topic, c.schema if c.HasField("schema") else None) is False:
+        if not self._attach_schema(c.request_id, topic, c.schema if c.HasField("schema") else None)[0]:
             return
         subscription = topic.subscription(c.subscription, c.subType, c.durable,
                                           c.initialPosition == pb.CommandSubscribe.Earliest,
@@ -535,23 +536,23 @@ class BrokerConnection(asyncio.Protocol):
 
     # schemas: one per topic; a producer or consumer may declare it, or the same one, or none
 
-    def _attach_schema(self, request_id: int, topic: Topic, schema: pb.Schema | None) -> bytes | None | bool:
-        """The schema version for a declared schema (registering the first one); None when none
-        is declared; False after answering IncompatibleSchema."""
+    def _attach_schema(self, request_id: int, topic: Topic, schema: pb.Schema | None) -> tuple[bool, bytes | None]:
+        """(accepted, the schema version of a declared schema, registering the first one); not
+        accepted after answering IncompatibleSchema; no version when none is declared."""
         if schema is None:
-            return None
+            return True, None
         if topic.schemas:
             version = len(topic.schemas) - 1
             if not schema_definitions_match(_schema_proto(topic.schemas[version]), schema):
                 self._error(request_id, pb.IncompatibleSchema,
                             f"a {pb.Schema.Type.Name(schema.type)} schema is incompatible with the "
                             f"{pb.Schema.Type.Name(topic.schemas[version]['type'])} schema of {topic.name}")
-                return False
+                return False, None
         else:
             version = topic.register_schema({
                 "type": schema.type, "name": schema.name, "data": base64.b64encode(schema.schema_data).decode(),
                 "properties": {p.key: p.value for p in schema.properties}})
-        return version.to_bytes(8, "big")
+        return True, version.to_bytes(8, "big")
 
     def on_get_schema(self, frame) -> None:
         c = frame.command.getSchema

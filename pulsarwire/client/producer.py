@@ -467,7 +467,9 @@ class Producer:
 
     def _routed_partition(self, content: bytes, options: dict) -> int:
         count = len(self._partitions)
-        index = self._message_router(OutgoingMessage(content, options), count)
+        router = self._message_router
+        assert router is not None
+        index = router(OutgoingMessage(content, options), count)
         if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < count:
             raise ValueError(f"message_router returned {index!r}; expected a partition in 0..{count - 1}")
         return index
