@@ -419,7 +419,9 @@ class KeyValueSchema(Schema):
         self.encoding = KeyValueEncoding(encoding)
 
     def _definition(self) -> bytes:
-        return _pack_pair(self.key_schema.schema_info().data(), self.value_schema.schema_info().data())
+        # an empty definition is written as length -1, as the C++ and Java clients do
+        return _pack_pair(self.key_schema.schema_info().data() or None,
+                          self.value_schema.schema_info().data() or None)
 
     def _properties(self) -> dict[str, str]:
         props = {"kv.encoding.type": self.encoding.value}
@@ -468,6 +470,36 @@ class KeyValueSchema(Schema):
             base64.b64decode(key) if message._single.partition_key_b64_encoded else key.encode())
         return KeyValue(None if key_bytes is None else self.key_schema.decode(key_bytes),
                         self.value_schema.decode(message.data()))
+
+
+class _ForeignSchema(Schema):
+    """Another library's schema object with `encode`, `decode` and `schema_info()` (the
+    official client's `pulsar.schema` classes), used as it is."""
+
+    def __init__(self, schema: Any) -> None:
+        self._foreign = schema
+        info = schema.schema_info()
+        self.schema_type = int(info.schema_type())
+        self.schema_name = info.name()
+        self._data = info.schema().encode()
+
+    def _definition(self) -> bytes:
+        return self._data
+
+    def encode(self, value: Any) -> bytes:
+        return self._foreign.encode(value)
+
+    def decode(self, data: bytes) -> Any:
+        return self._foreign.decode(bytes(data))
+
+
+def as_schema(schema: Any) -> Schema | None:
+    """A pulsarwire schema for `schema`: itself, an adapter for a foreign one, or None."""
+    if schema is None or isinstance(schema, Schema):
+        return schema
+    if all(callable(getattr(schema, name, None)) for name in ("encode", "decode", "schema_info")):
+        return _ForeignSchema(schema)
+    raise TypeError(f"schema must be a pulsarwire.schema.Schema, not {type(schema).__name__}")
 
 
 def schema_definitions_match(a: pb.Schema, b: pb.Schema) -> bool:

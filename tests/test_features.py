@@ -587,3 +587,27 @@ def test_table_view_keeps_the_latest_value_per_key(broker):
             assert len(empty) == 0
             await empty.close()
     run(main())
+
+
+@pytest.mark.interop
+def test_official_schema_objects_work_in_the_asyncio_client(broker):
+    pytest.importorskip("pulsar")
+    from pulsar import schema as official
+
+    class Item(official.Record):
+        sku = official.String()
+        count = official.Integer()
+
+    topic = unique("schema-foreign")
+
+    async def main():
+        async with client_for(broker.url) as client:
+            consumer = await client.subscribe(topic, "s", schema=official.JsonSchema(Item), initial_position=EARLIEST)
+            producer = await client.create_producer(topic, schema=official.JsonSchema(Item))
+            await producer.send(Item(sku="a-1", count=2))
+            value = (await consumer.receive(5000)).value()
+            assert (value.sku, value.count) == ("a-1", 2)
+            await client.create_producer(topic, schema=JsonSchema(Item))  # the same definition
+            with pytest.raises(TypeError):
+                await client.create_producer(topic, schema="json")
+    run(main())

@@ -15,7 +15,7 @@ from ..errors import (
     CodecError, ConnectionClosedError, PulsarWireError, TimeoutError, TopicTerminatedError,
 )
 from ..messages import Message, MessageId, ack_set_bits, ack_set_words, signed64
-from ..schema import Schema
+from ..schema import Schema, as_schema
 from .dead_letter import DeadLetterRouter, backoff_delay_ms
 from .options import ConsumerType, InitialPosition, topic_name
 from .reconnect import Reconnecting
@@ -501,7 +501,7 @@ class Consumer:
         self._durable = _durable
         self._start_message_id = _start_message_id
         self._start_inclusive = _start_inclusive
-        self._schema = schema
+        self._schema = schema = as_schema(schema)
         self._wire_schema = schema.wire_schema() if schema is not None else None
         self._nack_backoff = negative_ack_redelivery_backoff
         retry_enable = retry_enable or getattr(dead_letter_policy, "retry_letter_topic", None) is not None

@@ -15,7 +15,7 @@ from .._proto import PulsarApi_pb2 as pb
 from ..errors import ConnectionClosedError, ProducerQueueFullError, PulsarWireError, TimeoutError
 from ..messages import MessageId
 from ..routing import HashingScheme, OutgoingMessage, Router, RoutingMode
-from ..schema import Schema
+from ..schema import Schema, as_schema
 from ..session import SendFailed, SendReceipt
 from .options import FATAL_ERRORS, CompressionType, now_ms
 from .reconnect import Reconnecting
@@ -362,7 +362,7 @@ class Producer:
             raise ValueError("chunking cannot be combined with batching")
         if message_router is not None and not callable(message_router):
             raise TypeError("message_router must be a callable (message, num_partitions) -> partition")
-        self._schema = schema
+        self._schema = schema = as_schema(schema)
         self._wire_schema = schema.wire_schema() if schema is not None else None
         self._message_router = message_router
         self._lazy = lazy_start_partitioned_producers
