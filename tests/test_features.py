@@ -256,6 +256,35 @@ def test_dead_letter_topic_after_max_redeliveries(broker):
     run(main())
 
 
+def test_dead_letter_sends_only_the_unacknowledged_messages_of_a_batch(broker):
+    topic = unique("dlq-batch")
+
+    async def main():
+        async with client_for(broker.url) as client:
+            dlq = await client.subscribe(f"{topic}-sub-DLQ", "inspect", initial_position=EARLIEST)
+            consumer = await client.subscribe(
+                topic, "sub", consumer_type=ConsumerType.Shared, negative_ack_redelivery_delay_ms=20,
+                batch_index_ack_enabled=True, dead_letter_policy=DeadLetterPolicy(max_redeliver_count=1))
+            producer = await client.create_producer(topic, batching_max_publish_delay_ms=50)
+            futures = [await producer.send_async(f"b{i}".encode()) for i in range(3)]
+            await producer.flush()
+            assert len({(m.ledger_id, m.entry_id) for m in await asyncio.gather(*futures)}) == 1  # one batch
+            for round_ in range(2):
+                batch = [await consumer.receive(5000) for _ in range(3 if round_ == 0 else 2)]
+                if round_ == 0:
+                    consumer.acknowledge(batch[1])  # b1 is done; b0 and b2 keep failing
+                    batch = [batch[0], batch[2]]
+                for message in batch:
+                    consumer.negative_acknowledge(message)
+            dead = sorted([(await dlq.receive(5000)).data() for _ in range(2)])
+            assert dead == [b"b0", b"b2"]
+            with pytest.raises(errors.TimeoutError):
+                await dlq.receive(300)
+            with pytest.raises(errors.TimeoutError):
+                await consumer.receive(300)
+    run(main())
+
+
 def test_dead_letter_after_ack_timeout_with_named_topic_and_initial_subscription(broker):
     topic, dead_topic = unique("dlq-timeout"), unique("dead")
 

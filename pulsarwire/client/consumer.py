@@ -402,6 +402,7 @@ class PartitionConsumer(Reconnecting):
             keys = self.parent._dead_letter.divert(self, keys)
         if not keys or self.conn is None:
             return
+        self.flush_acks()  # the broker must know what was acknowledged before it redelivers
         ids = []
         for key in keys:
             unit = self._unacked.pop(key, None)
