@@ -508,12 +508,36 @@ def test_tls_client_certificate_authentication(tmp_path, certificates):
         thread.stop()
 
 
+def test_broker_command_line_auth_options(tmp_path, certificates):
+    from .peers import free_port
+    c = certificates
+    tls_port = free_port()
+    process = BrokerProcess(tmp_path, extra=[
+        "--auth-basic", "ann:pw", "--tls-port", str(tls_port), "--tls-cert-file", str(c / "broker.pem"),
+        "--tls-key-file", str(c / "broker.key"), "--tls-trust-certs-file", str(c / "ca.pem")]).start()
+    try:
+        async def main():
+            async with client_for(process.url, authentication=AuthenticationBasic("ann", "pw")) as client:
+                await client.create_producer("cli-auth")
+            alice = AuthenticationTLS(str(c / "alice.pem"), str(c / "alice.key"))
+            async with client_for(f"pulsar+ssl://127.0.0.1:{tls_port}", authentication=alice,
+                                  tls_trust_certs_file_path=str(c / "ca.pem")) as client:
+                await client.create_producer("cli-auth")
+            async with client_for(process.url, authentication=AuthenticationBasic("ann", "no")) as client:
+                with pytest.raises(errors.AuthenticationError):
+                    await client.create_producer("cli-auth")
+        run(main())
+    finally:
+        process.stop()
+
+
 class _TokenIssuer:
     """A tiny OAuth2 issuer on 127.0.0.1: discovery document and client-credentials token endpoint."""
 
-    def __init__(self, client_id, client_secret, audience, token) -> None:
+    def __init__(self, client_id, client_secret, audience, token, lifetime=3600) -> None:
         issuer = self
         self.requests: list[dict] = []
+        self.lifetime = lifetime
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args):
@@ -538,7 +562,7 @@ class _TokenIssuer:
                 issuer.requests.append(form)
                 if self.path == "/oauth/token" and form == {"grant_type": "client_credentials", "client_id": client_id,
                                                             "client_secret": client_secret, "audience": audience}:
-                    self._answer(200, {"access_token": token, "token_type": "Bearer", "expires_in": 3600})
+                    self._answer(200, {"access_token": token, "token_type": "Bearer", "expires_in": issuer.lifetime})
                 else:
                     self._answer(401, {"error": "invalid_client"})
 
@@ -564,6 +588,16 @@ def test_oauth2_client_credentials(tmp_path):
                 await (await client.create_producer("oauth")).send(b"authorised")
                 assert (await consumer.receive(5000)).data() == b"authorised"
             assert len(issuer.requests) == 1  # one token, reused while fresh
+            async with client_for(broker_process.url, authentication=oauth) as client:
+                await client.create_producer("oauth")
+            assert len(issuer.requests) == 1
+            issuer.lifetime = 0.2  # the next token is short-lived: fetched again for each connection
+            oauth._refresh_at = 0
+            for _ in range(2):
+                async with client_for(broker_process.url, authentication=oauth) as client:
+                    await client.create_producer("oauth")
+                await asyncio.sleep(0.2)
+            assert len(issuer.requests) == 3
             import base64
             credentials = base64.b64encode(b'{"client_id": "my-app", "client_secret": "app-secret"}').decode()
             official_style = AuthenticationOauth2(json.dumps({
