@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="create a partitioned topic (repeatable)")
     broker.add_argument("--auth-token", action="append", default=None,
                         help="accepted token (repeatable; enables auth; an empty token is refused)")
+    broker.add_argument("--auth-basic", action="append", default=None, metavar="USER:PASSWORD",
+                        help="accepted basic credentials (repeatable; enables auth)")
+    broker.add_argument("--tls-trust-certs-file",
+                        help="CA for client certificates: verified, and accepted as auth method tls")
     broker.add_argument("--sync-policy", default="interval", choices=["always", "interval", "never"])
     broker.add_argument("--max-open-files", type=int, default=None, metavar="N",
                         help="most segment files open at once; idle ones are closed and reopened on "
@@ -166,9 +170,14 @@ async def run_broker(args) -> int:
         if args.tls_port is None or not args.tls_cert_file or not args.tls_key_file:
             print("pulsarwire broker: TLS needs --tls-port, --tls-cert-file and --tls-key-file", file=sys.stderr)
             return 2
-        import ssl
-        ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ssl_context.load_cert_chain(args.tls_cert_file, args.tls_key_file)
+        from .broker.server import tls_context
+        ssl_context = tls_context(args.tls_cert_file, args.tls_key_file, args.tls_trust_certs_file)
+    if args.tls_trust_certs_file and args.tls_port is None:
+        print("pulsarwire broker: --tls-trust-certs-file needs --tls-port", file=sys.stderr)
+        return 2
+    if args.auth_basic is not None and not all(":" in c and c.partition(":")[0] for c in args.auth_basic):
+        print("pulsarwire broker: --auth-basic takes USER:PASSWORD", file=sys.stderr)
+        return 2
     if args.port < 0 and args.tls_port is None:
         print("pulsarwire broker: --port -1 turns plaintext off and needs --tls-port", file=sys.stderr)
         return 2
@@ -176,6 +185,8 @@ async def run_broker(args) -> int:
                     tls_port=args.tls_port, ssl_context=ssl_context,
                     v1_port=None if args.v1_port < 0 else args.v1_port,
                     auth_tokens=set(args.auth_token) if args.auth_token is not None else None,
+                    auth_basic=dict(c.partition(":")[::2] for c in args.auth_basic) if args.auth_basic else None,
+                    auth_tls=bool(args.tls_trust_certs_file),
                     sync_policy=args.sync_policy, replication_factor=args.replication_factor,
                     min_insync_replicas=args.min_insync_replicas, v1_partitions=args.v1_partitions,
                     replication_timeout=args.replication_timeout, replica_lag_time=args.replica_lag_time,

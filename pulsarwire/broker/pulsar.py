@@ -5,6 +5,7 @@ which the domain reaches this connection's producers and consumers.
 from __future__ import annotations
 
 import asyncio
+import base64
 import collections
 import hmac
 import logging
@@ -19,6 +20,7 @@ from .. import __version__, codec
 from .._proto import PulsarApi_pb2 as pb
 from ..errors import BadMetadataError, ChecksumMismatchError, FrameTooLargeError, PulsarWireError
 from ..messages import ack_set_bits
+from ..schema import schema_definitions_match
 from .core import DUPLICATE, BrokerCore, InvalidTopicName, highest_sequence
 from .storage import StorageError
 from .topics import (
@@ -58,6 +60,7 @@ class PulsarService:
     """The Pulsar front end's settings and live connections, shared by its listeners."""
 
     def __init__(self, core: BrokerCore, *, auth_tokens: set[str] | None = None,
+                 auth_basic: dict[str, str] | None = None, auth_tls: bool = False,
                  max_message_size: int = codec.DEFAULT_MAX_MESSAGE_SIZE,
                  keep_alive_interval: float = 30.0, max_connections: int = DEFAULT_MAX_CONNECTIONS,
                  max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
@@ -82,11 +85,34 @@ class PulsarService:
         if auth_tokens is not None and (not auth_tokens or any(not token for token in auth_tokens)):
             raise ValueError("auth tokens must be non-empty strings (an empty one would admit a CONNECT without a token)")
         self.auth_tokens = None if auth_tokens is None else [t.encode() for t in auth_tokens]
+        self.auth_basic = auth_basic  # username -> password
+        self.auth_tls = auth_tls  # accept a client certificate the TLS listener verified
         self.max_message_size = max_message_size
         self.keep_alive_interval = keep_alive_interval
         self.connections: set[BrokerConnection] = set()
         self.lookup_url = ""  # what lookups answer: this broker, or a proxy in front of it
         self.service_url_tls = ""
+
+    @property
+    def auth_enabled(self) -> bool:
+        return self.auth_tokens is not None or self.auth_basic is not None or self.auth_tls
+
+    def authenticate(self, method: str, data: bytes, peer_certificate: dict | None) -> str | None:
+        """The role a CONNECT proves, or None. Methods: token, basic (`user:password`), tls."""
+        if method == "token" and self.auth_tokens is not None:
+            # compare with every token, so the time taken does not tell which one nearly matched
+            matched = [hmac.compare_digest(data, token) for token in self.auth_tokens]
+            return "token" if data and any(matched) else None
+        if method == "basic" and self.auth_basic is not None:
+            user, sep, password = data.decode("utf-8", "replace").partition(":")
+            expected = self.auth_basic.get(user)
+            if sep and expected is not None and hmac.compare_digest(expected.encode(), password.encode()):
+                return user
+            return None
+        if method == "tls" and self.auth_tls and peer_certificate:
+            subject = dict(pair for rdn in peer_certificate.get("subject", ()) for pair in rdn)
+            return subject.get("commonName", "tls")
+        return None
 
     def protocol(self, tls: bool = False) -> Callable[[], "BrokerConnection"]:
         return lambda: BrokerConnection(self, tls)
@@ -168,6 +194,7 @@ class PulsarProducer(ProducerLink):
         self.topic = topic
         self.name = name
         self.epoch: int | None = None  # the topic epoch an exclusive producer holds the topic at
+        self.schema_version: bytes | None = None  # of the schema it declared, if any
 
     @property
     def closed(self) -> bool:  # type: ignore[override]
@@ -473,19 +500,18 @@ class BrokerConnection(asyncio.Protocol):
         c = frame.command.connect
         if self.connected:
             raise PulsarWireError("second CONNECT on one connection")
-        tokens = self.service.auth_tokens
-        if tokens is not None:
+        if self.service.auth_enabled:
+            peer = self.transport.get_extra_info("peercert") if self.tls and self.transport else None
             offered = c.auth_data if c.HasField("auth_data") else b""
-            # compare with every token, so the time taken does not tell which one nearly matched
-            matched = [hmac.compare_digest(offered, token) for token in tokens]
-            if c.auth_method_name != "token" or not offered or not any(matched):
+            if self.service.authenticate(c.auth_method_name, offered, peer) is None:
                 # The official (C++) client treats any answer to CONNECT but CONNECTED as a broken
                 # connection and retries until its operation timeout. So the handshake completes,
                 # and every request on this connection is refused with AuthenticationError, which
                 # clients raise at once; the handshake timeout closes the connection.
                 log.warning("authentication failed (method %r)", c.auth_method_name)
                 self.refused = "authentication failed: " + (
-                    "no token offered" if not offered else "the token is not accepted")
+                    "no credentials offered" if not offered and c.auth_method_name != "tls"
+                    else "the credentials are not accepted")
         self.connected = True
         if not self.refused:  # an unauthenticated connection keeps the small frame limit
             self.reader.max_frame_size = self.service.max_message_size + codec.FRAME_PADDING
@@ -573,13 +599,20 @@ class BrokerConnection(asyncio.Protocol):
         if waiting is not None and waiting.topic is topic:
             self._producer_success(c.request_id, waiting, None)
             return
+        accepted, schema_version = self._attach_schema(c.request_id, topic,
+                                                       c.schema if c.HasField("schema") else None)
+        if not accepted:
+            return
         name = c.producer_name if c.HasField("producer_name") and c.producer_name else \
             self.core.new_producer_name(topic)
         holder = topic.producers.get(name)
         if holder is not None and getattr(holder, "conn", None) is not self and not holder.closed:
             self._error(c.request_id, pb.ProducerBusy, f"producer {name} is already connected to {c.topic}")
             return
+        if c.HasField("initial_subscription_name") and c.initial_subscription_name:
+            topic.subscription(c.initial_subscription_name, pb.CommandSubscribe.Shared, True, True, None)
         producer = PulsarProducer(self, c.producer_id, topic, name)
+        producer.schema_version = schema_version
         request_id = c.request_id
 
         def granted(epoch: int) -> None:  # a WaitForExclusive producer got the topic
@@ -619,6 +652,8 @@ class BrokerConnection(asyncio.Protocol):
             response.producer_ready = False
         elif epoch is not None:
             response.topic_epoch = epoch
+        if producer.schema_version is not None:
+            response.schema_version = producer.schema_version
         self.command(T.PRODUCER_SUCCESS, "producer_success", response)
 
     def on_send(self, frame) -> None:
@@ -686,6 +721,8 @@ class BrokerConnection(asyncio.Protocol):
             return
         if c.consumer_id in self.consumers:
             self._success(c.request_id)  # a retried subscribe
+            return
+        if not self._attach_schema(c.request_id, topic, c.schema if c.HasField("schema") else None)[0]:
             return
         subscription = topic.subscription(c.subscription, c.subType, c.durable,
                                           c.initialPosition == pb.CommandSubscribe.Earliest,
@@ -843,6 +880,45 @@ class BrokerConnection(asyncio.Protocol):
             response.topics.extend(topics)
         self.command(T.GET_TOPICS_OF_NAMESPACE_RESPONSE, "getTopicsOfNamespaceResponse", response)
 
+    # schemas: one per topic; a producer or consumer may declare it, or the same one, or none
+
+    def _attach_schema(self, request_id: int, topic: Topic, schema: pb.Schema | None) -> tuple[bool, bytes | None]:
+        """(accepted, the schema version of a declared schema, registering the first one); not
+        accepted after answering IncompatibleSchema; no version when none is declared."""
+        if schema is None:
+            return True, None
+        if topic.schemas:
+            version = len(topic.schemas) - 1
+            if not schema_definitions_match(_schema_proto(topic.schemas[version]), schema):
+                self._error(request_id, pb.IncompatibleSchema,
+                            f"a {pb.Schema.Type.Name(schema.type)} schema is incompatible with the "
+                            f"{pb.Schema.Type.Name(topic.schemas[version]['type'])} schema of {topic.name}")
+                return False, None
+        else:
+            version = topic.register_schema({
+                "type": schema.type, "name": schema.name, "data": base64.b64encode(schema.schema_data).decode(),
+                "properties": {p.key: p.value for p in schema.properties}})
+        return True, version.to_bytes(8, "big")
+
+    def on_get_schema(self, frame) -> None:
+        c = frame.command.getSchema
+        name = c.topic
+        partitions = self.core.partitioned_count(name)
+        if partitions:
+            name = f"{name}-partition-0"  # every partition carries the same schema
+        topic = self.core.topic(name) if self.core.non_partitioned_exists(name) else None
+        response = pb.CommandGetSchemaResponse(request_id=c.request_id)
+        versions = topic.schemas if topic is not None else []
+        version = int.from_bytes(c.schema_version, "big") if c.HasField("schema_version") and c.schema_version \
+            else len(versions) - 1
+        if not 0 <= version < len(versions):
+            response.error_code = pb.TopicNotFound
+            response.error_message = f"no schema for {c.topic}"
+        else:
+            response.schema.CopyFrom(_schema_proto(versions[version]))
+            response.schema_version = version.to_bytes(8, "big")
+        self.command(T.GET_SCHEMA_RESPONSE, "getSchemaResponse", response)
+
     def on_auth_response(self, frame) -> None:
         pass  # we never challenge; a refreshed token needs no answer
 
@@ -909,6 +985,11 @@ def topics_hash(topics: list[str]) -> str:
     return struct.pack("<I", crc32c(",".join(sorted(topics)).encode())).hex()
 
 
+def _schema_proto(record: dict) -> pb.Schema:
+    return pb.Schema(type=record["type"], name=record["name"], schema_data=base64.b64decode(record["data"]),
+                     properties=[pb.KeyValue(key=k, value=v) for k, v in sorted(record["properties"].items())])
+
+
 def _request_id(command) -> int | None:
     for field, value in command.ListFields():
         if field.name != "type" and hasattr(value, "request_id"):
@@ -935,4 +1016,5 @@ _HANDLERS: dict[int, Callable] = {
     T.GET_LAST_MESSAGE_ID: BrokerConnection.on_get_last_message_id,
     T.AUTH_RESPONSE: BrokerConnection.on_auth_response,
     T.GET_TOPICS_OF_NAMESPACE: BrokerConnection.on_get_topics_of_namespace,
+    T.GET_SCHEMA: BrokerConnection.on_get_schema,
 }

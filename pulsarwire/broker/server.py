@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from typing import Any
+from typing import Any, Callable
 
 from .. import codec
 from .core import BrokerCore
@@ -24,10 +24,22 @@ from .v1 import DEFAULT_CONSUME_MAX_BYTES, V1Server
 log = logging.getLogger("pulsarwire.broker")
 
 
+def tls_context(cert_file: str, key_file: str, trust_certs_file: str | None = None) -> ssl.SSLContext:
+    """A server TLS context; with `trust_certs_file`, client certificates are verified against it
+    (a client may still connect without one, e.g. to use a token)."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert_file, key_file)
+    if trust_certs_file:
+        context.load_verify_locations(trust_certs_file)
+        context.verify_mode = ssl.CERT_OPTIONAL
+    return context
+
+
 class Broker:
     def __init__(self, data_dir: str, *, host: str = "127.0.0.1", port: int | None = 0,
                  tls_port: int | None = None, ssl_context: ssl.SSLContext | None = None,
                  v1_port: int | None = 0, auth_tokens: set[str] | None = None,
+                 auth_basic: dict[str, str] | None = None, auth_tls: bool = False,
                  sync_policy: str = SYNC_INTERVAL, sync_interval: float = 1.0,
                  segment_bytes: int = 64 * 1024 * 1024,
                  max_message_size: int = codec.DEFAULT_MAX_MESSAGE_SIZE,
@@ -44,7 +56,8 @@ class Broker:
         self.core = BrokerCore(data_dir, sync_policy=sync_policy, segment_bytes=segment_bytes,
                                default_partitions=default_partitions, max_open_files=max_open_files,
                                file_ops=file_ops)
-        self.pulsar = PulsarService(self.core, auth_tokens=auth_tokens, max_message_size=max_message_size,
+        self.pulsar = PulsarService(self.core, auth_tokens=auth_tokens, auth_basic=auth_basic, auth_tls=auth_tls,
+                                    max_message_size=max_message_size,
                                     keep_alive_interval=keep_alive_interval, max_connections=max_connections,
                                     max_output_bytes=max_output_bytes, handshake_timeout=handshake_timeout,
                                     max_frame_before_connect=max_frame_before_connect,
@@ -136,7 +149,7 @@ class Broker:
             except asyncio.CancelledError:
                 return
             elapsed += step
-            jobs = [("saving cursors and dedup state", self.core.save)]
+            jobs: list[tuple[str, Callable[[], object]]] = [("saving cursors and dedup state", self.core.save)]
             if self.v1 is not None:
                 jobs.append(("V1 upkeep", self.v1.tick))
             if self.sync_policy == SYNC_INTERVAL and elapsed >= self.sync_interval:

@@ -499,6 +499,8 @@ class Topic:
         for sub_name, data in read_json(os.path.join(self.directory, "cursors.json"), {}).items():
             self.subscriptions[sub_name] = Subscription(self, sub_name, data.get("type", 0), True,
                                                         Cursor.from_json(data))
+        # schema versions, oldest first: {"type", "name", "data" (base64), "properties"}
+        self.schemas: list[dict] = read_json(os.path.join(self.directory, "schema.json"), [])
         self._state_dirty = False
 
     def _open_ledgers(self, new_ledger_id: Callable[[], int]) -> None:
@@ -523,6 +525,12 @@ class Topic:
         if entry_id >= self.ledger_start:
             return self.ledger_id
         return self._ledger_ids[max(0, bisect.bisect_right(self._ledger_starts, entry_id) - 1)]
+
+    def register_schema(self, record: dict) -> int:
+        """Store a new schema version (durably, before the producer or consumer is answered)."""
+        self.schemas.append(record)
+        self.log.pool.write_json(os.path.join(self.directory, "schema.json"), self.schemas)
+        return len(self.schemas) - 1
 
     def _recover_dedup(self, upto: int) -> None:
         """Producers' last sequence ids, from the snapshot plus the entries after it."""

@@ -242,6 +242,9 @@ class ConnectionPool:
         context.check_hostname = self._tls_validate_hostname and not self._tls_insecure
         if self._tls_insecure:
             context.verify_mode = ssl.CERT_NONE
+        certificate = getattr(self._client._authentication, "tls_certificate", None)
+        if certificate is not None:  # AuthenticationTLS: the client certificate is the credential
+            context.load_cert_chain(*certificate)
         return context
 
     async def connection(self, address: Address) -> Connection:
@@ -289,7 +292,10 @@ class ConnectionPool:
 
     async def _open_once(self, address: Address, timeout: float) -> Connection:
         loop = self._client._loop
+        prepare = getattr(self._client._authentication, "prepare", None)
         try:
+            if prepare is not None:  # e.g. OAuth2 fetches or refreshes its token first
+                await asyncio.wait_for(prepare(), self._connection_timeout)
             _, conn = await asyncio.wait_for(loop.create_connection(
                 lambda: Connection(self._client, address), address.host, address.port,
                 ssl=self._ssl_context(address),

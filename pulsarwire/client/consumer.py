@@ -16,8 +16,10 @@ from ..errors import (
     PulsarWireError, TimeoutError, TopicTerminatedError,
 )
 from ..messages import Message, MessageId, ack_set_bits, ack_set_words, signed64
+from ..schema import Schema, as_schema
+from .dead_letter import DeadLetterRouter, backoff_delay_ms
 from .options import (
-    ConsumerType, InitialPosition, KeySharedPolicy, RegexSubscriptionMode, TopicsPattern,
+    ConsumerType, InitialPosition, KeySharedPolicy, RegexSubscriptionMode, TopicsPattern, topic_name,
 )
 from .reconnect import Reconnecting
 
@@ -111,6 +113,7 @@ class PartitionConsumer(Reconnecting):
         self._ack_timer: asyncio.TimerHandle | None = None
         self._nacks: dict[tuple[int, int], float] = {}
         self._nack_timer: asyncio.TimerHandle | None = None
+        self._nack_timer_at = 0.0
         # uuid -> (first chunk's arrival, [(ledger, entry, payload), ...]), oldest first
         self._chunks: collections.OrderedDict[str, tuple[float, list]] = collections.OrderedDict()
         self._chunk_timer: asyncio.TimerHandle | None = None
@@ -136,6 +139,8 @@ class PartitionConsumer(Reconnecting):
             fields["keySharedMeta"] = parent._key_shared_policy.to_proto()
         if parent._properties:
             fields["metadata"] = [pb.KeyValue(key=k, value=v) for k, v in parent._properties.items()]
+        if parent._wire_schema is not None:
+            fields["schema"] = parent._wire_schema
         if not parent._durable and self._last_message is not None:
             # resume after what the application already has
             self._start_message_id, self._start_inclusive = self._last_message.message_id(), False
@@ -191,6 +196,10 @@ class PartitionConsumer(Reconnecting):
         compacted = parent._read_compacted
         partition, topic, redelivery = self.partition, self.topic, command.redelivery_count
         put = parent._queue.put
+        schema = parent._schema
+        dead_letter = parent._dead_letter
+        remember = dead_letter.remember if dead_letter is not None and \
+            redelivery >= dead_letter.max_redeliver_count else None
         for single in singles:
             index = single.batch_index
             if batch_size and not (bits >> index) & 1:
@@ -202,7 +211,10 @@ class PartitionConsumer(Reconnecting):
                 skip += 1
                 unit.remaining &= ~(1 << max(index, 0))
                 continue
-            put(Message(single, md, ledger, entry, partition, topic, redelivery, unit))
+            message = Message(single, md, ledger, entry, partition, topic, redelivery, unit, schema)
+            put(message)
+            if remember is not None:  # past the limit: the next redelivery goes to the dead letter topic
+                remember(unit, message)
         if unit.remaining:
             self._unacked[(ledger, entry)] = unit
         elif parent._durable:
@@ -412,11 +424,17 @@ class PartitionConsumer(Reconnecting):
             self._pending_cumulative = None
         self.conn.flush()
 
-    def negative_ack(self, message_id: MessageId) -> None:
+    def negative_ack(self, message_id: MessageId, delay: float | None = None) -> None:
         key = (message_id.ledger_id, message_id.entry_id)
-        self._nacks[key] = time.monotonic() + self.parent._nack_delay
+        delay = self.parent._nack_delay if delay is None else delay
+        deadline = time.monotonic() + delay
+        self._nacks[key] = deadline
+        if self._nack_timer is not None and deadline < self._nack_timer_at:
+            self._nack_timer.cancel()  # a backoff gave this one an earlier time
+            self._nack_timer = None
         if self._nack_timer is None:
-            self._nack_timer = self.client._loop.call_later(self.parent._nack_delay, self._redeliver_nacked)
+            self._nack_timer_at = deadline
+            self._nack_timer = self.client._loop.call_later(delay, self._redeliver_nacked)
 
     def _redeliver_nacked(self) -> None:
         self._nack_timer = None
@@ -426,12 +444,16 @@ class PartitionConsumer(Reconnecting):
             del self._nacks[key]
         self._redeliver_keys(due)
         if self._nacks:
-            delay = max(0.0, min(self._nacks.values()) - now)
-            self._nack_timer = self.client._loop.call_later(delay, self._redeliver_nacked)
+            self._nack_timer_at = min(self._nacks.values())
+            self._nack_timer = self.client._loop.call_later(max(0.0, self._nack_timer_at - now),
+                                                            self._redeliver_nacked)
 
     def _redeliver_keys(self, keys) -> None:
+        if keys and self.parent._dead_letter is not None:
+            keys = self.parent._dead_letter.divert(self, keys)
         if not keys or self.conn is None:
             return
+        self.flush_acks()  # the broker must know what was acknowledged before it redelivers
         ids = []
         for key in keys:
             unit = self._unacked.pop(key, None)
@@ -516,6 +538,8 @@ class Consumer:
                  auto_ack_oldest_chunked_message_on_queue_full: bool = False,
                  expire_time_of_incomplete_chunked_message_ms: int = 60_000,
                  start_message_id_inclusive: bool = False,
+                 schema: Schema | None = None, dead_letter_policy: Any = None, retry_enable: bool = False,
+                 negative_ack_redelivery_backoff: Any = None,
                  _durable: bool = True, _start_message_id: MessageId | None = None,
                  _start_inclusive: bool = False) -> None:
         if receiver_queue_size < 1:
@@ -554,6 +578,18 @@ class Consumer:
         self._durable = _durable
         self._start_message_id = _start_message_id
         self._start_inclusive = start_message_id_inclusive or _start_inclusive
+        self._schema = schema = as_schema(schema)
+        self._wire_schema = schema.wire_schema() if schema is not None else None
+        self._nack_backoff = negative_ack_redelivery_backoff
+        retry_enable = retry_enable or getattr(dead_letter_policy, "retry_letter_topic", None) is not None
+        if retry_enable and dead_letter_policy is None:
+            raise ValueError("retry_enable needs a dead_letter_policy (its max_redeliver_count bounds retries)")
+        self._dead_letter = DeadLetterRouter(self, dead_letter_policy, retry_enable) \
+            if dead_letter_policy is not None else None
+        if self._dead_letter is not None and self._dead_letter.retry_letter_topic is not None:
+            retry_topic = topic_name(self._dead_letter.retry_letter_topic)
+            if retry_topic not in self._topics:
+                self._topics = [*topics, retry_topic]  # the consumer also reads its retry letters
         self._queue = MessageQueue()
         self._partitions: list[PartitionConsumer] = []
         self._by_topic: dict[str, PartitionConsumer] = {}
@@ -760,7 +796,21 @@ class Consumer:
     def negative_acknowledge(self, message: Message | MessageId) -> None:
         self._check_open()
         mid = self._id(message)
-        self._owner(mid).negative_ack(mid)
+        delay = None
+        if self._nack_backoff is not None and isinstance(message, Message):
+            delay = backoff_delay_ms(self._nack_backoff, message.redelivery_count()) / 1000
+        self._owner(mid).negative_ack(mid, delay)
+
+    async def reconsume_later(self, message: Message, delay_ms: int | float = 0,
+                              properties: dict[str, str] | None = None) -> None:
+        """Publish `message` to the retry letter topic, delivered again after `delay_ms` (a Shared
+        subscription is needed for the delay), and acknowledge it; past `max_redeliver_count`
+        reconsumes it goes to the dead letter topic."""
+        if self._dead_letter is None:
+            raise PulsarWireError("reconsume_later needs a dead_letter_policy and retry_enable=True")
+        if hasattr(delay_ms, "total_seconds"):
+            delay_ms = delay_ms.total_seconds() * 1000
+        await self._dead_letter.reconsume_later(message, int(delay_ms), properties)
 
     def redeliver_unacknowledged_messages(self) -> None:
         self._check_open()
@@ -812,6 +862,8 @@ class Consumer:
             self._ack_timeout_task.cancel()
         if self._discovery is not None:
             self._discovery.cancel()
+        if self._dead_letter is not None:
+            await self._dead_letter.close()
         results = await asyncio.gather(*(p.close(unsubscribe) for p in self._partitions),
                                        return_exceptions=True)
         self._queue.wake_all()
