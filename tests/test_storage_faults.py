@@ -269,6 +269,44 @@ def test_log_truncated_mid_file_opens(tmp_path, caplog):
     topic_log.close()
 
 
+def test_log_cut_below_cursor_and_dedup_state_loses_nothing_later(tmp_path, caplog):
+    """A log cut by recovery (a torn tail after power loss, a truncated file) below what the cursor
+    and the dedup snapshot had seen: both move back, so the resent and the new messages are
+    stored and delivered, not skipped as acknowledged or dropped as duplicates."""
+    broker = BrokerThread(tmp_path, v1_port=None).start()
+
+    async def first():
+        async with Client(broker.url) as client:
+            consumer = await client.subscribe(TOPIC, "sub", initial_position=InitialPosition.Earliest,
+                                              ack_group_time_ms=0)
+            producer = await client.create_producer(TOPIC, producer_name="p", batching_enabled=False)
+            for i in range(100):
+                await producer.send(b"%d" % i)
+                consumer.acknowledge(await consumer.receive(5000))
+            await asyncio.sleep(0.6)  # cursor and dedup state persisted
+    try:
+        run(first())
+        broker.stop()
+        directory = topic_directory(str(tmp_path), TOPIC)
+        os.truncate(_log_file(directory), _position(directory, 60) + 5)
+        caplog.set_level(logging.ERROR, logger="pulsarwire.broker")
+        broker.start()
+
+        async def second():
+            async with Client(broker.url) as client:
+                producer = await client.create_producer(TOPIC, producer_name="p", batching_enabled=False)
+                assert producer.last_sequence_id() == 59
+                consumer = await client.subscribe(TOPIC, "sub")
+                await producer.send(b"again-60")
+                assert (await consumer.receive(5000)).data() == b"again-60"
+        run(second())
+        messages = [r.getMessage() for r in caplog.records]
+        assert any("cursor is past the end" in m for m in messages)
+        assert any("deduplication state" in m for m in messages)
+    finally:
+        broker.stop()
+
+
 @pytest.mark.parametrize("where", ["body", "header"])
 def test_deleted_index_and_bad_byte_keep_the_entries_after_it(tmp_path, caplog, where):
     _write_entries(tmp_path, 2000)
