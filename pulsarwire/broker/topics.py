@@ -84,6 +84,14 @@ class ProducerLink(abc.ABC):
 
 class Subscription:
     def __init__(self, topic: "Topic", name: str, sub_type: int, durable: bool, cursor: Cursor) -> None:
+        end = topic.log.committed_entry_id
+        if cursor.mark_delete >= end or any(e >= end for e in cursor.acked):
+            # recovery cut the log below this persisted cursor: entries appended from now on
+            # must not count as acknowledged
+            log.error("topic %s, subscription %s: the cursor is past the end of the log (%d); moved back "
+                      "to it", topic.name, name, end - 1)
+            cursor = Cursor(min(cursor.mark_delete, end - 1), [e for e in cursor.acked if e < end],
+                            {e: b for e, b in cursor.partial.items() if e < end})
         self.topic = topic
         self.name = name
         self.type = sub_type
@@ -371,31 +379,20 @@ class Topic:
         state = read_json(os.path.join(self.directory, "state.json"), {})
         self.terminated = state.get("terminated", False)
         self.last_sequence: dict[str, int] = state.get("dedup", {})
-        dedup_upto = state.get("dedup_upto", -1)
-        end = self.log.next_entry_id
-        self._state_dirty = dedup_upto >= end
-        if dedup_upto >= end:
-            # recovery cut the log below what the snapshot counted: rebuilt from the log alone,
-            # else a resend of a lost entry would be answered as a duplicate
-            log.error("topic %s: deduplication state counts entries up to %d but the log ends at %d; "
-                      "rebuilt from the log", name, dedup_upto, end - 1)
-            self.last_sequence, dedup_upto = {}, -1
-        self._recover_dedup(dedup_upto)
+        self._recover_dedup(state.get("dedup_upto", -1))
         for sub_name, data in read_json(os.path.join(self.directory, "cursors.json"), {}).items():
-            cursor = Cursor.from_json(data)
-            past_end = cursor.mark_delete >= end or any(e >= end for e in cursor.acked)
-            if past_end:
-                # the same: entries appended from now on must not count as acknowledged
-                log.error("topic %s, subscription %s: the cursor is past the end of the log (%d); moved "
-                          "back to it", name, sub_name, end - 1)
-                cursor = Cursor(min(cursor.mark_delete, end - 1), [e for e in cursor.acked if e < end],
-                                {e: b for e, b in cursor.partial.items() if e < end})
-            subscription = Subscription(self, sub_name, data.get("type", 0), True, cursor)
-            subscription.dirty = past_end
-            self.subscriptions[sub_name] = subscription
+            self.subscriptions[sub_name] = Subscription(self, sub_name, data.get("type", 0), True,
+                                                        Cursor.from_json(data))
+        self._state_dirty = False
 
     def _recover_dedup(self, upto: int) -> None:
         """Producers' last sequence ids, from the snapshot plus the entries after it."""
+        if upto >= self.log.next_entry_id:
+            # recovery cut the log below what the snapshot counted: rebuilt from the log alone,
+            # else a resend of a lost entry would be answered as a duplicate
+            log.error("topic %s: deduplication state counts entries up to %d but the log ends at %d; "
+                      "rebuilt from the log", self.name, upto, self.log.next_entry_id - 1)
+            self.last_sequence, upto = {}, -1
         for entry_id in range(max(upto + 1, self.log.first_entry_id), self.log.next_entry_id):
             try:
                 md = entry_metadata(self.log.read(entry_id))
