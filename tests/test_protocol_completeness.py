@@ -190,6 +190,29 @@ def test_pulsarwire_producer_access_modes(broker):
     run(main())
 
 
+def test_fenced_producer_stays_fenced_across_a_restart(broker):
+    topic = unique("access-epoch")
+
+    async def holder_client():
+        return pw.Client(broker.url, operation_timeout_seconds=10, initial_backoff_seconds=1.5)
+
+    async def main():
+        first_client = await holder_client()
+        first = await first_client.create_producer(topic, producer_name="first", send_timeout_millis=8000,
+                                                   access_mode=pw.ProducerAccessMode.Exclusive)
+        await first.send(b"before")
+        await asyncio.get_running_loop().run_in_executor(None, broker.restart)
+        # a newer exclusive producer takes the topic before the first one comes back
+        async with pw.Client(broker.url, operation_timeout_seconds=10) as client:
+            second = await client.create_producer(topic, producer_name="second",
+                                                  access_mode=pw.ProducerAccessMode.ExclusiveWithFencing)
+            with pytest.raises(errors.ProducerFencedError):
+                await first.send(b"after")  # comes back with the old epoch: fenced, not busy forever
+            await second.send(b"second")
+        await first_client.close()
+    run(main())
+
+
 # -- ledger ids ----------------------------------------------------------------------------------
 
 def test_message_ids_are_unique_across_topics_partitions_and_restarts(broker, official):
