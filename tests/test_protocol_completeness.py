@@ -496,3 +496,19 @@ def test_key_shared_many_interleaved_sticky_ranges(broker):
                 await c.close()
             await producer.close()
     run(main())
+
+
+def test_ledger_allocation_survives_a_lost_allocation_file(tmp_path):
+    from pulsarwire.broker.core import BrokerCore
+    core = BrokerCore(str(tmp_path))
+    core.open()
+    first = core.topic("persistent://public/default/a").ledger_id
+    second = core.topic("persistent://public/default/b").ledger_id
+    core.close()
+    os.remove(tmp_path / "ledger-ids.json")  # what is on disk still tells the highest id given out
+    core = BrokerCore(str(tmp_path))
+    core.open()
+    assert core.topic("persistent://public/default/a").ledger_id == first
+    third = core.topic("persistent://public/default/c").ledger_id
+    assert len({first, second, third}) == 3 and third > max(first, second)
+    core.close()
