@@ -289,6 +289,14 @@ class ClientSession:
         self._command(T.GET_TOPICS_OF_NAMESPACE, "getTopicsOfNamespace", cmd)
         return rid
 
+    def get_schema(self, topic: str, schema_version: bytes | None = None) -> int:
+        rid = self.new_request_id()
+        cmd = pb.CommandGetSchema(request_id=rid, topic=topic)
+        if schema_version is not None:
+            cmd.schema_version = schema_version
+        self._command(T.GET_SCHEMA, "getSchema", cmd)
+        return rid
+
     def ping(self) -> None:
         self._command(T.PING, "ping", pb.CommandPing())
 
@@ -382,6 +390,13 @@ class ClientSession:
         else:
             events.append(RequestDone(r.request_id, r))
 
+    def _on_get_schema_response(self, frame, events):
+        r = frame.command.getSchemaResponse
+        if r.HasField("error_code"):
+            events.append(RequestFailed(r.request_id, server_error(r.error_code, r.error_message)))
+        else:
+            events.append(RequestDone(r.request_id, r))
+
     def _on_send_receipt(self, frame, events):
         r = frame.command.send_receipt
         events.append(SendReceipt(r.producer_id, r.sequence_id,
@@ -434,6 +449,7 @@ _TRANSITIONS: dict[tuple[State, int], Callable] = {
     (_S.CONNECTED, T.GET_LAST_MESSAGE_ID_RESPONSE): ClientSession._on_last_message_id,
     (_S.CONNECTED, T.ACK_RESPONSE): ClientSession._on_ack_response,
     (_S.CONNECTED, T.GET_TOPICS_OF_NAMESPACE_RESPONSE): ClientSession._on_topics_of_namespace,
+    (_S.CONNECTED, T.GET_SCHEMA_RESPONSE): ClientSession._on_get_schema_response,
     (_S.CONNECTED, T.SEND_RECEIPT): ClientSession._on_send_receipt,
     (_S.CONNECTED, T.SEND_ERROR): ClientSession._on_send_error,
     (_S.CONNECTED, T.MESSAGE): ClientSession._on_message,

@@ -10,7 +10,7 @@ import threading
 from typing import Any, Callable
 
 from . import client as aio
-from .errors import ConnectionClosedError, TopicTerminatedError
+from .errors import AlreadyClosedError, ConnectionClosedError, TopicTerminatedError
 from .messages import Message, MessageId
 
 
@@ -20,7 +20,14 @@ class _Loop:
         self.thread = threading.Thread(target=self.loop.run_forever, name="pulsarwire-loop", daemon=True)
         self.thread.start()
 
+    @property
+    def stopped(self) -> bool:
+        return self.loop.is_closed() or not self.thread.is_alive()
+
     def run(self, coro, timeout: float | None = None):
+        if self.stopped:  # the client was closed: a typed error, not "Event loop is closed"
+            coro.close()
+            raise AlreadyClosedError("client is closed")
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def call(self, fn: Callable, *args):
@@ -62,6 +69,8 @@ class Client:
         return self._loop.run(self._client.get_topic_partitions(topic))
 
     def close(self) -> None:
+        if self._loop.stopped:
+            return
         try:
             self._loop.run(self._client.close())
         finally:

@@ -17,13 +17,16 @@ import os
 import time
 from typing import Callable, cast
 
+from .. import codec
 from .._proto import PulsarApi_pb2 as pb
+from ..errors import PulsarWireError
 from ..messages import ack_set_words
 from ..routing import murmur3_32
-from .storage import Cursor, TopicLog, read_json, write_json
+from .storage import CorruptEntryError, Cursor, FilePool, StorageError, TopicLog, read_json
 
 log = logging.getLogger("pulsarwire.broker")
 
+COUNT_MAX_UNCOMPRESSED = 8 * 1024 * 1024  # a compressed batch larger than this is not counted (CPU bound)
 LEGACY_LEDGER_ID = 0  # the ledger of entries stored before topics had their own ledger ids
 LEDGERS_FILE = "ledgers.json"
 EPOCH_FILE = "producer-epoch.json"
@@ -40,8 +43,8 @@ def start_entry(entry_id: int, topic_log: TopicLog) -> int:
     if entry_id == EARLIEST:
         return topic_log.first_entry_id
     if entry_id >= LATEST:
-        return topic_log.next_entry_id
-    return min(max(entry_id, topic_log.first_entry_id), topic_log.next_entry_id)
+        return topic_log.committed_entry_id
+    return min(max(entry_id, topic_log.first_entry_id), topic_log.committed_entry_id)
 
 
 class ConsumerLink(abc.ABC):
@@ -128,6 +131,7 @@ class Subscription:
         self.redelivery_counts: dict[int, int] = {}
         self._round_robin = 0
         self._dispatching = False
+        self._retry_scheduled = False
         self.dirty = False
         self.active: ConsumerLink | None = None
         self.retained_until = 0.0  # monotonic time; a seek keeps a non-durable subscription
@@ -214,8 +218,13 @@ class Subscription:
 
     # acknowledgement
 
-    def ack(self, entry_id: int, unacked_indexes: int | None, cumulative: bool) -> None:
-        """Acknowledge an entry (or, with `unacked_indexes`, all of its batch but those bits)."""
+    def ack(self, entry_id: int, unacked_indexes: int | None, cumulative: bool) -> bool:
+        """Acknowledge an entry (or, with `unacked_indexes`, all of its batch but those bits).
+
+        Returns False, changing nothing, for an entry the topic does not have yet: a cursor moved
+        past the end would silently skip every message published later."""
+        if not 0 <= entry_id < self.topic.log.committed_entry_id:
+            return False
         cursor = self.cursor
         if cumulative:
             if unacked_indexes is not None:
@@ -233,6 +242,7 @@ class Subscription:
             cursor.ack(entry_id)
             self._settle(entry_id)
         self.dirty = True
+        return True
 
     def _settle(self, entry_id: int) -> None:
         consumer = self.owner.pop(entry_id, None)
@@ -275,7 +285,7 @@ class Subscription:
 
     def check_end_of_topic(self) -> None:
         """Tell each consumer once when the topic is terminated and it has been sent everything."""
-        if not self.topic.terminated or self.read_position < self.topic.log.next_entry_id or \
+        if not self.topic.terminated or self.read_position < self.topic.log.committed_entry_id or \
                 self._redeliver or self._parked:
             return
         for consumer in self.consumers:
@@ -319,7 +329,8 @@ class Subscription:
                 self._redeliver_set.discard(entry_id)
                 continue
             return entry_id, True
-        while self.read_position < self.topic.log.next_entry_id:
+        end = self.topic.log.committed_entry_id  # never an entry the OS has not taken yet
+        while self.read_position < end:
             position = self.read_position
             if self.cursor.is_acked(position) or position in self.owner or self._held(position):
                 self.read_position += 1
@@ -364,7 +375,14 @@ class Subscription:
                 if found is None:
                     return
                 entry_id, redelivery = found
-                entry = topic_log.read(entry_id)
+                try:
+                    entry = topic_log.read(entry_id)
+                except CorruptEntryError:
+                    self._skip_unreadable(entry_id, redelivery)
+                    continue
+                except StorageError as exc:
+                    self._retry_later(exc)
+                    return
                 picked = self._pick(entry)
                 if picked is None:
                     return
@@ -387,6 +405,35 @@ class Subscription:
             self._dispatching = False
 
 
+    def _skip_unreadable(self, entry_id: int, redelivery: bool) -> None:
+        """A corrupt entry costs that entry alone: logged, counted, skipped and settled in the
+        cursor so that the subscription moves on (the read already logged the cause)."""
+        log.error("topic %s, subscription %s: entry %d is corrupt on disk and is skipped",
+                  self.topic.name, self.name, entry_id)
+        self.topic.log.stats.skipped_entries += 1
+        if redelivery:
+            heapq.heappop(self._redeliver)
+            self._redeliver_set.discard(entry_id)
+        elif self.read_position == entry_id:
+            self.read_position = entry_id + 1
+        self.cursor.ack(entry_id)
+        self._settle(entry_id)
+        self.dirty = True
+
+    def _retry_later(self, exc: StorageError) -> None:
+        """The file system refused a read (no descriptors, I/O error): try again in a second."""
+        if self._retry_scheduled:
+            return
+        log.error("topic %s, subscription %s: cannot read the log (%s); retrying", self.topic.name,
+                  self.name, exc)
+        self._retry_scheduled = True
+
+        def retry() -> None:
+            self._retry_scheduled = False
+            self.dispatch()
+        asyncio.get_running_loop().call_later(1.0, retry)
+
+
 def _entry_key(entry) -> bytes | None:
     metadata = entry_metadata(entry)
     if metadata.HasField("ordering_key"):
@@ -394,6 +441,24 @@ def _entry_key(entry) -> bytes | None:
     if metadata.HasField("partition_key"):
         return metadata.partition_key.encode()
     return None
+
+
+def entry_message_count(body, claimed: int) -> int:
+    """How many messages an entry holds, which consumers' permits are charged: 1 unless it is a
+    batch, else the messages its payload really splits into. A producer's claim above 1 is never
+    trusted (10**9 would stall every consumer); a batch that does not split, or is too big to
+    decompress cheaply, counts as 1."""
+    if claimed <= 1:
+        return 1
+    try:
+        size = int.from_bytes(body[:4], "big")
+        metadata = pb.MessageMetadata.FromString(bytes(body[4:4 + size]))
+        if not metadata.HasField("num_messages_in_batch"):
+            return 1
+        payload = codec.decompress_payload(metadata, memoryview(body)[4 + size:], COUNT_MAX_UNCOMPRESSED)
+        return max(1, len(codec.split_messages(metadata, payload)))
+    except (PulsarWireError, ValueError):  # DecodeError is a ValueError
+        return 1
 
 
 def entry_metadata(entry) -> pb.MessageMetadata:
@@ -405,18 +470,21 @@ def entry_metadata(entry) -> pb.MessageMetadata:
 class Topic:
     """One topic-partition: its log, producers, subscriptions and dedup state.
 
-    `on_append(log)` is called after each append so that the owner can group-commit
-    every log written in one event-loop turn before any receipt leaves the broker."""
+    `on_append(topic)` is called after each append so that the owner can group-commit
+    (`commit()`) every topic written in one event-loop turn before any receipt leaves the
+    broker. Subscriptions see an entry only once it is committed; a failed commit takes
+    back the dedup state of its sends."""
 
     def __init__(self, name: str, directory: str, *, segment_bytes: int, sync_policy: str,
-                 on_append: Callable[[TopicLog], None],
+                 on_append: Callable[["Topic"], None], pool: FilePool | None = None,
                  new_ledger_id: Callable[[], int] = lambda: LEGACY_LEDGER_ID) -> None:
         self.name = name
         self.partition = _partition_index(name)
         self.directory = directory
-        self.log = TopicLog(self.directory, segment_bytes=segment_bytes, sync_policy=sync_policy)
+        self.log = TopicLog(self.directory, segment_bytes=segment_bytes, sync_policy=sync_policy, pool=pool)
         self._open_ledgers(new_ledger_id)
         self._on_append = on_append
+        self._dedup_undo: dict[str, int | None] = {}  # producer -> its sequence id before this batch
         self.producers: dict[str, ProducerLink] = {}
         self.exclusive_producer: ProducerLink | None = None
         # WaitForExclusive producers in arrival order, each with its callbacks (granted epoch; error)
@@ -434,6 +502,8 @@ class Topic:
         for sub_name, data in read_json(os.path.join(self.directory, "cursors.json"), {}).items():
             self.subscriptions[sub_name] = Subscription(self, sub_name, data.get("type", 0), True,
                                                         Cursor.from_json(data))
+        # schema versions, oldest first: {"type", "name", "data" (base64), "properties"}
+        self.schemas: list[dict] = read_json(os.path.join(self.directory, "schema.json"), [])
         self._state_dirty = False
 
     def _open_ledgers(self, new_ledger_id: Callable[[], int]) -> None:
@@ -447,7 +517,7 @@ class Topic:
             if self.log.next_entry_id > self.log.first_entry_id:
                 ranges.append([0, LEGACY_LEDGER_ID])
             ranges.append([self.log.next_entry_id, new_ledger_id()])
-            write_json(path, ranges)
+            self.log.pool.write_json(path, ranges)
         self._ledger_starts = [int(first) for first, _ in ranges]
         self._ledger_ids = [int(ledger) for _, ledger in ranges]
         self.ledger_id = self._ledger_ids[-1]  # the ledger new entries go to
@@ -458,6 +528,12 @@ class Topic:
         if entry_id >= self.ledger_start:
             return self.ledger_id
         return self._ledger_ids[max(0, bisect.bisect_right(self._ledger_starts, entry_id) - 1)]
+
+    def register_schema(self, record: dict) -> int:
+        """Store a new schema version (durably, before the producer or consumer is answered)."""
+        self.schemas.append(record)
+        self.log.pool.write_json(os.path.join(self.directory, "schema.json"), self.schemas)
+        return len(self.schemas) - 1
 
     def _recover_dedup(self, upto: int) -> None:
         """Producers' last sequence ids, from the snapshot plus the entries after it."""
@@ -475,15 +551,45 @@ class Topic:
     def append(self, body, checksum: int | None, publish_time: int, deliver_at_time: int | None,
                num_messages: int, producer_name: str, highest_sequence_id: int) -> int:
         """Store an entry, remember the producer's sequence id, and dispatch it."""
-        entry_id = self.log.append(body, checksum, publish_time, max(num_messages, 1))
-        self._on_append(self.log)
+        batch = self.log.batch
+        try:
+            entry_id = self.log.append(body, checksum, publish_time, entry_message_count(body, num_messages))
+        finally:
+            if self.log.batch is not batch:  # starting a new segment committed the batch before
+                self._settled(batch.error is None)
+        self._on_append(self)
         if deliver_at_time is not None and deliver_at_time > time.time() * 1000:
             self.deliver_at[entry_id] = deliver_at_time
+        undo = self._dedup_undo
+        if producer_name not in undo:
+            undo[producer_name] = self.last_sequence.get(producer_name)
         self.last_sequence[producer_name] = highest_sequence_id
         self._state_dirty = True
-        for subscription in self.subscriptions.values():
-            subscription.dispatch()
         return entry_id
+
+    def commit(self) -> bool:
+        """Hand the appended entries to the OS; then subscriptions may send them. False when
+        the file system refused (the log is rolled back, and so is the dedup state)."""
+        if not self.log.batch.count:
+            return True
+        ok = self.log.commit()
+        self._settled(ok)
+        return ok
+
+    def _settled(self, ok: bool) -> None:
+        undo, self._dedup_undo = self._dedup_undo, {}
+        if ok:
+            for subscription in list(self.subscriptions.values()):
+                subscription.dispatch()
+            return
+        for producer_name, previous in undo.items():
+            if previous is None:
+                self.last_sequence.pop(producer_name, None)
+            else:
+                self.last_sequence[producer_name] = previous
+        end = self.log.next_entry_id
+        for entry_id in [e for e in self.deliver_at if e >= end]:
+            del self.deliver_at[entry_id]
 
     def subscription(self, name: str, sub_type: int, durable: bool, initial_earliest: bool,
                      start: int | None) -> Subscription:
@@ -493,10 +599,10 @@ class Topic:
         if existing is not None:
             return existing
         if durable:
-            mark = self.log.first_entry_id - 1 if initial_earliest else self.log.next_entry_id - 1
+            mark = self.log.first_entry_id - 1 if initial_earliest else self.log.committed_entry_id - 1
         else:
             position = start_entry(start, self.log) if start is not None else \
-                (self.log.first_entry_id if initial_earliest else self.log.next_entry_id)
+                (self.log.first_entry_id if initial_earliest else self.log.committed_entry_id)
             mark = position - 1
         subscription = Subscription(self, name, sub_type, durable, Cursor(mark))
         self.subscriptions[name] = subscription
@@ -513,24 +619,30 @@ class Topic:
         last = self.log.last_entry_id
         batch_index = -1
         if last >= self.log.first_entry_id:
-            md = entry_metadata(self.log.read(last))
+            try:
+                md = entry_metadata(self.log.read(last))
+            except StorageError:
+                return last, batch_index  # logged by the read; the id is still the last one
             if md.HasField("num_messages_in_batch"):
                 batch_index = md.num_messages_in_batch - 1
         return last, batch_index
 
     def save(self) -> None:
-        """Persist cursors and dedup state when they changed."""
-        if any(s.dirty for s in self.subscriptions.values()) or self._state_dirty:
-            cursors = {}
-            for name, s in self.subscriptions.items():
-                if s.durable:
-                    cursors[name] = dict(s.cursor.to_json(), type=s.type)
+        """Persist cursors and dedup state when they changed (pending appends are committed
+        first, so that no failed send's sequence id is saved). A failed write raises
+        StorageError and leaves them marked changed, so the next save tries again."""
+        self.commit()
+        dirty = [s for s in self.subscriptions.values() if s.dirty]
+        if dirty or self._state_dirty:
+            cursors = {name: dict(s.cursor.to_json(), type=s.type)
+                       for name, s in self.subscriptions.items() if s.durable}
+            self.log.pool.write_json(os.path.join(self.directory, "cursors.json"), cursors)
+            for s in dirty:
                 s.dirty = False
-            write_json(os.path.join(self.directory, "cursors.json"), cursors)
         if self._state_dirty:
-            write_json(os.path.join(self.directory, "state.json"),
-                       {"terminated": self.terminated, "dedup": self.last_sequence,
-                        "dedup_upto": self.log.last_entry_id})
+            self.log.pool.write_json(os.path.join(self.directory, "state.json"),
+                                     {"terminated": self.terminated, "dedup": self.last_sequence,
+                                      "dedup_upto": self.log.committed_entry_id - 1})
             self._state_dirty = False
 
     def terminate(self) -> int:
@@ -619,7 +731,10 @@ class Topic:
         return closed
 
     def close(self) -> None:
-        self.save()
+        try:
+            self.save()
+        except StorageError as exc:
+            log.error("topic %s: state not saved on close: %s", self.name, exc)
         self.log.close()
 
 

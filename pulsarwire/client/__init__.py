@@ -12,9 +12,11 @@ Python client where it has one (`create_producer`, `subscribe`, `send_async`, ..
 """
 from __future__ import annotations
 
+from .auth import AuthenticationBasic, AuthenticationOauth2, AuthenticationTLS
 from .client import Client
 from .connection import Connection, ConnectionPool
 from .consumer import Consumer
+from .dead_letter import DeadLetterPolicy, NegativeAckRedeliveryBackoff
 from .options import (
     DEFAULT_PORT, DEFAULT_TLS_PORT, Address, AuthenticationToken, CompressionType, ConsumerKeySharedPolicy,
     ConsumerType, InitialPosition, KeySharedMode, KeySharedPolicy, ProducerAccessMode, RegexSubscriptionMode,
@@ -22,6 +24,7 @@ from .options import (
 )
 from .producer import Producer
 from .reader import Reader
+from .table_view import TableView
 
 # Names the one-module client offered from its own imports and that user code may take from
 # here: the message and routing types in its signatures, and the errors it raises.
@@ -35,6 +38,8 @@ from ..routing import HashingScheme, RoutingMode
 
 __all__ = [
     "DEFAULT_PORT", "DEFAULT_TLS_PORT", "Address", "AuthenticationToken", "Client", "CompressionType",
+    "AuthenticationBasic", "AuthenticationOauth2", "AuthenticationTLS", "DeadLetterPolicy",
+    "NegativeAckRedeliveryBackoff", "TableView",
     "Connection", "ConnectionPool", "Consumer", "ConsumerKeySharedPolicy", "ConsumerType", "InitialPosition",
     "KeySharedMode", "KeySharedPolicy", "Producer", "ProducerAccessMode", "RegexSubscriptionMode", "Reader",
     "partition_name", "topic_name",

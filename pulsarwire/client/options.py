@@ -12,15 +12,15 @@ from urllib.parse import urlparse
 from .. import compression
 from .._proto import PulsarApi_pb2 as pb
 from ..errors import (
-    AuthenticationError, AuthorizationError, NotAllowedError, ProducerFencedError, TopicNotFoundError,
-    TopicTerminatedError,
+    AuthenticationError, AuthorizationError, IncompatibleSchemaError, NotAllowedError, ProducerFencedError,
+    TopicNotFoundError, TopicTerminatedError,
 )
 
 DEFAULT_PORT = 6650
 DEFAULT_TLS_PORT = 6651
 # Errors after which retrying the same producer or consumer cannot succeed.
 FATAL_ERRORS = (TopicTerminatedError, ProducerFencedError, NotAllowedError, AuthenticationError,
-                AuthorizationError, TopicNotFoundError)
+                AuthorizationError, TopicNotFoundError, IncompatibleSchemaError)
 
 
 class ConsumerType(enum.IntEnum):
