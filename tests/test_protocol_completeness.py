@@ -190,6 +190,29 @@ def test_pulsarwire_producer_access_modes(broker):
     run(main())
 
 
+def test_fenced_producer_stays_fenced_across_a_restart(broker):
+    topic = unique("access-epoch")
+
+    async def holder_client():
+        return pw.Client(broker.url, operation_timeout_seconds=10, initial_backoff_seconds=1.5)
+
+    async def main():
+        first_client = await holder_client()
+        first = await first_client.create_producer(topic, producer_name="first", send_timeout_millis=8000,
+                                                   access_mode=pw.ProducerAccessMode.Exclusive)
+        await first.send(b"before")
+        await asyncio.get_running_loop().run_in_executor(None, broker.restart)
+        # a newer exclusive producer takes the topic before the first one comes back
+        async with pw.Client(broker.url, operation_timeout_seconds=10) as client:
+            second = await client.create_producer(topic, producer_name="second",
+                                                  access_mode=pw.ProducerAccessMode.ExclusiveWithFencing)
+            with pytest.raises(errors.ProducerFencedError):
+                await first.send(b"after")  # comes back with the old epoch: fenced, not busy forever
+            await second.send(b"second")
+        await first_client.close()
+    run(main())
+
+
 # -- ledger ids ----------------------------------------------------------------------------------
 
 def test_message_ids_are_unique_across_topics_partitions_and_restarts(broker, official):
@@ -473,3 +496,19 @@ def test_key_shared_many_interleaved_sticky_ranges(broker):
                 await c.close()
             await producer.close()
     run(main())
+
+
+def test_ledger_allocation_survives_a_lost_allocation_file(tmp_path):
+    from pulsarwire.broker.core import BrokerCore
+    core = BrokerCore(str(tmp_path))
+    core.open()
+    first = core.topic("persistent://public/default/a").ledger_id
+    second = core.topic("persistent://public/default/b").ledger_id
+    core.close()
+    os.remove(tmp_path / "ledger-ids.json")  # what is on disk still tells the highest id given out
+    core = BrokerCore(str(tmp_path))
+    core.open()
+    assert core.topic("persistent://public/default/a").ledger_id == first
+    third = core.topic("persistent://public/default/c").ledger_id
+    assert len({first, second, third}) == 3 and third > max(first, second)
+    core.close()

@@ -29,6 +29,7 @@ log = logging.getLogger("pulsarwire.broker")
 COUNT_MAX_UNCOMPRESSED = 8 * 1024 * 1024  # a compressed batch larger than this is not counted (CPU bound)
 LEGACY_LEDGER_ID = 0  # the ledger of entries stored before topics had their own ledger ids
 LEDGERS_FILE = "ledgers.json"
+EPOCH_FILE = "producer-epoch.json"
 EARLIEST = -1  # a start position before every entry
 LATEST = 1 << 63  # a start position after every entry
 # A seek closes the consumers so they re-subscribe at the new position; a non-durable
@@ -497,7 +498,9 @@ class Topic:
         # WaitForExclusive producers in arrival order, each with its callbacks (granted epoch; error)
         self.waiting_producers: list[tuple[ProducerLink, int | None, Callable[[int], None],
                                            Callable[[Exception], None]]] = []
-        self.epoch = 0  # bumped each time an exclusive producer takes the topic
+        # bumped each time an exclusive producer takes the topic; kept on disk so that a fenced
+        # producer stays fenced across restarts
+        self.epoch = int(read_json(os.path.join(self.directory, EPOCH_FILE), {}).get("epoch", 0))
         self.subscriptions: dict[str, Subscription] = {}
         self.deliver_at: dict[int, int] = {}  # entry -> epoch ms before which Shared subs hold it
         state = read_json(os.path.join(self.directory, "state.json"), {})
@@ -686,8 +689,7 @@ class Topic:
                 other.evict()
             self.producers.clear()
             self.exclusive_producer = None
-            self.epoch = max(self.epoch, epoch or 0) + 1
-            return self._grant(producer, self.epoch)
+            return self._grant(producer, max(self.epoch, epoch or 0) + 1)
         if epoch is not None and epoch < self.epoch:
             raise ProducerFencedError(f"{self.name}: topic epoch moved on to {self.epoch}")
         if self.exclusive_producer is not None or self.producers:
@@ -705,7 +707,9 @@ class Topic:
         return self._grant(producer, self.epoch + 1 if epoch is None else epoch)
 
     def _grant(self, producer: ProducerLink, epoch: int) -> int:
-        self.epoch = epoch
+        if epoch != self.epoch:
+            write_json(os.path.join(self.directory, EPOCH_FILE), {"epoch": epoch})
+            self.epoch = epoch
         self.exclusive_producer = producer
         self.producers[producer.name] = producer
         return epoch
