@@ -152,15 +152,18 @@ def official_result(exc: BaseException, closed: bool = False) -> Result | None:
     return None
 
 
-def exception_classes(base: type[BaseException]) -> dict[Result, type[BaseException]]:
+def exception_classes(base: type[BaseException], named_as_base: bool = False) -> dict[Result, type[BaseException]]:
     """One exception class per official result (Ok excepted), each a subclass of `base` and of
-    the pulsarwire error the result stands for, named as the official client names it."""
+    the pulsarwire error the result stands for, named as the official client names it (or as
+    `base`, where the official client raises `base` itself for every result)."""
     classes = {}
     for name in RESULT_NAMES[1:]:
         pulsarwire_cls = PULSARWIRE_ERRORS.get(name)
         bases = (base,) if pulsarwire_cls is None else (base, pulsarwire_cls)
-        classes[Result[name]] = type(name, bases, {"result": Result[name], "__module__": base.__module__,
-                                                   "__doc__": f"Result.{name} as an exception."})
+        classes[Result[name]] = type(base.__name__ if named_as_base else name, bases,
+                                     {"result": Result[name], "__module__": base.__module__,
+                                      "__qualname__": f"{base.__name__}[{name}]" if named_as_base else name,
+                                      "__doc__": f"Result.{name} as an exception."})
     return classes
 
 
@@ -179,8 +182,10 @@ class MessageId:
         self._msg_id = messages.MessageId(ledger_id, entry_id, partition, batch_index)
 
     @classmethod
-    def wrap(cls, msg_id: messages.MessageId) -> "MessageId":
-        """The official-style id of a pulsarwire MessageId."""
+    def wrap(cls, msg_id: "messages.MessageId | MessageId") -> "MessageId":
+        """The official-style id of a pulsarwire MessageId (an official-style one is kept)."""
+        if isinstance(msg_id, MessageId):
+            return msg_id
         self = cls.__new__(cls)
         self._msg_id = msg_id
         return self

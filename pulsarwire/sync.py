@@ -15,7 +15,7 @@ ignored; README's "Switching from pulsar-client" lists every difference.
 """
 from __future__ import annotations
 
-import asyncio
+import asyncio as _asyncio  # `asyncio` here is the official async surface (below)
 import itertools
 import logging
 import queue
@@ -387,7 +387,7 @@ class Producer(_Facade):
             return
         try:
             self._loop.run(queue_message())
-        except (errors.PulsarWireError, asyncio.CancelledError, RuntimeError) as exc:
+        except (errors.PulsarWireError, _asyncio.CancelledError, RuntimeError) as exc:
             report(_result_of(exc, self._closed), _default_message_id())
 
     def flush(self) -> None:
@@ -413,31 +413,32 @@ def _result_of(exc: BaseException, closed: bool):
 class _Listening(_Facade):
     """A consumer or reader whose messages may go to a listener instead of receive()."""
 
-    _listener_task: asyncio.Task | None = None
-    _resumed: asyncio.Event | None = None
+    _listener_task: _asyncio.Task | None = None
+    _resumed: _asyncio.Event | None = None
 
     def _listen(self, listener: Callable) -> None:
         work = self._client._listeners.queue_for_next_consumer()
 
         async def start():
-            self._resumed = asyncio.Event()
+            self._resumed = _asyncio.Event()
             self._resumed.set()
-            self._listener_task = asyncio.ensure_future(self._pump(listener, work))
+            self._listener_task = _asyncio.ensure_future(self._pump(listener, work))
         self._loop.run(start())
 
     async def _pump(self, listener: Callable, work: queue.SimpleQueue) -> None:
         """Hand each message to the listener thread and wait for the listener to return, so that a
         slow listener holds back the consumer (its receiver queue) instead of piling up messages."""
-        loop = asyncio.get_running_loop()
+        loop = _asyncio.get_running_loop()
         while True:
             await self._resumed.wait()
             try:
                 native = await self._receive_native()
-            except (errors.ConnectionClosedError, errors.TopicTerminatedError, asyncio.CancelledError):
+            except (errors.ConnectionClosedError, errors.TopicTerminatedError, _asyncio.CancelledError):
                 return
             except Exception as exc:  # noqa: BLE001 - the consumer failed for good
                 log.warning("listener of %s stops: %s", self.topic(), exc)
                 return
+            await self._resumed.wait()  # paused while this one was on its way: hold it
             finished = loop.create_future()
             message = Message(native)
 
@@ -472,7 +473,7 @@ class _Listening(_Facade):
             raise InvalidConfiguration("Pulsar error: InvalidConfiguration: messages go to the listener")
 
 
-def _finish(future: asyncio.Future) -> None:
+def _finish(future: _asyncio.Future) -> None:
     if not future.done():
         future.set_result(None)
 
@@ -515,7 +516,7 @@ class Consumer(_Listening):
         policy = self._batch_policy
         max_messages, max_bytes = policy.getMaxNumMessages(), policy.getMaxNumBytes()
         timeout_ms = policy.getTimeoutMs()
-        loop = asyncio.get_running_loop()
+        loop = _asyncio.get_running_loop()
         deadline = loop.time() + timeout_ms / 1000 if timeout_ms > 0 else None
         batch, size = [], 0
         while (max_messages <= 0 or len(batch) < max_messages) and (max_bytes <= 0 or size < max_bytes):
@@ -629,8 +630,15 @@ class Reader(_Listening):
             self._closed = True
 
 
+def __getattr__(name: str):
+    if name == "asyncio":  # `pulsar.asyncio`, as after `import pulsar.asyncio`
+        from . import asyncio as official_asyncio
+        return official_asyncio
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = sorted(name for name in globals() if not name.startswith("_") and name not in (
-    "annotations", "asyncio", "itertools", "logging", "queue", "re", "threading", "Any", "Callable", "aio",
+    "annotations", "itertools", "logging", "queue", "re", "threading", "Any", "Callable", "aio",
     "errors", "log", "LoopThread", "check_content", "check_type", "check_type_or_none", "client_options",
     "consumer_options", "create_producer", "exception_classes", "native_id", "official_result", "producer_options",
     "reader_options", "seek_target", "send_options", "subscribe_topic", "Unsupported"))
