@@ -539,7 +539,7 @@ class CryptoKeyReader:
 # --- official keyword arguments -> the asyncio client's ------------------------------------
 
 def check_type(var_type, var, name: str) -> None:
-    if not isinstance(var, var_type) or (var_type is int and isinstance(var, bool)):
+    if not isinstance(var, var_type):
         raise ValueError(f"Argument {name} is expected to be of type '{var_type.__name__}' and not "
                          f"'{type(var).__name__}'")
 
@@ -602,6 +602,10 @@ def producer_options(*, producer_name, schema, initial_sequence_id, send_timeout
     check_type(bool, chunking_enabled, "chunking_enabled")
     check_type_or_none(dict, properties, "properties")
     check_type(bool, lazy_start_partitioned_producers, "lazy_start_partitioned_producers")
+    check_type(CompressionType, compression_type, "compression_type")
+    check_type(PartitionsRoutingMode, message_routing_mode, "message_routing_mode")
+    check_type(BatchingType, batching_type, "batching_type")
+    check_type(ProducerAccessMode, access_mode, "access_mode")
     if encryption_key or crypto_key_reader is not None:
         raise Unsupported("pulsarwire does not encrypt messages (encryption_key, crypto_key_reader)")
     if batching_enabled and chunking_enabled:
@@ -686,6 +690,9 @@ def consumer_options(*, topic, consumer_type, schema, receiver_queue_size,
                      max_pending_chunked_message, auto_ack_oldest_chunked_message_on_queue_full,
                      start_message_id_inclusive, key_shared_policy, batch_index_ack_enabled,
                      regex_subscription_mode, dead_letter_policy) -> dict:
+    check_type(ConsumerType, consumer_type, "consumer_type")
+    check_type(InitialPosition, initial_position, "initial_position")
+    check_type(RegexSubscriptionMode, regex_subscription_mode, "regex_subscription_mode")
     check_type(int, receiver_queue_size, "receiver_queue_size")
     check_type(int, max_total_receiver_queue_size_across_partitions,
                "max_total_receiver_queue_size_across_partitions")

@@ -16,6 +16,7 @@ ignored; README's "Switching from pulsar-client" lists every difference.
 from __future__ import annotations
 
 import asyncio as _asyncio  # `asyncio` here is the official async surface (below)
+import inspect
 import itertools
 import logging
 import queue
@@ -269,6 +270,22 @@ class Client(_Facade):
         if reader_listener is not None:
             reader._listen(reader_listener)
         return reader
+
+    def create_table_view(self, topic, subscription_name=None, schema=None) -> "TableView":
+        """The latest value of every key of a topic (from the asyncio client's table view)."""
+        check_type(str, topic, "topic")
+        check_type_or_none(str, subscription_name, "subscription_name")
+        factory = getattr(self._client, "create_table_view", None)
+        if factory is None:
+            raise OperationNotSupported("Pulsar error: OperationNotSupported: this pulsarwire has no table view")
+        options: dict[str, Any] = {}
+        if subscription_name is not None:
+            options["subscription_name"] = subscription_name
+        if schema is not None and type(schema).__name__ != "BytesSchema":
+            options["schema"] = schema
+        view = TableView(self, self._run(factory(topic, **options)), topic, subscription_name)
+        self._handles.append(view)
+        return view
 
     def get_topic_partitions(self, topic) -> list[str]:
         check_type(str, topic, "topic")
@@ -630,6 +647,47 @@ class Reader(_Listening):
             self._closed = True
 
 
+class TableView(_Facade):
+    """Blocking view over the asyncio client's table view (what it returns awaitable is awaited)."""
+
+    def __init__(self, client: Client, view, topic: str, subscription_name: str | None) -> None:
+        self._client = client
+        self._loop = client._loop
+        self._view = view
+        self._topic = topic
+        self._subscription = subscription_name
+
+    def _stop_listening(self) -> None:
+        pass
+
+    def _blocking(self, method: str, *args):
+        result = self._call(getattr(self._view, method), *args)
+        return self._run(result) if inspect.isawaitable(result) else result
+
+    def get(self, key: str):
+        return self._blocking("get", key)
+
+    def for_each(self, callback: Callable) -> None:
+        self._blocking("for_each", callback)
+
+    def for_each_and_listen(self, callback: Callable) -> None:
+        self._blocking("for_each_and_listen", callback)
+
+    def close(self) -> None:
+        self._blocking("close")
+        self._closed = True
+
+    def __len__(self) -> int:
+        return self._blocking("__len__")
+
+    def __str__(self) -> str:
+        if self._subscription is None:
+            return f"TableView(topic={self._topic})"
+        return f"TableView(topic={self._topic}, subscription={self._subscription})"
+
+    __repr__ = __str__
+
+
 def __getattr__(name: str):
     if name == "asyncio":  # `pulsar.asyncio`, as after `import pulsar.asyncio`
         from . import asyncio as official_asyncio
@@ -638,7 +696,7 @@ def __getattr__(name: str):
 
 
 __all__ = sorted(name for name in globals() if not name.startswith("_") and name not in (
-    "annotations", "itertools", "logging", "queue", "re", "threading", "Any", "Callable", "aio",
+    "annotations", "inspect", "itertools", "logging", "queue", "re", "threading", "Any", "Callable", "aio",
     "errors", "log", "LoopThread", "check_content", "check_type", "check_type_or_none", "client_options",
     "consumer_options", "create_producer", "exception_classes", "native_id", "official_result", "producer_options",
     "reader_options", "seek_target", "send_options", "subscribe_topic", "Unsupported"))

@@ -95,7 +95,9 @@ def run_program(path: pathlib.Path, source: str, broker: BrokerThread, options: 
                         f"persistent://public/default/{prefix}-{attempt}-{suffix}", int(count))
     script = tmp_path / f"{prefix}.py"
     script.write_text(source)
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # Python's own buffering keeps each printed line whole: unbuffered, the official client's
+    # C++ logger (writing to the same stdout from its threads) can land inside a line
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     for attempt in range(2):
         done = subprocess.run([sys.executable, str(script), broker.url, prefix + "-" + str(attempt)],
                               capture_output=True, text=True, timeout=RUN_TIMEOUT, env=env)
