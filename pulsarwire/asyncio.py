@@ -10,6 +10,7 @@ pulsarwire's asyncio client on the caller's event loop: no extra thread.
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta  # noqa: F401 - the official module offers it
 from typing import Any, Callable
 
 from . import client as aio

@@ -42,6 +42,22 @@ class LoopThread:
         return self.run(invoke())
 
     def stop(self) -> None:
+        """Cancel what still runs on the loop (so that callers blocked on it get an answer), then stop it."""
+        if self.loop.is_closed():
+            return
+        if threading.current_thread() is self.thread:
+            self.loop.stop()  # cannot wait for itself; the thread ends after this callback
+            return
+
+        async def cancel_the_rest():
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks, timeout=2) if tasks else None
+        try:
+            asyncio.run_coroutine_threadsafe(cancel_the_rest(), self.loop).result(5)
+        except Exception:  # noqa: BLE001 - stopping goes on regardless
+            pass
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=5)
         if not self.loop.is_running():

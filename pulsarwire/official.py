@@ -12,6 +12,7 @@ asyncio client's (`producer_options`, `consumer_options`, `reader_options`, `cli
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import enum
 import json
 import re
@@ -133,7 +134,8 @@ if PULSARWIRE_ERRORS["AlreadyClosed"] is not PULSARWIRE_ERRORS["NotConnected"]:
 def official_result(exc: BaseException, closed: bool = False) -> Result | None:
     """The official result for an error pulsarwire raised; None for errors that stay as they are
     (ValueError, TypeError and the like, which the official client raises too)."""
-    if closed and isinstance(exc, (errors.ConnectionClosedError, asyncio.CancelledError)):
+    cancelled = isinstance(exc, (asyncio.CancelledError, concurrent.futures.CancelledError))
+    if closed and (cancelled or isinstance(exc, errors.ConnectionClosedError)):
         return Result.AlreadyClosed
     for cls in type(exc).__mro__:
         result = _RESULT_OF.get(cls)
@@ -145,7 +147,7 @@ def official_result(exc: BaseException, closed: bool = False) -> Result | None:
         return Result.Timeout
     if isinstance(exc, (ConnectionError, OSError)):
         return Result.ConnectError
-    if isinstance(exc, asyncio.CancelledError):
+    if cancelled:
         return Result.Interrupted
     if isinstance(exc, RuntimeError) and "closed" in str(exc):  # a stopped event loop
         return Result.AlreadyClosed
@@ -534,6 +536,23 @@ class CryptoKeyReader:
         _check_str(public_key_path, "public_key_path")
         _check_str(private_key_path, "private_key_path")
         self.public_key_path, self.private_key_path = public_key_path, private_key_path
+
+
+class ConsoleLogger:
+    """Accepted as `Client(logger=...)` and ignored: pulsarwire logs to the `pulsarwire` logging logger."""
+
+    def __init__(self, log_level=LoggerLevel.Info) -> None:
+        check_type(LoggerLevel, log_level, "log_level")
+        self.log_level = log_level
+
+
+class FileLogger:
+    """Accepted as `Client(logger=...)` and ignored: pulsarwire logs to the `pulsarwire` logging logger."""
+
+    def __init__(self, log_level, log_file: str) -> None:
+        check_type(LoggerLevel, log_level, "log_level")
+        _check_str(log_file, "log_file")
+        self.log_level, self.log_file = log_level, log_file
 
 
 # --- official keyword arguments -> the asyncio client's ------------------------------------

@@ -31,8 +31,8 @@ from .blocking import LoopThread
 from .official import (  # noqa: F401 - the official names, offered from here
     Authentication, AuthenticationAthenz, AuthenticationBasic, AuthenticationOauth2, AuthenticationTLS,
     AuthenticationToken, BatchingType, BatchReceivePolicy, CompressionType, ConsumerBatchReceivePolicy,
-    ConsumerCryptoFailureAction, ConsumerDeadLetterPolicy, ConsumerKeySharedPolicy, ConsumerType,
-    CryptoKeyReader, InitialPosition, KeySharedMode, KeySharedPolicy, LoggerLevel, Message, MessageId,
+    ConsoleLogger, ConsumerCryptoFailureAction, ConsumerDeadLetterPolicy, ConsumerKeySharedPolicy, ConsumerType,
+    CryptoKeyReader, FileLogger, InitialPosition, KeySharedMode, KeySharedPolicy, LoggerLevel, Message, MessageId,
     PartitionsRoutingMode, ProducerAccessMode, RegexSubscriptionMode, Result, Unsupported, check_content,
     create_producer,
     check_type, check_type_or_none, client_options, consumer_options, exception_classes, native_id,
@@ -43,6 +43,25 @@ try:  # schemas live in their own module once it exists
     from . import schema  # type: ignore[attr-defined]  # noqa: F401
 except ImportError:  # pragma: no cover - depends on the build
     schema = None
+
+
+class BytesSchema:
+    """The default schema: content is bytes, passed as is."""
+
+    def encode(self, data: bytes) -> bytes:
+        if not isinstance(data, bytes):
+            raise TypeError(f"Invalid record obj of type {type(data)} - expected type is {bytes}")
+        return data
+
+    def decode(self, data: bytes) -> bytes:
+        return data
+
+    def __str__(self) -> str:
+        return "BytesSchema"
+
+
+if schema is not None and hasattr(schema, "BytesSchema"):
+    BytesSchema = schema.BytesSchema  # type: ignore[misc]  # noqa: F811
 
 __version__ = "3.13.0-pulsarwire"  # the official API version this surface follows
 
@@ -314,12 +333,11 @@ class Client(_Facade):
             raise AlreadyClosed("Pulsar error: AlreadyClosed")
         for handle in list(self._handles):
             handle._stop_listening()
+            handle._closed = True
+        self._closed = True
         try:
-            self._run(self._client.close())
+            self._run(self._client.close(), closed_check=False)
         finally:
-            self._closed = True
-            for handle in self._handles:
-                handle._closed = True
             self._listeners.stop()
             self._loop.stop()
 
@@ -415,10 +433,8 @@ class Producer(_Facade):
         """Close the producer once every pending message is acknowledged."""
         if self._closed:
             raise AlreadyClosed("Pulsar error: AlreadyClosed")
-        try:
-            self._run(self._producer.close())
-        finally:
-            self._closed = True
+        self._closed = True  # first: a call blocked meanwhile reads AlreadyClosed
+        self._run(self._producer.close(), closed_check=False)
 
 
 def _result_of(exc: BaseException, closed: bool):
@@ -583,20 +599,18 @@ class Consumer(_Listening):
         return self._loop.call(self._consumer.is_connected)
 
     def unsubscribe(self) -> None:
+        if self._closed:
+            raise AlreadyClosed("Pulsar error: AlreadyClosed")
         self._stop_listening()
-        try:
-            self._run(self._consumer.unsubscribe())
-        finally:
-            self._closed = True
+        self._closed = True
+        self._run(self._consumer.unsubscribe(), closed_check=False)
 
     def close(self) -> None:
         if self._closed:
             raise AlreadyClosed("Pulsar error: AlreadyClosed")
         self._stop_listening()
-        try:
-            self._run(self._consumer.close())
-        finally:
-            self._closed = True
+        self._closed = True
+        self._run(self._consumer.close(), closed_check=False)
 
 
 def _native_target(message):
@@ -641,10 +655,8 @@ class Reader(_Listening):
         if self._closed:
             raise AlreadyClosed("Pulsar error: AlreadyClosed")
         self._stop_listening()
-        try:
-            self._run(self._reader.close())
-        finally:
-            self._closed = True
+        self._closed = True
+        self._run(self._reader.close(), closed_check=False)
 
 
 class TableView(_Facade):
@@ -675,7 +687,7 @@ class TableView(_Facade):
 
     def close(self) -> None:
         self._blocking("close")
-        self._closed = True
+        self._closed = True  # after: closing goes through the same checked call
 
     def __len__(self) -> int:
         return self._blocking("__len__")
