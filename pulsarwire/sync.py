@@ -420,6 +420,12 @@ class Producer(_Facade):
         if self._closed:
             report(Result.AlreadyClosed, _default_message_id())
             return
+        if threading.current_thread() is self._loop.thread:  # from a callback: queue without waiting
+            def failed(task) -> None:
+                if not task.cancelled() and task.exception() is not None:
+                    report(_result_of(task.exception(), self._closed), _default_message_id())
+            _asyncio.ensure_future(queue_message()).add_done_callback(failed)
+            return
         try:
             self._loop.run(queue_message())
         except (errors.PulsarWireError, _asyncio.CancelledError, RuntimeError) as exc:

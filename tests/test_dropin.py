@@ -90,9 +90,9 @@ def test_a_blocking_call_in_a_send_callback_fails_instead_of_hanging(embedded):
                 producer.send(b"from the callback")  # would wait for the thread it runs on
             except RuntimeError as error:
                 outcome.append(str(error))
-            done.set()
+            producer.send_async(b"queued from the callback", lambda result, _: (outcome.append(result), done.set()))
         producer.send_async(b"first", callback)
-        assert done.wait(10) and "callback" in outcome[0]
+        assert done.wait(10) and "callback" in outcome[0] and outcome[1] == pulsar.Result.Ok
     finally:
         client.close()
 
