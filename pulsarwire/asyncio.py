@@ -15,11 +15,10 @@ from typing import Any, Callable
 
 from . import client as aio
 from . import errors
+from . import official
 from .official import (  # noqa: F401 - the official module offers these names
     BatchingType, CompressionType, ConsumerCryptoFailureAction, ConsumerType, InitialPosition, Message, MessageId,
-    PartitionsRoutingMode, ProducerAccessMode, RegexSubscriptionMode, Result, Unsupported, check_content,
-    check_type, client_options, consumer_options, create_producer, exception_classes, native_id, official_result,
-    producer_options, reader_options, seek_target, send_options, subscribe_topic,
+    PartitionsRoutingMode, ProducerAccessMode, RegexSubscriptionMode, Result,
 )
 
 
@@ -40,15 +39,25 @@ class PulsarException(Exception):
         return f"{self._result.value} {self._result.name}"
 
 
-_EXCEPTIONS = exception_classes(PulsarException, named_as_base=True)
+_EXCEPTIONS = official.exception_classes(PulsarException, named_as_base=True)
+
+
+def _checked_topic(topic) -> None:
+    official.check_type(str, topic, "topic")
+    try:
+        official.check_topic(topic)
+    except official.BadTopicName as exc:
+        raise _EXCEPTIONS[Result.InvalidTopicName](Result.InvalidTopicName, str(exc)) from None
 
 
 def _raise_official(exc: BaseException, closed: bool = False):
     if isinstance(exc, PulsarException):
         raise exc
-    if isinstance(exc, Unsupported):
+    if isinstance(exc, official.BadTopicName):
+        raise _EXCEPTIONS[Result.InvalidTopicName](Result.InvalidTopicName, str(exc)) from None
+    if isinstance(exc, official.Unsupported):
         raise _EXCEPTIONS[Result.OperationNotSupported](Result.OperationNotSupported, str(exc)) from exc
-    result = official_result(exc, closed)
+    result = official.official_result(exc, closed)
     if result is None or (isinstance(exc, asyncio.CancelledError) and not closed):
         raise exc  # a cancelled caller stays cancelled
     raise _EXCEPTIONS[result](result, str(exc) or None) from exc
@@ -87,9 +96,9 @@ class Producer(_Handle):
                    replication_clusters: list[str] | None = None, disable_replication: bool | None = None,
                    event_timestamp: int | None = None, deliver_at: int | None = None,
                    deliver_after=None) -> MessageId:
-        check_content(content, self._schema)
-        options = send_options(properties, partition_key, ordering_key, sequence_id, replication_clusters,
-                               bool(disable_replication), event_timestamp, deliver_at, deliver_after)
+        official.check_content(content, self._schema)
+        options = official.send_options(properties, partition_key, ordering_key, sequence_id, replication_clusters,
+                                        bool(disable_replication), event_timestamp, deliver_at, deliver_after)
         return MessageId.wrap(await self._await(self._producer.send(content, **options)))
 
     async def flush(self) -> None:
@@ -115,7 +124,7 @@ class Producer(_Handle):
 def _native_target(message):
     if isinstance(message, Message):
         return message.native
-    return native_id(message)
+    return official.native_id(message)
 
 
 class Consumer(_Handle):
@@ -145,7 +154,7 @@ class Consumer(_Handle):
         self._closed = True
 
     async def seek(self, messageid) -> None:
-        await self._await(self._consumer.seek(seek_target(messageid)))
+        await self._await(self._consumer.seek(official.seek_target(messageid)))
 
     async def close(self) -> None:
         await self._await(self._consumer.close())
@@ -180,7 +189,7 @@ class Reader(_Handle):
         return await self._await(self._reader.has_message_available())
 
     async def seek(self, messageid) -> None:
-        await self._await(self._reader.seek(seek_target(messageid)))
+        await self._await(self._reader.seek(official.seek_target(messageid)))
 
     async def close(self) -> None:
         await self._await(self._reader.close())
@@ -214,7 +223,7 @@ class Client(_Handle):
         for name in _CLIENT_ONLY_OPTIONS:  # accepted and ignored, as in the blocking client
             kwargs.pop(name, None)
         self._service_url = service_url
-        self._options = client_options(**{**defaults, **kwargs})
+        self._options = official.client_options(**{**defaults, **kwargs})
         aio.Address.parse(service_url)  # a bad URL fails here, as in the official client
         self._client: aio.Client | None = None
 
@@ -237,9 +246,9 @@ class Client(_Handle):
                               batching_type=BatchingType.Default, encryption_key: str | None = None,
                               crypto_key_reader=None, access_mode=ProducerAccessMode.Shared,
                               message_router: Callable | None = None) -> Producer:
-        check_type(str, topic, "topic")
+        _checked_topic(topic)
         try:
-            options = producer_options(
+            options = official.producer_options(
                 producer_name=producer_name, schema=schema, initial_sequence_id=initial_sequence_id,
                 send_timeout_millis=send_timeout_millis, compression_type=compression_type,
                 max_pending_messages=max_pending_messages,
@@ -252,9 +261,9 @@ class Client(_Handle):
                 lazy_start_partitioned_producers=lazy_start_partitioned_producers, properties=properties,
                 batching_type=batching_type, encryption_key=encryption_key, crypto_key_reader=crypto_key_reader,
                 access_mode=access_mode, message_router=message_router)
-        except Unsupported as exc:
+        except official.Unsupported as exc:
             _raise_official(exc)
-        return Producer(await self._await(create_producer(self._native(), topic, options)), schema)
+        return Producer(await self._await(official.create_producer(self._native(), topic, options)), schema)
 
     async def subscribe(self, topic, subscription_name: str, consumer_type=ConsumerType.Exclusive, schema=None,
                         receiver_queue_size: int = 1000, max_total_receiver_queue_size_across_partitions: int = 50000,
@@ -270,7 +279,7 @@ class Client(_Handle):
                         regex_subscription_mode=RegexSubscriptionMode.PersistentOnly, dead_letter_policy=None,
                         crypto_failure_action=ConsumerCryptoFailureAction.FAIL,
                         is_pattern_topic: bool = False) -> Consumer:
-        check_type(str, subscription_name, "subscription_name")
+        official.check_type(str, subscription_name, "subscription_name")
         if is_pattern_topic:
             if not isinstance(topic, str):
                 raise ValueError("Argument 'topic' must be a string when 'is_pattern_topic' is True; lists of "
@@ -279,9 +288,12 @@ class Client(_Handle):
             topic = re.compile(topic)
         elif not isinstance(topic, (str, list)):
             raise ValueError("Argument 'topic' is expected to be of type 'str' or 'list'")
-        topics = subscribe_topic(topic)
         try:
-            options = consumer_options(
+            topics = official.subscribe_topic(topic)
+        except official.BadTopicName as exc:
+            _raise_official(exc)
+        try:
+            options = official.consumer_options(
                 topic=topics, consumer_type=consumer_type, schema=schema, receiver_queue_size=receiver_queue_size,
                 max_total_receiver_queue_size_across_partitions=max_total_receiver_queue_size_across_partitions,
                 consumer_name=consumer_name, unacked_messages_timeout_ms=unacked_messages_timeout_ms,
@@ -296,7 +308,7 @@ class Client(_Handle):
                 start_message_id_inclusive=start_message_id_inclusive, key_shared_policy=key_shared_policy,
                 batch_index_ack_enabled=batch_index_ack_enabled, regex_subscription_mode=regex_subscription_mode,
                 dead_letter_policy=dead_letter_policy)
-        except Unsupported as exc:
+        except official.Unsupported as exc:
             _raise_official(exc)
         native = await self._await(self._native().subscribe(topics, subscription_name, **options))
         return Consumer(native, ConsumerType(consumer_type))
@@ -306,19 +318,20 @@ class Client(_Handle):
                             is_read_compacted: bool = False, crypto_key_reader=None,
                             start_message_id_inclusive: bool = False,
                             crypto_failure_action=ConsumerCryptoFailureAction.FAIL) -> Reader:
-        check_type(str, topic, "topic")
-        start = native_id(start_message_id)
+        _checked_topic(topic)
+        start = official.native_id(start_message_id)
         try:
-            options = reader_options(schema=schema, receiver_queue_size=receiver_queue_size, reader_name=reader_name,
-                                     subscription_role_prefix=subscription_role_prefix,
-                                     is_read_compacted=is_read_compacted, crypto_key_reader=crypto_key_reader,
-                                     start_message_id_inclusive=start_message_id_inclusive)
-        except Unsupported as exc:
+            options = official.reader_options(schema=schema, receiver_queue_size=receiver_queue_size,
+                                              reader_name=reader_name,
+                                              subscription_role_prefix=subscription_role_prefix,
+                                              is_read_compacted=is_read_compacted, crypto_key_reader=crypto_key_reader,
+                                              start_message_id_inclusive=start_message_id_inclusive)
+        except official.Unsupported as exc:
             _raise_official(exc)
         return Reader(await self._await(self._native().create_reader(topic, start, **options)))
 
     async def get_topic_partitions(self, topic: str) -> list[str]:
-        check_type(str, topic, "topic")
+        official.check_type(str, topic, "topic")
         return await self._await(self._native().get_topic_partitions(topic))
 
     def shutdown(self) -> None:

@@ -756,9 +756,28 @@ def consumer_options(*, topic, consumer_type, schema, receiver_queue_size,
     return options
 
 
+class BadTopicName(ValueError):
+    """A topic name the official client refuses; raised as InvalidTopicName."""
+
+
+def check_topic(topic: str) -> str:
+    try:
+        return aio.topic_name(topic)
+    except ValueError as exc:
+        raise BadTopicName(str(exc)) from None
+
+
 def subscribe_topic(topic):
     """The topic argument as the asyncio client takes it: a name, a list, or a compiled regex."""
-    if isinstance(topic, (str, list, re.Pattern)):
+    if isinstance(topic, str):
+        check_topic(topic)
+        return topic
+    if isinstance(topic, list):
+        for name in topic:
+            check_type(str, name, "topic")
+            check_topic(name)
+        return topic
+    if isinstance(topic, re.Pattern):
         return topic
     raise ValueError("Argument 'topic' is expected to be of a type between (str, list, re.pattern)")
 

@@ -28,15 +28,13 @@ from typing import Any, Callable
 from . import client as aio
 from . import errors
 from .blocking import LoopThread
+from . import official
 from .official import (  # noqa: F401 - the official names, offered from here
     Authentication, AuthenticationAthenz, AuthenticationBasic, AuthenticationOauth2, AuthenticationTLS,
     AuthenticationToken, BatchingType, BatchReceivePolicy, CompressionType, ConsumerBatchReceivePolicy,
     ConsoleLogger, ConsumerCryptoFailureAction, ConsumerDeadLetterPolicy, ConsumerKeySharedPolicy, ConsumerType,
     CryptoKeyReader, FileLogger, InitialPosition, KeySharedMode, KeySharedPolicy, LoggerLevel, Message, MessageId,
-    PartitionsRoutingMode, ProducerAccessMode, RegexSubscriptionMode, Result, Unsupported, check_content,
-    create_producer,
-    check_type, check_type_or_none, client_options, consumer_options, exception_classes, native_id,
-    official_result, producer_options, reader_options, seek_target, send_options, subscribe_topic,
+    PartitionsRoutingMode, ProducerAccessMode, RegexSubscriptionMode, Result,
 )
 
 try:  # schemas live in their own module once it exists
@@ -77,7 +75,7 @@ class PulsarException(Exception):
         return self.result
 
 
-_EXCEPTIONS = exception_classes(PulsarException)
+_EXCEPTIONS = official.exception_classes(PulsarException)
 globals().update({cls.__name__: cls for cls in _EXCEPTIONS.values()})
 UnknownError = _EXCEPTIONS[Result.UnknownError]
 InvalidConfiguration = _EXCEPTIONS[Result.InvalidConfiguration]
@@ -87,15 +85,16 @@ OperationNotSupported = _EXCEPTIONS[Result.OperationNotSupported]
 ProducerQueueIsFull = _EXCEPTIONS[Result.ProducerQueueIsFull]
 CumulativeAcknowledgementNotAllowedError = _EXCEPTIONS[Result.CumulativeAcknowledgementNotAllowedError]
 TopicNotFound = _EXCEPTIONS[Result.TopicNotFound]
+InvalidTopicName = _EXCEPTIONS[Result.InvalidTopicName]
 
 
 def _official_error(exc: BaseException, closed: bool = False) -> BaseException:
     """`exc` as the official exception class (errors with no official counterpart stay as they are)."""
     if isinstance(exc, PulsarException):
         return exc
-    if isinstance(exc, Unsupported):
+    if isinstance(exc, official.Unsupported):
         return OperationNotSupported(str(exc))
-    result = official_result(exc, closed)
+    result = official.official_result(exc, closed)
     if result is None:
         return exc
     error = _EXCEPTIONS[result](f"Pulsar error: {result.name}" + (f": {exc}" if str(exc) else ""))
@@ -178,15 +177,16 @@ class Client(_Facade):
         if not isinstance(service_url, str):
             raise ValueError("Argument service_url is expected to be of type 'str' (pulsarwire has no "
                              "AutoClusterFailover or ServiceInfoProvider)")
-        check_type(int, io_threads, "io_threads")  # ignored: one event loop does all I/O
-        check_type(int, message_listener_threads, "message_listener_threads")
-        check_type(int, concurrent_lookup_requests, "concurrent_lookup_requests")
-        check_type_or_none(str, log_conf_file_path, "log_conf_file_path")
-        check_type(int, stats_interval_in_seconds, "stats_interval_in_seconds")
-        check_type(bool, use_tls, "use_tls")
-        options = client_options(authentication, operation_timeout_seconds, connection_timeout_ms,
-                                 tls_trust_certs_file_path, tls_allow_insecure_connection, tls_validate_hostname,
-                                 listener_name, tls_private_key_file_path, tls_certificate_file_path)
+        official.check_type(int, io_threads, "io_threads")  # ignored: one event loop does all I/O
+        official.check_type(int, message_listener_threads, "message_listener_threads")
+        official.check_type(int, concurrent_lookup_requests, "concurrent_lookup_requests")
+        official.check_type_or_none(str, log_conf_file_path, "log_conf_file_path")
+        official.check_type(int, stats_interval_in_seconds, "stats_interval_in_seconds")
+        official.check_type(bool, use_tls, "use_tls")
+        options = official.client_options(authentication, operation_timeout_seconds, connection_timeout_ms,
+                                          tls_trust_certs_file_path, tls_allow_insecure_connection,
+                                          tls_validate_hostname, listener_name, tls_private_key_file_path,
+                                          tls_certificate_file_path)
         self._loop = LoopThread()
         self._listeners = _ListenerThreads(message_listener_threads)
         self._handles: list = []
@@ -195,11 +195,9 @@ class Client(_Facade):
             return aio.Client(service_url, **options)
         try:
             self._client = self._loop.run(make())
-        except BaseException as exc:
+        except BaseException:
             self._loop.stop()
-            if isinstance(exc, ValueError):
-                raise InvalidConfiguration(f"Pulsar error: InvalidUrl: {exc}") from exc  # a bad service URL
-            raise
+            raise  # a bad service URL: ValueError, as from the official client
 
     def create_producer(self, topic, producer_name=None, schema=None, initial_sequence_id=None,
                         send_timeout_millis=30000, compression_type=CompressionType.NONE, max_pending_messages=1000,
@@ -210,9 +208,9 @@ class Client(_Facade):
                         lazy_start_partitioned_producers=False, properties=None,
                         batching_type=BatchingType.Default, encryption_key=None, crypto_key_reader=None,
                         access_mode=ProducerAccessMode.Shared, message_router=None) -> "Producer":
-        check_type(str, topic, "topic")
+        _checked_topic(topic)
         try:
-            options = producer_options(
+            options = official.producer_options(
                 producer_name=producer_name, schema=schema, initial_sequence_id=initial_sequence_id,
                 send_timeout_millis=send_timeout_millis, compression_type=compression_type,
                 max_pending_messages=max_pending_messages,
@@ -225,9 +223,9 @@ class Client(_Facade):
                 lazy_start_partitioned_producers=lazy_start_partitioned_producers, properties=properties,
                 batching_type=batching_type, encryption_key=encryption_key, crypto_key_reader=crypto_key_reader,
                 access_mode=access_mode, message_router=message_router)
-        except Unsupported as exc:
+        except official.Unsupported as exc:
             raise OperationNotSupported(str(exc)) from exc
-        producer = Producer(self, self._run(create_producer(self._client, topic, options)), schema)
+        producer = Producer(self, self._run(official.create_producer(self._client, topic, options)), schema)
         self._handles.append(producer)
         return producer
 
@@ -242,11 +240,14 @@ class Client(_Facade):
                   start_message_id_inclusive=False, batch_receive_policy=None, key_shared_policy=None,
                   batch_index_ack_enabled=False, regex_subscription_mode=RegexSubscriptionMode.PersistentOnly,
                   dead_letter_policy=None, crypto_failure_action=ConsumerCryptoFailureAction.FAIL) -> "Consumer":
-        check_type(str, subscription_name, "subscription_name")
-        check_type_or_none(ConsumerBatchReceivePolicy, batch_receive_policy, "batch_receive_policy")
-        topics = subscribe_topic(topic)
+        official.check_type(str, subscription_name, "subscription_name")
+        official.check_type_or_none(ConsumerBatchReceivePolicy, batch_receive_policy, "batch_receive_policy")
         try:
-            options = consumer_options(
+            topics = official.subscribe_topic(topic)
+        except official.BadTopicName as exc:
+            raise InvalidTopicName(f"Pulsar error: InvalidTopicName: {exc}") from None
+        try:
+            options = official.consumer_options(
                 topic=topics, consumer_type=consumer_type, schema=schema, receiver_queue_size=receiver_queue_size,
                 max_total_receiver_queue_size_across_partitions=max_total_receiver_queue_size_across_partitions,
                 consumer_name=consumer_name, unacked_messages_timeout_ms=unacked_messages_timeout_ms,
@@ -261,7 +262,7 @@ class Client(_Facade):
                 start_message_id_inclusive=start_message_id_inclusive, key_shared_policy=key_shared_policy,
                 batch_index_ack_enabled=batch_index_ack_enabled, regex_subscription_mode=regex_subscription_mode,
                 dead_letter_policy=dead_letter_policy)
-        except Unsupported as exc:
+        except official.Unsupported as exc:
             raise OperationNotSupported(str(exc)) from exc
         native = self._run(self._client.subscribe(topics, subscription_name, **options))
         policy = batch_receive_policy.policy() if batch_receive_policy is not None else BatchReceivePolicy()
@@ -275,14 +276,15 @@ class Client(_Facade):
                       reader_name=None, subscription_role_prefix=None, is_read_compacted=False,
                       crypto_key_reader=None, start_message_id_inclusive=False,
                       crypto_failure_action=ConsumerCryptoFailureAction.FAIL) -> "Reader":
-        check_type(str, topic, "topic")
-        start = native_id(start_message_id)
+        _checked_topic(topic)
+        start = official.native_id(start_message_id)
         try:
-            options = reader_options(schema=schema, receiver_queue_size=receiver_queue_size, reader_name=reader_name,
-                                     subscription_role_prefix=subscription_role_prefix,
-                                     is_read_compacted=is_read_compacted, crypto_key_reader=crypto_key_reader,
-                                     start_message_id_inclusive=start_message_id_inclusive)
-        except Unsupported as exc:
+            options = official.reader_options(schema=schema, receiver_queue_size=receiver_queue_size,
+                                              reader_name=reader_name,
+                                              subscription_role_prefix=subscription_role_prefix,
+                                              is_read_compacted=is_read_compacted, crypto_key_reader=crypto_key_reader,
+                                              start_message_id_inclusive=start_message_id_inclusive)
+        except official.Unsupported as exc:
             raise OperationNotSupported(str(exc)) from exc
         reader = Reader(self, self._run(self._client.create_reader(topic, start, **options)))
         self._handles.append(reader)
@@ -292,8 +294,8 @@ class Client(_Facade):
 
     def create_table_view(self, topic, subscription_name=None, schema=None) -> "TableView":
         """The latest value of every key of a topic (from the asyncio client's table view)."""
-        check_type(str, topic, "topic")
-        check_type_or_none(str, subscription_name, "subscription_name")
+        official.check_type(str, topic, "topic")
+        official.check_type_or_none(str, subscription_name, "subscription_name")
         factory = getattr(self._client, "create_table_view", None)
         if factory is None:
             raise OperationNotSupported("Pulsar error: OperationNotSupported: this pulsarwire has no table view")
@@ -307,7 +309,7 @@ class Client(_Facade):
         return view
 
     def get_topic_partitions(self, topic) -> list[str]:
-        check_type(str, topic, "topic")
+        official.check_type(str, topic, "topic")
         return self._run(self._client.get_topic_partitions(topic))
 
     def shutdown(self) -> None:
@@ -349,6 +351,14 @@ class Client(_Facade):
             self.close()
 
 
+def _checked_topic(topic) -> None:
+    official.check_type(str, topic, "topic")
+    try:
+        official.check_topic(topic)
+    except official.BadTopicName as exc:
+        raise InvalidTopicName(f"Pulsar error: InvalidTopicName: {exc}") from None
+
+
 def _default_message_id() -> MessageId:
     return MessageId()
 
@@ -383,9 +393,9 @@ class Producer(_Facade):
              replication_clusters=None, disable_replication=False, event_timestamp=None, deliver_at=None,
              deliver_after=None) -> MessageId:
         """Publish one message and wait until the broker has it; returns its id."""
-        check_content(content, self._schema)
-        options = send_options(properties, partition_key, ordering_key, sequence_id, replication_clusters,
-                               disable_replication, event_timestamp, deliver_at, deliver_after)
+        official.check_content(content, self._schema)
+        options = official.send_options(properties, partition_key, ordering_key, sequence_id, replication_clusters,
+                                        disable_replication, event_timestamp, deliver_at, deliver_after)
         return MessageId.wrap(self._run(self._producer.send(content, **options)))
 
     def send_async(self, content, callback, properties=None, partition_key=None, ordering_key=None,
@@ -393,9 +403,9 @@ class Producer(_Facade):
                    deliver_at=None, deliver_after=None) -> None:
         """Queue a message; `callback(result, message_id)` runs once the broker has it, or with the
         error's Result (and MessageId(-1, -1, -1, -1)) when it fails - a full queue included."""
-        check_content(content, self._schema)
-        options = send_options(properties, partition_key, ordering_key, sequence_id, replication_clusters,
-                               disable_replication, event_timestamp, deliver_at, deliver_after)
+        official.check_content(content, self._schema)
+        options = official.send_options(properties, partition_key, ordering_key, sequence_id, replication_clusters,
+                                        disable_replication, event_timestamp, deliver_at, deliver_after)
 
         def report(result, message_id) -> None:
             if callback is None:
@@ -446,7 +456,7 @@ class Producer(_Facade):
 def _result_of(exc: BaseException, closed: bool):
     if isinstance(exc, PulsarException):
         return exc.result
-    return official_result(exc, closed) or Result.UnknownError
+    return official.official_result(exc, closed) or Result.UnknownError
 
 
 class _Listening(_Facade):
@@ -542,7 +552,7 @@ class Consumer(_Listening):
     def receive(self, timeout_millis=None) -> Message:
         """The next message; raises Timeout when none comes within timeout_millis."""
         if timeout_millis is not None:
-            check_type(int, timeout_millis, "timeout_millis")
+            official.check_type(int, timeout_millis, "timeout_millis")
         self._check_no_listener()
         return Message(self._run(self._consumer.receive(timeout_millis)))
 
@@ -594,7 +604,7 @@ class Consumer(_Listening):
 
     def seek(self, messageid) -> None:
         """Move the subscription to a message id or a publish time (ms)."""
-        self._run(self._consumer.seek(seek_target(messageid)))
+        self._run(self._consumer.seek(official.seek_target(messageid)))
 
     def get_last_message_id(self) -> MessageId:
         return MessageId.wrap(self._run(self._consumer.get_last_message_id()))
@@ -622,7 +632,7 @@ class Consumer(_Listening):
 def _native_target(message):
     if isinstance(message, Message):
         return message.native
-    return native_id(message)
+    return official.native_id(message)
 
 
 class Reader(_Listening):
@@ -642,7 +652,7 @@ class Reader(_Listening):
     def read_next(self, timeout_millis=None) -> Message:
         """The next message; raises Timeout when none comes within timeout_millis."""
         if timeout_millis is not None:
-            check_type(int, timeout_millis, "timeout_millis")
+            official.check_type(int, timeout_millis, "timeout_millis")
         self._check_no_listener()
         return Message(self._run(self._reader.read_next(timeout_millis)))
 
@@ -650,7 +660,7 @@ class Reader(_Listening):
         return self._run(self._reader.has_message_available())
 
     def seek(self, messageid) -> None:
-        self._run(self._reader.seek(seek_target(messageid)))
+        self._run(self._reader.seek(official.seek_target(messageid)))
 
     def is_connected(self) -> bool:
         if self._closed:
@@ -713,8 +723,6 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = sorted(name for name in globals() if not name.startswith("_") and name not in (
-    "annotations", "inspect", "itertools", "logging", "queue", "re", "threading", "Any", "Callable", "aio",
-    "errors", "log", "LoopThread", "check_content", "check_type", "check_type_or_none", "client_options",
-    "consumer_options", "create_producer", "exception_classes", "native_id", "official_result", "producer_options",
-    "reader_options", "seek_target", "send_options", "subscribe_topic", "Unsupported"))
+# the official module's names: its classes and enums, and `schema`
+__all__ = sorted([name for name, value in globals().items() if name[:1].isupper() and isinstance(value, type)
+                  and name not in ("LoopThread", "Any", "Callable")] + ["schema"])
