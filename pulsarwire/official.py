@@ -22,7 +22,7 @@ from typing import Any, Callable
 from . import client as aio
 from . import errors
 from . import messages
-from .routing import RoutingMode
+from .routing import HashingScheme, RoutingMode
 
 
 # --- enums -----------------------------------------------------------------------------
@@ -642,6 +642,7 @@ def producer_options(*, producer_name, schema, initial_sequence_id, send_timeout
         batching_max_publish_delay_ms=batching_max_publish_delay_ms, chunking_enabled=chunking_enabled,
         message_routing_mode=RoutingMode.SinglePartition
         if message_routing_mode == PartitionsRoutingMode.UseSinglePartition else RoutingMode.RoundRobinPartition,
+        hashing_scheme=HashingScheme.BoostHash,  # the official client's key hash
         properties=properties, access_mode=int(ProducerAccessMode(access_mode)))
     if lazy_start_partitioned_producers:
         options["lazy_start_partitioned_producers"] = True

@@ -152,3 +152,16 @@ def test_unsupported_options_fail_clearly(embedded):
             pulsar.Authentication("libauth.so", "")
     finally:
         client.close()
+
+
+def test_keys_hash_as_the_official_client_routes_them():
+    from pulsarwire.routing import HashingScheme, Router, boost_hash
+    # partitions the official Python client chose for key-0..key-11 on a 3-partition topic
+    assert [boost_hash("key-%d" % i) % 3 for i in range(12)] == [0, 0, 1, 2, 1, 1, 0, 2, 2, 0, 2, 2]
+    # every length class of the hash (0, 1-3, 4-7, 8+ bytes; UTF-8), matched with the official
+    # client on a 97-partition topic
+    expected = {"": 2133126054, "a": 2135870748, "abcd": 246651746, "abcdefgh": 1534298190,
+                "héllo wörld": 816086940, "x" * 33: 93586335}
+    assert {key: boost_hash(key) for key in expected} == expected
+    assert {key: value % 97 for key, value in expected.items()} == \
+        {key: Router(HashingScheme.BoostHash).partition(key, 97) for key in expected}

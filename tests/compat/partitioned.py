@@ -19,6 +19,7 @@ for i in range(12):
     key = "key-%d" % (i % 4)
     keyed[key].add(producer.send(b"keyed-%d" % i, partition_key=key).partition())
 print("a key keeps its partition:", all(len(parts) == 1 for parts in keyed.values()))
+print("partition of each key:", [sorted(keyed[key])[0] for key in sorted(keyed)])
 
 single = client.create_producer(topic, message_routing_mode=pulsar.PartitionsRoutingMode.UseSinglePartition)
 print("single partition:", len({single.send(b"single-%d" % i).partition() for i in range(6)}))
