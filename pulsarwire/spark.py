@@ -110,7 +110,7 @@ def _options(options) -> dict:
 
 
 def _client(options: dict):
-    from .sync import Client
+    from .blocking import Client
     url = options.get("service.url")
     if not url:
         raise PulsarSparkError("option 'service.url' is required")

@@ -368,8 +368,9 @@ def test_tls(tmp_path):
 
 
 def test_blocking_facade(embedded):
+    from pulsarwire import blocking  # pulsarwire's own types; `sync` is the official surface
     topic = unique()
-    client = sync.Client(embedded.url, operation_timeout_seconds=10)
+    client = blocking.Client(embedded.url, operation_timeout_seconds=10)
     try:
         consumer = client.subscribe(topic, "s", initial_position=EARLIEST)
         producer = client.create_producer(topic)

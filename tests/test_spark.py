@@ -12,7 +12,7 @@ pytest.importorskip("pyarrow")
 if not (os.environ.get("JAVA_HOME") or __import__("shutil").which("java")):
     pytest.skip("Spark needs a Java runtime (java on PATH or JAVA_HOME)", allow_module_level=True)
 
-from pulsarwire import sync  # noqa: E402
+from pulsarwire import blocking  # noqa: E402
 
 from .conftest import unique  # noqa: E402
 
@@ -40,7 +40,7 @@ def spark(tmp_path_factory):
 
 
 def produce(url, topic, start, count, batch=7):
-    client = sync.Client(url)
+    client = blocking.Client(url)
     try:
         producer = client.create_producer(topic, batching_max_messages=batch)
         for i in range(start, start + count):

@@ -690,6 +690,9 @@ class Consumer:
     def subscription_name(self) -> str:
         return self._subscription
 
+    def consumer_name(self) -> str:
+        return self._consumer_name or ""
+
     def _fail(self, error: BaseException) -> None:
         self._error = error
         self._queue.wake_all()

@@ -138,14 +138,20 @@ class Address:
 
 
 def topic_name(topic: str) -> str:
-    """Fully qualify a short topic name: `t` -> `persistent://public/default/t`."""
+    """Fully qualify a short topic name: `t` -> `persistent://public/default/t`; ValueError for a
+    name that is not `topic`, `tenant/namespace/topic` or `scheme://tenant/namespace/topic`."""
     if "://" in topic:
-        return topic
-    parts = topic.split("/")
-    if len(parts) == 1:
-        return f"persistent://public/default/{topic}"
-    if len(parts) == 3:
-        return f"persistent://{topic}"
+        scheme, _, rest = topic.partition("://")
+        parts = rest.split("/")
+        # four parts: the older tenant/cluster/namespace/topic form
+        if scheme in ("persistent", "non-persistent") and len(parts) in (3, 4) and all(parts):
+            return topic
+    else:
+        parts = topic.split("/")
+        if len(parts) == 1 and topic:
+            return f"persistent://public/default/{topic}"
+        if len(parts) == 3 and all(parts):
+            return f"persistent://{topic}"
     raise ValueError(f"invalid topic name {topic!r}")
 
 

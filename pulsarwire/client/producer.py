@@ -430,6 +430,10 @@ class Producer:
     def last_sequence_id(self) -> int:
         return max(p.last_sequence_id for p in self._partitions)
 
+    def is_connected(self) -> bool:
+        """Whether every partition's producer has a live connection now."""
+        return not self._closed and all(p.conn is not None and not p.conn.closed for p in self._partitions)
+
     def _release(self, count: int) -> None:
         if count:
             self._in_flight -= count
