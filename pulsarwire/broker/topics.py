@@ -708,7 +708,7 @@ class Topic:
 
     def _grant(self, producer: ProducerLink, epoch: int) -> int:
         if epoch != self.epoch:
-            write_json(os.path.join(self.directory, EPOCH_FILE), {"epoch": epoch})
+            self.log.pool.write_json(os.path.join(self.directory, EPOCH_FILE), {"epoch": epoch})
             self.epoch = epoch
         self.exclusive_producer = producer
         self.producers[producer.name] = producer
