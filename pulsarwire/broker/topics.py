@@ -694,7 +694,7 @@ class Topic:
 
     def _grant(self, producer: ProducerLink, epoch: int) -> int:
         if epoch != self.epoch:
-            write_json(os.path.join(self.directory, EPOCH_FILE), {"epoch": epoch})
+            self.log.pool.write_json(os.path.join(self.directory, EPOCH_FILE), {"epoch": epoch})
             self.epoch = epoch
         self.exclusive_producer = producer
         self.producers[producer.name] = producer
@@ -711,7 +711,7 @@ class Topic:
             waiting, epoch, granted, refused = self.waiting_producers.pop(0)
             try:
                 granted(self._take_exclusive(waiting, epoch))
-            except ProducerFencedError as exc:
+            except (ProducerFencedError, StorageError) as exc:  # the epoch could not be kept: refused
                 refused(exc)
 
     def evict_all(self) -> int:
