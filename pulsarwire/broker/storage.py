@@ -259,7 +259,7 @@ def _record_at(buf, offset: int, end: int) -> int | None:
         return None
     body_size, checksum, _, _ = _HEADER.unpack_from(buf, offset)
     body_end = offset + HEADER_SIZE + body_size
-    if body_end > end:
+    if body_end > end or body_size == 0:  # an entry is never empty; zeros are no record
         return None
     if crc32c(buf[offset + HEADER_SIZE:body_end]) != checksum:
         return None

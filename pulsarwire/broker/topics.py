@@ -117,6 +117,14 @@ WAIT_FOR_EXCLUSIVE, EXCLUSIVE_WITH_FENCING = pb.WaitForExclusive, pb.ExclusiveWi
 
 class Subscription:
     def __init__(self, topic: "Topic", name: str, sub_type: int, durable: bool, cursor: Cursor) -> None:
+        end = topic.log.committed_entry_id
+        if cursor.mark_delete >= end or any(e >= end for e in cursor.acked):
+            # recovery cut the log below this persisted cursor: entries appended from now on
+            # must not count as acknowledged
+            log.error("topic %s, subscription %s: the cursor is past the end of the log (%d); moved back "
+                      "to it", topic.name, name, end - 1)
+            cursor = Cursor(min(cursor.mark_delete, end - 1), [e for e in cursor.acked if e < end],
+                            {e: b for e, b in cursor.partial.items() if e < end})
         self.topic = topic
         self.name = name
         self.type = sub_type
@@ -537,6 +545,12 @@ class Topic:
 
     def _recover_dedup(self, upto: int) -> None:
         """Producers' last sequence ids, from the snapshot plus the entries after it."""
+        if upto >= self.log.next_entry_id:
+            # recovery cut the log below what the snapshot counted: rebuilt from the log alone,
+            # else a resend of a lost entry would be answered as a duplicate
+            log.error("topic %s: deduplication state counts entries up to %d but the log ends at %d; "
+                      "rebuilt from the log", self.name, upto, self.log.next_entry_id - 1)
+            self.last_sequence, upto = {}, -1
         for entry_id in range(max(upto + 1, self.log.first_entry_id), self.log.next_entry_id):
             try:
                 md = entry_metadata(self.log.read(entry_id))
