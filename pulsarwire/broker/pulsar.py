@@ -624,7 +624,8 @@ class BrokerConnection(asyncio.Protocol):
 
         def refused(error: Exception) -> None:
             if self.waiting_producers.pop(producer.producer_id, None) is producer and not self.closed:
-                self._error(request_id, pb.ProducerFenced, str(error))
+                code = pb.ProducerFenced if isinstance(error, ProducerFencedError) else pb.PersistenceError
+                self._error(request_id, code, str(error))
                 self.flush()
 
         try:

@@ -725,7 +725,7 @@ class Topic:
             waiting, epoch, granted, refused = self.waiting_producers.pop(0)
             try:
                 granted(self._take_exclusive(waiting, epoch))
-            except ProducerFencedError as exc:
+            except (ProducerFencedError, StorageError) as exc:  # the epoch could not be kept: refused
                 refused(exc)
 
     def evict_all(self) -> int:
