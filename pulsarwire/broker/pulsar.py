@@ -29,6 +29,7 @@ from .topics import (
 )
 
 log = logging.getLogger("pulsarwire.broker")
+_NO_ENTRY = (1 << 64) - 1  # entry id -1 as the wire's uint64 carries it
 T = pb.BaseCommand
 SERVER_VERSION = f"pulsarwire-broker-{__version__}"
 MAX_PROTOCOL_VERSION = 21
@@ -771,6 +772,8 @@ class BrokerConnection(asyncio.Protocol):
             subscription = consumer.subscription
             cumulative = c.ack_type == pb.CommandAck.Cumulative
             for mid in c.message_id:
+                if cumulative and mid.entryId == _NO_ENTRY:
+                    continue  # "before the first entry" (a reader after a seek): nothing to move
                 if not subscription.ack(mid.entryId, ack_set_bits(mid.ack_set) if mid.ack_set else None,
                                         cumulative):
                     refused.append(mid.entryId)
