@@ -687,11 +687,16 @@ class BrokerConnection(asyncio.Protocol):
         if topic.terminated:
             self._send_error(producer_id, sequence_id, pb.TopicTerminatedError, "topic is terminated")
             return
+        if topic.fenced and topic.refuses(producer):
+            self._send_error(producer_id, sequence_id, pb.PersistenceError,
+                             "an earlier send of this producer was not stored: attach again and resend")
+            return
         try:
             entry_id = self.core.publish(topic, producer.name, sequence_id, highest_sequence_id,
                                          bool(is_chunk and chunk_id), body, checksum, publish_time,
                                          deliver_at_time, num_messages)
         except StorageError as exc:
+            topic.fence(producer)
             self._send_error(producer_id, sequence_id, pb.PersistenceError, f"not stored: {exc}")
             return
         # the receipt stands only if its group commit succeeds (see flush); a duplicate, judged

@@ -493,6 +493,10 @@ class Topic:
         self._open_ledgers(new_ledger_id)
         self._on_append = on_append
         self._dedup_undo: dict[str, int | None] = {}  # producer -> its sequence id before this batch
+        # producers with sends in a failed commit: their later sends are refused until they attach
+        # again (and resend in order), else a later send stored after the gap would make the
+        # resent ones look like duplicates
+        self.fenced: dict[str, ProducerLink] = {}
         self.producers: dict[str, ProducerLink] = {}
         self.exclusive_producer: ProducerLink | None = None
         # WaitForExclusive producers in arrival order, each with its callbacks (granted epoch; error)
@@ -581,6 +585,10 @@ class Topic:
         self._state_dirty = True
         return entry_id
 
+    def refuses(self, producer: ProducerLink) -> bool:
+        """Whether this producer had sends in a failed commit (it must attach again to go on)."""
+        return self.fenced.get(producer.name) is producer
+
     def commit(self) -> bool:
         """Hand the appended entries to the OS; then subscriptions may send them. False when
         the file system refused (the log is rolled back, and so is the dedup state)."""
@@ -601,6 +609,15 @@ class Topic:
                 self.last_sequence.pop(producer_name, None)
             else:
                 self.last_sequence[producer_name] = previous
+            link = self.producers.get(producer_name)
+            if link is not None:
+                self.fence(link)
+
+    def fence(self, producer: ProducerLink) -> None:
+        """A send of this producer was not stored: refuse its later ones until it attaches again."""
+        log.warning("topic %s: producer %s must attach again after a send that was not stored",
+                    self.name, producer.name)
+        self.fenced[producer.name] = producer
         end = self.log.next_entry_id
         for entry_id in [e for e in self.deliver_at if e >= end]:
             del self.deliver_at[entry_id]
