@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from pulsarwire import codec
+from pulsarwire import codec, compression
 from pulsarwire._proto import PulsarApi_pb2 as pb
 
 from .peers import BrokerProcess, BrokerThread, free_port
@@ -243,14 +243,17 @@ def test_num_messages_claims_cannot_stall_consumers(broker):
         raw.publish(1, 1, payload, num_messages=huge, metadata=md)  # a real batch of 2
         md, payload = _batch(2, claimed_in_batch=huge, sequence_id=2)
         raw.publish(1, 2, payload, num_messages=huge, metadata=md)  # a batch that does not split
-        for seq in range(3, 6):
+        md, payload = _batch(3, sequence_id=3)
+        md.compression, md.uncompressed_size = compression.ZLIB, len(payload)
+        raw.publish(1, 3, compression.compress(compression.ZLIB, payload), num_messages=huge, metadata=md)
+        for seq in range(4, 7):
             raw.publish(1, seq, b"plain")
         log = broker.broker.topics[topic].log
-        assert [log.read(e).num_messages for e in range(6)] == [1, 2, 1, 1, 1, 1]
+        assert [log.read(e).num_messages for e in range(7)] == [1, 2, 1, 3, 1, 1, 1]
         assert raw.subscribe(topic).type == T.SUCCESS
-        raw.flow(1, 10)
-        got = [raw.next() for _ in range(6)]  # the old broker stalled after the first entry
-        assert [f.command.message.message_id.entryId for f in got] == list(range(6))
+        raw.flow(1, 12)
+        got = [raw.next() for _ in range(7)]  # the old broker stalled after the first entry
+        assert [f.command.message.message_id.entryId for f in got] == list(range(7))
 
 
 # item 8: authentication and TLS
@@ -280,7 +283,7 @@ def test_official_client_gets_an_authentication_error_promptly(tmp_path):
 
 
 def test_unauthenticated_connection_is_refused_every_request(tmp_path):
-    broker = BrokerThread(tmp_path / "data", v1_port=None, auth_tokens={"secret"}).start()
+    broker = BrokerThread(tmp_path / "data", v1_port=None, auth_tokens={"secret"}, handshake_timeout=2.0).start()
     try:
         for token in ("wrong", None, ""):
             with Raw(broker.broker.port, token=token) as raw:
@@ -296,6 +299,9 @@ def test_unauthenticated_connection_is_refused_every_request(tmp_path):
                 answer = raw.publish(1, 0, b"sneaky")
                 assert answer.type == T.SEND_ERROR and answer.command.send_error.error == pb.AuthenticationError
         assert broker.broker.topics == {}
+        with Raw(broker.broker.port, token="wrong") as raw:  # closed by the handshake timeout
+            assert _closed_by_broker(raw.sock, 6)
+        assert _stats(broker)["handshake_timeouts"] >= 1
     finally:
         broker.stop()
 

@@ -459,14 +459,19 @@ def entry_message_count(body, claimed: int) -> int:
     if claimed <= 1:
         return 1
     try:
-        size = int.from_bytes(body[:4], "big")
-        metadata = pb.MessageMetadata.FromString(bytes(body[4:4 + size]))
+        end = 4 + int.from_bytes(body[:4], "big")
+        metadata = _parse_metadata(body[4:end])
         if not metadata.HasField("num_messages_in_batch"):
             return 1
-        payload = codec.decompress_payload(metadata, memoryview(body)[4 + size:], COUNT_MAX_UNCOMPRESSED)
-        return max(1, len(codec.split_messages(metadata, payload)))
+        payload = body[end:]
+        if metadata.compression:
+            payload = codec.decompress_payload(metadata, payload, COUNT_MAX_UNCOMPRESSED)
+        return len(codec.split_messages(metadata, payload)) or 1
     except (PulsarWireError, ValueError):  # DecodeError is a ValueError
         return 1
+
+
+_parse_metadata = pb.MessageMetadata.FromString
 
 
 def entry_metadata(entry) -> pb.MessageMetadata:
