@@ -165,3 +165,52 @@ def test_keys_hash_as_the_official_client_routes_them():
     assert {key: boost_hash(key) for key in expected} == expected
     assert {key: value % 97 for key, value in expected.items()} == \
         {key: Router(HashingScheme.BoostHash).partition(key, 97) for key in expected}
+
+
+@pytest.mark.parametrize("module", ["official", "sync", "asyncio", "blocking"])
+def test_each_surface_imports_alone_without_starting_threads(module):
+    import subprocess
+    import sys
+    code = (f"import threading, pulsarwire.{module} as m; "
+            "assert threading.active_count() == 1, threading.enumerate(); "
+            "import asyncio; assert asyncio.__file__ != getattr(m, '__file__', None)")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_closing_a_consumer_ends_a_receive_blocked_in_another_thread(embedded):
+    client = pulsar.Client(embedded.url)
+    try:
+        consumer = client.subscribe(unique(), "s")
+        outcome = []
+        waiter = threading.Thread(target=lambda: outcome.append(_error_of(consumer.receive)))
+        waiter.start()
+        time.sleep(0.2)
+        consumer.close()
+        waiter.join(10)
+        assert not waiter.is_alive() and isinstance(outcome[0], pulsar.AlreadyClosed)
+    finally:
+        client.close()
+
+
+def _error_of(call):
+    try:
+        call()
+    except Exception as error:  # noqa: BLE001
+        return error
+    return None
+
+
+def test_async_client_made_outside_a_loop_starts_on_the_first_call(embedded):
+    client = pulsar_asyncio.Client(embedded.url, io_threads=4)  # no running loop yet
+
+    async def main():
+        topic = unique()
+        consumer = await client.subscribe(topic, "s")
+        producer = await client.create_producer(topic, batching_enabled=False)
+        sent = await producer.send(b"hello", deliver_after=None)
+        message = await consumer.receive()
+        assert message.data() == b"hello" and message.message_id() == sent
+        await client.close()
+        with pytest.raises(pulsar_asyncio.PulsarException):
+            await client.create_producer(topic)
+    asyncio.run(asyncio.wait_for(main(), 30))
