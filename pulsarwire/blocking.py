@@ -12,7 +12,7 @@ import threading
 from typing import Any, Callable
 
 from . import client as aio
-from .errors import ConnectionClosedError, TopicTerminatedError
+from .errors import AlreadyClosedError, ConnectionClosedError, TopicTerminatedError
 from .messages import Message, MessageId
 
 
@@ -24,7 +24,14 @@ class LoopThread:
         self.thread = threading.Thread(target=self.loop.run_forever, name="pulsarwire-loop", daemon=True)
         self.thread.start()
 
+    @property
+    def stopped(self) -> bool:
+        return self.loop.is_closed() or not self.thread.is_alive()
+
     def run(self, coro, timeout: float | None = None):
+        if self.stopped:  # the client was closed: a typed error, not "Event loop is closed"
+            coro.close()
+            raise AlreadyClosedError("client is closed")
         if threading.current_thread() is self.thread:
             coro.close()
             # waiting here would wait for this very thread: a hang, so refuse at once
@@ -91,6 +98,8 @@ class Client:
         return self._loop.run(self._client.get_topic_partitions(topic))
 
     def close(self) -> None:
+        if self._loop.stopped:
+            return
         try:
             self._loop.run(self._client.close())
         finally:

@@ -756,11 +756,19 @@ def consumer_options(*, topic, consumer_type, schema, receiver_queue_size,
         batch_index_ack_enabled=batch_index_ack_enabled)
     optional = (("auto_ack_oldest_chunked_message_on_queue_full", auto_ack_oldest_chunked_message_on_queue_full),
                 ("start_message_id_inclusive", start_message_id_inclusive),
-                ("replicate_subscription_state_enabled", replicate_subscription_state_enabled),
-                ("key_shared_policy", key_shared_policy), ("dead_letter_policy", dead_letter_policy))
+                ("replicate_subscription_state_enabled", replicate_subscription_state_enabled))
     for name, value in optional:
         if value:
             options[name] = value
+    if key_shared_policy is not None:
+        options["key_shared_policy"] = aio.KeySharedPolicy(
+            aio.KeySharedMode(int(key_shared_policy.key_shared_mode)),
+            allow_out_of_order_delivery=key_shared_policy.allow_out_of_order_delivery,
+            sticky_ranges=key_shared_policy.sticky_ranges or None)
+    if dead_letter_policy is not None:
+        options["dead_letter_policy"] = aio.DeadLetterPolicy(
+            dead_letter_policy.max_redeliver_count, dead_letter_topic=dead_letter_policy.dead_letter_topic or None,
+            initial_subscription_name=dead_letter_policy.initial_subscription_name or None)
     if isinstance(topic, re.Pattern):
         options["pattern_auto_discovery_period"] = pattern_auto_discovery_period
         options["regex_subscription_mode"] = int(RegexSubscriptionMode(regex_subscription_mode))

@@ -124,3 +124,32 @@ class Router:
         if self._mode is RoutingMode.SinglePartition:
             return self._single % num_partitions
         return next(self._counter) % num_partitions
+
+
+class OutgoingMessage:
+    """A message about to be sent, as a custom `message_router(message, num_partitions)` sees
+    it (accessors named as on a received message)."""
+
+    __slots__ = ("_content", "_options")
+
+    def __init__(self, content: bytes, options: dict) -> None:
+        self._content = content
+        self._options = options
+
+    def data(self) -> bytes:
+        return bytes(self._content)
+
+    def partition_key(self) -> str | None:
+        return self._options.get("partition_key")
+
+    def ordering_key(self) -> bytes | None:
+        return self._options.get("ordering_key")
+
+    def properties(self) -> dict[str, str]:
+        return dict(self._options.get("properties") or {})
+
+    def event_timestamp(self) -> int:
+        return self._options.get("event_timestamp") or 0
+
+    def has_key(self) -> bool:
+        return self._options.get("partition_key") is not None

@@ -77,11 +77,13 @@ def test_batch_ranges_and_partitions(spark, embedded):
     produce(embedded.url, topic, 0, 30, batch=1)
     df = reader(spark, embedded.url, topic)
     assert df.rdd.getNumPartitions() == 3
-    assert sorted(r.value for r in df.collect()) == sorted(b"v%d" % i for i in range(30))
+    rows = df.collect()
+    assert sorted(r.value for r in rows) == sorted(b"v%d" % i for i in range(30))
     p0 = f"{topic}-partition-0"
-    starting = json.dumps({p0: {"ledgerId": 0, "entryId": 2}, f"{topic}-partition-1": "latest",
+    ledger = next(r["__ledgerId"] for r in rows if r["__partition"] == 0)  # each partition has its own
+    starting = json.dumps({p0: {"ledgerId": ledger, "entryId": 2}, f"{topic}-partition-1": "latest",
                            f"{topic}-partition-2": "latest"})
-    ending = json.dumps({p0: {"ledgerId": 0, "entryId": 5}})
+    ending = json.dumps({p0: {"ledgerId": ledger, "entryId": 5}})
     part = reader(spark, embedded.url, topic, startingOffsets=starting, endingOffsets=ending).collect()
     assert sorted(r["__entryId"] for r in part) == [2, 3, 4]
     assert {r["__partition"] for r in part} == {0}

@@ -7,32 +7,61 @@ A segment is `<first entry id>.log` plus `<first entry id>.idx`. Log records:
 where body is the entry exactly as the producer framed it: `[u32 metadata
 size][MessageMetadata][payload]`, the span the wire checksum covers, so the
 stored CRC doubles as the checksum of every Message frame that re-sends it. The
-.idx file holds one u64 file position per entry. Appends are group-committed:
-`commit()` hands everything appended since the last commit to the OS in one
-write, and the broker commits before it sends any receipt, so a killed process
-loses nothing acknowledged; fsync (power loss) follows the sync policy. Recovery
-verifies the tail of the last segment and truncates a torn record.
+.idx file holds one u64 file position per entry.
+
+Appends are group-committed: `commit()` hands everything appended since the last
+commit to the OS in one positioned write, and the broker commits before it sends
+any receipt, so a killed process loses nothing acknowledged; fsync (power loss)
+follows the sync policy. A commit that fails (disk full, I/O error) truncates the
+files back to the last good record, forgets the batch and marks its `CommitBatch`
+failed, so that the broker answers an error for every send in it.
+
+Recovery trusts the index only as far as it is consistent, then verifies every
+record after that. A torn tail (a record cut short at the end of the last segment)
+is truncated; a damaged record with good records after it keeps its entry id and
+reads as a `CorruptEntryError`, so one bad byte costs that entry alone. Everything
+recovery drops or cannot read is logged.
+
+Every file goes through a `FilePool`: an LRU of open descriptors bounded by
+`max_open_files` (idle segments are closed and reopened on demand), and a
+`FileOps` whose calls tests replace to inject faults (ENOSPC, EIO, EMFILE).
 """
 from __future__ import annotations
 
 import array
 import bisect
 import collections
+import errno
 import json
+import logging
 import os
 import struct
+import sys
 import urllib.parse
 
 from crc32c import crc32c
 
+log = logging.getLogger("pulsarwire.broker.storage")
+
 _HEADER = struct.Struct(">IIQI")
 _POSITION = struct.Struct(">Q")
+_U32 = struct.Struct(">I")
 HEADER_SIZE = _HEADER.size
 SYNC_ALWAYS, SYNC_INTERVAL, SYNC_NEVER = "always", "interval", "never"
+_BIG_ENDIAN = sys.byteorder == "big"
+_OUT_OF_FDS = (errno.EMFILE, errno.ENFILE)
 
 
 class StorageError(Exception):
-    """The on-disk data is unusable beyond what recovery may repair."""
+    """The storage could not do what was asked (the file system refused, or the data is unusable)."""
+
+
+class CorruptEntryError(StorageError):
+    """One stored entry is unreadable (bad checksum, damaged or missing record); the others are not."""
+
+    def __init__(self, message: str, entry_id: int) -> None:
+        super().__init__(message)
+        self.entry_id = entry_id
 
 
 class Entry:
@@ -48,13 +77,144 @@ class Entry:
         self.num_messages = num_messages
 
 
-def _write_json(path: str, data) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        json.dump(data, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+class FileOps:
+    """The file system calls the storage makes. Tests substitute a subclass to inject
+    faults (a disk that fills after N bytes, an I/O error, no descriptors left)."""
+
+    def open(self, path: str) -> int:
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    def size(self, fd: int) -> int:
+        return os.fstat(fd).st_size
+
+    def pread(self, fd: int, size: int, offset: int) -> bytes:
+        return os.pread(fd, size, offset)
+
+    def pwrite(self, fd: int, data, offset: int) -> int:
+        return os.pwrite(fd, data, offset)
+
+    def truncate(self, fd: int, size: int) -> None:
+        os.ftruncate(fd, size)
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def replace_file(self, path: str, data: bytes) -> None:
+        """Write `data` to `path` atomically (a temporary file, fsync, rename)."""
+        tmp = path + ".tmp"
+        try:
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+
+
+DEFAULT_OPS = FileOps()
+
+
+def default_max_open_files() -> int:
+    """A quarter of the process's descriptor limit (the rest is for connections), 16 to 1024."""
+    try:
+        import resource
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft == resource.RLIM_INFINITY or soft <= 0:
+            soft = 4096
+    except (ImportError, OSError, ValueError):
+        soft = 1024
+    return max(16, min(1024, soft // 4))
+
+
+class StorageStats:
+    """Counters of storage faults, for the broker's stats and the fault suite."""
+
+    def __init__(self) -> None:
+        self.corrupt_entries = 0   # reads of an entry that failed its checks
+        self.failed_commits = 0    # group commits the file system refused (their sends got errors)
+        self.failed_syncs = 0      # fsyncs that failed (interval/never policy: logged, retried)
+        self.dropped_bytes = 0     # bytes recovery truncated or could not read
+        self.file_reopens = 0      # descriptors opened again after the LRU closed them
+        self.descriptor_refusals = 0  # opens the OS refused (EMFILE/ENFILE) even after closing idle files
+        self.skipped_entries = 0   # corrupt entries a subscription skipped (each logged at ERROR)
+
+    def as_dict(self) -> dict:
+        return dict(vars(self))
+
+
+class FilePool:
+    """Open file descriptors of every segment, at most `max_open_files` at once: the least
+    recently used one is closed when another is needed, and reopened on demand."""
+
+    def __init__(self, max_open_files: int | None = None, ops: FileOps | None = None) -> None:
+        self.max_open_files = max(2, max_open_files or default_max_open_files())
+        self.ops = ops or DEFAULT_OPS
+        self.stats = StorageStats()
+        self._open: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._ever_opened: set[str] = set()
+
+    def fd(self, path: str) -> int:
+        fd = self._open.get(path)
+        if fd is not None:
+            self._open.move_to_end(path)
+            return fd
+        while len(self._open) >= self.max_open_files:
+            self._close_oldest()
+        while True:
+            try:
+                fd = self.ops.open(path)
+                break
+            except OSError as exc:
+                if exc.errno in _OUT_OF_FDS and self._open:
+                    self._close_oldest()  # the process as a whole is out: give back ours first
+                    continue
+                if exc.errno in _OUT_OF_FDS:
+                    self.stats.descriptor_refusals += 1
+                log.error("cannot open %s: %s", path, exc)
+                raise StorageError(f"cannot open {path}: {exc}") from exc
+        if path in self._ever_opened:
+            self.stats.file_reopens += 1
+        self._ever_opened.add(path)
+        self._open[path] = fd
+        return fd
+
+    def _close_oldest(self) -> None:
+        _, fd = self._open.popitem(last=False)
+        try:
+            self.ops.close(fd)
+        except OSError as exc:
+            log.warning("closing a segment file: %s", exc)
+
+    def release(self, path: str) -> None:
+        fd = self._open.pop(path, None)
+        if fd is not None:
+            try:
+                self.ops.close(fd)
+            except OSError as exc:
+                log.warning("closing %s: %s", path, exc)
+
+    @property
+    def open_count(self) -> int:
+        return len(self._open)
+
+    def write_json(self, path: str, data) -> None:
+        write_json(path, data, self.ops)
+
+
+def write_json(path: str, data, ops: FileOps = DEFAULT_OPS) -> None:
+    try:
+        ops.replace_file(path, json.dumps(data).encode())
+    except OSError as exc:
+        log.error("cannot write %s: %s", path, exc)
+        raise StorageError(f"cannot write {path}: {exc}") from exc
 
 
 def read_json(path: str, default):
@@ -64,65 +224,159 @@ def read_json(path: str, default):
     except FileNotFoundError:
         return default
     except (OSError, ValueError) as exc:
+        log.error("%s is unreadable: %s", path, exc)
         raise StorageError(f"{path} is unreadable: {exc}") from exc
 
 
-write_json = _write_json
+class CommitBatch:
+    """The appends of one group commit; `error` is set when the file system refused them."""
+
+    __slots__ = ("error", "count")
+
+    def __init__(self) -> None:
+        self.error: StorageError | None = None
+        self.count = 0
+
+
+def _positions_from(raw: bytes) -> array.array:
+    positions = array.array("Q")
+    positions.frombytes(raw[:len(raw) - len(raw) % 8])
+    if not _BIG_ENDIAN:
+        positions.byteswap()  # stored big-endian
+    return positions
+
+
+def _index_bytes(positions) -> bytes:
+    out = array.array("Q", positions)
+    if not _BIG_ENDIAN:
+        out.byteswap()
+    return out.tobytes()
+
+
+def _record_at(buf, offset: int, end: int) -> int | None:
+    """The body size of a whole, checksummed record at `offset` in `buf` (not past `end`), else None."""
+    if offset + HEADER_SIZE > end:
+        return None
+    body_size, checksum, _, _ = _HEADER.unpack_from(buf, offset)
+    body_end = offset + HEADER_SIZE + body_size
+    if body_end > end or body_size == 0:  # an entry is never empty; zeros are no record
+        return None
+    if crc32c(buf[offset + HEADER_SIZE:body_end]) != checksum:
+        return None
+    return body_size
 
 
 class _Segment:
-    def __init__(self, directory: str, base: int) -> None:
+    def __init__(self, pool: FilePool, directory: str, base: int) -> None:
+        self.pool = pool
+        self.ops = pool.ops
         self.base = base
         self.log_path = os.path.join(directory, f"{base:020d}.log")
         self.idx_path = os.path.join(directory, f"{base:020d}.idx")
         self.positions = array.array("Q")
-        self.log_fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        self.idx_fd = os.open(self.idx_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        self.size = os.fstat(self.log_fd).st_size
-        self.committed_size = self.size
-        self._pending: list[bytes] = []
+        self.size = self.ops.size(pool.fd(self.log_path))  # bytes, pending records included
+        self.committed_size = self.size  # bytes on the OS's side
+        self.committed_count = 0  # entries on the OS's side
+        self.index_bytes_on_disk = 0
+        self.expected: int | None = None  # entries a non-last segment must hold (from the next base)
+        self._pending: list = []
         self._pending_index = bytearray()
 
-    def load_index(self) -> None:
-        raw = os.pread(self.idx_fd, os.fstat(self.idx_fd).st_size, 0)
-        usable = len(raw) - len(raw) % 8
-        self.positions = array.array("Q")
-        self.positions.frombytes(raw[:usable])
-        if self.positions.itemsize == 8 and array.array("Q", [1]).tobytes()[0] == 1:
-            self.positions.byteswap()  # stored big-endian
+    # recovery
 
-    def recover(self, trusted: int) -> int:
-        """Trust the first `trusted` indexed records; verify the rest, truncating a torn tail."""
-        positions = self.positions[:trusted]
-        pos = 0
-        if positions:
-            header = os.pread(self.log_fd, HEADER_SIZE, positions[-1])
-            pos = positions[-1] + HEADER_SIZE + _HEADER.unpack(header)[0]
-        torn = False
-        while pos < self.size:
-            header = os.pread(self.log_fd, HEADER_SIZE, pos)
-            if len(header) < HEADER_SIZE:
-                torn = True
+    def recover(self, last: bool) -> None:
+        """Load the index, trust it as far as it is consistent, verify the rest of the log and
+        rebuild the index from it. Logs every byte it drops and every record it cannot read."""
+        ops = self.ops
+        size = self.size
+        try:
+            idx_fd = self.pool.fd(self.idx_path)
+            indexed = _positions_from(ops.pread(idx_fd, ops.size(idx_fd), 0))
+        except OSError as exc:
+            log.error("%s is unreadable (%s); rebuilding it from the log", self.idx_path, exc)
+            indexed = array.array("Q")
+        trusted = 0
+        previous = -HEADER_SIZE
+        for position in indexed:
+            if position - previous < HEADER_SIZE or position >= size or (trusted == 0 and position != 0):
                 break
-            body_size, checksum, _, _ = _HEADER.unpack(header)
-            body = os.pread(self.log_fd, body_size, pos + HEADER_SIZE)
-            if len(body) < body_size or crc32c(body) != checksum:
-                torn = True
+            previous = position
+            trusted += 1
+        if trusted < len(indexed):
+            log.warning("%s: %d of %d index entries are inconsistent with the log from entry %d; "
+                        "rebuilding the index by scanning the log", self.idx_path, len(indexed) - trusted,
+                        len(indexed), self.base + trusted)
+        # the last trusted record is verified again, with everything after it
+        keep = max(trusted - 1, 0)
+        start = indexed[keep] if trusted else 0
+        positions = indexed[:keep]
+        fd = self.pool.fd(self.log_path)
+        buf = ops.pread(fd, size - start, start) if size > start else b""
+        end = len(buf)
+        offset = 0
+        while offset < end:
+            body_size = _record_at(buf, offset, end)
+            if body_size is not None:
+                positions.append(start + offset)
+                offset += HEADER_SIZE + body_size
+                continue
+            # a bad record: find the next good one
+            found = next((o for o in range(offset + 1, end - HEADER_SIZE + 1)
+                          if _record_at(buf, o, end) is not None), None)
+            if found is None and offset + HEADER_SIZE <= end and \
+                    offset + HEADER_SIZE + _U32.unpack_from(buf, offset)[0] == end:
+                # a whole record that fails its checksum, last in the file: keep its entry id
+                self.pool.stats.dropped_bytes += end - offset
+                log.error("%s: the last record (entry %d, byte %d) fails its checksum; it reads as corrupt",
+                          self.log_path, self.base + len(positions), start + offset)
+                positions.append(start + offset)
                 break
-            positions.append(pos)
-            pos += HEADER_SIZE + body_size
-        if torn or pos != self.size:
-            os.ftruncate(self.log_fd, pos)
-            self.size = pos
-        if positions != self.positions:
-            self.positions = positions
-            os.ftruncate(self.idx_fd, 0)
-            os.write(self.idx_fd, self._index_bytes(positions))
-        return len(positions)
+            if found is None:
+                dropped = end - offset
+                self.pool.stats.dropped_bytes += dropped
+                if last:
+                    log.warning("%s: a torn record at byte %d (entry %d): %d bytes truncated",
+                                self.log_path, start + offset, self.base + len(positions), dropped)
+                    ops.truncate(fd, start + offset)
+                    size = start + offset
+                else:
+                    log.error("%s: bytes %d to %d hold no readable record (entry %d onwards is lost)",
+                              self.log_path, start + offset, start + end, self.base + len(positions))
+                end = offset
+                break
+            # damaged records with good ones after them keep their entry ids: follow their headers
+            # while they land exactly on the next good record, else count the gap as one entry
+            hops, at = [], offset
+            while at < found and at + HEADER_SIZE <= found:
+                hops.append(at)
+                at += HEADER_SIZE + _U32.unpack_from(buf, at)[0]
+            if at != found:
+                hops = [offset]
+            self.pool.stats.dropped_bytes += found - offset
+            log.error("%s: bytes %d to %d are damaged: entr%s %s unreadable, the %d bytes after are kept",
+                      self.log_path, start + offset, start + found, "y" if len(hops) == 1 else "ies",
+                      ", ".join(str(self.base + len(positions) + i) for i in range(len(hops))), end - found)
+            positions.extend(start + h for h in hops)
+            offset = found
+        self.size = self.committed_size = start + end
+        self.positions = positions
+        if positions != indexed:
+            self._rewrite_index()
+        self.committed_count = len(self.positions)
+        self.index_bytes_on_disk = 8 * len(self.positions)
 
-    @staticmethod
-    def _index_bytes(positions) -> bytes:
-        return b"".join(struct.pack(">Q", p) for p in positions)
+    def _rewrite_index(self) -> None:
+        try:
+            fd = self.pool.fd(self.idx_path)
+            self.ops.truncate(fd, 0)
+            data = _index_bytes(self.positions)
+            if data:
+                self.ops.pwrite(fd, data, 0)
+        except (OSError, StorageError) as exc:
+            # the log is the truth; the next open rebuilds the index again
+            log.error("%s: cannot rewrite the index: %s", self.idx_path, exc)
+
+    # appends
 
     def append(self, header: bytes, body) -> None:
         """Queue one record as its header and body (joined once, at commit)."""
@@ -133,69 +387,157 @@ class _Segment:
         self.positions.append(pos)
         self.size += HEADER_SIZE + len(body)
 
-    def commit(self) -> None:
-        """Hand every pending record (then its index entries) to the OS."""
+    @property
+    def pending(self) -> bool:
+        return bool(self._pending)
+
+    def commit(self, sync: bool) -> None:
+        """Write every pending record and its index entries at their positions (fsync too with
+        `sync`). On failure both files are cut back to the last commit, the pending records are
+        forgotten, and StorageError is raised."""
         if not self._pending:
+            if sync:
+                self.fsync()
             return
         data = b"".join(self._pending) if len(self._pending) > 1 else self._pending[0]
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self.log_fd, view):]
-        os.write(self.idx_fd, self._pending_index)
+        ops = self.ops
+        try:
+            fd = self.pool.fd(self.log_path)
+            view = memoryview(data)
+            offset = self.committed_size
+            while view:
+                written = ops.pwrite(fd, view, offset)
+                view = view[written:]
+                offset += written
+            idx_fd = self.pool.fd(self.idx_path)
+            index = memoryview(bytes(self._pending_index))
+            offset = self.index_bytes_on_disk
+            while index:
+                written = ops.pwrite(idx_fd, index, offset)
+                index = index[written:]
+                offset += written
+            if sync:  # fetched again: opening the index may have closed the log's descriptor
+                ops.fsync(self.pool.fd(self.log_path))
+                ops.fsync(self.pool.fd(self.idx_path))
+        except (OSError, StorageError) as exc:
+            self._roll_back()
+            raise StorageError(f"{self.log_path}: cannot write {len(data)} bytes: {exc}") from exc
         self.committed_size = self.size
+        self.committed_count = len(self.positions)
+        self.index_bytes_on_disk += len(self._pending_index)
         self._pending.clear()
         self._pending_index.clear()
 
+    def _roll_back(self) -> None:
+        del self.positions[self.committed_count:]
+        self.size = self.committed_size
+        self._pending.clear()
+        self._pending_index.clear()
+        for path, size in ((self.log_path, self.committed_size), (self.idx_path, self.index_bytes_on_disk)):
+            try:
+                self.ops.truncate(self.pool.fd(path), size)
+            except (OSError, StorageError) as exc:
+                # later writes are positioned, so the leftover is overwritten or cut by recovery
+                log.error("%s: cannot truncate back to %d bytes: %s", path, size, exc)
+
+    def fsync(self) -> None:
+        try:
+            self.ops.fsync(self.pool.fd(self.log_path))
+            self.ops.fsync(self.pool.fd(self.idx_path))
+        except OSError as exc:
+            raise StorageError(f"{self.log_path}: fsync failed: {exc}") from exc
+
+    # reads
+
     def read(self, index: int) -> tuple[int, int, int, bytes]:
+        entry_id = self.base + index
+        if index >= len(self.positions):
+            raise CorruptEntryError(f"{self.log_path}: entry {entry_id} is missing (its record is lost)",
+                                    entry_id)
+        if index >= self.committed_count:
+            k = 2 * (index - self.committed_count)
+            body_size, checksum, publish_time, num_messages = _HEADER.unpack(self._pending[k])
+            return checksum, publish_time, num_messages, self._pending[k + 1]
         pos = self.positions[index]
-        if pos >= self.committed_size:
-            self.commit()
-        header = os.pread(self.log_fd, HEADER_SIZE, pos)
-        body_size, checksum, publish_time, num_messages = _HEADER.unpack(header)
-        body = os.pread(self.log_fd, body_size, pos + HEADER_SIZE)
-        if len(body) != body_size or crc32c(body) != checksum:
-            raise StorageError(f"{self.log_path}: entry {self.base + index} fails its checksum")
+        end = self.positions[index + 1] if index + 1 < self.committed_count else self.committed_size
+        try:
+            raw = self.ops.pread(self.pool.fd(self.log_path), end - pos, pos)
+        except OSError as exc:
+            log.error("%s: reading entry %d: %s", self.log_path, entry_id, exc)
+            raise StorageError(f"{self.log_path}: reading entry {entry_id}: {exc}") from exc
+        if len(raw) < HEADER_SIZE:
+            raise CorruptEntryError(f"{self.log_path}: entry {entry_id} is cut short", entry_id)
+        body_size, checksum, publish_time, num_messages = _HEADER.unpack_from(raw)
+        body = raw[HEADER_SIZE:]
+        if body_size != len(body) or crc32c(body) != checksum:
+            raise CorruptEntryError(f"{self.log_path}: entry {entry_id} fails its checksum", entry_id)
         return checksum, publish_time, num_messages, body
 
-    def sync(self) -> None:
-        self.commit()
-        os.fsync(self.log_fd)
-        os.fsync(self.idx_fd)
-
     def close(self) -> None:
-        self.commit()
-        for fd in (self.log_fd, self.idx_fd):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        self.pool.release(self.log_path)
+        self.pool.release(self.idx_path)
 
 
 class TopicLog:
     """Append-only, segmented log of one topic-partition."""
 
     def __init__(self, directory: str, *, segment_bytes: int = 64 * 1024 * 1024,
-                 sync_policy: str = SYNC_INTERVAL, cache_bytes: int = 32 * 1024 * 1024) -> None:
+                 sync_policy: str = SYNC_INTERVAL, cache_bytes: int = 32 * 1024 * 1024,
+                 pool: FilePool | None = None) -> None:
         if sync_policy not in (SYNC_ALWAYS, SYNC_INTERVAL, SYNC_NEVER):
             raise ValueError(f"unknown sync policy {sync_policy!r}")
         self.directory = directory
         self.segment_bytes = segment_bytes
         self.sync_policy = sync_policy
-        os.makedirs(directory, exist_ok=True)
-        bases = sorted(int(name[:-4]) for name in os.listdir(directory) if name.endswith(".log"))
-        self._segments = [_Segment(directory, base) for base in bases] or [_Segment(directory, 0)]
-        for segment in self._segments:
-            segment.load_index()
-        for segment in self._segments:
-            segment.recover(max(0, len(segment.positions) - 1))
+        self.pool = pool or FilePool()
+        try:
+            os.makedirs(directory, exist_ok=True)
+            names = os.listdir(directory)
+        except OSError as exc:
+            log.error("cannot open the log in %s: %s", directory, exc)
+            raise StorageError(f"cannot open the log in {directory}: {exc}") from exc
+        bases = sorted(int(name[:-4]) for name in names if name.endswith(".log") and name[:-4].isdigit())
+        self._segments: list[_Segment] = []
+        try:
+            self._segments = [_Segment(self.pool, directory, base) for base in bases] or \
+                [_Segment(self.pool, directory, 0)]
+            for i, segment in enumerate(self._segments):
+                is_last = i == len(self._segments) - 1
+                segment.recover(is_last)
+                if not is_last:
+                    self._check_count(segment, self._segments[i + 1].base)
+        except OSError as exc:
+            for segment in self._segments:
+                segment.close()
+            log.error("cannot open the log in %s: %s", directory, exc)
+            raise StorageError(f"cannot open the log in {directory}: {exc}") from exc
+        except StorageError:
+            for segment in self._segments:
+                segment.close()
+            raise
         last = self._segments[-1]
         self._bases = [s.base for s in self._segments]
         self.next_entry_id = last.base + len(last.positions)
+        self.committed_entry_id = self.next_entry_id  # entries before it are on the OS's side
+        self.batch = CommitBatch()
         self._dirty = False
-        self._uncommitted = False
         self._cache: collections.OrderedDict[int, Entry] = collections.OrderedDict()
         self._cache_bytes = 0
         self._cache_limit = cache_bytes
+
+    @staticmethod
+    def _check_count(segment: _Segment, next_base: int) -> None:
+        expected = next_base - segment.base
+        found = len(segment.positions)
+        if found < expected:
+            log.error("%s holds %d of its %d entries: entries %d to %d are unreadable", segment.log_path,
+                      found, expected, segment.base + found, next_base - 1)
+        elif found > expected:
+            log.error("%s holds %d records but the next segment starts at entry %d: %d ignored",
+                      segment.log_path, found, next_base, found - expected)
+            del segment.positions[expected:]
+            segment.committed_count = expected
+        segment.expected = expected
 
     @property
     def first_entry_id(self) -> int:
@@ -205,35 +547,71 @@ class TopicLog:
     def last_entry_id(self) -> int:
         return self.next_entry_id - 1
 
+    @property
+    def stats(self) -> StorageStats:
+        return self.pool.stats
+
     def append(self, body, checksum: int | None, publish_time: int, num_messages: int) -> int:
-        """Queue an entry; it reaches the OS at the next commit() (the broker commits before any receipt)."""
+        """Queue an entry; it reaches the OS at the next commit() (the broker commits before any
+        receipt). It belongs to `self.batch` as it is at this call's return."""
         if checksum is None:
             checksum = crc32c(body)
         segment = self._segments[-1]
         if segment.size >= self.segment_bytes and segment.positions:
-            segment.sync()
-            segment = _Segment(self.directory, self.next_entry_id)
-            self._segments.append(segment)
-            self._bases.append(segment.base)
+            segment = self._roll_over()
         if type(body) is not bytes and not (type(body) is memoryview and type(body.obj) is bytes):
             body = bytes(body)  # queued until commit and cached: it must not change meanwhile
         segment.append(_HEADER.pack(len(body), checksum, publish_time, num_messages), body)
         entry_id = self.next_entry_id
         self.next_entry_id += 1
+        self.batch.count += 1
         self._dirty = True
-        self._uncommitted = True
         self._remember(Entry(entry_id, body, checksum, publish_time, num_messages))
         return entry_id
 
-    def commit(self) -> None:
-        """Write what was appended; with the `always` policy, fsync it too."""
-        if self._uncommitted:
-            self._uncommitted = False
-            if self.sync_policy == SYNC_ALWAYS:
-                self._segments[-1].sync()
-                self._dirty = False
-            else:
-                self._segments[-1].commit()
+    def _roll_over(self) -> _Segment:
+        """Commit and fsync the full segment, then start the next one (StorageError if it cannot)."""
+        self.commit()
+        old = self._segments[-1]
+        if old.size < self.segment_bytes or not old.positions:
+            return old  # the commit failed and was rolled back
+        try:
+            old.commit(sync=True)
+        except StorageError as exc:
+            self.stats.failed_syncs += 1
+            log.error("%s: fsync before starting a new segment failed: %s", old.log_path, exc)
+        segment = _Segment(self.pool, self.directory, self.next_entry_id)
+        self._segments.append(segment)
+        self._bases.append(segment.base)
+        return segment
+
+    def commit(self) -> bool:
+        """Write what was appended (with the `always` policy, fsync it too). Returns False when
+        the file system refused: the batch is rolled back and `batch.error` says why."""
+        batch = self.batch
+        if not batch.count:
+            return True
+        self.batch = CommitBatch()
+        segment = self._segments[-1]
+        try:
+            segment.commit(sync=self.sync_policy == SYNC_ALWAYS)
+        except StorageError as exc:
+            batch.error = exc
+            self.stats.failed_commits += 1
+            lost_from = segment.base + len(segment.positions)
+            log.error("%s: a group commit of %d entries failed, rolled back to entry %d: %s",
+                      self.directory, batch.count, lost_from - 1, exc)
+            for entry_id in range(lost_from, self.next_entry_id):
+                old = self._cache.pop(entry_id, None)
+                if old is not None:
+                    self._cache_bytes -= len(old.body)
+            self.next_entry_id = lost_from
+            self.committed_entry_id = lost_from
+            return False
+        if self.sync_policy == SYNC_ALWAYS:
+            self._dirty = False
+        self.committed_entry_id = self.next_entry_id
+        return True
 
     def _remember(self, entry: Entry) -> None:
         self._cache[entry.entry_id] = entry
@@ -243,6 +621,8 @@ class TopicLog:
             self._cache_bytes -= len(old.body)
 
     def read(self, entry_id: int) -> Entry:
+        """The entry; KeyError outside the log, CorruptEntryError (logged) when it is unreadable,
+        StorageError when the file system refuses."""
         cached = self._cache.get(entry_id)
         if cached is not None:
             return cached
@@ -250,7 +630,12 @@ class TopicLog:
             raise KeyError(entry_id)
         i = bisect.bisect_right(self._bases, entry_id) - 1
         segment = self._segments[i]
-        checksum, publish_time, num_messages, body = segment.read(entry_id - segment.base)
+        try:
+            checksum, publish_time, num_messages, body = segment.read(entry_id - segment.base)
+        except CorruptEntryError as exc:
+            self.stats.corrupt_entries += 1
+            log.error("%s: %s", self.directory, exc)
+            raise
         return Entry(entry_id, body, checksum, publish_time, num_messages)
 
     def find_by_publish_time(self, publish_time: int) -> int:
@@ -258,21 +643,41 @@ class TopicLog:
         lo, hi = self.first_entry_id, self.next_entry_id
         while lo < hi:
             mid = (lo + hi) // 2
-            if self.read(mid).publish_time < publish_time:
-                lo = mid + 1
+            probe = mid
+            while probe < hi:  # an unreadable entry: compare with the next readable one
+                try:
+                    stamp = self.read(probe).publish_time
+                    break
+                except StorageError:
+                    probe += 1
+            else:
+                hi = mid
+                continue
+            if stamp < publish_time:
+                lo = probe + 1
             else:
                 hi = mid
         return lo
 
     def sync(self) -> None:
+        """Commit, then fsync what is not yet (StorageError if the fsync fails; retried next time)."""
         self.commit()
         if self._dirty:
-            self._segments[-1].sync()
+            try:
+                self._segments[-1].commit(sync=True)
+            except StorageError:
+                self.stats.failed_syncs += 1
+                raise
             self._dirty = False
 
     def close(self) -> None:
-        if self.sync_policy != SYNC_NEVER:
-            self.sync()
+        try:
+            if self.sync_policy != SYNC_NEVER:
+                self.sync()
+            else:
+                self.commit()
+        except StorageError as exc:
+            log.error("%s: closing: %s", self.directory, exc)
         for segment in self._segments:
             segment.close()
 

@@ -10,22 +10,31 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import bisect
 import heapq
 import logging
 import os
 import time
-from typing import Callable
+from typing import Callable, cast
 
+from .. import codec
 from .._proto import PulsarApi_pb2 as pb
+from ..errors import PulsarWireError
 from ..messages import ack_set_words
 from ..routing import murmur3_32
-from .storage import Cursor, TopicLog, read_json, write_json
+from .storage import CorruptEntryError, Cursor, FilePool, StorageError, TopicLog, read_json
 
 log = logging.getLogger("pulsarwire.broker")
 
-LEDGER_ID = 0
+COUNT_MAX_UNCOMPRESSED = 8 * 1024 * 1024  # a compressed batch larger than this is not counted (CPU bound)
+LEGACY_LEDGER_ID = 0  # the ledger of entries stored before topics had their own ledger ids
+LEDGERS_FILE = "ledgers.json"
+EPOCH_FILE = "producer-epoch.json"
 EARLIEST = -1  # a start position before every entry
 LATEST = 1 << 63  # a start position after every entry
+# A seek closes the consumers so they re-subscribe at the new position; a non-durable
+# subscription (a reader) is kept this long for them instead of ending with its last consumer.
+SEEK_RETAIN_SECONDS = 30.0
 _SubType = pb.CommandSubscribe
 
 
@@ -34,8 +43,8 @@ def start_entry(entry_id: int, topic_log: TopicLog) -> int:
     if entry_id == EARLIEST:
         return topic_log.first_entry_id
     if entry_id >= LATEST:
-        return topic_log.next_entry_id
-    return min(max(entry_id, topic_log.first_entry_id), topic_log.next_entry_id)
+        return topic_log.committed_entry_id
+    return min(max(entry_id, topic_log.first_entry_id), topic_log.committed_entry_id)
 
 
 class ConsumerLink(abc.ABC):
@@ -50,6 +59,7 @@ class ConsumerLink(abc.ABC):
         self.permits = 0
         self.pending: set[int] = set()  # entries dispatched to it and not yet acknowledged
         self.told_end = False
+        self.hash_ranges: list[tuple[int, int]] = []  # Key_Shared sticky: the key hashes it owns
 
     @property
     @abc.abstractmethod
@@ -76,14 +86,45 @@ class ProducerLink(abc.ABC):
     """A producer attached to a topic, as the domain sees it."""
 
     closed: bool
+    name: str
 
     @abc.abstractmethod
     def evict(self) -> None:
         """Close it from the broker's side (unload); the client re-attaches."""
 
 
+class ProducerBusyError(Exception):
+    """The topic's producer access mode refuses another producer now."""
+
+
+class ProducerFencedError(Exception):
+    """A newer exclusive producer took the topic over (its epoch moved on)."""
+
+
+KEY_HASH_RANGE = 65536  # Key_Shared hashes keys (Murmur3) into 0..65535, as Pulsar
+_UNASSIGNED = object()  # _pick: no sticky consumer owns this entry's key hash
+
+
+def key_hash(entry) -> int:
+    key = _entry_key(entry)
+    return (murmur3_32(key) if key else entry.entry_id) % KEY_HASH_RANGE
+
+
+# Producer access modes, as Pulsar enforces them.
+SHARED, EXCLUSIVE = pb.Shared, pb.Exclusive
+WAIT_FOR_EXCLUSIVE, EXCLUSIVE_WITH_FENCING = pb.WaitForExclusive, pb.ExclusiveWithFencing
+
+
 class Subscription:
     def __init__(self, topic: "Topic", name: str, sub_type: int, durable: bool, cursor: Cursor) -> None:
+        end = topic.log.committed_entry_id
+        if cursor.mark_delete >= end or any(e >= end for e in cursor.acked):
+            # recovery cut the log below this persisted cursor: entries appended from now on
+            # must not count as acknowledged
+            log.error("topic %s, subscription %s: the cursor is past the end of the log (%d); moved back "
+                      "to it", topic.name, name, end - 1)
+            cursor = Cursor(min(cursor.mark_delete, end - 1), [e for e in cursor.acked if e < end],
+                            {e: b for e, b in cursor.partial.items() if e < end})
         self.topic = topic
         self.name = name
         self.type = sub_type
@@ -98,25 +139,72 @@ class Subscription:
         self.redelivery_counts: dict[int, int] = {}
         self._round_robin = 0
         self._dispatching = False
+        self._retry_scheduled = False
         self.dirty = False
         self.active: ConsumerLink | None = None
+        self.retained_until = 0.0  # monotonic time; a seek keeps a non-durable subscription
+        self.sticky = False  # Key_Shared: consumers own the hash ranges they asked for
+        self._parked: list[int] = []  # sticky: entries whose key hash no consumer owns yet
+        self._range_starts: list[int] = []
+        self._range_owners: list[tuple[int, ConsumerLink]] = []
 
     # consumers
 
-    def add_consumer(self, consumer: ConsumerLink) -> None:
+    def key_shared_refusal(self, sticky: bool, ranges: list[tuple[int, int]]) -> str | None:
+        """Why a Key_Shared consumer asking for this mode and these hash ranges cannot join
+        (None when it can): sticky ranges must be valid and overlap no other consumer's."""
+        if self.consumers and sticky != self.sticky:
+            return f"subscription {self.name} uses the {'sticky' if self.sticky else 'auto-split'} key-shared mode"
+        if not sticky:
+            return None
+        if not ranges:
+            return "a sticky key-shared consumer needs hash ranges"
+        for start, end in ranges:
+            if not 0 <= start <= end < KEY_HASH_RANGE:
+                return f"hash range [{start}, {end}] is not within 0..{KEY_HASH_RANGE - 1}"
+        claimed = sorted([(s, e, c.name) for c in self.consumers for s, e in c.hash_ranges] +
+                         [(s, e, "the new consumer") for s, e in ranges])
+        for (start, end, owner), (next_start, next_end, next_owner) in zip(claimed, claimed[1:]):
+            if next_start <= end:
+                return f"hash range [{start}, {end}] of {owner} overlaps [{next_start}, {next_end}] of {next_owner}"
+        return None
+
+    def add_consumer(self, consumer: ConsumerLink, sticky: bool = False) -> None:
+        if not self.consumers:
+            self.sticky = sticky
         self.consumers.append(consumer)
+        self.retained_until = 0.0
         self._update_active()
+        self._index_ranges()
+        if self._parked:  # a new owner of some key hashes: try the held entries again
+            for entry_id in self._parked:
+                if entry_id not in self._redeliver_set:
+                    self._redeliver_set.add(entry_id)
+                    heapq.heappush(self._redeliver, entry_id)
+            self._parked.clear()
 
     def detach(self, consumer: ConsumerLink) -> None:
         """The consumer is gone: what it held goes to the others. A non-durable subscription
         lives only while it has consumers."""
         if consumer in self.consumers:
             self.consumers.remove(consumer)
+        self._index_ranges()
         self._requeue(list(consumer.pending), consumer)
         self._update_active()
         self.dispatch()
-        if not self.durable and not self.consumers:
-            self.topic.subscriptions.pop(self.name, None)
+        if not self.durable and not self.consumers and time.monotonic() >= self.retained_until:
+            self._drop_if_unused()
+
+    def _index_ranges(self) -> None:
+        """Sticky Key_Shared: the consumers' hash ranges sorted by start, for a bisect per entry."""
+        owned = sorted(((start, end, c) for c in self.consumers for start, end in c.hash_ranges),
+                       key=lambda owned_range: owned_range[0]) if self.sticky else []
+        self._range_starts = [start for start, _, _ in owned]
+        self._range_owners = [(end, c) for _, end, c in owned]
+
+    def _drop_if_unused(self) -> None:
+        if not self.durable and not self.consumers and self.topic.subscriptions.get(self.name) is self:
+            del self.topic.subscriptions[self.name]
 
     def _update_active(self) -> None:
         if self.type not in (_SubType.Failover, _SubType.Exclusive):
@@ -138,8 +226,13 @@ class Subscription:
 
     # acknowledgement
 
-    def ack(self, entry_id: int, unacked_indexes: int | None, cumulative: bool) -> None:
-        """Acknowledge an entry (or, with `unacked_indexes`, all of its batch but those bits)."""
+    def ack(self, entry_id: int, unacked_indexes: int | None, cumulative: bool) -> bool:
+        """Acknowledge an entry (or, with `unacked_indexes`, all of its batch but those bits).
+
+        Returns False, changing nothing, for an entry the topic does not have yet: a cursor moved
+        past the end would silently skip every message published later."""
+        if not 0 <= entry_id < self.topic.log.committed_entry_id:
+            return False
         cursor = self.cursor
         if cumulative:
             if unacked_indexes is not None:
@@ -157,6 +250,7 @@ class Subscription:
             cursor.ack(entry_id)
             self._settle(entry_id)
         self.dirty = True
+        return True
 
     def _settle(self, entry_id: int) -> None:
         consumer = self.owner.pop(entry_id, None)
@@ -181,11 +275,15 @@ class Subscription:
                 self.redelivery_counts[entry_id] = self.redelivery_counts.get(entry_id, 0) + 1
 
     def seek(self, entry_id: int) -> None:
+        if not self.durable:
+            self.retained_until = time.monotonic() + SEEK_RETAIN_SECONDS
+            asyncio.get_running_loop().call_later(SEEK_RETAIN_SECONDS + 0.01, self._drop_if_unused)
         self.cursor.reset(entry_id)
         self.read_position = entry_id
         self._redeliver.clear()
         self._redeliver_set.clear()
         self._delayed.clear()
+        self._parked.clear()
         self.owner.clear()
         self.redelivery_counts.clear()
         for consumer in self.consumers:
@@ -195,8 +293,8 @@ class Subscription:
 
     def check_end_of_topic(self) -> None:
         """Tell each consumer once when the topic is terminated and it has been sent everything."""
-        if not self.topic.terminated or self.read_position < self.topic.log.next_entry_id or \
-                self._redeliver:
+        if not self.topic.terminated or self.read_position < self.topic.log.committed_entry_id or \
+                self._redeliver or self._parked:
             return
         for consumer in self.consumers:
             if not consumer.told_end:
@@ -239,7 +337,8 @@ class Subscription:
                 self._redeliver_set.discard(entry_id)
                 continue
             return entry_id, True
-        while self.read_position < self.topic.log.next_entry_id:
+        end = self.topic.log.committed_entry_id  # never an entry the OS has not taken yet
+        while self.read_position < end:
             position = self.read_position
             if self.cursor.is_acked(position) or position in self.owner or self._held(position):
                 self.read_position += 1
@@ -247,7 +346,9 @@ class Subscription:
             return position, False
         return None
 
-    def _pick(self, entry) -> ConsumerLink | None:
+    def _pick(self, entry) -> ConsumerLink | object | None:
+        """The consumer to send `entry` to; None when that consumer cannot take it now;
+        _UNASSIGNED when no sticky consumer owns its key hash."""
         if self.type in (_SubType.Exclusive, _SubType.Failover):
             active = self.active
             return active if active is not None and active.permits > 0 and active.writable else None
@@ -255,9 +356,14 @@ class Subscription:
         if not candidates:
             return None
         if self.type == _SubType.Key_Shared:
-            key = _entry_key(entry)
-            slot = (murmur3_32(key) if key else entry.entry_id) % 65536
-            consumer = candidates[slot * len(candidates) // 65536]
+            slot = key_hash(entry)
+            if self.sticky:
+                i = bisect.bisect_right(self._range_starts, slot) - 1
+                if i < 0 or self._range_owners[i][0] < slot:
+                    return _UNASSIGNED
+                consumer = self._range_owners[i][1]
+            else:  # auto-split: the hash range split evenly among the consumers
+                consumer = candidates[slot * len(candidates) // KEY_HASH_RANGE]
             return consumer if consumer.permits > 0 and consumer.writable else None
         for step in range(len(candidates)):
             consumer = candidates[(self._round_robin + step) % len(candidates)]
@@ -277,15 +383,26 @@ class Subscription:
                 if found is None:
                     return
                 entry_id, redelivery = found
-                entry = topic_log.read(entry_id)
-                consumer = self._pick(entry)
-                if consumer is None:
+                try:
+                    entry = topic_log.read(entry_id)
+                except CorruptEntryError:
+                    self._skip_unreadable(entry_id, redelivery)
+                    continue
+                except StorageError as exc:
+                    self._retry_later(exc)
+                    return
+                picked = self._pick(entry)
+                if picked is None:
                     return
                 if redelivery:
                     heapq.heappop(self._redeliver)
                     self._redeliver_set.discard(entry_id)
                 else:
                     self.read_position = entry_id + 1
+                if picked is _UNASSIGNED:  # held until a consumer owns its key hash
+                    self._parked.append(entry_id)
+                    continue
+                consumer = cast(ConsumerLink, picked)
                 partial = self.cursor.partial.get(entry_id)
                 consumer.deliver(entry, self.redelivery_counts.get(entry_id, 0),
                               ack_set_words(partial, entry.num_messages) if partial else None)
@@ -294,6 +411,35 @@ class Subscription:
                 self.owner[entry_id] = consumer
         finally:
             self._dispatching = False
+
+
+    def _skip_unreadable(self, entry_id: int, redelivery: bool) -> None:
+        """A corrupt entry costs that entry alone: logged, counted, skipped and settled in the
+        cursor so that the subscription moves on (the read already logged the cause)."""
+        log.error("topic %s, subscription %s: entry %d is corrupt on disk and is skipped",
+                  self.topic.name, self.name, entry_id)
+        self.topic.log.stats.skipped_entries += 1
+        if redelivery:
+            heapq.heappop(self._redeliver)
+            self._redeliver_set.discard(entry_id)
+        elif self.read_position == entry_id:
+            self.read_position = entry_id + 1
+        self.cursor.ack(entry_id)
+        self._settle(entry_id)
+        self.dirty = True
+
+    def _retry_later(self, exc: StorageError) -> None:
+        """The file system refused a read (no descriptors, I/O error): try again in a second."""
+        if self._retry_scheduled:
+            return
+        log.error("topic %s, subscription %s: cannot read the log (%s); retrying", self.topic.name,
+                  self.name, exc)
+        self._retry_scheduled = True
+
+        def retry() -> None:
+            self._retry_scheduled = False
+            self.dispatch()
+        asyncio.get_running_loop().call_later(1.0, retry)
 
 
 def _entry_key(entry) -> bytes | None:
@@ -305,6 +451,24 @@ def _entry_key(entry) -> bytes | None:
     return None
 
 
+def entry_message_count(body, claimed: int) -> int:
+    """How many messages an entry holds, which consumers' permits are charged: 1 unless it is a
+    batch, else the messages its payload really splits into. A producer's claim above 1 is never
+    trusted (10**9 would stall every consumer); a batch that does not split, or is too big to
+    decompress cheaply, counts as 1."""
+    if claimed <= 1:
+        return 1
+    try:
+        size = int.from_bytes(body[:4], "big")
+        metadata = pb.MessageMetadata.FromString(bytes(body[4:4 + size]))
+        if not metadata.HasField("num_messages_in_batch"):
+            return 1
+        payload = codec.decompress_payload(metadata, memoryview(body)[4 + size:], COUNT_MAX_UNCOMPRESSED)
+        return max(1, len(codec.split_messages(metadata, payload)))
+    except (PulsarWireError, ValueError):  # DecodeError is a ValueError
+        return 1
+
+
 def entry_metadata(entry) -> pb.MessageMetadata:
     size = int.from_bytes(entry.body[:4], "big")
     return pb.MessageMetadata.FromString(entry.body[4:4 + size])
@@ -314,17 +478,29 @@ def entry_metadata(entry) -> pb.MessageMetadata:
 class Topic:
     """One topic-partition: its log, producers, subscriptions and dedup state.
 
-    `on_append(log)` is called after each append so that the owner can group-commit
-    every log written in one event-loop turn before any receipt leaves the broker."""
+    `on_append(topic)` is called after each append so that the owner can group-commit
+    (`commit()`) every topic written in one event-loop turn before any receipt leaves the
+    broker. Subscriptions see an entry only once it is committed; a failed commit takes
+    back the dedup state of its sends."""
 
     def __init__(self, name: str, directory: str, *, segment_bytes: int, sync_policy: str,
-                 on_append: Callable[[TopicLog], None]) -> None:
+                 on_append: Callable[["Topic"], None], pool: FilePool | None = None,
+                 new_ledger_id: Callable[[], int] = lambda: LEGACY_LEDGER_ID) -> None:
         self.name = name
         self.partition = _partition_index(name)
         self.directory = directory
-        self.log = TopicLog(self.directory, segment_bytes=segment_bytes, sync_policy=sync_policy)
+        self.log = TopicLog(self.directory, segment_bytes=segment_bytes, sync_policy=sync_policy, pool=pool)
+        self._open_ledgers(new_ledger_id)
         self._on_append = on_append
+        self._dedup_undo: dict[str, int | None] = {}  # producer -> its sequence id before this batch
         self.producers: dict[str, ProducerLink] = {}
+        self.exclusive_producer: ProducerLink | None = None
+        # WaitForExclusive producers in arrival order, each with its callbacks (granted epoch; error)
+        self.waiting_producers: list[tuple[ProducerLink, int | None, Callable[[int], None],
+                                           Callable[[Exception], None]]] = []
+        # bumped each time an exclusive producer takes the topic; kept on disk so that a fenced
+        # producer stays fenced across restarts
+        self.epoch = int(read_json(os.path.join(self.directory, EPOCH_FILE), {}).get("epoch", 0))
         self.subscriptions: dict[str, Subscription] = {}
         self.deliver_at: dict[int, int] = {}  # entry -> epoch ms before which Shared subs hold it
         state = read_json(os.path.join(self.directory, "state.json"), {})
@@ -334,10 +510,47 @@ class Topic:
         for sub_name, data in read_json(os.path.join(self.directory, "cursors.json"), {}).items():
             self.subscriptions[sub_name] = Subscription(self, sub_name, data.get("type", 0), True,
                                                         Cursor.from_json(data))
+        # schema versions, oldest first: {"type", "name", "data" (base64), "properties"}
+        self.schemas: list[dict] = read_json(os.path.join(self.directory, "schema.json"), [])
         self._state_dirty = False
+
+    def _open_ledgers(self, new_ledger_id: Callable[[], int]) -> None:
+        """Which ledger id each entry's message id carries: `[first entry, ledger id]` ranges,
+        persisted before any entry of a new range is written. A topic gets a broker-unique ledger
+        id when created; entries stored before ledger ids existed keep ledger 0."""
+        path = os.path.join(self.directory, LEDGERS_FILE)
+        ranges = read_json(path, None)
+        if not ranges:
+            ranges = []
+            if self.log.next_entry_id > self.log.first_entry_id:
+                ranges.append([0, LEGACY_LEDGER_ID])
+            ranges.append([self.log.next_entry_id, new_ledger_id()])
+            self.log.pool.write_json(path, ranges)
+        self._ledger_starts = [int(first) for first, _ in ranges]
+        self._ledger_ids = [int(ledger) for _, ledger in ranges]
+        self.ledger_id = self._ledger_ids[-1]  # the ledger new entries go to
+        self.ledger_start = self._ledger_starts[-1]
+
+    def ledger_of(self, entry_id: int) -> int:
+        """The ledger id of entry `entry_id`'s message id."""
+        if entry_id >= self.ledger_start:
+            return self.ledger_id
+        return self._ledger_ids[max(0, bisect.bisect_right(self._ledger_starts, entry_id) - 1)]
+
+    def register_schema(self, record: dict) -> int:
+        """Store a new schema version (durably, before the producer or consumer is answered)."""
+        self.schemas.append(record)
+        self.log.pool.write_json(os.path.join(self.directory, "schema.json"), self.schemas)
+        return len(self.schemas) - 1
 
     def _recover_dedup(self, upto: int) -> None:
         """Producers' last sequence ids, from the snapshot plus the entries after it."""
+        if upto >= self.log.next_entry_id:
+            # recovery cut the log below what the snapshot counted: rebuilt from the log alone,
+            # else a resend of a lost entry would be answered as a duplicate
+            log.error("topic %s: deduplication state counts entries up to %d but the log ends at %d; "
+                      "rebuilt from the log", self.name, upto, self.log.next_entry_id - 1)
+            self.last_sequence, upto = {}, -1
         for entry_id in range(max(upto + 1, self.log.first_entry_id), self.log.next_entry_id):
             try:
                 md = entry_metadata(self.log.read(entry_id))
@@ -352,15 +565,45 @@ class Topic:
     def append(self, body, checksum: int | None, publish_time: int, deliver_at_time: int | None,
                num_messages: int, producer_name: str, highest_sequence_id: int) -> int:
         """Store an entry, remember the producer's sequence id, and dispatch it."""
-        entry_id = self.log.append(body, checksum, publish_time, max(num_messages, 1))
-        self._on_append(self.log)
+        batch = self.log.batch
+        try:
+            entry_id = self.log.append(body, checksum, publish_time, entry_message_count(body, num_messages))
+        finally:
+            if self.log.batch is not batch:  # starting a new segment committed the batch before
+                self._settled(batch.error is None)
+        self._on_append(self)
         if deliver_at_time is not None and deliver_at_time > time.time() * 1000:
             self.deliver_at[entry_id] = deliver_at_time
+        undo = self._dedup_undo
+        if producer_name not in undo:
+            undo[producer_name] = self.last_sequence.get(producer_name)
         self.last_sequence[producer_name] = highest_sequence_id
         self._state_dirty = True
-        for subscription in self.subscriptions.values():
-            subscription.dispatch()
         return entry_id
+
+    def commit(self) -> bool:
+        """Hand the appended entries to the OS; then subscriptions may send them. False when
+        the file system refused (the log is rolled back, and so is the dedup state)."""
+        if not self.log.batch.count:
+            return True
+        ok = self.log.commit()
+        self._settled(ok)
+        return ok
+
+    def _settled(self, ok: bool) -> None:
+        undo, self._dedup_undo = self._dedup_undo, {}
+        if ok:
+            for subscription in list(self.subscriptions.values()):
+                subscription.dispatch()
+            return
+        for producer_name, previous in undo.items():
+            if previous is None:
+                self.last_sequence.pop(producer_name, None)
+            else:
+                self.last_sequence[producer_name] = previous
+        end = self.log.next_entry_id
+        for entry_id in [e for e in self.deliver_at if e >= end]:
+            del self.deliver_at[entry_id]
 
     def subscription(self, name: str, sub_type: int, durable: bool, initial_earliest: bool,
                      start: int | None) -> Subscription:
@@ -370,10 +613,10 @@ class Topic:
         if existing is not None:
             return existing
         if durable:
-            mark = self.log.first_entry_id - 1 if initial_earliest else self.log.next_entry_id - 1
+            mark = self.log.first_entry_id - 1 if initial_earliest else self.log.committed_entry_id - 1
         else:
             position = start_entry(start, self.log) if start is not None else \
-                (self.log.first_entry_id if initial_earliest else self.log.next_entry_id)
+                (self.log.first_entry_id if initial_earliest else self.log.committed_entry_id)
             mark = position - 1
         subscription = Subscription(self, name, sub_type, durable, Cursor(mark))
         self.subscriptions[name] = subscription
@@ -390,24 +633,30 @@ class Topic:
         last = self.log.last_entry_id
         batch_index = -1
         if last >= self.log.first_entry_id:
-            md = entry_metadata(self.log.read(last))
+            try:
+                md = entry_metadata(self.log.read(last))
+            except StorageError:
+                return last, batch_index  # logged by the read; the id is still the last one
             if md.HasField("num_messages_in_batch"):
                 batch_index = md.num_messages_in_batch - 1
         return last, batch_index
 
     def save(self) -> None:
-        """Persist cursors and dedup state when they changed."""
-        if any(s.dirty for s in self.subscriptions.values()) or self._state_dirty:
-            cursors = {}
-            for name, s in self.subscriptions.items():
-                if s.durable:
-                    cursors[name] = dict(s.cursor.to_json(), type=s.type)
+        """Persist cursors and dedup state when they changed (pending appends are committed
+        first, so that no failed send's sequence id is saved). A failed write raises
+        StorageError and leaves them marked changed, so the next save tries again."""
+        self.commit()
+        dirty = [s for s in self.subscriptions.values() if s.dirty]
+        if dirty or self._state_dirty:
+            cursors = {name: dict(s.cursor.to_json(), type=s.type)
+                       for name, s in self.subscriptions.items() if s.durable}
+            self.log.pool.write_json(os.path.join(self.directory, "cursors.json"), cursors)
+            for s in dirty:
                 s.dirty = False
-            write_json(os.path.join(self.directory, "cursors.json"), cursors)
         if self._state_dirty:
-            write_json(os.path.join(self.directory, "state.json"),
-                       {"terminated": self.terminated, "dedup": self.last_sequence,
-                        "dedup_upto": self.log.last_entry_id})
+            self.log.pool.write_json(os.path.join(self.directory, "state.json"),
+                                     {"terminated": self.terminated, "dedup": self.last_sequence,
+                                      "dedup_upto": self.log.committed_entry_id - 1})
             self._state_dirty = False
 
     def terminate(self) -> int:
@@ -419,13 +668,76 @@ class Topic:
             subscription.check_end_of_topic()
         return self.log.last_entry_id
 
+    # producers and their access modes
+
+    def add_producer(self, producer: ProducerLink, mode: int, epoch: int | None,
+                     on_granted: Callable[[int], None], on_refused: Callable[[Exception], None]) -> int | None:
+        """Attach `producer` under access `mode` (SHARED, EXCLUSIVE, ...). Returns the topic epoch
+        it holds the topic at (exclusive modes) or 0 (shared); None when it waits for exclusive
+        access, granted later through `on_granted(epoch)` (or `on_refused(error)` if fenced out).
+        Raises ProducerBusyError or ProducerFencedError when refused."""
+        if mode == SHARED:
+            if self.exclusive_producer is not None or self.waiting_producers:
+                raise ProducerBusyError(f"{self.name} has an exclusive producer")
+            self.producers[producer.name] = producer
+            return 0
+        if mode == EXCLUSIVE_WITH_FENCING:
+            for _, _, _, refused in self.waiting_producers:
+                refused(ProducerFencedError(f"fenced out of {self.name} by an exclusive producer"))
+            self.waiting_producers.clear()
+            for other in list(self.producers.values()):
+                other.evict()
+            self.producers.clear()
+            self.exclusive_producer = None
+            return self._grant(producer, max(self.epoch, epoch or 0) + 1)
+        if epoch is not None and epoch < self.epoch:
+            raise ProducerFencedError(f"{self.name}: topic epoch moved on to {self.epoch}")
+        if self.exclusive_producer is not None or self.producers:
+            if mode == WAIT_FOR_EXCLUSIVE:
+                self.waiting_producers.append((producer, epoch, on_granted, on_refused))
+                return None
+            holder = "an exclusive producer" if self.exclusive_producer is not None else "shared producers"
+            raise ProducerBusyError(f"{self.name} has {holder}")
+        return self._take_exclusive(producer, epoch)
+
+    def _take_exclusive(self, producer: ProducerLink, epoch: int | None) -> int:
+        if epoch is not None and epoch < self.epoch:
+            # a producer coming back after another exclusive one held the topic meanwhile
+            raise ProducerFencedError(f"{self.name}: topic epoch moved on to {self.epoch}")
+        return self._grant(producer, self.epoch + 1 if epoch is None else epoch)
+
+    def _grant(self, producer: ProducerLink, epoch: int) -> int:
+        if epoch != self.epoch:
+            write_json(os.path.join(self.directory, EPOCH_FILE), {"epoch": epoch})
+            self.epoch = epoch
+        self.exclusive_producer = producer
+        self.producers[producer.name] = producer
+        return epoch
+
+    def remove_producer(self, producer: ProducerLink) -> None:
+        """The producer left (closed, or its connection went): a waiting producer may take over."""
+        if self.producers.get(producer.name) is producer:
+            del self.producers[producer.name]
+        if self.exclusive_producer is producer:
+            self.exclusive_producer = None
+        self.waiting_producers = [w for w in self.waiting_producers if w[0] is not producer]
+        while self.waiting_producers and self.exclusive_producer is None and not self.producers:
+            waiting, epoch, granted, refused = self.waiting_producers.pop(0)
+            try:
+                granted(self._take_exclusive(waiting, epoch))
+            except ProducerFencedError as exc:
+                refused(exc)
+
     def evict_all(self) -> int:
         """Close every producer and consumer attached here (unload); returns how many."""
         closed = 0
-        for producer in list(self.producers.values()):
+        waiting = [w[0] for w in self.waiting_producers]
+        self.waiting_producers.clear()
+        for producer in list(self.producers.values()) + waiting:
             producer.evict()
             closed += 1
         self.producers.clear()
+        self.exclusive_producer = None
         for subscription in list(self.subscriptions.values()):
             for consumer in list(subscription.consumers):
                 consumer.evict()
@@ -433,7 +745,10 @@ class Topic:
         return closed
 
     def close(self) -> None:
-        self.save()
+        try:
+            self.save()
+        except StorageError as exc:
+            log.error("topic %s: state not saved on close: %s", self.name, exc)
         self.log.close()
 
 

@@ -35,7 +35,7 @@ from .. import codec, compression
 from .._proto import PulsarApi_pb2 as pb
 from ..errors import CodecError
 from ..routing import murmur3_32
-from .core import PARTITION_MARKER, BrokerCore
+from .core import PARTITION_MARKER, BrokerCore, InvalidTopicName
 from .storage import StorageError, TopicLog, read_json, write_json
 from .topics import Topic
 
@@ -360,6 +360,10 @@ class V1Server:
         longest = f"{full}{PARTITION_MARKER}{self.partitions + 99999}"
         if len(urllib.parse.quote(longest, safe="")) > _MAX_FILE_NAME:
             raise _bad(f"topic {_show(topic)} is too long")
+        try:
+            self.core.check_topic_name(full)
+        except InvalidTopicName as exc:
+            raise _bad(f"invalid topic {_show(topic)}: {exc}") from None
         return full
 
     @staticmethod
@@ -457,7 +461,10 @@ class V1Server:
             md.partition_key = key
         body = codec.encode_metadata_and_payload(md, value.encode())
         offset = log_topic.append(body, None, md.publish_time, None, 1, PRODUCER_NAME, md.sequence_id)
+        batch = log_topic.log.batch
         self.core.commit()  # written before it is acknowledged
+        if batch.error is not None:
+            raise V1Error(INTERNAL_ERROR, f"the record is not stored: {batch.error}")
         log_end = log_topic.log.next_entry_id
         self._wake(state, log_end)
         if acks == "all":

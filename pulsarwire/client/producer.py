@@ -8,15 +8,19 @@ import collections
 import enum
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from .. import codec, compression
 from .._proto import PulsarApi_pb2 as pb
-from ..errors import ConnectionClosedError, ProducerQueueFullError, PulsarWireError, TimeoutError
-from ..messages import MessageId
-from ..routing import HashingScheme, Router, RoutingMode
+from ..errors import (
+    AlreadyClosedError, ConnectionClosedError, MessageTooBigError, ProducerQueueFullError, PulsarWireError,
+    TimeoutError,
+)
+from ..messages import MessageId, signed64
+from ..routing import HashingScheme, OutgoingMessage, Router, RoutingMode
+from ..schema import Schema, as_schema
 from ..session import SendFailed, SendReceipt
-from .options import FATAL_ERRORS, CompressionType, now_ms
+from .options import FATAL_ERRORS, CompressionType, ProducerAccessMode, now_ms
 from .reconnect import Reconnecting
 
 if TYPE_CHECKING:
@@ -30,9 +34,10 @@ class _OpSend:
     """One Send frame in flight: a single message, a batch, or one chunk."""
 
     __slots__ = ("sequence_id", "highest_sequence_id", "num_messages", "frame", "futures", "created",
-                 "first_chunk")
+                 "first_chunk", "batched")
 
-    def __init__(self, sequence_id, highest_sequence_id, num_messages, frame, futures, first_chunk=None):
+    def __init__(self, sequence_id, highest_sequence_id, num_messages, frame, futures, first_chunk=None,
+                 batched=False):
         self.sequence_id = sequence_id
         self.highest_sequence_id = highest_sequence_id
         self.num_messages = num_messages
@@ -40,6 +45,7 @@ class _OpSend:
         self.futures = futures  # one per message; empty for all but a message's last chunk
         self.created = time.monotonic()
         self.first_chunk = first_chunk
+        self.batched = batched  # a batch entry, even of one message: ids carry batch indexes
 
 
 class PartitionProducer(Reconnecting):
@@ -54,9 +60,13 @@ class PartitionProducer(Reconnecting):
         self.producer_name = parent._producer_name
         self.conn: Connection | None = None
         self.pending: collections.deque[_OpSend] = collections.deque()
-        self.last_sequence_id = -1
-        self._next_sequence_id: int | None = parent._initial_sequence_id
+        initial = parent._initial_sequence_id
+        # As the official client: the first message takes initial + 1 (initial is the last one
+        # already published), and without an initial id the broker's last one decides.
+        self.last_sequence_id = -1 if initial is None else initial
+        self._next_sequence_id: int | None = None if initial is None else initial + 1
         self._epoch = 0
+        self._topic_epoch: int | None = None  # granted by the broker to an exclusive producer
         self._batch = codec.BatchBuilder()
         self._batch_futures: list[asyncio.Future] = []
         self._batch_first_sequence = 0
@@ -66,9 +76,19 @@ class PartitionProducer(Reconnecting):
         self._failed: BaseException | None = None
         self._timeout_task: asyncio.Task | None = None
         self._chunk_ids: dict[str, MessageId] = {}
+        self.schema_version: bytes | None = None
+        self._started: asyncio.Future | None = None  # set once start() runs (lazy producers)
+        self.ready = False  # attached at least once: sequence ids are known
 
     async def start(self) -> None:
+        started = self._started
+        if started is None or (started.done() and started.exception() is not None):
+            started = self._started = asyncio.ensure_future(self._start_once())  # first, or a failed lazy try
+        await asyncio.shield(started)
+
+    async def _start_once(self) -> None:
         await self._connect()
+        self.ready = True
         if self.parent._send_timeout:
             self._timeout_task = asyncio.ensure_future(self._check_send_timeouts())
 
@@ -81,16 +101,28 @@ class PartitionProducer(Reconnecting):
             fields["user_provided_producer_name"] = self.parent._user_named
         if self.parent._metadata:
             fields["metadata"] = [pb.KeyValue(key=k, value=v) for k, v in self.parent._metadata.items()]
+        if self._topic_epoch is not None:  # coming back: fenced if another exclusive producer came
+            fields["topic_epoch"] = self._topic_epoch
+        if self.parent._wire_schema is not None:
+            fields["schema"] = self.parent._wire_schema
+        if self.parent._initial_subscription_name:
+            fields["initial_subscription_name"] = self.parent._initial_subscription_name
         conn.producers[self.producer_id] = self
         try:
-            response = await conn.request(conn.session.create_producer, **fields)
+            # WaitForExclusive: the broker answers once this producer has the topic, however long
+            response = await conn.request(conn.session.create_producer, **fields,
+                                          _wait=self.parent._access_mode == pb.WaitForExclusive)
         except BaseException:
             conn.producers.pop(self.producer_id, None)
             raise
         self._epoch += 1
+        if response.HasField("topic_epoch"):
+            self._topic_epoch = response.topic_epoch
         self.producer_name = response.producer_name
-        self.last_sequence_id = max(self.last_sequence_id, response.last_sequence_id)
+        if response.HasField("schema_version"):
+            self.schema_version = response.schema_version
         if self._next_sequence_id is None:
+            self.last_sequence_id = max(self.last_sequence_id, response.last_sequence_id)
             self._next_sequence_id = response.last_sequence_id + 1
         self.conn = conn
         for op in self.pending:  # resend in order, same sequence ids: the broker dedups
@@ -117,6 +149,7 @@ class PartitionProducer(Reconnecting):
         parent = self.parent
         sequence_id = self._take_sequence_id(options.get("sequence_id"))
         batchable = parent._batching and options.get("deliver_at") is None and \
+            not options.get("partition_key_b64_encoded") and \
             len(payload) < parent._batching_max_bytes
         if batchable:
             if self._batch.num_messages == 0:
@@ -140,7 +173,7 @@ class PartitionProducer(Reconnecting):
         limit = self.conn.max_message_size if self.conn else codec.DEFAULT_MAX_MESSAGE_SIZE
         if len(body) > limit - 1024:
             if not parent._chunking:
-                future.set_exception(PulsarWireError(
+                future.set_exception(MessageTooBigError(
                     f"message of {len(body)} bytes is over the broker's {limit}-byte limit; "
                     "enable chunking_enabled to send it"))
                 self.parent._release(1)
@@ -173,6 +206,10 @@ class PartitionProducer(Reconnecting):
             md.properties.extend(pb.KeyValue(key=k, value=v) for k, v in options["properties"].items())
         if options.get("partition_key") is not None:
             md.partition_key = options["partition_key"]
+            if options.get("partition_key_b64_encoded"):
+                md.partition_key_b64_encoded = True
+        if self.schema_version is not None:
+            md.schema_version = self.schema_version
         if options.get("ordering_key") is not None:
             md.ordering_key = options["ordering_key"]
         if options.get("event_timestamp"):
@@ -207,13 +244,15 @@ class PartitionProducer(Reconnecting):
                                 publish_time=now_ms(), num_messages_in_batch=count)
         if highest != first:
             md.highest_sequence_id = highest
+        if self.schema_version is not None:
+            md.schema_version = self.schema_version
         kind = self.parent._compression
         if kind:
             md.compression = kind
             md.uncompressed_size = len(raw)
             raw = compression.compress(kind, raw)
         frame = codec.encode_payload_command(self._send_command(first, highest, count), md, raw)
-        self._enqueue(_OpSend(first, highest, count, frame, futures))
+        self._enqueue(_OpSend(first, highest, count, frame, futures, batched=True))
 
     def _enqueue(self, op: _OpSend) -> None:
         self.pending.append(op)
@@ -235,21 +274,20 @@ class PartitionProducer(Reconnecting):
             if op.num_messages == 0 and op.first_chunk is not None and not op.futures:
                 if op.first_chunk not in self._chunk_ids:
                     mid = receipt.message_id
-                    self._chunk_ids[op.first_chunk] = MessageId(mid.ledgerId, mid.entryId, self.partition,
-                                                                topic=self.topic)
+                    self._chunk_ids[op.first_chunk] = MessageId(signed64(mid.ledgerId), signed64(mid.entryId),
+                                                                self.partition, topic=self.topic)
                 return  # earlier chunk: wait for the receipt of the last one
             self._chunk_ids.pop(op.first_chunk, None)
             self.last_sequence_id = max(self.last_sequence_id, op.highest_sequence_id)
             mid = receipt.message_id
-            batched = len(op.futures) > 1 or op.highest_sequence_id != op.sequence_id
+            ledger, entry = signed64(mid.ledgerId), signed64(mid.entryId)  # a duplicate is (-1, -1)
             for index, future in enumerate(op.futures):
                 if not future.done():
-                    if batched or op.num_messages > 1:
-                        future.set_result(MessageId(mid.ledgerId, mid.entryId, self.partition, index,
+                    if op.batched:
+                        future.set_result(MessageId(ledger, entry, self.partition, index,
                                                     len(op.futures), self.topic))
                     else:
-                        future.set_result(MessageId(mid.ledgerId, mid.entryId, self.partition,
-                                                    topic=self.topic))
+                        future.set_result(MessageId(ledger, entry, self.partition, topic=self.topic))
             self.parent._release(len(op.futures))
             return
 
@@ -330,14 +368,26 @@ class Producer:
                  batching_max_publish_delay_ms: float = 10, chunking_enabled: bool = False,
                  message_routing_mode: RoutingMode = RoutingMode.RoundRobinPartition,
                  hashing_scheme: HashingScheme = HashingScheme.JavaStringHash,
-                 properties: dict[str, str] | None = None, access_mode: int = pb.Shared) -> None:
+                 properties: dict[str, str] | None = None, access_mode: int = pb.Shared,
+                 schema: Schema | None = None, message_router: Callable[[Any, int], int] | None = None,
+                 lazy_start_partitioned_producers: bool = False,
+                 initial_subscription_name: str | None = None) -> None:
         if chunking_enabled and batching_enabled:
             raise ValueError("chunking cannot be combined with batching")
+        if message_router is not None and not callable(message_router):
+            raise TypeError("message_router must be a callable (message, num_partitions) -> partition")
+        self._schema = schema = as_schema(schema)
+        self._wire_schema = schema.wire_schema() if schema is not None else None
+        self._message_router = message_router
+        self._lazy = lazy_start_partitioned_producers
+        self._initial_subscription_name = initial_subscription_name
         self.client = client
         self._topic = topic
         self._producer_name = producer_name
         self._user_named = producer_name is not None
-        self._initial_sequence_id = None if initial_sequence_id is None else initial_sequence_id
+        # As the official client: 0 (its Python layer tests truthiness) and -1 (its "unset") leave
+        # the broker's last sequence id in charge.
+        self._initial_sequence_id = None if initial_sequence_id in (None, 0, -1) else initial_sequence_id
         self._send_timeout = send_timeout_millis / 1000
         self._compression: Any = compression.compression_type(
             compression_type.name if isinstance(compression_type, enum.Enum) else compression_type)
@@ -349,7 +399,7 @@ class Producer:
         self._batching_delay = batching_max_publish_delay_ms / 1000
         self._chunking = chunking_enabled
         self._metadata = properties or {}
-        self._access_mode = access_mode
+        self._access_mode = int(ProducerAccessMode(access_mode))
         self._router = Router(hashing_scheme, message_routing_mode)
         self._partitions: list[PartitionProducer] = []
         self._in_flight = 0
@@ -360,8 +410,10 @@ class Producer:
         topics = await self.client.get_topic_partitions(self._topic)
         partitioned = len(topics) > 1 or topics[0] != self._topic
         self._partitions = [PartitionProducer(self, t, i if partitioned else -1) for i, t in enumerate(topics)]
+        # lazy: each partition's producer attaches on the first message routed to it
+        starting = self._partitions[:0] if self._lazy and partitioned else self._partitions
         try:
-            await asyncio.gather(*(p.start() for p in self._partitions))
+            await asyncio.gather(*(p.start() for p in starting))
         except BaseException:
             for p in self._partitions:
                 p._closed = True
@@ -373,7 +425,7 @@ class Producer:
         return self._topic
 
     def producer_name(self) -> str:
-        return self._partitions[0].producer_name or ""
+        return next((p.producer_name for p in self._partitions if p.producer_name), "")
 
     def last_sequence_id(self) -> int:
         return max(p.last_sequence_id for p in self._partitions)
@@ -398,7 +450,12 @@ class Producer:
                          deliver_at: int | None = None, deliver_after_ms: int | None = None) -> asyncio.Future:
         """Queue a message; returns a future for its MessageId (waits only for queue space)."""
         if self._closed:
-            raise ConnectionClosedError("producer is closed")
+            raise AlreadyClosedError("producer is closed")
+        b64_key = None
+        if self._schema is not None:
+            content, b64_key = self._schema.encode_message(content)
+            if b64_key is not None:
+                partition_key = b64_key
         if not isinstance(content, (bytes, bytearray, memoryview)):
             raise TypeError(f"content must be bytes, not {type(content).__name__}")
         if self._in_flight >= self._max_pending:
@@ -409,10 +466,17 @@ class Producer:
         if deliver_after_ms is not None:
             deliver_at = now_ms() + deliver_after_ms
         options = {"properties": properties, "partition_key": partition_key, "ordering_key": ordering_key,
-                   "event_timestamp": event_timestamp, "sequence_id": sequence_id, "deliver_at": deliver_at}
+                   "event_timestamp": event_timestamp, "sequence_id": sequence_id, "deliver_at": deliver_at,
+                   "partition_key_b64_encoded": b64_key is not None}
         partitions = self._partitions
-        target = partitions[0] if len(partitions) == 1 else \
-            partitions[self._router.partition(partition_key, len(partitions))]
+        if len(partitions) == 1:
+            target = partitions[0]
+        elif self._message_router is not None:
+            target = partitions[self._routed_partition(content, options)]
+        else:
+            target = partitions[self._router.partition(partition_key, len(partitions))]
+        if not target.ready:
+            await target.start()  # a lazy partition producer attaches on its first message
         future = self.client._loop.create_future()
         self._in_flight += 1
         target.send(bytes(content) if not isinstance(content, bytes) else content, options, future)
@@ -420,6 +484,15 @@ class Producer:
         if conn is not None and not conn._can_write.is_set():
             await conn.drain()
         return future
+
+    def _routed_partition(self, content: bytes, options: dict) -> int:
+        count = len(self._partitions)
+        router = self._message_router
+        assert router is not None
+        index = router(OutgoingMessage(content, options), count)
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < count:
+            raise ValueError(f"message_router returned {index!r}; expected a partition in 0..{count - 1}")
+        return index
 
     async def send(self, content: bytes, **options) -> MessageId:
         """Send one message and wait for the broker's receipt."""
@@ -433,6 +506,8 @@ class Producer:
 
     async def flush(self) -> None:
         """Send what is batched and wait until every pending message is acknowledged."""
+        if self._closed:
+            raise AlreadyClosedError("producer is closed")
         self.flush_batches()
         await asyncio.gather(*(p.wait_pending() for p in self._partitions))
 

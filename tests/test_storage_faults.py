@@ -1,0 +1,471 @@
+"""Storage faults in the embedded broker (issue 11, items 1, 4 and 6): a disk that fills,
+corrupt and truncated files, and a process short of file descriptors. Faults are injected
+through the storage's `FileOps` hook; the descriptor limit is a real rlimit on a broker
+subprocess."""
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import logging
+import os
+import resource
+import subprocess
+import sys
+
+import pytest
+
+from pulsarwire import Client, InitialPosition, MessageId, codec, errors
+from pulsarwire._proto import PulsarApi_pb2 as pb
+from pulsarwire.broker.core import DUPLICATE, BrokerCore
+from pulsarwire.broker.storage import HEADER_SIZE, CorruptEntryError, FileOps, FilePool, TopicLog, topic_directory
+
+from .peers import BrokerThread, free_port, terminate, wait_for_port
+from .test_client import run
+
+TOPIC = "persistent://public/default/faults"
+
+
+class FillingDisk(FileOps):
+    """A file system with `room` bytes left (None: unlimited); writes past it fail with ENOSPC
+    after writing what fits, as a real full disk does. `json_fails` fails state-file writes."""
+
+    def __init__(self) -> None:
+        self.room: int | None = None
+        self.json_fails = False
+        self.truncate_fails = False
+
+    def pwrite(self, fd, data, offset):
+        if self.room is None:
+            return super().pwrite(fd, data, offset)
+        if self.room <= 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        written = super().pwrite(fd, bytes(data[:self.room]), offset)
+        self.room -= written
+        return written
+
+    def truncate(self, fd, size):
+        if self.truncate_fails:
+            raise OSError(errno.EIO, "Input/output error")
+        super().truncate(fd, size)
+
+    def replace_file(self, path, data):
+        if self.json_fails:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        super().replace_file(path, data)
+
+
+def _entry(i: int) -> bytes:
+    md = pb.MessageMetadata(producer_name="writer", sequence_id=i, publish_time=1000 + i)
+    return codec.encode_metadata_and_payload(md, b"m-%04d" % i)
+
+
+def _log_file(directory) -> str:
+    return os.path.join(directory, sorted(f for f in os.listdir(directory) if f.endswith(".log"))[0])
+
+
+# 1. disk full
+
+def test_failed_commit_rolls_back_the_log_and_recovers_when_space_returns(tmp_path):
+    disk = FillingDisk()
+    topic_log = TopicLog(str(tmp_path), pool=FilePool(ops=disk))
+    for i in range(10):
+        topic_log.append(b"good-%d" % i, None, i, 1)
+    assert topic_log.commit()
+    size = os.path.getsize(_log_file(tmp_path))
+    disk.room = 50  # the next batch fits only partly
+    batch_ids = [topic_log.append(b"lost-%d" % i, None, i, 1) for i in range(5)]
+    batch = topic_log.batch
+    assert not topic_log.commit()
+    assert isinstance(batch.error, Exception) and "No space" in str(batch.error)
+    assert os.path.getsize(_log_file(tmp_path)) == size  # truncated back to the last good record
+    assert topic_log.next_entry_id == 10 and topic_log.committed_entry_id == 10
+    with pytest.raises(KeyError):
+        topic_log.read(batch_ids[0])
+    disk.room = None  # space returns: the same ids are used again, at the right positions
+    assert [topic_log.append(b"after-%d" % i, None, i, 1) for i in range(3)] == [10, 11, 12]
+    assert topic_log.commit()
+    topic_log.close()
+    reopened = TopicLog(str(tmp_path))
+    assert reopened.next_entry_id == 13
+    assert [reopened.read(i).body for i in (0, 9, 10, 12)] == [b"good-0", b"good-9", b"after-0", b"after-2"]
+    reopened.close()
+
+
+def test_failed_truncate_still_writes_the_next_batch_at_its_position(tmp_path):
+    disk = FillingDisk()
+    topic_log = TopicLog(str(tmp_path), pool=FilePool(ops=disk))
+    topic_log.append(b"first", None, 1, 1)
+    assert topic_log.commit()
+    disk.room, disk.truncate_fails = 30, True  # a partial record stays behind on disk
+    topic_log.append(b"x" * 100, None, 2, 1)
+    assert not topic_log.commit()
+    disk.room, disk.truncate_fails = None, False
+    topic_log.append(b"second", None, 3, 1)
+    assert topic_log.commit()
+    topic_log.close()
+    reopened = TopicLog(str(tmp_path))
+    assert reopened.next_entry_id == 2 and reopened.read(1).body == b"second"
+    reopened.close()
+
+
+def test_failed_commit_restores_dedup_state_so_a_resend_is_stored(tmp_path):
+    disk = FillingDisk()
+    core = BrokerCore(str(tmp_path), file_ops=disk)
+    core.open()
+    topic = core.topic(TOPIC)
+    assert core.publish(topic, "p", 0, None, False, _entry(0), None, 1, None, 1) == 0
+    core.commit()
+    disk.room = 0
+    assert core.publish(topic, "p", 1, None, False, _entry(1), None, 1, None, 1) == 1
+    assert core.publish(topic, "p", 1, None, False, _entry(1), None, 1, None, 1) == DUPLICATE  # pending
+    batch = topic.log.batch
+    core.commit()
+    assert batch.error is not None
+    assert topic.last_sequence["p"] == 0  # the failed send's sequence id is taken back
+    assert core.storage_stats()["failed_commits"] == 1
+    disk.room = None
+    assert core.publish(topic, "p", 1, None, False, _entry(1), None, 1, None, 1) == 1  # not a duplicate
+    core.commit()
+    assert topic.log.batch.error is None and topic.last_sequence["p"] == 1
+    core.close()
+
+
+def test_disk_full_answers_send_errors_and_the_broker_recovers(tmp_path, caplog):
+    """200 sends while the disk fills: each failed commit is answered SendError (the client
+    resends), nothing is acknowledged unstored, and once space returns all 200 are stored
+    exactly once, in order, also after a restart."""
+    disk = FillingDisk()
+    broker = BrokerThread(tmp_path, v1_port=None, file_ops=disk).start()
+    count = 200
+
+    async def produce():
+        async with Client(broker.url, operation_timeout_seconds=10, initial_backoff_seconds=0.05) as client:
+            producer = await client.create_producer(TOPIC, batching_enabled=False, send_timeout_millis=30000)
+            await producer.send(b"warm-up")
+            disk.room = 3000  # about 20 records fit
+            futures = [await producer.send_async(b"payload-%03d" % i) for i in range(count)]
+            await asyncio.sleep(1.0)
+            assert sum(f.done() and f.exception() is None for f in futures) < count  # some are stuck
+            disk.room = None  # space returns
+            await asyncio.wait_for(asyncio.gather(*futures), 30)
+            await producer.close()
+
+    caplog.set_level(logging.ERROR, logger="pulsarwire.broker")
+    try:
+        run(produce())
+        stats = broker.call(broker.broker.storage_stats)
+        assert stats["failed_commits"] >= 1
+        assert any("group commit" in r.getMessage() for r in caplog.records)
+        broker.restart()
+
+        async def read_back():
+            async with Client(broker.url) as client:
+                reader = await client.create_reader(TOPIC, MessageId.earliest)
+                stored = []
+                while await reader.has_message_available():
+                    stored.append((await reader.read_next(5000)).data())
+                return stored
+        stored = run(read_back())
+        assert stored == [b"warm-up"] + [b"payload-%03d" % i for i in range(count)]
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """An 8 MiB tmpfs (root only; skipped where it cannot be mounted)."""
+    mount_point = tmp_path / "tmpfs"
+    mount_point.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount_point)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)
+
+
+def test_real_full_disk_loses_nothing_acknowledged_and_recovers(small_tmpfs):
+    """A real ENOSPC: an 8 MiB tmpfs, 6 MiB of it taken by ballast; 100 sends of 32 KiB. Those
+    that do not fit get errors (the client resends); once the ballast goes all 100 are stored
+    exactly once, in order, also after a restart."""
+    ballast = small_tmpfs / "ballast"
+    ballast.write_bytes(b"\0" * (6 * 1024 * 1024))
+    data_dir = small_tmpfs / "data"
+    broker = BrokerThread(data_dir, v1_port=None).start()
+    payloads = [b"%03d-" % i + b"x" * (32 * 1024) for i in range(100)]
+
+    async def produce():
+        async with Client(broker.url, initial_backoff_seconds=0.05) as client:
+            producer = await client.create_producer(TOPIC, batching_enabled=False, send_timeout_millis=30000)
+            futures = [await producer.send_async(p) for p in payloads]
+            await asyncio.sleep(1.5)
+            assert not all(f.done() for f in futures)  # the disk is full: some wait
+            ballast.unlink()  # space returns
+            await asyncio.wait_for(asyncio.gather(*futures), 30)
+    try:
+        run(produce())
+        assert broker.call(broker.broker.storage_stats)["failed_commits"] >= 1
+        broker.restart()
+
+        async def read_back():
+            async with Client(broker.url) as client:
+                reader = await client.create_reader(TOPIC, MessageId.earliest)
+                stored = []
+                while await reader.has_message_available():
+                    stored.append((await reader.read_next(5000)).data())
+                return stored
+        assert run(read_back()) == payloads
+    finally:
+        broker.stop()
+
+
+def test_maintenance_survives_failing_state_writes_and_persists_later(tmp_path, caplog):
+    disk = FillingDisk()
+    broker = BrokerThread(tmp_path, v1_port=None, file_ops=disk).start()
+    cursors = os.path.join(topic_directory(str(tmp_path), TOPIC), "cursors.json")
+
+    async def main():
+        async with Client(broker.url) as client:
+            consumer = await client.subscribe(TOPIC, "sub", initial_position=InitialPosition.Earliest,
+                                              ack_group_time_ms=0)
+            producer = await client.create_producer(TOPIC)
+            await asyncio.sleep(0.5)
+            disk.json_fails = True
+            for i in range(5):
+                await producer.send(b"%d" % i)
+                consumer.acknowledge(await consumer.receive(5000))
+            await asyncio.sleep(0.8)
+            with open(cursors) as fh:
+                assert json.load(fh)["sub"]["mark_delete"] < 4  # not persisted while failing
+            assert not broker.broker._background.done()
+            disk.json_fails = False
+            await asyncio.sleep(0.8)
+            with open(cursors) as fh:
+                assert json.load(fh)["sub"]["mark_delete"] == 4  # retried and persisted
+
+    caplog.set_level(logging.ERROR, logger="pulsarwire.broker")
+    try:
+        run(main())
+        assert any("cannot write" in r.getMessage() for r in caplog.records)
+    finally:
+        broker.stop()
+
+
+# 4. corruption
+
+def _flip(path: str, offset: int) -> None:
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        byte = fh.read(1)
+        fh.seek(offset)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+
+
+def _write_entries(directory, count: int, segment_bytes: int = 64 * 1024 * 1024) -> list[int]:
+    topic_log = TopicLog(str(directory), segment_bytes=segment_bytes)
+    ids = [topic_log.append(_entry(i), None, 1000 + i, 1) for i in range(count)]
+    topic_log.close()
+    return ids
+
+
+def _position(directory, entry_id: int) -> int:
+    with open(_log_file(directory)[:-4] + ".idx", "rb") as fh:
+        fh.seek(8 * entry_id)
+        return int.from_bytes(fh.read(8), "big")
+
+
+def test_one_flipped_byte_costs_that_entry_alone_and_keeps_the_connection(tmp_path, caplog):
+    directory = topic_directory(str(tmp_path), TOPIC)
+    _write_entries(directory, 2000)
+    _flip(_log_file(directory), _position(directory, 1000) + HEADER_SIZE + 10)
+    broker = BrokerThread(tmp_path, v1_port=None).start()
+    caplog.set_level(logging.ERROR, logger="pulsarwire.broker")
+
+    async def consume():
+        async with Client(broker.url) as client:
+            consumer = await client.subscribe(TOPIC, "all", initial_position=InitialPosition.Earliest)
+            got = []
+            while len(got) < 1999:
+                message = await consumer.receive(5000)
+                got.append(message.data())
+                consumer.acknowledge(message)
+            assert consumer.is_connected()
+            return got
+    try:
+        got = run(consume())
+        assert got == [b"m-%04d" % i for i in range(2000) if i != 1000]
+        stats = broker.call(broker.broker.storage_stats)
+        assert stats["skipped_entries"] == 1 and stats["corrupt_entries"] >= 1
+        assert any("entry 1000" in r.getMessage() and TOPIC in r.getMessage() for r in caplog.records)
+    finally:
+        broker.stop()
+
+
+def test_log_truncated_mid_file_opens(tmp_path, caplog):
+    _write_entries(tmp_path, 100)
+    path = _log_file(tmp_path)
+    cut = _position(tmp_path, 60) + 7  # inside entry 60's header; the index still lists 100
+    os.truncate(path, cut)
+    caplog.set_level(logging.WARNING, logger="pulsarwire.broker")
+    topic_log = TopicLog(str(tmp_path))
+    assert topic_log.next_entry_id == 60
+    assert topic_log.read(59).body == _entry(59)
+    assert os.path.getsize(path) == cut - 7
+    assert any("truncated" in r.getMessage() for r in caplog.records)
+    assert topic_log.append(_entry(60), None, 1, 1) == 60
+    topic_log.close()
+
+
+def test_log_cut_below_cursor_and_dedup_state_loses_nothing_later(tmp_path, caplog):
+    """A log cut by recovery (a torn tail after power loss, a truncated file) below what the cursor
+    and the dedup snapshot had seen: both move back, so the resent and the new messages are
+    stored and delivered, not skipped as acknowledged or dropped as duplicates."""
+    broker = BrokerThread(tmp_path, v1_port=None).start()
+
+    async def first():
+        async with Client(broker.url) as client:
+            consumer = await client.subscribe(TOPIC, "sub", initial_position=InitialPosition.Earliest,
+                                              ack_group_time_ms=0)
+            producer = await client.create_producer(TOPIC, producer_name="p", batching_enabled=False)
+            for i in range(100):
+                await producer.send(b"%d" % i)
+                consumer.acknowledge(await consumer.receive(5000))
+            await asyncio.sleep(0.6)  # cursor and dedup state persisted
+    try:
+        run(first())
+        broker.stop()
+        directory = topic_directory(str(tmp_path), TOPIC)
+        os.truncate(_log_file(directory), _position(directory, 60) + 5)
+        caplog.set_level(logging.ERROR, logger="pulsarwire.broker")
+        broker.start()
+
+        async def second():
+            async with Client(broker.url) as client:
+                producer = await client.create_producer(TOPIC, producer_name="p", batching_enabled=False)
+                assert producer.last_sequence_id() == 59
+                consumer = await client.subscribe(TOPIC, "sub")
+                await producer.send(b"again-60")
+                assert (await consumer.receive(5000)).data() == b"again-60"
+        run(second())
+        messages = [r.getMessage() for r in caplog.records]
+        assert any("cursor is past the end" in m for m in messages)
+        assert any("deduplication state" in m for m in messages)
+    finally:
+        broker.stop()
+
+
+@pytest.mark.parametrize("where", ["body", "header"])
+def test_deleted_index_and_bad_byte_keep_the_entries_after_it(tmp_path, caplog, where):
+    _write_entries(tmp_path, 2000)
+    offset = _position(tmp_path, 1000) + (HEADER_SIZE + 10 if where == "body" else 1)
+    os.remove(_log_file(tmp_path)[:-4] + ".idx")
+    _flip(_log_file(tmp_path), offset)
+    caplog.set_level(logging.WARNING, logger="pulsarwire.broker")
+    topic_log = TopicLog(str(tmp_path))
+    assert topic_log.next_entry_id == 2000  # nothing after the bad record is dropped
+    with pytest.raises(CorruptEntryError):
+        topic_log.read(1000)
+    assert [topic_log.read(i).body for i in (999, 1001, 1999)] == [_entry(999), _entry(1001), _entry(1999)]
+    assert any("1000" in r.getMessage() and "damaged" in r.getMessage() for r in caplog.records)
+    topic_log.close()
+
+
+def test_damaged_middle_segment_reads_as_corrupt_entries_not_index_error(tmp_path, caplog):
+    _write_entries(tmp_path, 300, segment_bytes=4096)
+    logs = sorted(f for f in os.listdir(tmp_path) if f.endswith(".log"))
+    assert len(logs) >= 3
+    middle = os.path.join(tmp_path, logs[1])
+    first_of_next = int(logs[2][:-4])
+    os.truncate(middle, os.path.getsize(middle) // 2)
+    os.remove(middle[:-4] + ".idx")
+    caplog.set_level(logging.ERROR, logger="pulsarwire.broker")
+    topic_log = TopicLog(str(tmp_path), segment_bytes=4096)
+    assert topic_log.next_entry_id == 300
+    with pytest.raises(CorruptEntryError):
+        topic_log.read(first_of_next - 1)
+    assert topic_log.read(first_of_next).body == _entry(first_of_next)
+    assert topic_log.read(int(logs[1][:-4])).body == _entry(int(logs[1][:-4]))
+    assert any("unreadable" in r.getMessage() for r in caplog.records)
+    topic_log.close()
+
+
+# 6. file descriptors
+
+def test_open_segment_files_stay_within_max_open_files(tmp_path):
+    pool = FilePool(max_open_files=8)
+    logs = [TopicLog(str(tmp_path / f"t{i}"), pool=pool, cache_bytes=0) for i in range(50)]
+    for round_ in range(3):
+        for i, topic_log in enumerate(logs):
+            topic_log.append(b"%d-%d" % (i, round_), None, 1, 1)
+            assert topic_log.commit()
+            assert pool.open_count <= 8
+    assert all(topic_log.read(2).body == b"%d-2" % i for i, topic_log in enumerate(logs))
+    assert pool.open_count <= 8 and pool.stats.file_reopens > 0
+    for topic_log in logs:
+        topic_log.close()
+
+
+def _limited_broker(data_dir, limit: int, *extra: str):
+    port = free_port()
+
+    def lower_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pulsarwire", "broker", "--data-dir", str(data_dir), "--port", str(port),
+         "--v1-port", "-1", *extra], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        env=dict(os.environ), preexec_fn=lower_limit)
+    wait_for_port(port, process=process)
+    return process, f"pulsar://127.0.0.1:{port}"
+
+
+def test_600_topics_under_a_256_descriptor_limit(tmp_path):
+    process, url = _limited_broker(tmp_path, 256)
+
+    async def one(client, i):
+        topic = f"persistent://public/default/fd-{i}"
+        producer = await client.create_producer(topic)
+        await producer.send(b"t-%d" % i)
+        await producer.close()
+        consumer = await client.subscribe(topic, "s", initial_position=InitialPosition.Earliest)
+        message = await consumer.receive(10000)
+        consumer.acknowledge(message)
+        await consumer.close()
+        return message.data()
+
+    async def main():
+        async with Client(url, operation_timeout_seconds=20) as client:
+            got = []
+            for start in range(0, 600, 50):
+                got += await asyncio.gather(*(one(client, i) for i in range(start, start + 50)))
+            return got
+    try:
+        assert run(main(), timeout=120) == [b"t-%d" % i for i in range(600)]
+        assert process.poll() is None
+    finally:
+        terminate(process)
+
+
+def test_no_descriptors_left_is_answered_with_an_error_not_a_dropped_connection(tmp_path):
+    process, url = _limited_broker(tmp_path, 40)
+
+    async def main():
+        async with Client(url, operation_timeout_seconds=5) as client:
+            await client.create_producer("persistent://public/default/before")
+            hogs = []
+            for _ in range(40):  # take every descriptor the broker has left
+                hogs.append(await asyncio.open_connection("127.0.0.1", int(url.rsplit(":", 1)[1])))
+            await asyncio.sleep(0.3)
+            with pytest.raises(errors.PulsarWireError) as raised:
+                await client.create_producer("persistent://public/default/starved")
+            assert "open" in str(raised.value) or "Persistence" in type(raised.value).__name__
+            for _, writer in hogs:
+                writer.close()
+            await asyncio.sleep(1.5)  # the broker sees them go (and resumes accepting)
+            producer = await client.create_producer("persistent://public/default/starved")
+            await producer.send(b"fine")  # the same connection, still up
+    try:
+        run(main(), timeout=60)
+    finally:
+        terminate(process)
