@@ -214,3 +214,39 @@ def test_async_client_made_outside_a_loop_starts_on_the_first_call(embedded):
         with pytest.raises(pulsar_asyncio.PulsarException):
             await client.create_producer(topic)
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_records_declared_either_way_share_a_topic(embedded):
+    official = pytest.importorskip("pulsar")
+    import pulsar.schema as theirs
+
+    from pulsarwire import records, schema as ours
+
+    def declare(module):
+        class Address(module.Record):
+            street = module.String()
+
+        class Order(module.Record):
+            _avro_namespace = "shop"
+            id = module.String(required=True)
+            quantity = module.Integer(default=1, required_default=True)
+            address = Address()
+            lines = module.Array(module.Double())
+        return Order
+
+    their_order, our_order = declare(theirs), declare(records)
+    assert our_order.schema() == their_order.schema()
+    topic = unique("records")
+    reader_client = pulsar.Client(embedded.url)
+    writer_client = official.Client(embedded.url, logger=official.ConsoleLogger(official.LoggerLevel.Error))
+    try:
+        consumer = reader_client.subscribe(topic, "s", schema=ours.JsonSchema(our_order))
+        producer = writer_client.create_producer(topic, schema=theirs.JsonSchema(their_order))
+        producer.send(their_order(id="o-1", quantity=3, address=their_order._fields["address"].__class__(
+            street="main"), lines=[1.5, 2.0]))
+        got = consumer.receive(5000).value()
+        assert (type(got), got.id, got.quantity, got.address.street, got.lines) == \
+            (our_order, "o-1", 3, "main", [1.5, 2.0])
+    finally:
+        writer_client.close()
+        reader_client.close()
