@@ -650,3 +650,52 @@ def test_replica_behind_committed_records_does_not_satisfy_acks_all(conn1):
     info = parse_replica(conn1.ok("REPLICA_FETCH", "rf-behind 0 1 2"))  # caught up: now in sync
     assert info["isr"] == [0, 1] and info["hw"] == 2
     assert parse_consume(conn1.ok("CONSUME", "rf-behind 0 0")) == ([(0, "a"), (1, "b")], 2)
+
+
+def test_acks_all_succeeds_once_a_silent_replica_leaves_the_isr(tmp_path):
+    # min ISR 2 of 3: replica 1 keeps up, replica 2 goes silent and leaves the ISR after the lag
+    # time; the high watermark then reaches the record with two in sync
+    running = start_broker(tmp_path, v1_partitions=1, replica_lag_time=0.4, replication_timeout=3.0)
+    try:
+        conn = V1Line(running.v1_port)
+        parse_replica(conn.ok("REPLICA_FETCH", "shrink 0 1 0"))
+        assert parse_replica(conn.ok("REPLICA_FETCH", "shrink 0 2 0"))["isr"] == [0, 1, 2]
+        answers = []
+        worker = threading.Thread(target=lambda: answers.append(conn.call("PRODUCE", "shrink k:v acks=all")))
+        worker.start()
+        follower = V1Line(running.v1_port)
+        started = time.monotonic()
+        while worker.is_alive() and time.monotonic() - started < 2.5:
+            parse_replica(follower.ok("REPLICA_FETCH", "shrink 0 1 1"))
+            time.sleep(0.1)
+        worker.join(5)
+        assert answers and answers[0][0] == "OK", answers
+        info = parse_replica(follower.ok("REPLICA_FETCH", "shrink 0 1 1"))
+        assert info["isr"] == [0, 1] and info["hw"] == 1 and info["under_replicated"] is True
+        follower.close()
+        conn.close()
+    finally:
+        running.stop()
+
+
+def test_cli_broker_serves_v1(tmp_path):
+    import subprocess
+    import sys
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pulsarwire", "broker", "--data-dir", str(tmp_path), "--port", "0", "--v1-port", "0",
+         "--v1-partitions", "1", "--replication-factor", "2", "--min-insync-replicas", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        banner = process.stdout.readline()
+        match = re.search(r"V1 on 127\.0\.0\.1:(\d+)", banner)
+        assert match, banner
+        conn = V1Line(int(match.group(1)))
+        assert conn.raw("V1|42|PRODUCE|orders user1:created") == "V1|42|OK|partition=0 offset=0 hw=1"
+        assert conn.raw("V1|43|PRODUCE|orders user1:created acks=all") == "V1|43|OK|partition=0 offset=1 hw=2"
+        assert conn.raw("V1|44|CONSUME|orders 0 0") == "V1|44|OK|messages=0:created,1:created hw=2"
+        assert conn.raw("V1|45|REPLICA_FETCH|orders 0 1 2") == \
+            "V1|45|OK|replica=1 acked_offset=2 hw=2 isr=[0,1] under_replicated=false"
+        conn.close()
+    finally:
+        process.terminate()
+        process.wait(10)
