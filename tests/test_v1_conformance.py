@@ -699,3 +699,30 @@ def test_cli_broker_serves_v1(tmp_path):
     finally:
         process.terminate()
         process.wait(10)
+
+
+def test_argument_rules_come_before_the_partition_role(conn1):
+    # "Handlers then enforce command-specific argument rules" - before the NOT_LEADER state check
+    produce(conn1, "order-role", "k:v")
+    conn1.ok("SET_PARTITION_ROLE", "order-role 0 follower")
+    assert conn1.error("PRODUCE", "order-role k:v acks=2") == "BAD_REQUEST"
+    assert conn1.error("PRODUCE", "order-role kv") == "BAD_REQUEST"
+    assert conn1.error("PRODUCE", "order-role k:v") == "NOT_LEADER"
+    conn1.ok("SET_PARTITION_ROLE", "order-role 0 leader")
+
+
+def test_refused_join_creates_no_member(conn):
+    assert conn.error("JOIN", "g-refused orders a assignor=sticky") == "BAD_REQUEST"
+    assert conn.error("SYNC", "g-refused orders a 1") == "GENERATION_MISMATCH"
+    assert conn.error("HEARTBEAT", "g-refused orders a 1") == "GENERATION_MISMATCH"
+    generation, assigned = parse_assigned(conn.ok("JOIN", "g-refused orders a"))
+    assert assigned == [0, 1, 2]
+    assert conn.error("JOIN", "g-refused orders b assignor=RANGE") == "BAD_REQUEST"
+    assert parse_assigned(conn.ok("SYNC", f"g-refused orders a {generation}")) == (generation, [0, 1, 2])
+
+
+def test_join_again_keeps_generation_or_moves_forward(conn):
+    gen1, assigned1 = parse_assigned(conn.ok("JOIN", "g-again orders a"))
+    gen2, assigned2 = parse_assigned(conn.ok("JOIN", "g-again orders a"))
+    assert gen2 >= gen1 and assigned2 == assigned1 == [0, 1, 2]
+    assert conn.ok("HEARTBEAT", f"g-again orders a {gen2}") == "heartbeat=ok"
