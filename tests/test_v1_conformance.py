@@ -8,6 +8,8 @@ import json
 import os
 import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -678,23 +680,57 @@ def test_acks_all_succeeds_once_a_silent_replica_leaves_the_isr(tmp_path):
         running.stop()
 
 
-def test_cli_broker_serves_v1(tmp_path):
-    import subprocess
-    import sys
+def start_cli_broker(data_dir, *flags: str) -> tuple[subprocess.Popen, int]:
+    """`python -m pulsarwire broker` on free ports; the process and its V1 port (from the banner)."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "pulsarwire", "broker", "--data-dir", str(tmp_path), "--port", "0", "--v1-port", "0",
-         "--v1-partitions", "1", "--replication-factor", "2", "--min-insync-replicas", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [sys.executable, "-m", "pulsarwire", "broker", "--data-dir", str(data_dir), "--port", "0", "--v1-port", "0",
+         *flags], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    banner = process.stdout.readline()
+    match = re.search(r"V1 on 127\.0\.0\.1:(\d+)", banner)
+    if not match:
+        process.kill()
+        process.wait(10)
+        raise AssertionError(f"no V1 port in {banner!r}")
+    return process, int(match.group(1))
+
+
+def test_cli_broker_serves_v1(tmp_path):
+    process, port = start_cli_broker(tmp_path, "--v1-partitions", "1", "--replication-factor", "2",
+                                     "--min-insync-replicas", "1")
     try:
-        banner = process.stdout.readline()
-        match = re.search(r"V1 on 127\.0\.0\.1:(\d+)", banner)
-        assert match, banner
-        conn = V1Line(int(match.group(1)))
+        conn = V1Line(port)
         assert conn.raw("V1|42|PRODUCE|orders user1:created") == "V1|42|OK|partition=0 offset=0 hw=1"
         assert conn.raw("V1|43|PRODUCE|orders user1:created acks=all") == "V1|43|OK|partition=0 offset=1 hw=2"
         assert conn.raw("V1|44|CONSUME|orders 0 0") == "V1|44|OK|messages=0:created,1:created hw=2"
         assert conn.raw("V1|45|REPLICA_FETCH|orders 0 1 2") == \
             "V1|45|OK|replica=1 acked_offset=2 hw=2 isr=[0,1] under_replicated=false"
+        conn.close()
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def test_acknowledged_state_survives_kill_9(tmp_path):
+    # "Group metadata is persisted to groups.json", "Offsets remain persisted separately in offsets.json"
+    flags = ("--v1-partitions", "2")
+    process, port = start_cli_broker(tmp_path, *flags)
+    try:
+        conn = V1Line(port)
+        partition, offset, _ = produce(conn, "crash", "k:kept")
+        conn.ok("JOIN", "g-crash crash a assignor=range")
+        generation, assigned = parse_assigned(conn.ok("JOIN", "g-crash crash b"))
+        conn.ok("COMMIT", f"g-crash crash b {generation} {assigned[0]} 7")
+        conn.close()
+    finally:
+        process.kill()
+        process.wait(10)
+    process, port = start_cli_broker(tmp_path, *flags)
+    try:
+        conn = V1Line(port)
+        assert (offset, "kept") in parse_consume(conn.ok("CONSUME", f"crash {partition} 0"))[0]
+        assert conn.ok("OFFSET", f"g-crash crash {assigned[0]}") == "offset=7"
+        assert parse_assigned(conn.ok("SYNC", f"g-crash crash b {generation}")) == (generation, assigned)
+        assert parse_assigned(conn.ok("SYNC", f"g-crash crash a {generation}")) == (generation, [0])
         conn.close()
     finally:
         process.terminate()
