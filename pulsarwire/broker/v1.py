@@ -12,8 +12,9 @@ A V1 topic `t` with N partitions is the broker's partitioned topic
 offset is an entry id, so Pulsar clients and V1 clients read the same data.
 V1 never writes to a non-partitioned Pulsar topic nor to a single partition by
 its own name. Replicas are the followers 1..replication_factor-1 that
-REPLICA_FETCH; the leader (replica 0) is always in the ISR and the high
-watermark is the lowest offset acknowledged by every ISR member.
+REPLICA_FETCH; the leader (replica 0) is always in the ISR, a replica is in it
+while it fetches and holds everything committed, and the high watermark is the
+lowest offset acknowledged by every ISR member (it never moves back).
 
 Additive to the specification (its compatibility policy allows new commands;
 payloads may grow): the commands PING and AUTH, and the error codes
