@@ -26,7 +26,9 @@ class PulsarException(Exception):
     """The error of a failed operation; `error()` is its official Result."""
 
     def __init__(self, result, msg: str | None = None) -> None:
-        super().__init__(result, msg)
+        # not super(): the pulsarwire error mixed into each subclass takes other arguments
+        # (ServerError(message, code=...), CodecError(message, command=...))
+        Exception.__init__(self, result, msg)
         self._result = Result(result)
         self._msg = msg
 
