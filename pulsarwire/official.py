@@ -749,6 +749,10 @@ def consumer_options(*, topic, consumer_type, schema, receiver_queue_size,
     for name, value in optional:
         if value:
             options[name] = value
+    if key_shared_policy is not None:  # the asyncio consumer takes its own policy class
+        options["key_shared_policy"] = aio.KeySharedPolicy(
+            aio.KeySharedMode[KeySharedMode(key_shared_policy.key_shared_mode).name],
+            key_shared_policy.allow_out_of_order_delivery, key_shared_policy.sticky_ranges)
     if isinstance(topic, re.Pattern):
         options["pattern_auto_discovery_period"] = pattern_auto_discovery_period
         options["regex_subscription_mode"] = int(RegexSubscriptionMode(regex_subscription_mode))

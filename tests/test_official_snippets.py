@@ -1031,6 +1031,158 @@ program("failover_and_shared_consumers")("""
     client.close()
 """)
 
+program("producer_errors")("""
+    import pulsar
+
+    client = pulsar.Client('pulsar://localhost:6650')
+    first = client.create_producer('my-topic', access_mode=pulsar.ProducerAccessMode.Exclusive)
+    try:
+        client.create_producer('my-topic')
+    except pulsar.ProducerBusy:
+        print('ProducerBusy')
+    first.close()
+    producer = client.create_producer('my-topic')
+    try:
+        producer.send(b'x' * (300 * 1024))
+    except pulsar.MessageTooBig:
+        print('MessageTooBig')
+    print(producer.send(b'').entry_id() >= 0)
+    results = []
+    small = client.create_producer('my-small', max_pending_messages=1, block_if_queue_full=False)
+    for i in range(20):
+        small.send_async(b'q', lambda res, msg_id: results.append(res))
+    small.flush()
+    print(len(results), pulsar.Result.ProducerQueueIsFull in results, pulsar.Result.Ok in results)
+    client.close()
+    try:
+        client.close()
+    except pulsar.AlreadyClosed:
+        print('client AlreadyClosed')
+""")
+
+program("connection_refused")("""
+    import socket
+    import pulsar
+
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    client = pulsar.Client('pulsar://127.0.0.1:%d' % port, operation_timeout_seconds=1)
+    try:
+        client.create_producer('my-topic')
+    except pulsar.PulsarException as error:
+        print(type(error).__name__)
+    client.close()
+""")
+
+program("table_view")("""
+    import pulsar
+
+    client = pulsar.Client('pulsar://localhost:6650')
+    producer = client.create_producer('my-topic')
+    producer.send(b'1', partition_key='apples')
+    producer.send(b'7', partition_key='pears')
+    producer.send(b'3', partition_key='apples')
+    view = client.create_table_view('my-topic')
+    print(len(view), view.get('apples'), view.get('pears'), view.get('plums'))
+    items = []
+    view.for_each(lambda key, value: items.append((key, value)))
+    print(sorted(items))
+    view.close()
+    client.close()
+""")
+
+program("key_shared_sticky_policy")("""
+    import pulsar
+
+    client = pulsar.Client('pulsar://localhost:6650')
+    low = client.subscribe('my-topic', 'my-subscription', consumer_type=pulsar.ConsumerType.KeyShared,
+                           key_shared_policy=pulsar.ConsumerKeySharedPolicy(
+                               key_shared_mode=pulsar.KeySharedMode.Sticky, sticky_ranges=[(0, 32767)]))
+    high = client.subscribe('my-topic', 'my-subscription', consumer_type=pulsar.ConsumerType.KeyShared,
+                            key_shared_policy=pulsar.ConsumerKeySharedPolicy(
+                                key_shared_mode=pulsar.KeySharedMode.Sticky, sticky_ranges=[(32768, 65535)]))
+    producer = client.create_producer('my-topic')
+    for i in range(20):
+        producer.send(b'%d' % i, partition_key='key-%d' % i)
+    counts = []
+    for consumer in (low, high):
+        keys = []
+        while True:
+            try:
+                msg = consumer.receive(400)
+            except pulsar.Timeout:
+                break
+            keys.append(msg.partition_key())
+            consumer.acknowledge(msg)
+        counts.append(sorted(keys))
+    print(counts)
+    client.close()
+""")
+
+program("batch_index_ack")("""
+    import pulsar
+
+    client = pulsar.Client('pulsar://localhost:6650')
+    consumer = client.subscribe('my-topic', 'my-subscription', consumer_type=pulsar.ConsumerType.Shared,
+                                batch_index_ack_enabled=True)
+    producer = client.create_producer('my-topic', batching_enabled=True, batching_max_messages=4,
+                                      batching_max_publish_delay_ms=1000)
+    for i in range(4):
+        producer.send_async(b'm-%d' % i, None)
+    producer.flush()
+    received = [consumer.receive(2000) for _ in range(4)]
+    consumer.acknowledge(received[0])
+    consumer.acknowledge(received[2])
+    consumer.close()
+    consumer = client.subscribe('my-topic', 'my-subscription', consumer_type=pulsar.ConsumerType.Shared,
+                                batch_index_ack_enabled=True)
+    rest = []
+    while True:
+        try:
+            rest.append(consumer.receive(500).data())
+        except pulsar.Timeout:
+            break
+    print(rest)
+    client.close()
+""")
+
+program("asyncio_producer_features")("""
+    import asyncio
+    import pulsar
+    from pulsar.asyncio import Client, PulsarException
+    from pulsar.schema import StringSchema
+
+    async def main():
+        client = Client('pulsar://localhost:6650', operation_timeout_seconds=5)
+        producer = await client.create_producer('my-topic', schema=StringSchema(), producer_name='my-prod')
+        consumer = await client.subscribe('my-topic', 'my-subscription', schema=StringSchema(),
+                                          consumer_type=pulsar.ConsumerType.Shared)
+        print(producer.producer_name(), producer.topic(), producer.is_connected())
+        ids = await asyncio.gather(*[producer.send('text-%d' % i) for i in range(5)])
+        print(sorted(str(i) for i in ids))
+        print(producer.last_sequence_id())
+        values = []
+        for _ in range(5):
+            msg = await consumer.receive()
+            values.append(msg.value())
+            await consumer.acknowledge(msg.message_id())
+        print(sorted(values))
+        exclusive = await client.create_producer('my-excl', access_mode=pulsar.ProducerAccessMode.Exclusive)
+        try:
+            await client.create_producer('my-excl')
+        except PulsarException as error:
+            print(error.error(), str(error).split(':')[0])
+        await exclusive.close()
+        await client.close()
+        try:
+            await client.create_producer('my-topic')
+        except PulsarException as error:
+            print('after close:', error.error())
+
+    asyncio.run(main())
+""")
+
 
 # --- the runner -----------------------------------------------------------------------------
 
@@ -1125,3 +1277,30 @@ def test_every_async_error_class_can_be_raised():
         assert error.error() == result
         assert str(error) == f"{result.value} {result.name}: details"
         assert str(cls(result)) == f"{result.value} {result.name}"
+
+
+def test_official_key_shared_policy_reaches_the_asyncio_client_as_its_own_policy():
+    """`subscribe(key_shared_policy=pulsar.ConsumerKeySharedPolicy(...))` was refused with
+    TypeError("key_shared_policy must be a KeySharedPolicy") by the asyncio consumer."""
+    from pulsarwire import client as aio
+    from pulsarwire import official
+
+    def options(policy):
+        return official.consumer_options(
+            topic="t", consumer_type=official.ConsumerType.KeyShared, schema=None, receiver_queue_size=1000,
+            max_total_receiver_queue_size_across_partitions=50000, consumer_name=None,
+            unacked_messages_timeout_ms=None, broker_consumer_stats_cache_time_ms=30000,
+            negative_ack_redelivery_delay_ms=60000, is_read_compacted=False, properties=None,
+            pattern_auto_discovery_period=60, initial_position=official.InitialPosition.Latest,
+            crypto_key_reader=None, replicate_subscription_state_enabled=False, max_pending_chunked_message=10,
+            auto_ack_oldest_chunked_message_on_queue_full=False, start_message_id_inclusive=False,
+            key_shared_policy=policy, batch_index_ack_enabled=False,
+            regex_subscription_mode=official.RegexSubscriptionMode.PersistentOnly, dead_letter_policy=None)
+
+    sticky = options(official.ConsumerKeySharedPolicy(official.KeySharedMode.Sticky, True, [(0, 99), (200, 299)]))
+    policy = sticky["key_shared_policy"]
+    assert isinstance(policy, aio.KeySharedPolicy)
+    assert (policy.key_shared_mode, policy.allow_out_of_order_delivery, policy.sticky_ranges) == (
+        aio.KeySharedMode.Sticky, True, [(0, 99), (200, 299)])
+    auto = options(official.ConsumerKeySharedPolicy())["key_shared_policy"]
+    assert isinstance(auto, aio.KeySharedPolicy) and auto.key_shared_mode == aio.KeySharedMode.AutoSplit
