@@ -26,7 +26,9 @@ class PulsarException(Exception):
     """The error of a failed operation; `error()` is its official Result."""
 
     def __init__(self, result, msg: str | None = None) -> None:
-        super().__init__(result, msg)
+        # not super(): the pulsarwire error mixed into each subclass takes other arguments
+        # (ServerError(message, code=...), CodecError(message, command=...))
+        Exception.__init__(self, result, msg)
         self._result = Result(result)
         self._msg = msg
 
@@ -99,7 +101,13 @@ class Producer(_Handle):
         official.check_content(content, self._schema)
         options = official.send_options(properties, partition_key, ordering_key, sequence_id, replication_clusters,
                                         bool(disable_replication), event_timestamp, deliver_at, deliver_after)
-        return MessageId.wrap(await self._await(self._producer.send(content, **options)))
+        return MessageId.wrap(await self._await(self._queue_and_wait(content, options)))
+
+    async def _queue_and_wait(self, content: Any, options: dict):
+        # as the official client: the message waits in its batch (full, or the publish delay
+        # over), so concurrent sends share a batch; pulsarwire's own send() flushes at once
+        receipt = await self._producer.send_async(content, **options)
+        return await receipt
 
     async def flush(self) -> None:
         await self._await(self._producer.flush())
