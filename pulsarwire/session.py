@@ -212,6 +212,13 @@ class ClientSession:
                       pb.CommandPartitionedTopicMetadata(topic=topic, request_id=rid))
         return rid
 
+    def get_topics_of_namespace(self, namespace: str) -> int:
+        rid = self.new_request_id()
+        self._command(T.GET_TOPICS_OF_NAMESPACE, "getTopicsOfNamespace",
+                      pb.CommandGetTopicsOfNamespace(request_id=rid, namespace=namespace,
+                                                     mode=pb.CommandGetTopicsOfNamespace.PERSISTENT))
+        return rid
+
     def create_producer(self, **fields) -> int:
         rid = self.new_request_id()
         self._command(T.PRODUCER, "producer", pb.CommandProducer(request_id=rid, **fields))
@@ -358,6 +365,10 @@ class ClientSession:
         r = frame.command.getLastMessageIdResponse
         events.append(RequestDone(r.request_id, r))
 
+    def _on_topics_of_namespace(self, frame, events):
+        r = frame.command.getTopicsOfNamespaceResponse
+        events.append(RequestDone(r.request_id, r))
+
     def _on_ack_response(self, frame, events):
         r = frame.command.ackResponse
         if not r.HasField("request_id"):
@@ -417,6 +428,7 @@ _TRANSITIONS: dict[tuple[State, int], Callable] = {
     (_S.CONNECTED, T.LOOKUP_RESPONSE): ClientSession._on_lookup_response,
     (_S.CONNECTED, T.PARTITIONED_METADATA_RESPONSE): ClientSession._on_partitioned_metadata_response,
     (_S.CONNECTED, T.GET_LAST_MESSAGE_ID_RESPONSE): ClientSession._on_last_message_id,
+    (_S.CONNECTED, T.GET_TOPICS_OF_NAMESPACE_RESPONSE): ClientSession._on_topics_of_namespace,
     (_S.CONNECTED, T.ACK_RESPONSE): ClientSession._on_ack_response,
     (_S.CONNECTED, T.SEND_RECEIPT): ClientSession._on_send_receipt,
     (_S.CONNECTED, T.SEND_ERROR): ClientSession._on_send_error,

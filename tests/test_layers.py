@@ -52,7 +52,8 @@ CLIENT_DEPENDS = {
     "producer": {"options", "reconnect"},
     "consumer": {"options", "reconnect"},
     "reader": {"options", "reconnect", "consumer"},
-    "client": {"options", "reconnect", "connection", "producer", "consumer", "reader"},
+    "entries": {"options", "reconnect"},
+    "client": {"options", "reconnect", "connection", "producer", "consumer", "reader", "entries"},
 }
 # Every name `pulsarwire.client` offered when it was one module and that user code may import
 # from it: its own public names, the message and routing types in its signatures, the errors

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import urllib.parse
 
 from .storage import SYNC_INTERVAL, TopicLog, read_json, topic_directory, write_json
 from .topics import Topic
@@ -70,6 +71,18 @@ class BrokerCore:
         if name not in self._partitioned and self.default_partitions and not self.non_partitioned_exists(name):
             self.create_partitioned_topic(name, self.default_partitions)
         return self._partitioned.get(name, 0)
+
+    def topics_of_namespace(self, namespace: str) -> list[str]:
+        """Every persistent topic of `namespace` ("tenant/namespace"), open or only on disk;
+        a partitioned topic by its partitions' names."""
+        prefix = f"persistent://{namespace}/"
+        names = set(self.topics)
+        root = os.path.join(self.data_dir, "topics")
+        if os.path.isdir(root):
+            names.update(urllib.parse.unquote(d) for d in os.listdir(root))
+        for parent, count in self._partitioned.items():
+            names.update(f"{parent}{PARTITION_MARKER}{i}" for i in range(count))
+        return sorted(n for n in names if n.startswith(prefix) and n not in self._partitioned)
 
     def create_partitioned_topic(self, name: str, partitions: int) -> None:
         if partitions < 1:

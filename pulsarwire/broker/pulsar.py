@@ -482,6 +482,12 @@ class BrokerConnection(asyncio.Protocol):
         self.command(T.CLOSE_CONSUMER, "close_consumer",
                      pb.CommandCloseConsumer(consumer_id=consumer.consumer_id, request_id=0))
 
+    def on_get_topics_of_namespace(self, frame) -> None:
+        c = frame.command.getTopicsOfNamespace
+        self.command(T.GET_TOPICS_OF_NAMESPACE_RESPONSE, "getTopicsOfNamespaceResponse",
+                     pb.CommandGetTopicsOfNamespaceResponse(
+                         request_id=c.request_id, topics=self.core.topics_of_namespace(c.namespace)))
+
     def on_get_last_message_id(self, frame) -> None:
         c = frame.command.getLastMessageId
         consumer = self.consumers.get(c.consumer_id)
@@ -525,5 +531,6 @@ _HANDLERS: dict[int, Callable] = {
     T.UNSUBSCRIBE: BrokerConnection.on_unsubscribe,
     T.CLOSE_CONSUMER: BrokerConnection.on_close_consumer,
     T.GET_LAST_MESSAGE_ID: BrokerConnection.on_get_last_message_id,
+    T.GET_TOPICS_OF_NAMESPACE: BrokerConnection.on_get_topics_of_namespace,
     T.AUTH_RESPONSE: BrokerConnection.on_auth_response,
 }

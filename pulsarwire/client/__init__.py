@@ -5,6 +5,7 @@
   that shares connections and looks topics up;
 - `reconnect`: the reconnect loop producers and consumers share;
 - `producer`, `consumer`, `reader`: the per-partition workers and the user-facing objects;
+- `entries`: `EntryReader`, whole entries of one partition for bulk readers (the Spark source);
 - `client`: the `Client` entry point.
 
 Protocol state lives in `pulsarwire.session` (sans-IO). Names follow the official
@@ -15,6 +16,7 @@ from __future__ import annotations
 from .client import Client
 from .connection import Connection, ConnectionPool
 from .consumer import Consumer
+from .entries import Entry, EntryReader
 from .options import (
     DEFAULT_PORT, DEFAULT_TLS_PORT, Address, AuthenticationToken, CompressionType, ConsumerType,
     InitialPosition, partition_name, topic_name,
@@ -34,7 +36,7 @@ from ..routing import HashingScheme, RoutingMode
 
 __all__ = [
     "DEFAULT_PORT", "DEFAULT_TLS_PORT", "Address", "AuthenticationToken", "Client", "CompressionType",
-    "Connection", "ConnectionPool", "Consumer", "ConsumerType", "InitialPosition", "Producer", "Reader",
+    "Connection", "ConnectionPool", "Consumer", "ConsumerType", "Entry", "EntryReader", "InitialPosition", "Producer", "Reader",
     "partition_name", "topic_name",
     "AuthenticationError", "AuthorizationError", "CodecError", "ConnectionClosedError", "HashingScheme",
     "Message", "MessageId", "NotAllowedError", "ProducerFencedError", "ProducerQueueFullError",

@@ -11,6 +11,7 @@ from .. import codec
 from ..messages import MessageId
 from .connection import Connection, ConnectionPool
 from .consumer import Consumer
+from .entries import EntryReader
 from .options import Address, AuthenticationToken, ConsumerType, topic_name
 from .producer import Producer
 from .reader import Reader
@@ -65,6 +66,10 @@ class Client:
     async def get_topic_partitions(self, topic: str) -> list[str]:
         return await self._pool.topic_partitions(topic_name(topic))
 
+    async def get_topics_of_namespace(self, namespace: str) -> list[str]:
+        """The persistent topics of `namespace` ("tenant/namespace"); partitions by partition name."""
+        return await self._pool.topics_of_namespace(namespace)
+
     async def _backoff(self, attempt: int) -> None:
         await asyncio.sleep(min(self._max_backoff, self._initial_backoff * (2 ** min(attempt, 20))))
 
@@ -95,6 +100,15 @@ class Client:
         await consumer._start()
         self._handles.add(consumer)
         return Reader(consumer)
+
+    async def create_entry_reader(self, topic: str, start: MessageId, *, receiver_queue_size: int = 1000,
+                                  max_queued_bytes: int = 64 << 20) -> EntryReader:
+        """Whole entries of one (partition) topic from entry `start` (inclusive), for bulk readers."""
+        reader = EntryReader(self, topic_name(topic), start, receiver_queue_size=receiver_queue_size,
+                             max_queued_bytes=max_queued_bytes)
+        await reader.start()
+        self._handles.add(reader)
+        return reader
 
     async def close(self) -> None:
         if self._closed:

@@ -302,6 +302,12 @@ class ConnectionPool:
             return [partition_name(topic, i) for i in range(response.partitions)]
         return [topic]
 
+    async def topics_of_namespace(self, namespace: str) -> list[str]:
+        """The persistent topics of `namespace` (partitions by their partition names)."""
+        conn = await self.connection(self._service)
+        response = await conn.request(conn.session.get_topics_of_namespace, namespace)
+        return list(response.topics)
+
     def close_all(self) -> None:
         for conn in list(self._connections.values()):
             conn.close()
