@@ -408,6 +408,29 @@ def _retryable() -> tuple:
     return _RETRYABLE
 
 
+async def _connected(settings: ClientSettings):
+    """A client whose connection to the broker is up, retried until connect.timeout.seconds
+    have passed (then a clear error). The caller closes it."""
+    deadline = time.monotonic() + settings.connect_timeout
+    delay = 0.1
+    while True:
+        client = settings.client()
+        try:
+            await client.get_topic_partitions("persistent://public/default/pulsarwire-spark-probe")
+            return client
+        except _retryable() as exc:
+            await client.close()
+            if time.monotonic() + delay > deadline:
+                raise ConnectionError(f"cannot reach the Pulsar broker at {settings.url} within "
+                                      f"{settings.connect_timeout:g}s (connect.timeout.seconds): {exc}") from exc
+            log.info("broker at %s not reachable (%s); retrying", settings.url, exc)
+        except BaseException:
+            await client.close()
+            raise
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 2.0)
+
+
 async def _with_client(settings: ClientSettings, work):
     """Run `work(client)` with a fresh client, retrying a broker that cannot be reached
     until connect.timeout.seconds have passed; then a clear error."""
@@ -758,8 +781,9 @@ class _RangeReader:
 
     async def open(self) -> None:
         async def attach(client):
-            reader = await client.create_entry_reader(self.part.topic, self.start.start_entry(),
-                                                      max_queued_bytes=min(4 * self.opts.bytes_per_batch, 256 << 20))
+            reader = await client.create_entry_reader(
+                self.part.topic, self.start.start_entry(), receiver_queue_size=max(self.opts.rows_per_batch, 10_000),
+                max_queued_bytes=min(2 * self.opts.bytes_per_batch, 256 << 20))
             return client, reader
         # the client must outlive the retry wrapper, which closes the ones that failed
         settings = self.opts.client
@@ -796,8 +820,6 @@ class _RangeReader:
             entries = self.reader.take(1)
             if entries:
                 self._entry(entries[0])
-            elif builder.rows:
-                break  # hand over what is there rather than wait
             elif not await self.reader.wait(opts.read_timeout):
                 self._stalled()
         return builder.take() if builder.rows else None
@@ -1186,81 +1208,79 @@ async def _send_batches(opts: SinkOptions, fields: dict[str, str], batches) -> i
     """Send every row of `batches`; return once the broker acknowledged every one (else raise)."""
     import pyarrow as pa
 
-    async def work(client):
-        producers: dict[str, Any] = {}
-        futures: list = []
-        count = 0
+    client = await _connected(opts.client)  # retried; sending itself is not (no row sent twice)
+    try:
+        return await _send_all(client, opts, fields, batches)
+    finally:
+        await client.close()
 
-        async def producer_for(topic: str):
-            producer = producers.get(topic)
-            if producer is None:
-                producer = producers[topic] = await client.create_producer(
-                    topic, batching_max_publish_delay_ms=5, compression_type=opts.compression,
-                    max_pending_messages=opts.max_pending, batching_max_messages=1000)
-            return producer
 
-        from .client import topic_name
-        for batch in batches:
-            if batch.num_rows == 0:
-                continue
-            values = batch.column(fields["value"])
-            if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
-                values = values.cast(pa.binary())
-            if values.null_count:
-                raise PulsarSparkError(f"column {fields['value']!r} has a null: every row needs a value")
-            values = values.to_pylist()
-            keys = _keys(batch.column(fields["key"]), fields["key"]) if "key" in fields else None
-            properties = batch.column(fields["properties"]).to_pylist() if "properties" in fields else None
-            events = _event_ms(batch.column(fields["eventTime"])) if "eventTime" in fields else None
-            # as in Spark's Kafka sink, option 'topic' (when given) overrides a topic column
-            topics = batch.column(fields["topic"]).to_pylist() if "topic" in fields and not opts.topic else None
-            default = await producer_for(opts.topic) if opts.topic and topics is None else None
-            for i, value in enumerate(values):
-                producer = default
-                if producer is None:
-                    target = topics[i] if topics is not None else None
-                    if target is None:
-                        target = opts.topic
-                        if target is None:
-                            raise PulsarSparkError(f"row {count + 1} has a null {fields['topic']!r} and "
-                                                   "there is no option 'topic' to fall back on")
-                    producer = await producer_for(topic_name(target))
-                event = events[i] if events is not None else None
+async def _send_all(client, opts: SinkOptions, fields: dict[str, str], batches) -> int:
+    import pyarrow as pa
+    producers: dict[str, Any] = {}
+    futures: list = []
+    count = 0
+
+    async def producer_for(topic: str):
+        producer = producers.get(topic)
+        if producer is None:
+            producer = producers[topic] = await client.create_producer(
+                topic, batching_max_publish_delay_ms=5, compression_type=opts.compression,
+                max_pending_messages=opts.max_pending, batching_max_messages=1000)
+        return producer
+
+    from .client import topic_name
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        values = batch.column(fields["value"])
+        if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
+            values = values.cast(pa.binary())
+        if values.null_count:
+            raise PulsarSparkError(f"column {fields['value']!r} has a null: every row needs a value")
+        values = values.to_pylist()
+        keys = _keys(batch.column(fields["key"]), fields["key"]) if "key" in fields else None
+        properties = batch.column(fields["properties"]).to_pylist() if "properties" in fields else None
+        events = _event_ms(batch.column(fields["eventTime"])) if "eventTime" in fields else None
+        # as in Spark's Kafka sink, option 'topic' (when given) overrides a topic column
+        topics = batch.column(fields["topic"]).to_pylist() if "topic" in fields and not opts.topic else None
+        if events is not None:
+            for i, event in enumerate(events):
                 if event is not None and event <= 0:
-                    raise PulsarSparkError(f"row {count + 1}: eventTime {event} ms is not after 1970-01-01: "
+                    raise PulsarSparkError(f"row {count + i + 1}: eventTime {event} ms is not after 1970-01-01: "
                                            "Pulsar cannot carry it (0 means no event time); null it")
-                props = properties[i] if properties is not None else None
-                futures.append(await producer.send_async(
-                    value, partition_key=keys[i] if keys is not None else None,
-                    properties=dict(props) if props else None, event_timestamp=event))
-                count += 1
-            if len(futures) > 4 * opts.max_pending:  # bound what is remembered: check what is done
-                futures = await _settled(futures, keep_pending=True)
-        for producer in producers.values():
-            await producer.flush()
-        await _settled(futures, keep_pending=False)
-        for producer in producers.values():
-            await producer.close()
-        return count
-    return await _with_client(opts.client, work)
+        if properties is not None:
+            properties = [dict(p) if p else None for p in properties]
+        # rows by target topic, each group sent at once
+        if topics is None:
+            groups = {opts.topic: None}
+        else:
+            groups = {}
+            for i, target in enumerate(topics):
+                if target is None:
+                    if opts.topic is None:
+                        raise PulsarSparkError(f"row {count + i + 1} has a null {fields['topic']!r} and "
+                                               "there is no option 'topic' to fall back on")
+                    target = opts.topic
+                groups.setdefault(topic_name(target), []).append(i)
+        for target, rows in groups.items():
+            producer = await producer_for(target)
 
-
-async def _settled(futures: list, keep_pending: bool) -> list:
-    """Raise the first failed send; return the futures still pending (none unless keep_pending)."""
-    if not keep_pending:
-        await asyncio.gather(*futures, return_exceptions=True)
-    pending = []
-    failed = 0
-    first = None
-    for future in futures:
-        if not future.done():
-            pending.append(future)
-        elif future.exception() is not None:
-            failed += 1
-            first = first or future.exception()
+            def pick(column):
+                return column if column is None or rows is None else [column[i] for i in rows]
+            futures.append(await producer.send_many(pick(values), partition_keys=pick(keys),
+                                                    properties=pick(properties), event_timestamps=pick(events)))
+        count += len(values)
+    for producer in producers.values():
+        await producer.flush()
+    outcomes = await asyncio.gather(*futures, return_exceptions=True)
+    failed = [o for o in outcomes if isinstance(o, BaseException)]
     if failed:
-        raise RuntimeError(f"{failed} message(s) were not acknowledged by the broker: {first}") from first
-    return pending
+        raise RuntimeError(f"{len(failed)} send(s) of this task were not acknowledged by the broker: "
+                           f"{failed[0]}") from failed[0]
+    for producer in producers.values():
+        await producer.close()
+    return count
 
 
 def _keys(column, name: str) -> list:

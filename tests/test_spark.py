@@ -407,7 +407,7 @@ def test_broker_down_at_task_start_is_retried_and_a_disconnect_is_reported(tmp_p
     end = _last(broker, topic)
     broker.stop()
     opts = source_options({"service.url": url, "topic": topic, "connect.timeout.seconds": "20",
-                           "read.timeout.seconds": "2"}, streaming=False)
+                           "read.timeout.seconds": "2", "maxrowsperbatch": "5"}, streaming=False)
     threading.Timer(1.0, broker.start).start()  # the broker comes back a second later
     rows = sum(b.num_rows for b in _read_range(opts, RangePartition(topic, -1, [-1, -1, -1, 1], end)))
     assert rows == 20
@@ -421,3 +421,81 @@ def test_broker_down_at_task_start_is_retried_and_a_disconnect_is_reported(tmp_p
     quick = source_options({"service.url": url, "topic": topic, "connect.timeout.seconds": "1"}, streaming=False)
     with pytest.raises(ConnectionError, match="cannot reach"):
         list(_read_range(quick, RangePartition(topic, -1, [-1, -1, -1, 1], end)))
+
+
+# --- options users expect ------------------------------------------------------
+
+def test_topics_pattern_and_time_bounds(spark, embedded):
+    import time
+
+    tag = unique("pat")
+    first, second = f"persistent://public/default/{tag}-a", f"persistent://public/default/{tag}-b"
+    embedded.call(embedded.broker.create_partitioned_topic, second, 2)
+    produce(embedded.url, first, 0, 5, batch=1)
+    produce(embedded.url, second, 5, 5, batch=1)
+    produce(embedded.url, f"persistent://public/default/{unique('other')}", 0, 3)
+    rows = spark.read.format("pulsarwire").option("service.url", embedded.url) \
+        .option("topicsPattern", f"{tag}-.*").load().collect()
+    assert sorted(r.value for r in rows) == sorted(b"v%d" % i for i in range(10))
+    assert {r["__topic"] for r in rows} == {first, f"{second}-partition-0", f"{second}-partition-1"}
+
+    timed = "persistent://public/default/" + unique("spark-time")
+    produce(embedded.url, timed, 0, 4, batch=1)
+    time.sleep(0.05)
+    begin = int(time.time() * 1000)
+    time.sleep(0.05)
+    produce(embedded.url, timed, 4, 3, batch=1)
+    time.sleep(0.05)
+    end = int(time.time() * 1000)
+    time.sleep(0.05)
+    produce(embedded.url, timed, 7, 2, batch=1)
+    between = reader(spark, embedded.url, timed, startingTime=str(begin), endingTime=str(end)).collect()
+    assert sorted(r.value for r in between) == [b"v4", b"v5", b"v6"]
+    iso = datetime_iso(begin)
+    assert reader(spark, embedded.url, timed, startingTime=iso).count() == 5
+
+
+def datetime_iso(ms):
+    import datetime
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).isoformat()
+
+
+def test_client_options_pass_through(spark, tmp_path):
+    from .peers import BrokerThread
+
+    broker = BrokerThread(tmp_path / "auth", auth_tokens={"s3cret"}).start()
+    try:
+        topic = "persistent://public/default/" + unique("spark-auth")
+        client = sync.Client(broker.url, authentication=__import__("pulsarwire").client.AuthenticationToken("s3cret"))
+        try:
+            client.create_producer(topic).send(b"secret")
+        finally:
+            client.close()
+        rows = reader(spark, broker.url, topic, **{"pulsar.client.authToken": "s3cret",
+                                                    "pulsar.client.operationTimeoutMs": "5000",
+                                                    "pulsar.client.connectionTimeoutMs": "2000"}).collect()
+        assert [r.value for r in rows] == [b"secret"]
+        with pytest.raises(Exception, match="(?i)auth"):
+            reader(spark, broker.url, topic, **{"pulsar.client.authToken": "wrong",
+                                                "connect.timeout.seconds": "1"}).collect()
+    finally:
+        broker.stop()
+
+
+def test_stream_reports_latest_offset_and_holds_a_durable_subscription(spark, embedded, tmp_path):
+    topic = "persistent://public/default/" + unique("spark-lag")
+    produce(embedded.url, topic, 0, 20, batch=1)
+    stream = (spark.readStream.format("pulsarwire").option("service.url", embedded.url).option("topic", topic)
+              .option("startingOffsets", "earliest").option("maxEntriesPerTrigger", "8")
+              .option("subscriptionName", "spark-holder").load())
+    query = stream.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "cp")) \
+        .trigger(availableNow=True).start()
+    query.awaitTermination(120)
+    assert query.exception() is None
+    progress = [p for p in query.recentProgress if p["numInputRows"]]
+    first = progress[0]["sources"][0]
+    assert json.loads(first["latestOffset"])[topic][1] == 19  # lag: latest 19 while this batch ends at 7
+    assert json.loads(first["endOffset"])[topic][1] == 7
+    subscription = embedded.call(lambda: embedded.broker.core.topic(topic).subscriptions["spark-holder"])
+    # Spark commits a batch's source offsets when it plans the next: the last batch's at the next start
+    assert subscription.durable and subscription.cursor.mark_delete in (15, 19)
