@@ -499,3 +499,33 @@ def test_stream_reports_latest_offset_and_holds_a_durable_subscription(spark, em
     subscription = embedded.call(lambda: embedded.broker.core.topic(topic).subscriptions["spark-holder"])
     # Spark commits a batch's source offsets when it plans the next: the last batch's at the next start
     assert subscription.durable and subscription.cursor.mark_delete in (15, 19)
+
+
+def test_data_deleted_under_a_checkpoint_fails_unless_told(spark, tmp_path):
+    import pathlib
+
+    from .peers import BrokerThread
+
+    topic = "persistent://public/default/" + unique("spark-deleted")
+    out, checkpoint = str(tmp_path / "out"), str(tmp_path / "cp")
+    broker = BrokerThread(tmp_path / "b", segment_bytes=300).start()  # a few entries a segment
+    try:
+        produce(broker.url, topic, 0, 10, batch=1)
+        assert _stream_to_parquet(spark, broker.url, topic, out, checkpoint).exception() is None
+        produce(broker.url, topic, 10, 20, batch=1)
+        broker.stop()
+        segments = sorted(pathlib.Path(tmp_path / "b").rglob("*.log"), key=lambda p: int(p.stem))
+        deleted = [s for s in segments if int(s.stem) <= 15]
+        for segment in deleted:  # what retention would do: the oldest segments go
+            segment.unlink()
+            segment.with_suffix(".idx").unlink(missing_ok=True)
+        broker.start()
+        query = _stream_to_parquet(spark, broker.url, topic, out, checkpoint)
+        assert query.exception() is not None and "failOnDataLoss" in str(query.exception())
+        query = _stream_to_parquet(spark, broker.url, topic, out, checkpoint, failOnDataLoss="false")
+        assert query.exception() is None
+        first_kept = int(segments[len(deleted)].stem)
+        values = sorted(r.value for r in spark.read.parquet(out).collect())
+        assert values == sorted([b"v%d" % i for i in range(10)] + [b"v%d" % i for i in range(first_kept, 30)])
+    finally:
+        broker.stop()
