@@ -416,7 +416,7 @@ async def _connected(settings: ClientSettings):
     while True:
         client = settings.client()
         try:
-            await client.get_topic_partitions("persistent://public/default/pulsarwire-spark-probe")
+            await client.connect()
             return client
         except _retryable() as exc:
             await client.close()
@@ -780,30 +780,10 @@ class _RangeReader:
         self.chunks: dict[str, list] = {}  # uuid -> [(ledger, entry, metadata, payload)] of messages in range
 
     async def open(self) -> None:
-        async def attach(client):
-            reader = await client.create_entry_reader(
-                self.part.topic, self.start.start_entry(), receiver_queue_size=max(self.opts.rows_per_batch, 10_000),
-                max_queued_bytes=min(2 * self.opts.bytes_per_batch, 256 << 20))
-            return client, reader
-        # the client must outlive the retry wrapper, which closes the ones that failed
-        settings = self.opts.client
-        deadline = time.monotonic() + settings.connect_timeout
-        delay = 0.1
-        while True:
-            client = settings.client()
-            try:
-                self.client, self.reader = await attach(client)
-                return
-            except _retryable() as exc:
-                await client.close()
-                if time.monotonic() + delay > deadline:
-                    raise ConnectionError(f"cannot reach the Pulsar broker at {settings.url} within "
-                                          f"{settings.connect_timeout:g}s (connect.timeout.seconds): {exc}") from exc
-            except BaseException:
-                await client.close()
-                raise
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
+        self.client = await _connected(self.opts.client)
+        self.reader = await self.client.create_entry_reader(
+            self.part.topic, self.start.start_entry(), receiver_queue_size=max(self.opts.rows_per_batch, 10_000),
+            max_queued_bytes=min(2 * self.opts.bytes_per_batch, 256 << 20))
 
     async def close(self) -> None:
         if self.client is not None:

@@ -63,6 +63,10 @@ class Client:
     async def _lookup(self, topic: str) -> Connection:
         return await self._pool.lookup(topic)
 
+    async def connect(self) -> None:
+        """Open the connection to the service URL now (raising what the first request would)."""
+        await self._pool.connection(self._service)
+
     async def get_topic_partitions(self, topic: str) -> list[str]:
         return await self._pool.topic_partitions(topic_name(topic))
 
