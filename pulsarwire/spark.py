@@ -27,7 +27,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from pyspark.sql.datasource import (
     DataSource, DataSourceArrowWriter, DataSourceReader, DataSourceStreamReader, DataSourceStreamWriter,
@@ -43,7 +43,7 @@ from pyspark.sql.types import (
 try:  # PySpark 4.1+: the streaming sink takes Arrow batches too
     from pyspark.sql.datasource import DataSourceStreamArrowWriter
 except ImportError:  # pragma: no cover - older PySpark: rows
-    DataSourceStreamArrowWriter = DataSourceStreamWriter
+    DataSourceStreamArrowWriter = DataSourceStreamWriter  # type: ignore[misc,assignment]
 
 from .messages import MessageId
 
@@ -77,7 +77,7 @@ class PulsarDataLossError(RuntimeError):
 # --- options -------------------------------------------------------------------
 
 # pulsar.client.<name> (names as in the Java client's configuration) -> Client keyword, parser
-_CLIENT_OPTIONS = {
+_CLIENT_OPTIONS: dict[str, tuple[str | None, Callable[[Any], Any]]] = {
     "authtoken": ("authentication", str),
     "authparams": ("authentication", str),
     "authpluginclassname": (None, str),
@@ -773,8 +773,8 @@ class _RangeReader:
         self.start = Boundary.from_json(part.start)
         self.end = Boundary.from_json(part.end)
         self.builder = _BatchBuilder(part.topic, part.partition)
-        self.client = None
-        self.reader = None
+        self.client: Any = None
+        self.reader: Any = None
         self.first = True
         self.reached_end = False
         self.chunks: dict[str, list] = {}  # uuid -> [(ledger, entry, metadata, payload)] of messages in range
@@ -1186,8 +1186,6 @@ def _event_ms(column) -> list:
 
 async def _send_batches(opts: SinkOptions, fields: dict[str, str], batches) -> int:
     """Send every row of `batches`; return once the broker acknowledged every one (else raise)."""
-    import pyarrow as pa
-
     client = await _connected(opts.client)  # retried; sending itself is not (no row sent twice)
     try:
         return await _send_all(client, opts, fields, batches)
@@ -1232,17 +1230,17 @@ async def _send_all(client, opts: SinkOptions, fields: dict[str, str], batches) 
         if properties is not None:
             properties = [dict(p) if p else None for p in properties]
         # rows by target topic, each group sent at once
+        groups: dict[str, list[int] | None]
         if topics is None:
-            groups = {opts.topic: None}
+            groups = {opts.topic or '': None}
         else:
-            groups = {}
+            by_topic: dict[str, list[int]] = {}
             for i, target in enumerate(topics):
                 if target is None:
-                    if opts.topic is None:
-                        raise PulsarSparkError(f"row {count + i + 1} has a null {fields['topic']!r} and "
-                                               "there is no option 'topic' to fall back on")
-                    target = opts.topic
-                groups.setdefault(topic_name(target), []).append(i)
+                    raise PulsarSparkError(f"row {count + i + 1} has a null {fields['topic']!r} (and there is "
+                                           "no option 'topic')")
+                by_topic.setdefault(topic_name(target), []).append(i)
+            groups = dict(by_topic)
         for target, rows in groups.items():
             producer = await producer_for(target)
 

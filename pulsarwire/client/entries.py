@@ -80,7 +80,7 @@ class EntryReader(Reconnecting):
                       consumer_id=self.consumer_id, durable=False, initialPosition=int(InitialPosition.Earliest),
                       start_message_id=pb.MessageIdData(ledgerId=start.ledger_id & 0xFFFFFFFFFFFFFFFF,
                                                         entryId=start.entry_id & 0xFFFFFFFFFFFFFFFF))
-        conn.consumers[self.consumer_id] = self
+        conn.consumers[self.consumer_id] = self  # type: ignore[assignment]  # dispatched like a consumer
         try:
             await conn.request(conn.session.subscribe, **fields)
         except BaseException:
@@ -131,7 +131,7 @@ class EntryReader(Reconnecting):
 
     def take(self, max_entries: int) -> list[Entry]:
         """Up to `max_entries` entries already received (none waited for)."""
-        out = []
+        out: list[Entry] = []
         queue = self._queue
         while queue and len(out) < max_entries:
             out.append(queue.popleft())

@@ -83,7 +83,7 @@ class PartitionProducer(Reconnecting):
         self._next_sequence_id: int | None = parent._initial_sequence_id
         self._epoch = 0
         self._batch = codec.BatchBuilder()
-        self._batch_futures: list[asyncio.Future] = []
+        self._batch_futures: list[asyncio.Future | _Tally] = []
         self._batch_first_sequence = 0
         self._batch_timer: asyncio.TimerHandle | None = None
         self._reconnecting: asyncio.Task | None = None
@@ -135,7 +135,7 @@ class PartitionProducer(Reconnecting):
         self._next_sequence_id += 1
         return sequence_id
 
-    def send(self, payload: bytes, options: dict, future: asyncio.Future) -> None:
+    def send(self, payload: bytes, options: dict, future: asyncio.Future | _Tally) -> None:
         if self._failed is not None:
             future.set_exception(self._failed)
             return
@@ -323,10 +323,10 @@ class PartitionProducer(Reconnecting):
             pass
 
     async def wait_pending(self) -> None:
-        futures = {id(f): f.future if f.__class__ is _Tally else f
+        waiting = {id(f): f.future if f.__class__ is _Tally else f
                    for op in self.pending for f in op.futures}
-        futures.update((id(f), f.future if f.__class__ is _Tally else f) for f in self._batch_futures)
-        futures = list(futures.values())
+        waiting.update((id(f), f.future if f.__class__ is _Tally else f) for f in self._batch_futures)
+        futures = list(waiting.values())
         if futures:
             await asyncio.gather(*futures, return_exceptions=True)
 
