@@ -777,7 +777,8 @@ class _RangeReader:
         self.reader: Any = None
         self.first = True
         self.reached_end = False
-        self.chunks: dict[str, list] = {}  # uuid -> [(ledger, entry, metadata, payload)] of messages in range
+        self.chunks: dict[str, list] = {}  # uuid -> the entries so far of a chunked message of the range
+        self.chunk_of_producer: dict[str, str] = {}  # producer name -> uuid of its chunked message in progress
 
     async def open(self) -> None:
         self.client = await _connected(self.opts.client)
@@ -811,8 +812,9 @@ class _RangeReader:
                                   f"reconnected within {self.opts.read_timeout:g}s (read.timeout.seconds): "
                                   f"{self.reader.disconnect}")
         if self.reached_end and self.chunks:
-            raise PulsarDataLossError(f"{where}: chunked message(s) {', '.join(self.chunks)} incomplete after "
-                                      f"{self.opts.read_timeout:g}s (read.timeout.seconds)")
+            for uuid in list(self.chunks):
+                self._drop_chunked(uuid, f"incomplete after {self.opts.read_timeout:g}s (read.timeout.seconds)")
+            return
         raise TimeoutError(f"{where}: no entry for {self.opts.read_timeout:g}s (read.timeout.seconds) before "
                            "the end of the range")
 
@@ -825,6 +827,8 @@ class _RangeReader:
         if position >= (self.end.ledger, self.end.entry):
             self.reached_end = True
         md = entry.metadata
+        if self.chunk_of_producer:
+            self._abandoned(md)
         if md.HasField("num_chunks_from_msg") and md.num_chunks_from_msg > 1:
             self._chunk(entry)
             return
@@ -834,6 +838,25 @@ class _RangeReader:
             return
         columns = codec.split_columns(md, codec.decompress_payload(md, entry.payload))
         self.builder.add(columns, lo, hi, entry.ledger_id, entry.entry_id, md.publish_time)
+
+    def _abandoned(self, md) -> None:
+        """A producer sends the chunks of a message one after the other: anything else from it
+        means it gave that message up (it never had a receipt for it), as a Pulsar consumer
+        would find when the incomplete message expires."""
+        uuid = self.chunk_of_producer.get(md.producer_name)
+        if uuid is None or (md.HasField("num_chunks_from_msg") and md.uuid == uuid):
+            return
+        self.chunk_of_producer.pop(md.producer_name)
+        if self.chunks.pop(uuid, None) is not None:
+            log.warning("%s: chunked message %s was abandoned by its producer (never acknowledged to it); "
+                        "skipped", self.part.topic, uuid)
+
+    def _drop_chunked(self, uuid: str, why: str) -> None:
+        message = f"{self.part.topic}: chunked message {uuid}: {why}"
+        if self.opts.fail_on_data_loss:
+            raise PulsarDataLossError(message + "; set failOnDataLoss=false to skip it")
+        log.warning("%s; skipped (failOnDataLoss=false)", message)
+        self.chunks.pop(uuid, None)
 
     def _check_first(self, position: tuple) -> None:
         """The reader starts at the start boundary's own entry: if that is gone, so is data."""
@@ -856,18 +879,20 @@ class _RangeReader:
             first = (entry.ledger_id, entry.entry_id, -1)
             if self.start.precedes(first) and not self.end.precedes(first):
                 self.chunks[uuid] = [entry]
+                self.chunk_of_producer[md.producer_name] = uuid
             return  # a message that starts past the range belongs to the next one
         if parts is None:
             return  # a message that started before the range: the range before read it
         if md.chunk_id < len(parts):
             return  # a chunk sent again (the producer resent after a reconnect)
         if md.chunk_id > len(parts):
-            raise PulsarDataLossError(f"{self.part.topic}: chunk {md.chunk_id} of message {uuid} follows chunk "
-                                      f"{len(parts) - 1}: chunks are missing")
+            self._drop_chunked(uuid, f"chunk {md.chunk_id} follows chunk {len(parts) - 1}: chunks are missing")
+            return
         parts.append(entry)
         if len(parts) < md.num_chunks_from_msg:
             return
         del self.chunks[uuid]
+        self.chunk_of_producer.pop(md.producer_name, None)
         from ._proto import PulsarApi_pb2 as pb
         whole = pb.MessageMetadata()
         whole.CopyFrom(md)

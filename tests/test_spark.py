@@ -529,3 +529,30 @@ def test_data_deleted_under_a_checkpoint_fails_unless_told(spark, tmp_path):
         assert values == sorted([b"v%d" % i for i in range(10)] + [b"v%d" % i for i in range(first_kept, 30)])
     finally:
         broker.stop()
+
+
+def test_a_chunked_message_its_producer_gave_up_is_skipped(small, monkeypatch):
+    from pulsarwire.client import producer as producer_module
+    from pulsarwire.spark import RangePartition, _read_range, source_options
+
+    topic = "persistent://public/default/" + unique("spark-abandoned")
+    enqueue = producer_module.PartitionProducer._enqueue
+
+    def lose_last_chunk(self, op):
+        if op.first_chunk is not None and op.num_messages == 1 and op.sequence_id == 1:
+            return  # the producer "dies" before the last chunk of message 1
+        enqueue(self, op)
+    client = sync.Client(small.url)
+    try:
+        producer = client.create_producer(topic, batching_enabled=False, chunking_enabled=True)
+        producer.send(b"A" * 20_000)
+        monkeypatch.setattr(producer_module.PartitionProducer, "_enqueue", lose_last_chunk)
+        producer.send_async(b"B" * 20_000, None)  # never acknowledged: its last chunk is not sent
+        monkeypatch.setattr(producer_module.PartitionProducer, "_enqueue", enqueue)
+        producer.send(b"C")
+    finally:
+        client.close()
+    opts = source_options({"service.url": small.url, "topic": topic, "read.timeout.seconds": "3"}, streaming=False)
+    values = [v for b in _read_range(opts, RangePartition(topic, -1, [-1, -1, -1, 1], _last(small, topic)))
+              for v in b.column("value").to_pylist()]
+    assert values == [b"A" * 20_000, b"C"]
