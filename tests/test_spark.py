@@ -359,7 +359,8 @@ def test_every_option_is_checked_at_load(spark, embedded):
     with pytest.raises(Exception, match="does not exist"):
         load(topic=topic + "-missing").collect()
     # JSON offsets keyed by a short name mean that topic (not a silent fallback to the default)
-    starting = json.dumps({short: {"ledgerId": 0, "entryId": 7}})
+    ledger = load(topic=topic).select("__ledgerId").first()[0]  # each topic has its own ledger id
+    starting = json.dumps({short: {"ledgerId": ledger, "entryId": 7}})
     assert load(topic=topic, startingOffsets=starting).count() == 3
     with pytest.raises(Exception, match="not one of the topics"):
         load(topic=topic, startingOffsets=json.dumps({"other": "earliest"})).collect()
