@@ -178,6 +178,12 @@ def test_unparseable_request_answers_correlation_id_zero(conn, line):
     assert conn.raw("V1|8|PING|").startswith("V1|8|OK")   # the connection still serves
 
 
+def test_undecodable_request_answers_correlation_id_zero(conn):
+    conn.sock.sendall(b"V1|7|PRODUCE|orders k:\xff\xfe\n")
+    assert conn.reader.readline().decode().startswith("V1|0|ERR|BAD_REQUEST|")
+    assert conn.raw("V1|8|PING|").startswith("V1|8|OK")
+
+
 def test_unparseable_request_executes_nothing(conn1):
     conn1.raw("V1|1|PRODUCE|envtopic k:v|extra")
     conn1.raw("V2|1|PRODUCE|envtopic k:v")
