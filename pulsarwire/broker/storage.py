@@ -502,9 +502,9 @@ class TopicLog:
             self._segments = [_Segment(self.pool, directory, base) for base in bases] or \
                 [_Segment(self.pool, directory, 0)]
             for i, segment in enumerate(self._segments):
-                last = i == len(self._segments) - 1
-                segment.recover(last)
-                if not last:
+                is_last = i == len(self._segments) - 1
+                segment.recover(is_last)
+                if not is_last:
                     self._check_count(segment, self._segments[i + 1].base)
         except OSError as exc:
             for segment in self._segments:

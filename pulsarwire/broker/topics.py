@@ -76,6 +76,7 @@ class ProducerLink(abc.ABC):
     """A producer attached to a topic, as the domain sees it."""
 
     closed: bool
+    name: str
 
     @abc.abstractmethod
     def evict(self) -> None:
