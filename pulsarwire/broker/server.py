@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from typing import Any
+from typing import Any, Callable
 
 from .. import codec
 from .core import BrokerCore
@@ -123,7 +123,7 @@ class Broker:
             except asyncio.CancelledError:
                 return
             elapsed += step
-            jobs: list = [("saving cursors and dedup state", self.core.save)]
+            jobs: list[tuple[str, Callable[[], object]]] = [("saving cursors and dedup state", self.core.save)]
             if self.v1 is not None:
                 jobs.append(("V1 upkeep", self.v1.tick))
             if self.sync_policy == SYNC_INTERVAL and elapsed >= self.sync_interval:
