@@ -420,7 +420,8 @@ async def kill9(work: str, counter: _ErrorCounter, runs: int) -> dict:
     return _row("kill9", acknowledged, [], readable, 0, f"{runs} runs, kill -9 after 1500 sends each")
 
 
-SCENARIOS = ["disk_full", "disk_full_tmpfs", "corrupt_entry", "truncated_file", "index_deleted_bad_byte", "damaged_segment",
+SCENARIOS = ["disk_full", "disk_full_tmpfs", "corrupt_entry", "truncated_file", "index_deleted_bad_byte",
+             "damaged_segment",
              "fd_limit", "fd_exhausted", "kill9"]
 
 
@@ -450,7 +451,8 @@ async def main_async(only: list[str], kill_runs: int) -> list[dict]:
 
 
 def _format(row: dict) -> str:
-    return "{scenario:<24} {acknowledged:>12} {damaged:>8} {readable:>9} {lost:>5} {errors_surfaced:>7}  {note}".format(**row)
+    return ("{scenario:<24} {acknowledged:>12} {damaged:>8} {readable:>9} {lost:>5} {errors_surfaced:>7}  "
+            "{note}").format(**row)
 
 
 def main() -> int:
