@@ -527,3 +527,29 @@ def test_unfinished_big_frames_are_freed_when_their_connections_close(tmp_path):
         assert _stats(broker)["input_bytes"] == 0
     finally:
         broker.stop()
+
+
+def test_unfinished_frames_of_all_connections_share_one_input_budget(tmp_path):
+    import threading
+
+    budget = 6 * 1024 * 1024
+    broker = BrokerThread(tmp_path / "data", v1_port=None, max_input_bytes=budget).start()
+    try:
+        hostile = [Raw(broker.broker.port) for _ in range(3)]
+        for raw in hostile:
+            raw.sock.settimeout(1)
+            try:
+                raw.sock.sendall((5 * 1024 * 1024).to_bytes(4, "big") + b"\0" * (4 * 1024 * 1024))
+            except socket.timeout:
+                pass  # the broker stopped reading this one
+        stats = _eventually(lambda: (lambda s: s if s["input_pauses"] else None)(_stats(broker)))
+        assert stats and stats["input_bytes"] <= budget + 3 * 256 * 1024
+        with Raw(broker.broker.port) as legit:
+            assert legit.ping()  # complete small frames still pass
+            legit.producer("persistent://public/default/budget")
+            threading.Timer(0.5, lambda: [raw.close() for raw in hostile]).start()
+            receipt = legit.publish(1, 0, b"y" * (1024 * 1024))  # waits for the budget, then goes
+            assert receipt.type == T.SEND_RECEIPT
+        assert _eventually(lambda: _stats(broker)["input_bytes"] == 0)
+    finally:
+        broker.stop()
