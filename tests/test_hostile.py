@@ -553,3 +553,41 @@ def test_unfinished_frames_of_all_connections_share_one_input_budget(tmp_path):
         assert _eventually(lambda: _stats(broker)["input_bytes"] == 0)
     finally:
         broker.stop()
+
+
+def test_cli_limit_flags(tmp_path):
+    import subprocess
+    import sys
+
+    from .peers import terminate, wait_for_port
+
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pulsarwire", "broker", "--data-dir", str(tmp_path / "data"), "--port", str(port),
+         "--v1-port", "-1", "--max-connections", "1", "--handshake-timeout", "0.5",
+         "--max-frame-before-connect", "1024", "--frame-timeout", "1", "--max-output-bytes", "65536",
+         "--max-input-bytes", str(6 * 1024 * 1024)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for_port(port, process=process)
+        first = _eventually(lambda: _connected(port))  # once the broker has seen the probe go
+        with first:
+            with Raw(port, connect=False) as second:
+                answer = second.next()
+                assert answer.type == T.ERROR and answer.command.error.error == pb.ServiceNotReady
+        _eventually(lambda: _connected(port)).close()
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall((2048).to_bytes(4, "big"))  # over --max-frame-before-connect
+            assert _closed_by_broker(s, 3)
+        with socket.create_connection(("127.0.0.1", port)) as idle:
+            assert _closed_by_broker(idle, 3)  # --handshake-timeout
+    finally:
+        terminate(process)
+
+
+def _connected(port: int) -> Raw | None:
+    """A connected Raw, or None (closed) when the broker refused it."""
+    raw = Raw(port)
+    if raw.connected is not None and raw.connected.type == T.CONNECTED:
+        return raw
+    raw.close()
+    return None
