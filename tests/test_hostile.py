@@ -527,3 +527,67 @@ def test_unfinished_big_frames_are_freed_when_their_connections_close(tmp_path):
         assert _stats(broker)["input_bytes"] == 0
     finally:
         broker.stop()
+
+
+def test_unfinished_frames_of_all_connections_share_one_input_budget(tmp_path):
+    import threading
+
+    budget = 6 * 1024 * 1024
+    broker = BrokerThread(tmp_path / "data", v1_port=None, max_input_bytes=budget).start()
+    try:
+        hostile = [Raw(broker.broker.port) for _ in range(3)]
+        for raw in hostile:
+            raw.sock.settimeout(1)
+            try:
+                raw.sock.sendall((5 * 1024 * 1024).to_bytes(4, "big") + b"\0" * (4 * 1024 * 1024))
+            except socket.timeout:
+                pass  # the broker stopped reading this one
+        stats = _eventually(lambda: (lambda s: s if s["input_pauses"] else None)(_stats(broker)))
+        assert stats and stats["input_bytes"] <= budget + 3 * 256 * 1024
+        with Raw(broker.broker.port) as legit:
+            assert legit.ping()  # complete small frames still pass
+            legit.producer("persistent://public/default/budget")
+            threading.Timer(0.5, lambda: [raw.close() for raw in hostile]).start()
+            receipt = legit.publish(1, 0, b"y" * (1024 * 1024))  # waits for the budget, then goes
+            assert receipt.type == T.SEND_RECEIPT
+        assert _eventually(lambda: _stats(broker)["input_bytes"] == 0)
+    finally:
+        broker.stop()
+
+
+def test_cli_limit_flags(tmp_path):
+    import subprocess
+    import sys
+
+    from .peers import terminate, wait_for_port
+
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pulsarwire", "broker", "--data-dir", str(tmp_path / "data"), "--port", str(port),
+         "--v1-port", "-1", "--max-connections", "1", "--handshake-timeout", "0.5",
+         "--max-frame-before-connect", "1024", "--frame-timeout", "1", "--max-output-bytes", "65536",
+         "--max-input-bytes", str(6 * 1024 * 1024)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for_port(port, process=process)
+        first = _eventually(lambda: _connected(port))  # once the broker has seen the probe go
+        with first:
+            with Raw(port, connect=False) as second:
+                answer = second.next()
+                assert answer.type == T.ERROR and answer.command.error.error == pb.ServiceNotReady
+        _eventually(lambda: _connected(port)).close()
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall((2048).to_bytes(4, "big"))  # over --max-frame-before-connect
+            assert _closed_by_broker(s, 3)
+        with socket.create_connection(("127.0.0.1", port)) as idle:
+            assert _closed_by_broker(idle, 3)  # --handshake-timeout
+    finally:
+        terminate(process)
+
+
+def _connected(port: int) -> Raw | None:
+    """A connected Raw, or None (closed) when the broker refused it."""
+    raw = Raw(port)
+    if raw.connected is not None and raw.connected.type == T.CONNECTED:
+        return raw
+    raw.close()
+    return None
