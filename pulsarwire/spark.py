@@ -710,7 +710,9 @@ class _BatchBuilder:
                                                  wrap(event_ms * 1000)])
         batch_index = np.concatenate([np.frombuffer(c.batch_indexes, np.int64)[lo:hi]
                                       for c, lo, hi in zip(parts_of, los, his)]).astype(np.int32)
-        topic = pa.DictionaryArray.from_arrays(np.zeros(rows, np.int32), [self.topic]).cast(pa.string())
+        name = self.topic.encode()
+        topic = pa.Array.from_buffers(pa.string(), rows, [
+            None, wrap(np.arange(0, (rows + 1) * len(name), len(name), dtype=np.int32)), wrap(name * rows)])
         arrays = [
             value, key, topic, _message_ids(parts, ids, rows),
             pa.Array.from_buffers(ts, rows, [None, wrap(publish)]), event, properties,
