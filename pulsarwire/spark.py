@@ -595,17 +595,16 @@ def _unknown_fields(data):
 
 class _BatchBuilder:
     """Rows of whole entries (the codec's Columns, row slices of them) gathered into one Arrow
-    record batch, built with a few array operations per entry and none per row (but the id)."""
+    record batch, built with a few array operations per entry and none per row."""
 
     def __init__(self, topic: str, partition: int) -> None:
         self.topic, self.partition = topic, partition
         self._topic_field = _varint((_TOPIC_FIELD << 3) | 2) + _varint(len(topic.encode())) + topic.encode()
-        self._index_fields: list[bytes] = []
         self._clear()
 
     def _clear(self) -> None:
         self.parts: list = []
-        self.ids: list[bytes] = []
+        self.ids: list = []  # per part: (the row ids' bytes before the batch index, after it)
         self.rows = 0
         self.bytes = 0
 
@@ -628,19 +627,11 @@ class _BatchBuilder:
         prefix = _message_id_prefix(ledger, entry, self.partition)
         suffix = self._topic_field
         if batch_indexes[lo] < 0:
-            self.ids.append(prefix + suffix)
+            self.ids.append((prefix + suffix, None))
         else:
-            tail = _varint(0x30) + _varint(columns.count) + suffix  # batch_size
-            fields = self._batch_index_fields(hi)
-            self.ids.extend([prefix + fields[i] + tail for i in range(lo, hi)])
+            self.ids.append((prefix, _varint(0x30) + _varint(columns.count) + suffix))  # batch_size, topic
         self.rows += count
         self.bytes += size + count * (64 + len(prefix) + len(suffix))
-
-    def _batch_index_fields(self, upto: int) -> list[bytes]:
-        fields = self._index_fields
-        while len(fields) < upto:
-            fields.append(b"\x20" + _varint(len(fields)))
-        return fields
 
     def take(self):
         """The gathered rows as one pyarrow.RecordBatch (and the builder emptied)."""
@@ -719,9 +710,11 @@ class _BatchBuilder:
                                                  wrap(event_ms * 1000)])
         batch_index = np.concatenate([np.frombuffer(c.batch_indexes, np.int64)[lo:hi]
                                       for c, lo, hi in zip(parts_of, los, his)]).astype(np.int32)
-        topic = pa.DictionaryArray.from_arrays(np.zeros(rows, np.int32), [self.topic]).cast(pa.string())
+        name = self.topic.encode()
+        topic = pa.Array.from_buffers(pa.string(), rows, [
+            None, wrap(np.arange(0, (rows + 1) * len(name), len(name), dtype=np.int32)), wrap(name * rows)])
         arrays = [
-            value, key, topic, pa.array(ids, pa.binary()),
+            value, key, topic, _message_ids(parts, ids, rows),
             pa.Array.from_buffers(ts, rows, [None, wrap(publish)]), event, properties,
             pa.array(np.repeat(np.array([p[3] for p in parts], np.int64), counts)),
             pa.array(np.repeat(np.array([p[4] for p in parts], np.int64), counts)),
@@ -730,7 +723,39 @@ class _BatchBuilder:
         return pa.RecordBatch.from_arrays(arrays, schema=_arrow_schema())
 
 
-_prefix_cache: dict = {}
+def _message_ids(parts, ids, rows: int):
+    """The __messageId column: per row its entry's prefix, its batch index field, the entry's
+    tail; built as fixed-width blocks (one per varint width) rather than one bytes per row."""
+    import numpy as np
+    import pyarrow as pa
+
+    pieces, lengths = [], []
+    for (_, lo, hi, *_rest), (head, tail) in zip(parts, ids):
+        if tail is None:  # not a batch: no batch index
+            pieces.append(np.frombuffer(head, np.uint8))
+            lengths.append(np.full(1, len(head), np.int32))
+            continue
+        before, after = np.frombuffer(head, np.uint8), np.frombuffer(tail, np.uint8)
+        for first, last, width in ((lo, min(hi, 1 << 7), 1), (max(lo, 1 << 7), min(hi, 1 << 14), 2),
+                                   (max(lo, 1 << 14), hi, 3)):
+            if first >= last:
+                continue
+            count, at = last - first, len(before)
+            block = np.empty((count, at + 1 + width + len(after)), np.uint8)
+            block[:, :at] = before
+            block[:, at] = 0x20  # field 4 (batch_index), varint
+            index = np.arange(first, last)
+            for byte in range(width):
+                part = (index >> (7 * byte)) & 0x7F
+                block[:, at + 1 + byte] = part | 0x80 if byte < width - 1 else part
+            block[:, at + 1 + width:] = after
+            pieces.append(block.ravel())
+            lengths.append(np.full(count, block.shape[1], np.int32))
+    offsets = np.zeros(rows + 1, np.int32)
+    np.cumsum(np.concatenate(lengths), out=offsets[1:])
+    return pa.Array.from_buffers(pa.binary(), rows, [None, pa.py_buffer(offsets),
+                                                     pa.py_buffer(np.concatenate(pieces))])
+
 
 
 def _message_id_prefix(ledger: int, entry: int, partition: int) -> bytes:

@@ -559,3 +559,27 @@ def test_a_chunked_message_its_producer_gave_up_is_skipped(small, monkeypatch):
     values = [v for b in _read_range(opts, RangePartition(topic, -1, [-1, -1, -1, 1], _last(small, topic)))
               for v in b.column("value").to_pylist()]
     assert values == [b"A" * 20_000, b"C"]
+
+
+def test_message_ids_of_big_batches_and_single_messages():
+    from pulsarwire import MessageId, codec
+    from pulsarwire._proto import PulsarApi_pb2 as pb
+    from pulsarwire.spark import _BatchBuilder, message_id_topic
+
+    builder = codec.BatchBuilder()
+    for i in range(20_000):  # batch indexes of 1, 2 and 3 varint bytes
+        builder.add(b"x", None, None, 0, None, i)
+    batch = codec.split_columns(pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1,
+                                                   num_messages_in_batch=20_000), builder.build())
+    single = codec.split_columns(pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1), b"y")
+    rows = _BatchBuilder("persistent://public/default/t", 3)
+    rows.add(batch, 100, 20_000, 5, 7, 1)
+    rows.add(single, 0, 1, 5, 8, 1)
+    rows.add(batch, 0, 3, 6, 1, 1)
+    ids = rows.take().column("__messageId").to_pylist()
+    assert len(set(ids)) == len(ids) == 19_904
+    for row, index in [(0, 100), (27, 127), (28, 128), (16_284, 16_384), (19_899, 19_999)]:
+        mid = MessageId.deserialize(ids[row])
+        assert (mid.ledger_id, mid.entry_id, mid.partition, mid.batch_index, mid.batch_size) == (5, 7, 3, index, 20_000)
+    assert (MessageId.deserialize(ids[19_900]).entry_id, MessageId.deserialize(ids[19_900]).batch_index) == (8, -1)
+    assert message_id_topic(ids[19_902]) == "persistent://public/default/t"
