@@ -37,7 +37,14 @@ class LoopThread:
             # waiting here would wait for this very thread: a hang, so refuse at once
             raise RuntimeError("a blocking pulsarwire call was made from a callback on its own event-loop "
                                "thread; use the asyncio API or hand the work to another thread")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout)
+        except BaseException:
+            # an interrupted caller (Ctrl-C, a timeout) must not leave the operation running on
+            # the loop: an orphaned receive would take a message that nobody gets
+            future.cancel()
+            raise
 
     def call(self, fn: Callable, *args):
         """Run a plain function on the loop's thread (at once when already on it) and return its result."""

@@ -250,3 +250,18 @@ def test_records_declared_either_way_share_a_topic(embedded):
     finally:
         writer_client.close()
         reader_client.close()
+
+
+def test_an_interrupted_blocking_call_leaves_nothing_running_on_the_loop(embedded):
+    from pulsarwire.blocking import LoopThread
+    loop = LoopThread()
+    try:
+        with pytest.raises(Exception):
+            loop.run(asyncio.sleep(30), timeout=0.05)  # as a Ctrl-C would interrupt a receive
+
+        async def pending():
+            await asyncio.sleep(0.05)
+            return [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        assert loop.run(pending()) == []
+    finally:
+        loop.stop()
