@@ -265,3 +265,19 @@ def test_an_interrupted_blocking_call_leaves_nothing_running_on_the_loop(embedde
         assert loop.run(pending()) == []
     finally:
         loop.stop()
+
+
+def test_closing_from_a_send_callback(embedded):
+    client = pulsar.Client(embedded.url)
+    producer = client.create_producer(unique())
+    outcome = []
+    done = threading.Event()
+
+    def callback(result, message_id):
+        outcome.append(_error_of(client.close))  # would wait for this very thread
+        client.shutdown()  # closes at once
+        done.set()
+    producer.send_async(b"x", callback)
+    assert done.wait(10) and isinstance(outcome[0], RuntimeError)
+    with pytest.raises(pulsar.AlreadyClosed):
+        producer.send(b"late")
