@@ -250,3 +250,34 @@ def test_records_declared_either_way_share_a_topic(embedded):
     finally:
         writer_client.close()
         reader_client.close()
+
+
+def test_an_interrupted_blocking_call_leaves_nothing_running_on_the_loop(embedded):
+    from pulsarwire.blocking import LoopThread
+    loop = LoopThread()
+    try:
+        with pytest.raises(Exception):
+            loop.run(asyncio.sleep(30), timeout=0.05)  # as a Ctrl-C would interrupt a receive
+
+        async def pending():
+            await asyncio.sleep(0.05)
+            return [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        assert loop.run(pending()) == []
+    finally:
+        loop.stop()
+
+
+def test_closing_from_a_send_callback(embedded):
+    client = pulsar.Client(embedded.url)
+    producer = client.create_producer(unique())
+    outcome = []
+    done = threading.Event()
+
+    def callback(result, message_id):
+        outcome.append(_error_of(client.close))  # would wait for this very thread
+        client.shutdown()  # closes at once
+        done.set()
+    producer.send_async(b"x", callback)
+    assert done.wait(10) and isinstance(outcome[0], RuntimeError)
+    with pytest.raises(pulsar.AlreadyClosed):
+        producer.send(b"late")
