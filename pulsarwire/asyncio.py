@@ -10,6 +10,7 @@ pulsarwire's asyncio client on the caller's event loop: no extra thread.
 from __future__ import annotations
 
 import asyncio
+import weakref
 from datetime import timedelta  # noqa: F401 - the official module offers it
 from typing import Any, Callable
 
@@ -234,6 +235,12 @@ class Client(_Handle):
         self._options = official.client_options(**{**defaults, **kwargs})
         aio.Address.parse(service_url)  # a bad URL fails here, as in the official client
         self._client: aio.Client | None = None
+        # closed with the client, so that later calls raise AlreadyClosed (weak: no growth)
+        self._handles: weakref.WeakSet[_Handle] = weakref.WeakSet()
+
+    def _made(self, handle):
+        self._handles.add(handle)
+        return handle
 
     def _native(self) -> aio.Client:
         if self._closed:
@@ -271,7 +278,8 @@ class Client(_Handle):
                 access_mode=access_mode, message_router=message_router)
         except official.Unsupported as exc:
             _raise_official(exc)
-        return Producer(await self._await(official.create_producer(self._native(), topic, options)), schema)
+        return self._made(Producer(await self._await(official.create_producer(self._native(), topic, options)),
+                                   schema))
 
     async def subscribe(self, topic, subscription_name: str, consumer_type=ConsumerType.Exclusive, schema=None,
                         receiver_queue_size: int = 1000, max_total_receiver_queue_size_across_partitions: int = 50000,
@@ -319,7 +327,7 @@ class Client(_Handle):
         except official.Unsupported as exc:
             _raise_official(exc)
         native = await self._await(self._native().subscribe(topics, subscription_name, **options))
-        return Consumer(native, ConsumerType(consumer_type))
+        return self._made(Consumer(native, ConsumerType(consumer_type)))
 
     async def create_reader(self, topic: str, start_message_id, schema=None, receiver_queue_size: int = 1000,
                             reader_name: str | None = None, subscription_role_prefix: str | None = None,
@@ -336,7 +344,7 @@ class Client(_Handle):
                                               start_message_id_inclusive=start_message_id_inclusive)
         except official.Unsupported as exc:
             _raise_official(exc)
-        return Reader(await self._await(self._native().create_reader(topic, start, **options)))
+        return self._made(Reader(await self._await(self._native().create_reader(topic, start, **options))))
 
     async def get_topic_partitions(self, topic: str) -> list[str]:
         official.check_type(str, topic, "topic")
@@ -347,6 +355,8 @@ class Client(_Handle):
         if self._closed:
             return
         self._closed = True
+        for handle in self._handles:
+            handle._closed = True
         if self._client is not None:
             self._client._closed = True
             self._client._pool.close_all()
@@ -355,4 +365,6 @@ class Client(_Handle):
         client = self._native()
         await self._await(client.close())
         self._closed = True
+        for handle in self._handles:
+            handle._closed = True
 

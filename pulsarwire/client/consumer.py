@@ -125,6 +125,12 @@ class PartitionConsumer(Reconnecting):
 
     async def start(self) -> None:
         await self._connect()
+        if not self.parent._durable and self._start_inclusive and self._start_message_id == MessageId.latest:
+            # a reader from latest, inclusive, reads the topic's last message too (as the
+            # official client: it seeks to the last message id once subscribed)
+            last = await self.get_last_message_id()
+            if last.entry_id >= 0:
+                await self.seek(last, None)
 
     async def _connect(self) -> None:
         parent = self.parent
@@ -491,6 +497,12 @@ class PartitionConsumer(Reconnecting):
         self._last_message = None
         # Delivery resumes after the sought message (at it with start_message_id_inclusive).
         self._start_message_id, self._start_inclusive = message_id, self.parent._start_inclusive
+        reconnecting = self._reconnecting
+        if reconnecting is not None:
+            # the broker closed this consumer to restart it from the seek position: the seek is
+            # done once it is attached again (as in the official client), so that what follows
+            # (has_message_available, get_last_message_id) does not find it unconnected
+            await asyncio.shield(reconnecting)
 
     async def get_last_message_id(self) -> MessageId:
         conn = self.conn
