@@ -24,6 +24,8 @@ from .client import Client, InitialPosition
 def _add_client_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--service-url", help="pulsar://host:port of a cluster; default: start the embedded broker")
     parser.add_argument("--token", help="authentication token")
+    parser.add_argument("--operation-timeout", type=float, default=30,
+                        help="seconds an operation may take, connection retries included (default 30)")
 
 
 def _add_load_options(parser: argparse.ArgumentParser, messages: int, duration: float) -> None:
@@ -49,11 +51,19 @@ def build_parser() -> argparse.ArgumentParser:
     broker = sub.add_parser("broker", help="serve the embedded broker")
     broker.add_argument("--data-dir", default="./pulsarwire-data")
     broker.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
-    broker.add_argument("--port", type=int, default=6650)
+    broker.add_argument("--port", type=int, default=6650, help="plaintext Pulsar port (-1 to disable; needs --tls-port)")
+    broker.add_argument("--tls-port", type=int, default=None, help="Pulsar over TLS port (needs the two files below)")
+    broker.add_argument("--tls-cert-file", help="PEM certificate chain of the TLS listener")
+    broker.add_argument("--tls-key-file", help="PEM private key of the TLS listener")
     broker.add_argument("--v1-port", type=int, default=6680, help="V1 text protocol port (-1 to disable)")
     broker.add_argument("--partitioned-topic", action="append", default=[], metavar="TOPIC=N",
                         help="create a partitioned topic (repeatable)")
-    broker.add_argument("--auth-token", action="append", default=None, help="accepted token (enables auth)")
+    broker.add_argument("--auth-token", action="append", default=None,
+                        help="accepted token (repeatable; enables auth; an empty token is refused)")
+    broker.add_argument("--auth-basic", action="append", default=None, metavar="USER:PASSWORD",
+                        help="accepted basic credentials (repeatable; enables auth)")
+    broker.add_argument("--tls-trust-certs-file",
+                        help="CA for client certificates: verified, and accepted as auth method tls")
     broker.add_argument("--sync-policy", default="interval", choices=["always", "interval", "never"])
     broker.add_argument("--max-open-files", type=int, default=None, metavar="N",
                         help="most segment files open at once; idle ones are closed and reopened on "
@@ -67,6 +77,20 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a V1 replica silent this long leaves the ISR")
     broker.add_argument("--session-timeout", type=float, default=10.0, metavar="SECONDS",
                         help="a V1 group member silent this long is removed")
+    broker.add_argument("--max-connections", type=int, default=1000,
+                        help="Pulsar connections served at once; more are refused (default 1000)")
+    broker.add_argument("--max-output-bytes", type=int, default=4 * 1024 * 1024, metavar="BYTES",
+                        help="unsent output per connection before the broker stops dispatching to it and "
+                             "reading from it (default 4 MiB)")
+    broker.add_argument("--handshake-timeout", type=float, default=10.0, metavar="SECONDS",
+                        help="a connection without an accepted CONNECT this long is closed (default 10)")
+    broker.add_argument("--max-frame-before-connect", type=int, default=64 * 1024, metavar="BYTES",
+                        help="largest frame before CONNECT is accepted (default 64 KiB)")
+    broker.add_argument("--max-input-bytes", type=int, default=256 * 1024 * 1024, metavar="BYTES",
+                        help="unfinished frames held across all connections before the broker stops "
+                             "reading from those adding to them (default 256 MiB)")
+    broker.add_argument("--frame-timeout", type=float, default=30.0, metavar="SECONDS",
+                        help="a frame still incomplete after this long closes its connection (default 30)")
     broker.add_argument("--v1-consume-max-bytes", type=int, default=None, metavar="BYTES",
                         help="most record bytes in one V1 CONSUME reply (default 8 MiB)")
 
@@ -107,7 +131,8 @@ async def _target(service_url: str | None):
 
 def _client(url: str, args) -> Client:
     from .client import AuthenticationToken
-    return Client(url, authentication=AuthenticationToken(args.token) if args.token else None)
+    return Client(url, authentication=AuthenticationToken(args.token) if args.token else None,
+                  operation_timeout_seconds=args.operation_timeout)
 
 
 async def main_job(args) -> int:
@@ -140,13 +165,38 @@ def _write_json(args, results) -> None:
 async def run_broker(args) -> int:
     from .broker.server import Broker
     from .broker.v1 import DEFAULT_CONSUME_MAX_BYTES
-    broker = Broker(args.data_dir, host=args.host, port=args.port,
+    if args.auth_token is not None and not all(args.auth_token):
+        print("pulsarwire broker: --auth-token must not be empty", file=sys.stderr)
+        return 2
+    ssl_context = None
+    if args.tls_port is not None or args.tls_cert_file or args.tls_key_file:
+        if args.tls_port is None or not args.tls_cert_file or not args.tls_key_file:
+            print("pulsarwire broker: TLS needs --tls-port, --tls-cert-file and --tls-key-file", file=sys.stderr)
+            return 2
+        from .broker.server import tls_context
+        ssl_context = tls_context(args.tls_cert_file, args.tls_key_file, args.tls_trust_certs_file)
+    if args.tls_trust_certs_file and args.tls_port is None:
+        print("pulsarwire broker: --tls-trust-certs-file needs --tls-port", file=sys.stderr)
+        return 2
+    if args.auth_basic is not None and not all(":" in c and c.partition(":")[0] for c in args.auth_basic):
+        print("pulsarwire broker: --auth-basic takes USER:PASSWORD", file=sys.stderr)
+        return 2
+    if args.port < 0 and args.tls_port is None:
+        print("pulsarwire broker: --port -1 turns plaintext off and needs --tls-port", file=sys.stderr)
+        return 2
+    broker = Broker(args.data_dir, host=args.host, port=None if args.port < 0 else args.port,
+                    tls_port=args.tls_port, ssl_context=ssl_context,
                     v1_port=None if args.v1_port < 0 else args.v1_port,
-                    auth_tokens=set(args.auth_token) if args.auth_token else None,
+                    auth_tokens=set(args.auth_token) if args.auth_token is not None else None,
+                    auth_basic=dict(c.partition(":")[::2] for c in args.auth_basic) if args.auth_basic else None,
+                    auth_tls=bool(args.tls_trust_certs_file),
                     sync_policy=args.sync_policy, replication_factor=args.replication_factor,
                     min_insync_replicas=args.min_insync_replicas, v1_partitions=args.v1_partitions,
                     replication_timeout=args.replication_timeout, replica_lag_time=args.replica_lag_time,
-                    session_timeout=args.session_timeout, max_open_files=args.max_open_files,
+                    session_timeout=args.session_timeout, max_open_files=args.max_open_files, max_connections=args.max_connections,
+                    max_output_bytes=args.max_output_bytes, handshake_timeout=args.handshake_timeout,
+                    max_frame_before_connect=args.max_frame_before_connect, frame_timeout=args.frame_timeout,
+                    max_input_bytes=args.max_input_bytes,
                     v1_consume_max_bytes=DEFAULT_CONSUME_MAX_BYTES if args.v1_consume_max_bytes is None
                     else args.v1_consume_max_bytes)
     await broker.start()
@@ -155,8 +205,8 @@ async def run_broker(args) -> int:
         from .client import topic_name
         with contextlib.suppress(ValueError):
             broker.create_partitioned_topic(topic_name(name), int(count or 1))
-    print(f"broker: {broker.service_url}" + (f", V1 on {args.host}:{broker.v1_port}" if broker.v1 else ""),
-          flush=True)
+    urls = ", ".join(url for url in (broker.service_url, broker.service_url_tls) if url)
+    print(f"broker: {urls}" + (f", V1 on {args.host}:{broker.v1_port}" if broker.v1 else ""), flush=True)
     try:
         await broker.serve_forever()
     except asyncio.CancelledError:

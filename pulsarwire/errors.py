@@ -7,6 +7,7 @@ caller can catch `TopicNotFoundError` rather than compare numbers.
 """
 from __future__ import annotations
 
+import builtins
 from typing import Any
 
 
@@ -78,12 +79,35 @@ class ConnectionClosedError(PulsarWireError):
     """The connection was closed (by either side) before the operation finished."""
 
 
-class TimeoutError(PulsarWireError):  # noqa: A001 - a typed, catchable timeout
-    """An operation did not finish within its configured timeout."""
+class ConnectError(ConnectionClosedError):
+    """A connection to the broker could not be opened (refused, unreachable, TLS handshake)."""
+
+
+class AlreadyClosedError(ConnectionClosedError):
+    """The client, producer, consumer or reader was closed before this call (official: AlreadyClosed)."""
+
+
+class TimeoutError(PulsarWireError, builtins.TimeoutError):  # noqa: A001
+    """An operation did not finish within its configured timeout (official: Timeout).
+
+    It is also the builtin TimeoutError, so `except TimeoutError` catches it whichever is imported.
+    """
+
+
+class ConnectTimeoutError(TimeoutError, ConnectError):
+    """No connection to the broker could be opened within the operation timeout, retries included."""
 
 
 class ProducerQueueFullError(PulsarWireError):
     """The producer's pending queue is full and block_if_queue_full is off."""
+
+
+class MessageTooBigError(PulsarWireError):
+    """A message is over the broker's size limit and chunking is off (official: MessageTooBig)."""
+
+
+class CumulativeAcknowledgementNotAllowedError(PulsarWireError):
+    """Cumulative acknowledgement on a Shared or Key_Shared subscription, where it has no meaning."""
 
 
 # --- server errors (CommandError / CommandSendError / lookup failures) --------

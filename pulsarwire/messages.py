@@ -105,10 +105,10 @@ class Message:
     """
 
     __slots__ = ("_single", "_metadata", "_ledger_id", "_entry_id", "_partition", "_topic",
-                 "_redelivery_count", "_ack_unit", "_id")
+                 "_redelivery_count", "_ack_unit", "_id", "_schema")
 
     def __init__(self, single, metadata, ledger_id, entry_id, partition, topic, redelivery_count=0,
-                 ack_unit=None):
+                 ack_unit=None, schema=None):
         self._single = single
         self._metadata = metadata
         self._ledger_id = ledger_id
@@ -118,12 +118,20 @@ class Message:
         self._redelivery_count = redelivery_count
         self._ack_unit = ack_unit  # consumer-side tracking of the entry this came in
         self._id = None
+        self._schema = schema  # decodes value(); None: the raw bytes
 
     def data(self) -> bytes:
         return self._single.data()
 
-    def value(self) -> bytes:
-        return self._single.data()
+    def value(self):
+        """The payload decoded by the consumer's schema (the bytes when it has none)."""
+        if self._schema is None:
+            return self._single.data()
+        return self._schema.decode_message(self)
+
+    def schema_version(self) -> bytes | None:
+        md = self._metadata
+        return md.schema_version if md.HasField("schema_version") else None
 
     def payload_view(self) -> memoryview:
         """The payload without copying (valid as long as the message is)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from . import __version__, codec
 from ._proto import PulsarApi_pb2 as pb
@@ -278,6 +278,25 @@ class ClientSession:
                       pb.CommandGetLastMessageId(consumer_id=consumer_id, request_id=rid))
         return rid
 
+    def get_topics_of_namespace(self, namespace: str, mode: int = pb.CommandGetTopicsOfNamespace.PERSISTENT,
+                                topics_pattern: str | None = None, topics_hash: str | None = None) -> int:
+        rid = self.new_request_id()
+        cmd = pb.CommandGetTopicsOfNamespace(request_id=rid, namespace=namespace, mode=cast(Any, mode))
+        if topics_pattern is not None:
+            cmd.topics_pattern = topics_pattern
+        if topics_hash is not None:
+            cmd.topics_hash = topics_hash
+        self._command(T.GET_TOPICS_OF_NAMESPACE, "getTopicsOfNamespace", cmd)
+        return rid
+
+    def get_schema(self, topic: str, schema_version: bytes | None = None) -> int:
+        rid = self.new_request_id()
+        cmd = pb.CommandGetSchema(request_id=rid, topic=topic)
+        if schema_version is not None:
+            cmd.schema_version = schema_version
+        self._command(T.GET_SCHEMA, "getSchema", cmd)
+        return rid
+
     def ping(self) -> None:
         self._command(T.PING, "ping", pb.CommandPing())
 
@@ -358,12 +377,23 @@ class ClientSession:
         r = frame.command.getLastMessageIdResponse
         events.append(RequestDone(r.request_id, r))
 
+    def _on_topics_of_namespace(self, frame, events):
+        r = frame.command.getTopicsOfNamespaceResponse
+        events.append(RequestDone(r.request_id, r))
+
     def _on_ack_response(self, frame, events):
         r = frame.command.ackResponse
         if not r.HasField("request_id"):
             return
         if r.HasField("error"):
             events.append(RequestFailed(r.request_id, server_error(r.error, r.message)))
+        else:
+            events.append(RequestDone(r.request_id, r))
+
+    def _on_get_schema_response(self, frame, events):
+        r = frame.command.getSchemaResponse
+        if r.HasField("error_code"):
+            events.append(RequestFailed(r.request_id, server_error(r.error_code, r.error_message)))
         else:
             events.append(RequestDone(r.request_id, r))
 
@@ -418,6 +448,8 @@ _TRANSITIONS: dict[tuple[State, int], Callable] = {
     (_S.CONNECTED, T.PARTITIONED_METADATA_RESPONSE): ClientSession._on_partitioned_metadata_response,
     (_S.CONNECTED, T.GET_LAST_MESSAGE_ID_RESPONSE): ClientSession._on_last_message_id,
     (_S.CONNECTED, T.ACK_RESPONSE): ClientSession._on_ack_response,
+    (_S.CONNECTED, T.GET_TOPICS_OF_NAMESPACE_RESPONSE): ClientSession._on_topics_of_namespace,
+    (_S.CONNECTED, T.GET_SCHEMA_RESPONSE): ClientSession._on_get_schema_response,
     (_S.CONNECTED, T.SEND_RECEIPT): ClientSession._on_send_receipt,
     (_S.CONNECTED, T.SEND_ERROR): ClientSession._on_send_error,
     (_S.CONNECTED, T.MESSAGE): ClientSession._on_message,

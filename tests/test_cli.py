@@ -39,9 +39,9 @@ def test_perf_and_produce_consume_against_a_service_url(embedded):
 
 
 def test_errors_are_reported_not_dumped():
-    result = pulsarwire("perf", "produce", "--service-url", "pulsar://127.0.0.1:1", "-n", "1", "--quiet",
-                        timeout=60)
+    result = pulsarwire("perf", "produce", "--service-url", "pulsar://127.0.0.1:1", "--operation-timeout", "1",
+                        "-n", "1", "--quiet", timeout=60)
     assert result.returncode == 1
-    assert result.stderr.startswith("pulsarwire: error: ConnectionClosedError")
+    assert result.stderr.startswith("pulsarwire: error: ConnectTimeoutError")
     assert "Traceback" not in result.stderr
     assert pulsarwire("--version").stdout.startswith("pulsarwire ")

@@ -223,8 +223,8 @@ def test_seek_by_id_and_time_and_unsubscribe(embedded):
             ids = [await producer.send(b"%d" % i) for i in range(10)]
             consumer = await client.subscribe(topic, "seek", initial_position=EARLIEST)
             await drain(consumer, 10)
-            await consumer.seek(ids[3])
-            assert (await consumer.receive(5000)).data() == b"3"
+            await consumer.seek(ids[3])  # exclusive, as the official client's default
+            assert (await consumer.receive(5000)).data() == b"4"
             await consumer.seek(MessageId.earliest)
             assert (await consumer.receive(5000)).data() == b"0"
             await consumer.seek(int(time.time() * 1000) + 60_000)
@@ -368,8 +368,9 @@ def test_tls(tmp_path):
 
 
 def test_blocking_facade(embedded):
+    from pulsarwire import blocking  # pulsarwire's own types; `sync` is the official surface
     topic = unique()
-    client = sync.Client(embedded.url, operation_timeout_seconds=10)
+    client = blocking.Client(embedded.url, operation_timeout_seconds=10)
     try:
         consumer = client.subscribe(topic, "s", initial_position=EARLIEST)
         producer = client.create_producer(topic)
@@ -401,8 +402,8 @@ def test_bad_arguments_are_typed(embedded):
                 await producer.send("not bytes")
             with pytest.raises(ValueError):
                 await client.create_producer(unique(), batching_enabled=True, chunking_enabled=True)
-        async with Client("pulsar://127.0.0.1:1", connection_timeout_ms=500) as client:
-            with pytest.raises(errors.ConnectionClosedError):
+        async with Client("pulsar://127.0.0.1:1", connection_timeout_ms=500, operation_timeout_seconds=1) as client:
+            with pytest.raises(errors.ConnectTimeoutError):  # refused until the operation timeout
                 await client.create_producer("nowhere")
     run(main())
 
@@ -508,4 +509,35 @@ def test_lookup_follows_redirects(embedded):
                 assert len(client._pool) == 2  # the redirector and the owner, one connection each
         finally:
             server.close()
+    run(main())
+
+
+def test_send_many_entry_reader_and_topics_of_namespace(embedded):
+    async def main():
+        topic = "persistent://public/default/" + unique("many")
+        async with client_for(embedded) as client:
+            producer = await client.create_producer(topic, batching_max_messages=4)
+            done = await producer.send_many([b"m%d" % i for i in range(10)],
+                                            partition_keys=[f"k{i}" if i % 2 else None for i in range(10)],
+                                            properties=[{"i": str(i)} for i in range(10)],
+                                            event_timestamps=[None] * 9 + [123])
+            await producer.flush()
+            assert await done is None
+            assert await (await producer.send_many([])) is None
+            reader = await client.create_reader(topic, MessageId.earliest)
+            got = [await reader.read_next(5000) for _ in range(10)]
+            assert [m.data() for m in got] == [b"m%d" % i for i in range(10)]
+            assert got[1].partition_key() == "k1" and got[2].partition_key() in (None, "")
+            assert got[9].properties() == {"i": "9"} and got[9].event_timestamp() == 123
+            with pytest.raises(TypeError):
+                await producer.send_many(["text"])
+            # whole entries from entry 1 on (inclusive): 4 + 4 + 2 messages were sent as 3 batches
+            entries_reader = await client.create_entry_reader(topic, MessageId(0, 1))
+            assert await entries_reader.wait(5)
+            entries = entries_reader.take(10)
+            while sum(e.num_messages for e in entries) < 6:
+                assert await entries_reader.wait(5)
+                entries += entries_reader.take(10)
+            assert [(e.entry_id, e.num_messages) for e in entries] == [(1, 4), (2, 2)]
+            assert topic in await client.get_topics_of_namespace("public/default")
     run(main())

@@ -47,12 +47,17 @@ def test_domain_layer_knows_no_front_end():
 # sit under TYPE_CHECKING): producers and consumers know nothing of each other or of `Client`.
 CLIENT_DEPENDS = {
     "options": set(),
+    "auth": set(),
     "reconnect": {"options"},
     "connection": {"options"},
     "producer": {"options", "reconnect"},
-    "consumer": {"options", "reconnect"},
-    "reader": {"options", "reconnect", "consumer"},
-    "client": {"options", "reconnect", "connection", "producer", "consumer", "reader"},
+    "dead_letter": set(),
+    "consumer": {"options", "reconnect", "dead_letter"},
+    "reader": {"options", "reconnect", "consumer", "dead_letter"},
+    "table_view": {"options", "reconnect", "consumer", "dead_letter", "reader"},
+    "entries": {"options", "reconnect"},
+    "client": {"options", "reconnect", "connection", "producer", "consumer", "dead_letter", "reader",
+               "table_view", "entries"},
 }
 # Every name `pulsarwire.client` offered when it was one module and that user code may import
 # from it: its own public names, the message and routing types in its signatures, the errors

@@ -7,14 +7,38 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import urllib.parse
 
 from .storage import SYNC_INTERVAL, FileOps, FilePool, StorageError, read_json, topic_directory
-from .topics import Topic
+from .topics import LEDGERS_FILE, Topic
 
 log = logging.getLogger("pulsarwire.broker")
 
 PARTITION_MARKER = "-partition-"
 DUPLICATE = -1  # the entry id `publish` answers for a deduplicated send
+MAX_FILE_NAME = 255  # bytes in one file name on common file systems
+
+
+class InvalidTopicName(ValueError):
+    """A topic name the broker refuses: it could not be stored safely under the data dir."""
+
+
+def check_topic_name(data_dir: str, name: str, partitions: int = 0) -> None:
+    """Refuse a name that is empty, has a `.`/`..`/empty path segment (`a/../b`, `a//b`),
+    control characters, or a directory name over MAX_FILE_NAME bytes (for a partitioned
+    topic, that of its last partition)."""
+    if not name:
+        raise InvalidTopicName("the topic name is empty")
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in name):
+        raise InvalidTopicName(f"topic name {name[:64]!r} has control characters")
+    path = name.split("://", 1)[1] if "://" in name else name
+    if any(part in ("", ".", "..") for part in path.split("/")):
+        raise InvalidTopicName(f"topic name {name[:64]!r} has an empty, '.' or '..' path segment")
+    longest = f"{name}{PARTITION_MARKER}{partitions - 1}" if partitions > 0 else name
+    size = len(os.path.basename(topic_directory(data_dir, longest)).encode())
+    if size > MAX_FILE_NAME:
+        raise InvalidTopicName(f"topic name {name[:64]!r}... is too long: its file name would be "
+                               f"{size} bytes (at most {MAX_FILE_NAME})")
 
 
 def highest_sequence(sequence_id: int, highest_sequence_id: int | None) -> int:
@@ -36,12 +60,41 @@ class BrokerCore:
         self.uncommitted: set[Topic] = set()  # topics with appends not yet handed to the OS
         self.files = FilePool(max_open_files, file_ops)  # every segment's descriptors, bounded
         self.producer_name_prefix = "pulsarwire"
+        self.generation = 0  # counts broker starts on this data dir, so names never repeat across restarts
         self._names = itertools.count()
         self._partitioned: dict[str, int] = {}
+        self._next_ledger_id = 1  # ledger 0 is what entries stored before ledger ids carry
 
     def open(self) -> None:
         os.makedirs(self.data_dir, exist_ok=True)
         self._partitioned = read_json(self._metadata_path(), {})
+        state_path = os.path.join(self.data_dir, "broker.json")
+        state = read_json(state_path, {})
+        self.generation = int(state.get("generation", 0)) + 1
+        self.files.write_json(state_path, dict(state, generation=self.generation))
+        allocation = read_json(self._ledgers_path(), None)
+        self._next_ledger_id = allocation["next"] if allocation else self._highest_ledger_on_disk() + 1
+
+    # ledger ids: unique per broker across topics and restarts, as in Pulsar
+
+    def _ledgers_path(self) -> str:
+        return os.path.join(self.data_dir, "ledger-ids.json")
+
+    def _highest_ledger_on_disk(self) -> int:
+        """Without the allocation file (a new or older data dir): the highest id any topic holds."""
+        highest = 0
+        root = os.path.join(self.data_dir, "topics")
+        for name in os.listdir(root) if os.path.isdir(root) else ():
+            ranges = read_json(os.path.join(root, name, LEDGERS_FILE), [])
+            highest = max([highest] + [int(ledger) for _, ledger in ranges])
+        return highest
+
+    def new_ledger_id(self) -> int:
+        """A ledger id no topic of this broker has had; the allocation is on disk before it is used."""
+        ledger_id = self._next_ledger_id
+        self.files.write_json(self._ledgers_path(), {"next": ledger_id + 1})
+        self._next_ledger_id = ledger_id + 1
+        return ledger_id
 
     def close(self) -> None:
         self.commit()
@@ -58,28 +111,51 @@ class BrokerCore:
         """How many partitions the partitioned topic `name` has; None if it is not one."""
         return self._partitioned.get(name)
 
+    def check_topic_name(self, name: str, partitions: int = 0) -> None:
+        """Raise InvalidTopicName for a name that cannot be a topic here."""
+        check_topic_name(self.data_dir, name, partitions)
+
     def non_partitioned_exists(self, name: str) -> bool:
         """Whether `name` is a non-partitioned topic, open or only on disk (topics open lazily)."""
         if name in self.topics:
             return True
+        self.check_topic_name(name)
         return name not in self._partitioned and os.path.isdir(topic_directory(self.data_dir, name))
 
     def partitions_of(self, name: str) -> int:
         """Partitions for a partitioned-metadata lookup (0: not partitioned), creating the
         topic as partitioned first when the broker has default partitions."""
+        self.check_topic_name(name)
         if PARTITION_MARKER in name:
             return 0
         if name not in self._partitioned and self.default_partitions and not self.non_partitioned_exists(name):
             self.create_partitioned_topic(name, self.default_partitions)
         return self._partitioned.get(name, 0)
 
+
     def create_partitioned_topic(self, name: str, partitions: int) -> None:
         if partitions < 1:
             raise ValueError("a partitioned topic needs at least one partition")
+        self.check_topic_name(name, partitions)
         if self.non_partitioned_exists(name):
             raise ValueError(f"{name} already exists as a non-partitioned topic")
         self._partitioned[name] = partitions
         self.files.write_json(self._metadata_path(), self._partitioned)
+
+    def topics_of_namespace(self, namespace: str, persistent: bool = True, non_persistent: bool = False) -> list[str]:
+        """The topic-partitions of `tenant/namespace` (open, on disk, or partitions of a
+        partitioned topic), sorted, as Pulsar lists them: partitions by their own names."""
+        names = set(self.topics)
+        root = os.path.join(self.data_dir, "topics")
+        if os.path.isdir(root):
+            names.update(urllib.parse.unquote(entry) for entry in os.listdir(root))
+        for parent, partitions in self._partitioned.items():
+            names.update(f"{parent}{PARTITION_MARKER}{i}" for i in range(partitions))
+            names.discard(parent)
+        prefixes = tuple(f"{scheme}://{namespace}/" for scheme, wanted in
+                         (("persistent", persistent), ("non-persistent", non_persistent)) if wanted)
+        return sorted(n for n in names
+                      if n.startswith(prefixes) and "/" not in n.split("://", 1)[1][len(namespace) + 1:])
 
     def topic(self, name: str) -> Topic | None:
         """The topic-partition `name`, created on first use; None for a partitioned parent."""
@@ -87,9 +163,11 @@ class BrokerCore:
         if topic is None:
             if name in self._partitioned:
                 return None
+            self.check_topic_name(name)
             # StorageError (logged) when the file system refuses, e.g. no descriptors left
             topic = Topic(name, topic_directory(self.data_dir, name), segment_bytes=self.segment_bytes,
-                          sync_policy=self.sync_policy, on_append=self.uncommitted.add, pool=self.files)
+                          sync_policy=self.sync_policy, on_append=self.uncommitted.add, pool=self.files,
+                          new_ledger_id=self.new_ledger_id)
             self.topics[name] = topic
         return topic
 
@@ -107,8 +185,13 @@ class BrokerCore:
 
     # producers
 
-    def new_producer_name(self) -> str:
-        return f"{self.producer_name_prefix}-{next(self._names)}"
+    def new_producer_name(self, topic: Topic | None = None) -> str:
+        """A name no producer had: `<prefix>-<generation>-<n>`, the generation counting broker starts
+        (dedup state is keyed by name; a reused name would inherit another producer's sequence ids)."""
+        while True:
+            name = f"{self.producer_name_prefix}-{self.generation}-{next(self._names)}"
+            if topic is None or (name not in topic.last_sequence and name not in topic.producers):
+                return name
 
     def publish(self, topic: Topic, producer_name: str, sequence_id: int, highest_sequence_id: int | None,
                 continuation_chunk: bool, body, checksum: int | None, publish_time: int,

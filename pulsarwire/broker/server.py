@@ -3,6 +3,8 @@ front end (Pulsar binary, Pulsar over TLS, V1 text) and runs the maintenance loo
 
     async with Broker(data_dir) as broker:      # free ports on 127.0.0.1
         broker.service_url                      # pulsar://127.0.0.1:PORT
+
+`port=None` turns the plaintext Pulsar listener off (then `tls_port` is required).
 """
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ from typing import Any, Callable
 
 from .. import codec
 from .core import BrokerCore
-from .pulsar import PulsarService
+from .pulsar import (DEFAULT_FRAME_TIMEOUT, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
+                     DEFAULT_MAX_FRAME_BEFORE_CONNECT, DEFAULT_MAX_INPUT_BYTES, DEFAULT_MAX_OUTPUT_BYTES,
+                     PulsarService)
 from .storage import SYNC_INTERVAL, FileOps
 from .topics import Topic
 from .v1 import DEFAULT_CONSUME_MAX_BYTES, V1Server
@@ -21,10 +25,22 @@ from .v1 import DEFAULT_CONSUME_MAX_BYTES, V1Server
 log = logging.getLogger("pulsarwire.broker")
 
 
+def tls_context(cert_file: str, key_file: str, trust_certs_file: str | None = None) -> ssl.SSLContext:
+    """A server TLS context; with `trust_certs_file`, client certificates are verified against it
+    (a client may still connect without one, e.g. to use a token)."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert_file, key_file)
+    if trust_certs_file:
+        context.load_verify_locations(trust_certs_file)
+        context.verify_mode = ssl.CERT_OPTIONAL
+    return context
+
+
 class Broker:
-    def __init__(self, data_dir: str, *, host: str = "127.0.0.1", port: int = 0,
+    def __init__(self, data_dir: str, *, host: str = "127.0.0.1", port: int | None = 0,
                  tls_port: int | None = None, ssl_context: ssl.SSLContext | None = None,
                  v1_port: int | None = 0, auth_tokens: set[str] | None = None,
+                 auth_basic: dict[str, str] | None = None, auth_tls: bool = False,
                  sync_policy: str = SYNC_INTERVAL, sync_interval: float = 1.0,
                  segment_bytes: int = 64 * 1024 * 1024,
                  max_message_size: int = codec.DEFAULT_MAX_MESSAGE_SIZE,
@@ -32,13 +48,21 @@ class Broker:
                  v1_partitions: int = 3, replication_factor: int = 3, min_insync_replicas: int = 2,
                  replication_timeout: float = 5.0, replica_lag_time: float = 10.0,
                  session_timeout: float = 10.0, v1_consume_max_bytes: int = DEFAULT_CONSUME_MAX_BYTES,
-                 advertised_url: str | None = None, max_open_files: int | None = None,
-                 file_ops: FileOps | None = None) -> None:
+                 advertised_url: str | None = None, max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                 max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+                 handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+                 max_frame_before_connect: int = DEFAULT_MAX_FRAME_BEFORE_CONNECT,
+                 frame_timeout: float = DEFAULT_FRAME_TIMEOUT, max_open_files: int | None = None,
+                 file_ops: FileOps | None = None, max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> None:
         self.core = BrokerCore(data_dir, sync_policy=sync_policy, segment_bytes=segment_bytes,
                                default_partitions=default_partitions, max_open_files=max_open_files,
                                file_ops=file_ops)
-        self.pulsar = PulsarService(self.core, auth_tokens=auth_tokens, max_message_size=max_message_size,
-                                    keep_alive_interval=keep_alive_interval)
+        self.pulsar = PulsarService(self.core, auth_tokens=auth_tokens, auth_basic=auth_basic, auth_tls=auth_tls,
+                                    max_message_size=max_message_size,
+                                    keep_alive_interval=keep_alive_interval, max_connections=max_connections,
+                                    max_output_bytes=max_output_bytes, handshake_timeout=handshake_timeout,
+                                    max_frame_before_connect=max_frame_before_connect,
+                                    frame_timeout=frame_timeout, max_input_bytes=max_input_bytes)
         self.data_dir = self.core.data_dir
         self.host = host
         self.port = port
@@ -66,28 +90,31 @@ class Broker:
     # lifecycle
 
     async def start(self) -> "Broker":
+        if self.port is None and self.tls_port is None:
+            raise ValueError("with the plaintext port off (port=None) a tls_port is needed")
+        if self.tls_port is not None and self.ssl_context is None:
+            raise ValueError("tls_port needs an ssl_context")
         self.core.open()
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(self.pulsar.protocol(), self.host, self.port)
-        self._servers.append(server)
-        self.port = server.sockets[0].getsockname()[1]
-        self.core.producer_name_prefix = f"pulsarwire-{self.port}"
-        self.service_url = f"pulsar://{self.host}:{self.port}"
-        self.pulsar.lookup_url = self.advertised_url or self.service_url
+        if self.port is not None:
+            server = await loop.create_server(self.pulsar.protocol(), self.host, self.port)
+            self._servers.append(server)
+            self.port = server.sockets[0].getsockname()[1]
+            self.service_url = f"pulsar://{self.host}:{self.port}"
         if self.tls_port is not None:
-            if self.ssl_context is None:
-                raise ValueError("tls_port needs an ssl_context")
             tls_server = await loop.create_server(self.pulsar.protocol(tls=True), self.host,
                                                   self.tls_port, ssl=self.ssl_context)
             self._servers.append(tls_server)
             self.tls_port = tls_server.sockets[0].getsockname()[1]
             self.service_url_tls = f"pulsar+ssl://{self.host}:{self.tls_port}"
             self.pulsar.service_url_tls = self.service_url_tls
+        self.core.producer_name_prefix = f"pulsarwire-{self.port if self.port is not None else self.tls_port}"
+        self.pulsar.lookup_url = self.advertised_url or self.service_url or self.service_url_tls
         if self.v1_port is not None:
             self.v1 = V1Server(self.core, **self.v1_options)
             self.v1_port = await self.v1.start(self.host, self.v1_port)
         self._background = asyncio.ensure_future(self._maintain())
-        log.info("broker on %s (data in %s)", self.service_url, self.data_dir)
+        log.info("broker on %s (data in %s)", self.service_url or self.service_url_tls, self.data_dir)
         return self
 
     async def stop(self) -> None:

@@ -10,22 +10,31 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import bisect
 import heapq
 import logging
 import os
 import time
-from typing import Callable
+from typing import Callable, cast
 
+from .. import codec
 from .._proto import PulsarApi_pb2 as pb
+from ..errors import PulsarWireError
 from ..messages import ack_set_words
 from ..routing import murmur3_32
 from .storage import CorruptEntryError, Cursor, FilePool, StorageError, TopicLog, read_json
 
 log = logging.getLogger("pulsarwire.broker")
 
-LEDGER_ID = 0
+COUNT_MAX_UNCOMPRESSED = 8 * 1024 * 1024  # a compressed batch larger than this is not counted (CPU bound)
+LEGACY_LEDGER_ID = 0  # the ledger of entries stored before topics had their own ledger ids
+LEDGERS_FILE = "ledgers.json"
+EPOCH_FILE = "producer-epoch.json"
 EARLIEST = -1  # a start position before every entry
 LATEST = 1 << 63  # a start position after every entry
+# A seek closes the consumers so they re-subscribe at the new position; a non-durable
+# subscription (a reader) is kept this long for them instead of ending with its last consumer.
+SEEK_RETAIN_SECONDS = 30.0
 _SubType = pb.CommandSubscribe
 
 
@@ -50,6 +59,7 @@ class ConsumerLink(abc.ABC):
         self.permits = 0
         self.pending: set[int] = set()  # entries dispatched to it and not yet acknowledged
         self.told_end = False
+        self.hash_ranges: list[tuple[int, int]] = []  # Key_Shared sticky: the key hashes it owns
 
     @property
     @abc.abstractmethod
@@ -83,6 +93,28 @@ class ProducerLink(abc.ABC):
         """Close it from the broker's side (unload); the client re-attaches."""
 
 
+class ProducerBusyError(Exception):
+    """The topic's producer access mode refuses another producer now."""
+
+
+class ProducerFencedError(Exception):
+    """A newer exclusive producer took the topic over (its epoch moved on)."""
+
+
+KEY_HASH_RANGE = 65536  # Key_Shared hashes keys (Murmur3) into 0..65535, as Pulsar
+_UNASSIGNED = object()  # _pick: no sticky consumer owns this entry's key hash
+
+
+def key_hash(entry) -> int:
+    key = _entry_key(entry)
+    return (murmur3_32(key) if key else entry.entry_id) % KEY_HASH_RANGE
+
+
+# Producer access modes, as Pulsar enforces them.
+SHARED, EXCLUSIVE = pb.Shared, pb.Exclusive
+WAIT_FOR_EXCLUSIVE, EXCLUSIVE_WITH_FENCING = pb.WaitForExclusive, pb.ExclusiveWithFencing
+
+
 class Subscription:
     def __init__(self, topic: "Topic", name: str, sub_type: int, durable: bool, cursor: Cursor) -> None:
         end = topic.log.committed_entry_id
@@ -110,23 +142,69 @@ class Subscription:
         self._retry_scheduled = False
         self.dirty = False
         self.active: ConsumerLink | None = None
+        self.retained_until = 0.0  # monotonic time; a seek keeps a non-durable subscription
+        self.sticky = False  # Key_Shared: consumers own the hash ranges they asked for
+        self._parked: list[int] = []  # sticky: entries whose key hash no consumer owns yet
+        self._range_starts: list[int] = []
+        self._range_owners: list[tuple[int, ConsumerLink]] = []
 
     # consumers
 
-    def add_consumer(self, consumer: ConsumerLink) -> None:
+    def key_shared_refusal(self, sticky: bool, ranges: list[tuple[int, int]]) -> str | None:
+        """Why a Key_Shared consumer asking for this mode and these hash ranges cannot join
+        (None when it can): sticky ranges must be valid and overlap no other consumer's."""
+        if self.consumers and sticky != self.sticky:
+            return f"subscription {self.name} uses the {'sticky' if self.sticky else 'auto-split'} key-shared mode"
+        if not sticky:
+            return None
+        if not ranges:
+            return "a sticky key-shared consumer needs hash ranges"
+        for start, end in ranges:
+            if not 0 <= start <= end < KEY_HASH_RANGE:
+                return f"hash range [{start}, {end}] is not within 0..{KEY_HASH_RANGE - 1}"
+        claimed = sorted([(s, e, c.name) for c in self.consumers for s, e in c.hash_ranges] +
+                         [(s, e, "the new consumer") for s, e in ranges])
+        for (start, end, owner), (next_start, next_end, next_owner) in zip(claimed, claimed[1:]):
+            if next_start <= end:
+                return f"hash range [{start}, {end}] of {owner} overlaps [{next_start}, {next_end}] of {next_owner}"
+        return None
+
+    def add_consumer(self, consumer: ConsumerLink, sticky: bool = False) -> None:
+        if not self.consumers:
+            self.sticky = sticky
         self.consumers.append(consumer)
+        self.retained_until = 0.0
         self._update_active()
+        self._index_ranges()
+        if self._parked:  # a new owner of some key hashes: try the held entries again
+            for entry_id in self._parked:
+                if entry_id not in self._redeliver_set:
+                    self._redeliver_set.add(entry_id)
+                    heapq.heappush(self._redeliver, entry_id)
+            self._parked.clear()
 
     def detach(self, consumer: ConsumerLink) -> None:
         """The consumer is gone: what it held goes to the others. A non-durable subscription
         lives only while it has consumers."""
         if consumer in self.consumers:
             self.consumers.remove(consumer)
+        self._index_ranges()
         self._requeue(list(consumer.pending), consumer)
         self._update_active()
         self.dispatch()
-        if not self.durable and not self.consumers:
-            self.topic.subscriptions.pop(self.name, None)
+        if not self.durable and not self.consumers and time.monotonic() >= self.retained_until:
+            self._drop_if_unused()
+
+    def _index_ranges(self) -> None:
+        """Sticky Key_Shared: the consumers' hash ranges sorted by start, for a bisect per entry."""
+        owned = sorted(((start, end, c) for c in self.consumers for start, end in c.hash_ranges),
+                       key=lambda owned_range: owned_range[0]) if self.sticky else []
+        self._range_starts = [start for start, _, _ in owned]
+        self._range_owners = [(end, c) for _, end, c in owned]
+
+    def _drop_if_unused(self) -> None:
+        if not self.durable and not self.consumers and self.topic.subscriptions.get(self.name) is self:
+            del self.topic.subscriptions[self.name]
 
     def _update_active(self) -> None:
         if self.type not in (_SubType.Failover, _SubType.Exclusive):
@@ -148,8 +226,13 @@ class Subscription:
 
     # acknowledgement
 
-    def ack(self, entry_id: int, unacked_indexes: int | None, cumulative: bool) -> None:
-        """Acknowledge an entry (or, with `unacked_indexes`, all of its batch but those bits)."""
+    def ack(self, entry_id: int, unacked_indexes: int | None, cumulative: bool) -> bool:
+        """Acknowledge an entry (or, with `unacked_indexes`, all of its batch but those bits).
+
+        Returns False, changing nothing, for an entry the topic does not have yet: a cursor moved
+        past the end would silently skip every message published later."""
+        if not 0 <= entry_id < self.topic.log.committed_entry_id:
+            return False
         cursor = self.cursor
         if cumulative:
             if unacked_indexes is not None:
@@ -167,6 +250,7 @@ class Subscription:
             cursor.ack(entry_id)
             self._settle(entry_id)
         self.dirty = True
+        return True
 
     def _settle(self, entry_id: int) -> None:
         consumer = self.owner.pop(entry_id, None)
@@ -191,11 +275,15 @@ class Subscription:
                 self.redelivery_counts[entry_id] = self.redelivery_counts.get(entry_id, 0) + 1
 
     def seek(self, entry_id: int) -> None:
+        if not self.durable:
+            self.retained_until = time.monotonic() + SEEK_RETAIN_SECONDS
+            asyncio.get_running_loop().call_later(SEEK_RETAIN_SECONDS + 0.01, self._drop_if_unused)
         self.cursor.reset(entry_id)
         self.read_position = entry_id
         self._redeliver.clear()
         self._redeliver_set.clear()
         self._delayed.clear()
+        self._parked.clear()
         self.owner.clear()
         self.redelivery_counts.clear()
         for consumer in self.consumers:
@@ -206,7 +294,7 @@ class Subscription:
     def check_end_of_topic(self) -> None:
         """Tell each consumer once when the topic is terminated and it has been sent everything."""
         if not self.topic.terminated or self.read_position < self.topic.log.committed_entry_id or \
-                self._redeliver:
+                self._redeliver or self._parked:
             return
         for consumer in self.consumers:
             if not consumer.told_end:
@@ -258,7 +346,9 @@ class Subscription:
             return position, False
         return None
 
-    def _pick(self, entry) -> ConsumerLink | None:
+    def _pick(self, entry) -> ConsumerLink | object | None:
+        """The consumer to send `entry` to; None when that consumer cannot take it now;
+        _UNASSIGNED when no sticky consumer owns its key hash."""
         if self.type in (_SubType.Exclusive, _SubType.Failover):
             active = self.active
             return active if active is not None and active.permits > 0 and active.writable else None
@@ -266,9 +356,14 @@ class Subscription:
         if not candidates:
             return None
         if self.type == _SubType.Key_Shared:
-            key = _entry_key(entry)
-            slot = (murmur3_32(key) if key else entry.entry_id) % 65536
-            consumer = candidates[slot * len(candidates) // 65536]
+            slot = key_hash(entry)
+            if self.sticky:
+                i = bisect.bisect_right(self._range_starts, slot) - 1
+                if i < 0 or self._range_owners[i][0] < slot:
+                    return _UNASSIGNED
+                consumer = self._range_owners[i][1]
+            else:  # auto-split: the hash range split evenly among the consumers
+                consumer = candidates[slot * len(candidates) // KEY_HASH_RANGE]
             return consumer if consumer.permits > 0 and consumer.writable else None
         for step in range(len(candidates)):
             consumer = candidates[(self._round_robin + step) % len(candidates)]
@@ -296,14 +391,18 @@ class Subscription:
                 except StorageError as exc:
                     self._retry_later(exc)
                     return
-                consumer = self._pick(entry)
-                if consumer is None:
+                picked = self._pick(entry)
+                if picked is None:
                     return
                 if redelivery:
                     heapq.heappop(self._redeliver)
                     self._redeliver_set.discard(entry_id)
                 else:
                     self.read_position = entry_id + 1
+                if picked is _UNASSIGNED:  # held until a consumer owns its key hash
+                    self._parked.append(entry_id)
+                    continue
+                consumer = cast(ConsumerLink, picked)
                 partial = self.cursor.partial.get(entry_id)
                 consumer.deliver(entry, self.redelivery_counts.get(entry_id, 0),
                               ack_set_words(partial, entry.num_messages) if partial else None)
@@ -352,6 +451,29 @@ def _entry_key(entry) -> bytes | None:
     return None
 
 
+def entry_message_count(body, claimed: int) -> int:
+    """How many messages an entry holds, which consumers' permits are charged: 1 unless it is a
+    batch, else the messages its payload really splits into. A producer's claim above 1 is never
+    trusted (10**9 would stall every consumer); a batch that does not split, or is too big to
+    decompress cheaply, counts as 1."""
+    if claimed <= 1:
+        return 1
+    try:
+        end = 4 + int.from_bytes(body[:4], "big")
+        metadata = _parse_metadata(body[4:end])
+        if not metadata.HasField("num_messages_in_batch"):
+            return 1
+        payload = body[end:]
+        if metadata.compression:
+            payload = codec.decompress_payload(metadata, payload, COUNT_MAX_UNCOMPRESSED)
+        return len(codec.split_messages(metadata, payload)) or 1
+    except (PulsarWireError, ValueError):  # DecodeError is a ValueError
+        return 1
+
+
+_parse_metadata = pb.MessageMetadata.FromString
+
+
 def entry_metadata(entry) -> pb.MessageMetadata:
     size = int.from_bytes(entry.body[:4], "big")
     return pb.MessageMetadata.FromString(entry.body[4:4 + size])
@@ -367,11 +489,13 @@ class Topic:
     back the dedup state of its sends."""
 
     def __init__(self, name: str, directory: str, *, segment_bytes: int, sync_policy: str,
-                 on_append: Callable[["Topic"], None], pool: FilePool | None = None) -> None:
+                 on_append: Callable[["Topic"], None], pool: FilePool | None = None,
+                 new_ledger_id: Callable[[], int] = lambda: LEGACY_LEDGER_ID) -> None:
         self.name = name
         self.partition = _partition_index(name)
         self.directory = directory
         self.log = TopicLog(self.directory, segment_bytes=segment_bytes, sync_policy=sync_policy, pool=pool)
+        self._open_ledgers(new_ledger_id)
         self._on_append = on_append
         self._dedup_undo: dict[str, int | None] = {}  # producer -> its sequence id before this batch
         # producers with sends in a failed commit: until they attach again, a send of theirs that
@@ -379,6 +503,13 @@ class Topic:
         # (lower ids) would look like duplicates
         self.fenced: dict[str, ProducerLink] = {}
         self.producers: dict[str, ProducerLink] = {}
+        self.exclusive_producer: ProducerLink | None = None
+        # WaitForExclusive producers in arrival order, each with its callbacks (granted epoch; error)
+        self.waiting_producers: list[tuple[ProducerLink, int | None, Callable[[int], None],
+                                           Callable[[Exception], None]]] = []
+        # bumped each time an exclusive producer takes the topic; kept on disk so that a fenced
+        # producer stays fenced across restarts
+        self.epoch = int(read_json(os.path.join(self.directory, EPOCH_FILE), {}).get("epoch", 0))
         self.subscriptions: dict[str, Subscription] = {}
         self.deliver_at: dict[int, int] = {}  # entry -> epoch ms before which Shared subs hold it
         state = read_json(os.path.join(self.directory, "state.json"), {})
@@ -388,7 +519,38 @@ class Topic:
         for sub_name, data in read_json(os.path.join(self.directory, "cursors.json"), {}).items():
             self.subscriptions[sub_name] = Subscription(self, sub_name, data.get("type", 0), True,
                                                         Cursor.from_json(data))
+        # schema versions, oldest first: {"type", "name", "data" (base64), "properties"}
+        self.schemas: list[dict] = read_json(os.path.join(self.directory, "schema.json"), [])
         self._state_dirty = False
+
+    def _open_ledgers(self, new_ledger_id: Callable[[], int]) -> None:
+        """Which ledger id each entry's message id carries: `[first entry, ledger id]` ranges,
+        persisted before any entry of a new range is written. A topic gets a broker-unique ledger
+        id when created; entries stored before ledger ids existed keep ledger 0."""
+        path = os.path.join(self.directory, LEDGERS_FILE)
+        ranges = read_json(path, None)
+        if not ranges:
+            ranges = []
+            if self.log.next_entry_id > self.log.first_entry_id:
+                ranges.append([0, LEGACY_LEDGER_ID])
+            ranges.append([self.log.next_entry_id, new_ledger_id()])
+            self.log.pool.write_json(path, ranges)
+        self._ledger_starts = [int(first) for first, _ in ranges]
+        self._ledger_ids = [int(ledger) for _, ledger in ranges]
+        self.ledger_id = self._ledger_ids[-1]  # the ledger new entries go to
+        self.ledger_start = self._ledger_starts[-1]
+
+    def ledger_of(self, entry_id: int) -> int:
+        """The ledger id of entry `entry_id`'s message id."""
+        if entry_id >= self.ledger_start:
+            return self.ledger_id
+        return self._ledger_ids[max(0, bisect.bisect_right(self._ledger_starts, entry_id) - 1)]
+
+    def register_schema(self, record: dict) -> int:
+        """Store a new schema version (durably, before the producer or consumer is answered)."""
+        self.schemas.append(record)
+        self.log.pool.write_json(os.path.join(self.directory, "schema.json"), self.schemas)
+        return len(self.schemas) - 1
 
     def _recover_dedup(self, upto: int) -> None:
         """Producers' last sequence ids, from the snapshot plus the entries after it."""
@@ -414,7 +576,7 @@ class Topic:
         """Store an entry, remember the producer's sequence id, and dispatch it."""
         batch = self.log.batch
         try:
-            entry_id = self.log.append(body, checksum, publish_time, max(num_messages, 1))
+            entry_id = self.log.append(body, checksum, publish_time, entry_message_count(body, num_messages))
         finally:
             if self.log.batch is not batch:  # starting a new segment committed the batch before
                 self._settled(batch.error is None)
@@ -531,13 +693,76 @@ class Topic:
             subscription.check_end_of_topic()
         return self.log.last_entry_id
 
+    # producers and their access modes
+
+    def add_producer(self, producer: ProducerLink, mode: int, epoch: int | None,
+                     on_granted: Callable[[int], None], on_refused: Callable[[Exception], None]) -> int | None:
+        """Attach `producer` under access `mode` (SHARED, EXCLUSIVE, ...). Returns the topic epoch
+        it holds the topic at (exclusive modes) or 0 (shared); None when it waits for exclusive
+        access, granted later through `on_granted(epoch)` (or `on_refused(error)` if fenced out).
+        Raises ProducerBusyError or ProducerFencedError when refused."""
+        if mode == SHARED:
+            if self.exclusive_producer is not None or self.waiting_producers:
+                raise ProducerBusyError(f"{self.name} has an exclusive producer")
+            self.producers[producer.name] = producer
+            return 0
+        if mode == EXCLUSIVE_WITH_FENCING:
+            for _, _, _, refused in self.waiting_producers:
+                refused(ProducerFencedError(f"fenced out of {self.name} by an exclusive producer"))
+            self.waiting_producers.clear()
+            for other in list(self.producers.values()):
+                other.evict()
+            self.producers.clear()
+            self.exclusive_producer = None
+            return self._grant(producer, max(self.epoch, epoch or 0) + 1)
+        if epoch is not None and epoch < self.epoch:
+            raise ProducerFencedError(f"{self.name}: topic epoch moved on to {self.epoch}")
+        if self.exclusive_producer is not None or self.producers:
+            if mode == WAIT_FOR_EXCLUSIVE:
+                self.waiting_producers.append((producer, epoch, on_granted, on_refused))
+                return None
+            holder = "an exclusive producer" if self.exclusive_producer is not None else "shared producers"
+            raise ProducerBusyError(f"{self.name} has {holder}")
+        return self._take_exclusive(producer, epoch)
+
+    def _take_exclusive(self, producer: ProducerLink, epoch: int | None) -> int:
+        if epoch is not None and epoch < self.epoch:
+            # a producer coming back after another exclusive one held the topic meanwhile
+            raise ProducerFencedError(f"{self.name}: topic epoch moved on to {self.epoch}")
+        return self._grant(producer, self.epoch + 1 if epoch is None else epoch)
+
+    def _grant(self, producer: ProducerLink, epoch: int) -> int:
+        if epoch != self.epoch:
+            self.log.pool.write_json(os.path.join(self.directory, EPOCH_FILE), {"epoch": epoch})
+            self.epoch = epoch
+        self.exclusive_producer = producer
+        self.producers[producer.name] = producer
+        return epoch
+
+    def remove_producer(self, producer: ProducerLink) -> None:
+        """The producer left (closed, or its connection went): a waiting producer may take over."""
+        if self.producers.get(producer.name) is producer:
+            del self.producers[producer.name]
+        if self.exclusive_producer is producer:
+            self.exclusive_producer = None
+        self.waiting_producers = [w for w in self.waiting_producers if w[0] is not producer]
+        while self.waiting_producers and self.exclusive_producer is None and not self.producers:
+            waiting, epoch, granted, refused = self.waiting_producers.pop(0)
+            try:
+                granted(self._take_exclusive(waiting, epoch))
+            except (ProducerFencedError, StorageError) as exc:  # the epoch could not be kept: refused
+                refused(exc)
+
     def evict_all(self) -> int:
         """Close every producer and consumer attached here (unload); returns how many."""
         closed = 0
-        for producer in list(self.producers.values()):
+        waiting = [w[0] for w in self.waiting_producers]
+        self.waiting_producers.clear()
+        for producer in list(self.producers.values()) + waiting:
             producer.evict()
             closed += 1
         self.producers.clear()
+        self.exclusive_producer = None
         for subscription in list(self.subscriptions.values()):
             for consumer in list(subscription.consumers):
                 consumer.evict()

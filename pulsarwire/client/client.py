@@ -5,15 +5,22 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import re
 import uuid
+from typing import Any
 
 from .. import codec
+from ..errors import AlreadyClosedError, TopicNotFoundError
 from ..messages import MessageId
+from .._proto import PulsarApi_pb2 as pb
+from ..schema import Schema, SchemaInfo
 from .connection import Connection, ConnectionPool
 from .consumer import Consumer
-from .options import Address, AuthenticationToken, ConsumerType, topic_name
+from .entries import EntryReader
+from .options import Address, AuthenticationToken, ConsumerType, TopicsPattern, topic_name
 from .producer import Producer
 from .reader import Reader
+from .table_view import TableView
 
 log = logging.getLogger("pulsarwire")
 
@@ -21,7 +28,7 @@ log = logging.getLogger("pulsarwire")
 class Client:
     """Entry point: `async with Client("pulsar://127.0.0.1:6650") as client: ...`."""
 
-    def __init__(self, service_url: str, *, authentication: AuthenticationToken | None = None,
+    def __init__(self, service_url: str, *, authentication: AuthenticationToken | Any = None,
                  operation_timeout_seconds: float = 30, connection_timeout_ms: int = 10_000,
                  keep_alive_interval_seconds: float = 30,
                  tls_trust_certs_file_path: str | None = None,
@@ -62,21 +69,56 @@ class Client:
     async def _lookup(self, topic: str) -> Connection:
         return await self._pool.lookup(topic)
 
+    async def connect(self) -> None:
+        """Open the connection to the service URL now (raising what the first request would)."""
+        await self._pool.connection(self._service)
+
     async def get_topic_partitions(self, topic: str) -> list[str]:
+        self._check_open()
         return await self._pool.topic_partitions(topic_name(topic))
+
+    async def get_topics_of_namespace(self, namespace: str) -> list[str]:
+        """The persistent topics of `namespace` ("tenant/namespace"); partitions by partition name."""
+        response = await self._pool.topics_of_namespace(namespace, pb.CommandGetTopicsOfNamespace.PERSISTENT)
+        return list(response.topics)
 
     async def _backoff(self, attempt: int) -> None:
         await asyncio.sleep(min(self._max_backoff, self._initial_backoff * (2 ** min(attempt, 20))))
 
     # public API
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise AlreadyClosedError("client is closed")
+
     async def create_producer(self, topic: str, **options) -> Producer:
+        self._check_open()
         producer = Producer(self, topic_name(topic), **options)
         await producer._start()
         self._handles.add(producer)
         return producer
 
-    async def subscribe(self, topic: str | list[str], subscription_name: str, **options) -> Consumer:
+    async def subscribe(self, topic: "str | list[str] | re.Pattern[str] | None" = None,
+                        subscription_name: str | None = None, *,
+                        topics_pattern: "str | re.Pattern[str] | None" = None, **options) -> Consumer:
+        """Subscribe to a topic, a list of topics, or every topic of a namespace matching a
+        regex (`re.compile(...)` as `topic`, or `topics_pattern=`); a pattern subscription
+        looks for new matching topics every `pattern_auto_discovery_period` seconds (60)."""
+        self._check_open()
+        if not subscription_name:
+            raise ValueError("subscribe needs a subscription_name")
+        if isinstance(topic, re.Pattern):
+            topic, topics_pattern = None, topic
+        if topics_pattern is not None:
+            if topic is not None:
+                raise ValueError("give either topic(s) or topics_pattern, not both")
+            consumer = Consumer(self, [], subscription_name, _pattern=TopicsPattern.parse(topics_pattern),
+                                **options)
+            await consumer._start()
+            self._handles.add(consumer)
+            return consumer
+        if topic is None:
+            raise ValueError("subscribe needs a topic, a list of topics or a topics pattern")
         topics = [topic_name(t) for t in ([topic] if isinstance(topic, str) else topic)]
         consumer = Consumer(self, topics, subscription_name, **options)
         await consumer._start()
@@ -86,15 +128,51 @@ class Client:
     async def create_reader(self, topic: str, start_message_id: MessageId, *,
                             reader_name: str | None = None, receiver_queue_size: int = 1000,
                             subscription_role_prefix: str = "reader",
-                            start_message_id_inclusive: bool = False) -> Reader:
+                            start_message_id_inclusive: bool = False, schema: Schema | None = None) -> Reader:
+        self._check_open()
         consumer = Consumer(self, [topic_name(topic)], f"{subscription_role_prefix}-{uuid.uuid4().hex[:10]}",
                             consumer_type=ConsumerType.Exclusive, consumer_name=reader_name,
-                            receiver_queue_size=receiver_queue_size, _durable=False,
+                            receiver_queue_size=receiver_queue_size, _durable=False, schema=schema,
                             _start_message_id=start_message_id,
                             _start_inclusive=start_message_id_inclusive)
         await consumer._start()
         self._handles.add(consumer)
         return Reader(consumer)
+
+    async def create_table_view(self, topic: str, subscription_name: str | None = None,
+                                schema: Schema | None = None) -> TableView:
+        """The latest value of each key of `topic`, read up to now before this returns and kept
+        current in the background (an empty message removes its key)."""
+        consumer = Consumer(self, [topic_name(topic)], subscription_name or f"tableview-{uuid.uuid4().hex[:10]}",
+                            consumer_type=ConsumerType.Exclusive, read_compacted=True, schema=schema,
+                            _durable=False, _start_message_id=MessageId.earliest, _start_inclusive=True)
+        await consumer._start()
+        self._handles.add(consumer)
+        view = TableView(consumer)
+        try:
+            await view._start()
+        except BaseException:
+            await view.close()
+            raise
+        return view
+
+    async def get_schema_info(self, topic: str, schema_version: bytes | None = None) -> SchemaInfo | None:
+        """The schema the broker keeps for `topic` (the latest, or `schema_version`); None if none."""
+        conn = await self._pool.connection(self._service)
+        try:
+            response = await conn.request(conn.session.get_schema, topic_name(topic), schema_version)
+        except TopicNotFoundError:
+            return None
+        return SchemaInfo.from_proto(response.schema)
+
+    async def create_entry_reader(self, topic: str, start: MessageId, *, receiver_queue_size: int = 1000,
+                                  max_queued_bytes: int = 64 << 20) -> EntryReader:
+        """Whole entries of one (partition) topic from entry `start` (inclusive), for bulk readers."""
+        reader = EntryReader(self, topic_name(topic), start, receiver_queue_size=receiver_queue_size,
+                             max_queued_bytes=max_queued_bytes)
+        await reader.start()
+        self._handles.add(reader)
+        return reader
 
     async def close(self) -> None:
         if self._closed:

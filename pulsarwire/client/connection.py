@@ -10,7 +10,10 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from .._proto import PulsarApi_pb2 as pb
-from ..errors import ConnectionClosedError, PulsarWireError, ServerError, TimeoutError
+from ..errors import (
+    AlreadyClosedError, ConnectError, ConnectionClosedError, ConnectTimeoutError, PulsarWireError, ServerError,
+    TimeoutError,
+)
 from ..session import (
     ActiveConsumerChanged, ClientSession, Connected, ConnectionFailed, ConsumerClosedByBroker,
     CorruptMessage, EndOfTopic, MessageArrived, ProducerClosedByBroker, RequestDone, RequestFailed,
@@ -96,8 +99,9 @@ class Connection(asyncio.Protocol):
     async def drain(self) -> None:
         await self._can_write.wait()
 
-    async def request(self, start: Callable[..., int], *args, **kwargs):
-        """Send a request (a session method returning its request id) and await its answer."""
+    async def request(self, start: Callable[..., int], *args, _wait: bool = False, **kwargs):
+        """Send a request (a session method returning its request id) and await its answer
+        (within the operation timeout, or as long as the connection lives with `_wait`)."""
         if self.closed:
             raise ConnectionClosedError(f"connection to {self.address.url()} is closed")
         rid = start(*args, **kwargs)
@@ -105,7 +109,7 @@ class Connection(asyncio.Protocol):
         self._requests[rid] = future
         self.flush()
         try:
-            return await asyncio.wait_for(future, self.client._operation_timeout)
+            return await asyncio.wait_for(future, None if _wait else self.client._operation_timeout)
         except asyncio.TimeoutError:
             raise TimeoutError(f"no answer from {self.address.url()} within "
                                f"{self.client._operation_timeout}s") from None
@@ -238,13 +242,16 @@ class ConnectionPool:
         context.check_hostname = self._tls_validate_hostname and not self._tls_insecure
         if self._tls_insecure:
             context.verify_mode = ssl.CERT_NONE
+        certificate = getattr(self._client._authentication, "tls_certificate", None)
+        if certificate is not None:  # AuthenticationTLS: the client certificate is the credential
+            context.load_cert_chain(*certificate)
         return context
 
     async def connection(self, address: Address) -> Connection:
         """A ready connection to `address`: the pooled one, or a new one (opened once even
         when several callers ask at the same time)."""
         if self._client._closed:
-            raise ConnectionClosedError("client is closed")
+            raise AlreadyClosedError("client is closed")
         conn = self._connections.get(address)
         if conn is not None and not conn.closed:
             return conn
@@ -256,19 +263,55 @@ class ConnectionPool:
         return await asyncio.shield(pending)
 
     async def _open(self, address: Address) -> Connection:
+        """Connect, retrying refused or unanswered attempts with backoff until the client's
+        operation timeout (as the official client does), then ConnectTimeoutError."""
+        client = self._client
+        loop = client._loop
+        deadline = loop.time() + client._operation_timeout
+        attempt = 0
+        while True:
+            remaining = deadline - loop.time()
+            try:
+                conn = await self._open_once(address, max(0.001, min(self._connection_timeout, remaining)))
+            except ConnectError as exc:
+                if isinstance(exc.__cause__, ssl.SSLCertVerificationError):
+                    raise  # an untrusted certificate does not get better with retries
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise ConnectTimeoutError(f"could not connect to {address.url()} within "
+                                              f"{client._operation_timeout}s: {exc}") from exc
+                log.info("connecting to %s failed (%s); retrying", address.url(), exc)
+                delay = min(client._max_backoff, client._initial_backoff * (2 ** min(attempt, 20)))
+                await asyncio.sleep(min(delay, remaining))
+                attempt += 1
+                if client._closed:
+                    raise AlreadyClosedError("client is closed") from exc
+                continue
+            self._connections[address] = conn
+            return conn
+
+    async def _open_once(self, address: Address, timeout: float) -> Connection:
         loop = self._client._loop
+        prepare = getattr(self._client._authentication, "prepare", None)
         try:
+            if prepare is not None:  # e.g. OAuth2 fetches or refreshes its token first
+                await asyncio.wait_for(prepare(), self._connection_timeout)
             _, conn = await asyncio.wait_for(loop.create_connection(
                 lambda: Connection(self._client, address), address.host, address.port,
                 ssl=self._ssl_context(address),
-                server_hostname=address.host if address.tls else None), self._connection_timeout)
-            await asyncio.wait_for(asyncio.shield(conn.ready), self._connection_timeout)
+                server_hostname=address.host if address.tls else None), timeout)
         except asyncio.TimeoutError:
-            raise TimeoutError(f"could not connect to {address.url()} within "
-                               f"{self._connection_timeout}s") from None
+            raise ConnectError(f"no connection to {address.url()} within {timeout:.3g}s") from None
         except OSError as exc:
-            raise ConnectionClosedError(f"could not connect to {address.url()}: {exc}") from exc
-        self._connections[address] = conn
+            raise ConnectError(f"could not connect to {address.url()}: {exc}") from exc
+        try:
+            await asyncio.wait_for(asyncio.shield(conn.ready), timeout)
+        except asyncio.TimeoutError:
+            conn.abort()
+            conn.ready.exception()  # retrieved: the error raised here replaces it
+            raise ConnectError(f"no handshake answer from {address.url()} within {timeout:.3g}s") from None
+        except ConnectionClosedError as exc:  # closed during the handshake: worth another try
+            raise ConnectError(f"connection to {address.url()} closed during the handshake: {exc}") from exc
         return conn
 
     def discard(self, conn: Connection) -> None:
@@ -301,6 +344,13 @@ class ConnectionPool:
         if response.partitions > 0:
             return [partition_name(topic, i) for i in range(response.partitions)]
         return [topic]
+
+    async def topics_of_namespace(self, namespace: str, mode: int, topics_pattern: str | None = None,
+                                  topics_hash: str | None = None):
+        """The broker's GetTopicsOfNamespace answer (topics, filtered, topics_hash, changed)."""
+        conn = await self.connection(self._service)
+        return await conn.request(conn.session.get_topics_of_namespace, namespace, mode,
+                                  topics_pattern, topics_hash)
 
     def close_all(self) -> None:
         for conn in list(self._connections.values()):

@@ -12,10 +12,15 @@ from typing import TYPE_CHECKING, Any
 from .. import codec
 from .._proto import PulsarApi_pb2 as pb
 from ..errors import (
-    CodecError, ConnectionClosedError, PulsarWireError, TimeoutError, TopicTerminatedError,
+    AlreadyClosedError, CodecError, ConnectionClosedError, CumulativeAcknowledgementNotAllowedError,
+    PulsarWireError, TimeoutError, TopicTerminatedError,
 )
 from ..messages import Message, MessageId, ack_set_bits, ack_set_words, signed64
-from .options import ConsumerType, InitialPosition
+from ..schema import Schema, as_schema
+from .dead_letter import DeadLetterRouter, backoff_delay_ms
+from .options import (
+    ConsumerType, InitialPosition, KeySharedPolicy, RegexSubscriptionMode, TopicsPattern, topic_name,
+)
 from .reconnect import Reconnecting
 
 if TYPE_CHECKING:
@@ -108,7 +113,10 @@ class PartitionConsumer(Reconnecting):
         self._ack_timer: asyncio.TimerHandle | None = None
         self._nacks: dict[tuple[int, int], float] = {}
         self._nack_timer: asyncio.TimerHandle | None = None
-        self._chunks: collections.OrderedDict[str, list] = collections.OrderedDict()
+        self._nack_timer_at = 0.0
+        # uuid -> (first chunk's arrival, [(ledger, entry, payload), ...]), oldest first
+        self._chunks: collections.OrderedDict[str, tuple[float, list]] = collections.OrderedDict()
+        self._chunk_timer: asyncio.TimerHandle | None = None
         self._reconnecting: asyncio.Task | None = None
         self._closed = False
         self._last_message: Message | None = None  # the last one handed to the application
@@ -117,6 +125,12 @@ class PartitionConsumer(Reconnecting):
 
     async def start(self) -> None:
         await self._connect()
+        if not self.parent._durable and self._start_inclusive and self._start_message_id == MessageId.latest:
+            # a reader from latest, inclusive, reads the topic's last message too (as the
+            # official client: it seeks to the last message id once subscribed)
+            last = await self.get_last_message_id()
+            if last.entry_id >= 0:
+                await self.seek(last, None)
 
     async def _connect(self) -> None:
         parent = self.parent
@@ -128,9 +142,11 @@ class PartitionConsumer(Reconnecting):
         if parent._consumer_name:
             fields["consumer_name"] = parent._consumer_name
         if parent._type == ConsumerType.KeyShared:
-            fields["keySharedMeta"] = pb.KeySharedMeta(keySharedMode=pb.AUTO_SPLIT)
+            fields["keySharedMeta"] = parent._key_shared_policy.to_proto()
         if parent._properties:
             fields["metadata"] = [pb.KeyValue(key=k, value=v) for k, v in parent._properties.items()]
+        if parent._wire_schema is not None:
+            fields["schema"] = parent._wire_schema
         if not parent._durable and self._last_message is not None:
             # resume after what the application already has
             self._start_message_id, self._start_inclusive = self._last_message.message_id(), False
@@ -182,31 +198,41 @@ class PartitionConsumer(Reconnecting):
         else:
             bits = (1 << max(batch_size, 1)) - 1
         unit = AckUnit(self, ledger, entry, batch_size, bits, chunk_entries)
-        durable = parent._durable
+        filtered = self._start_message_id is not None
         compacted = parent._read_compacted
         partition, topic, redelivery = self.partition, self.topic, command.redelivery_count
         put = parent._queue.put
+        schema = parent._schema
+        dead_letter = parent._dead_letter
+        remember = dead_letter.remember if dead_letter is not None and \
+            redelivery >= dead_letter.max_redeliver_count else None
         for single in singles:
             index = single.batch_index
             if batch_size and not (bits >> index) & 1:
                 skip += 1
                 continue
-            if (not durable and self._before_start(
+            if (filtered and self._before_start(
                     MessageId(ledger, entry, partition, index, batch_size), batch_size)) or \
                     (compacted and single.compacted_out):
                 skip += 1
                 unit.remaining &= ~(1 << max(index, 0))
                 continue
-            put(Message(single, md, ledger, entry, partition, topic, redelivery, unit))
+            message = Message(single, md, ledger, entry, partition, topic, redelivery, unit, schema)
+            put(message)
+            if remember is not None:  # past the limit: the next redelivery goes to the dead letter topic
+                remember(unit, message)
         if unit.remaining:
             self._unacked[(ledger, entry)] = unit
+        elif parent._durable:
+            self.ack_ids(unit.ids())  # all of it lies before the seek position: done with it
         if skip:
             self._message_consumed(skip)
 
     def _before_start(self, mid: MessageId, batch_size: int) -> bool:
-        """A reader skips what lies before its start position (and the start itself unless inclusive)."""
+        """What lies before the start position (a reader's start, or the last seek) is skipped, and
+        the start itself too unless start_message_id_inclusive, as in the official client."""
         start = self._start_message_id
-        if self.parent._durable or start is None or start.ledger_id < 0 or start == MessageId.latest:
+        if start is None or start.ledger_id < 0 or start == MessageId.latest:
             return False
         key, start_key = (mid.ledger_id, mid.entry_id), (start.ledger_id, start.entry_id)
         if key != start_key:
@@ -219,25 +245,34 @@ class PartitionConsumer(Reconnecting):
     def _on_chunk(self, command, frame) -> None:
         md = frame.metadata
         mid = command.message_id
+        ledger, entry = signed64(mid.ledgerId), signed64(mid.entryId)
         key = md.uuid
-        parts = self._chunks.get(key)
-        if md.chunk_id == 0 or parts is None:
-            parts = self._chunks[key] = []
+        parent = self.parent
+        pending = self._chunks.get(key)
+        if md.chunk_id == 0:
+            if pending is not None:  # the message again from its start (a redelivery)
+                del self._chunks[key]
+            # Bound what incomplete messages hold, as the official client: the oldest go first.
+            limit = parent._max_pending_chunked
+            while limit and len(self._chunks) >= limit:
+                _, (_, dropped) = self._chunks.popitem(last=False)
+                self._drop_chunks(dropped, parent._auto_ack_oldest_chunked, "too many incomplete chunked messages")
+            pending = self._chunks[key] = (time.monotonic(), [])
+            self._schedule_chunk_expiry()
+        parts = pending[1] if pending is not None else []
         if md.chunk_id != len(parts):
-            log.warning("chunk %d of %s out of order; dropping the message", md.chunk_id, key)
             self._chunks.pop(key, None)
-            self.ack_ids([mid])
+            self._drop_chunks(parts + [(ledger, entry, b"")], False,
+                              f"chunk {md.chunk_id} of {key} arrived without the chunks before it")
             self._message_consumed(1)
             return
-        parts.append((signed64(mid.ledgerId), signed64(mid.entryId), bytes(frame.payload)))
-        while len(self._chunks) > self.parent._max_pending_chunked:
-            _, dropped = self._chunks.popitem(last=False)
-            log.warning("dropping an incomplete chunked message (too many in progress)")
-            self.ack_ids([pb.MessageIdData(ledgerId=l, entryId=e) for l, e, _ in dropped])
+        parts.append((ledger, entry, bytes(frame.payload)))
         if len(parts) < md.num_chunks_from_msg:
             self._message_consumed(1)  # each chunk took a permit; only the last is delivered
             return
         del self._chunks[key]
+        for chunk_ledger, chunk_entry, _ in parts:  # tracked when an earlier attempt was given up
+            self._unacked.pop((chunk_ledger, chunk_entry), None)
         whole = b"".join(p for _, _, p in parts)
         md_whole = pb.MessageMetadata()
         md_whole.CopyFrom(md)
@@ -250,6 +285,40 @@ class PartitionConsumer(Reconnecting):
             return
         last_ledger, last_entry = parts[-1][0], parts[-1][1]
         self._deliver(singles, md, last_ledger, last_entry, command, [(l, e) for l, e, _ in parts])
+
+    def _drop_chunks(self, parts: list, acknowledge: bool, why: str) -> None:
+        """Give up an incomplete chunked message: acknowledge its chunks, or leave them
+        unacknowledged (tracked, so the ack timeout or redeliver_unacknowledged_messages brings
+        them back, as the official client does)."""
+        log.warning("%s on %s: %s %d chunk(s)", why, self.topic,
+                    "acknowledging" if acknowledge else "leaving unacknowledged", len(parts))
+        self.parent.dropped_chunked_messages += 1
+        for ledger, entry, _ in parts:
+            if acknowledge:
+                self._queue_ack(pb.MessageIdData(ledgerId=ledger & 0xFFFFFFFFFFFFFFFF,
+                                                 entryId=entry & 0xFFFFFFFFFFFFFFFF))
+            else:
+                self._unacked[(ledger, entry)] = AckUnit(self, ledger, entry, 0, 1)
+
+    def _schedule_chunk_expiry(self) -> None:
+        expiry = self.parent._chunk_expiry
+        if expiry and self._chunk_timer is None and self._chunks:
+            oldest = next(iter(self._chunks.values()))[0]
+            delay = max(0.0, oldest + expiry - time.monotonic())
+            self._chunk_timer = self.client._loop.call_later(delay, self._expire_chunks)
+
+    def _expire_chunks(self) -> None:
+        """Incomplete chunked messages older than the expiry are acknowledged and dropped (the
+        official client's expire_time_of_incomplete_chunked_message)."""
+        self._chunk_timer = None
+        deadline = time.monotonic() - self.parent._chunk_expiry
+        while self._chunks:
+            key, (started, parts) = next(iter(self._chunks.items()))
+            if started > deadline:
+                break
+            del self._chunks[key]
+            self._drop_chunks(parts, True, "incomplete chunked message expired")
+        self._schedule_chunk_expiry()
 
     def _on_corrupt(self, message_id: pb.MessageIdData, error: CodecError) -> None:
         log.warning("discarding corrupt message %s:%s on %s: %s", message_id.ledgerId,
@@ -361,11 +430,17 @@ class PartitionConsumer(Reconnecting):
             self._pending_cumulative = None
         self.conn.flush()
 
-    def negative_ack(self, message_id: MessageId) -> None:
+    def negative_ack(self, message_id: MessageId, delay: float | None = None) -> None:
         key = (message_id.ledger_id, message_id.entry_id)
-        self._nacks[key] = time.monotonic() + self.parent._nack_delay
+        delay = self.parent._nack_delay if delay is None else delay
+        deadline = time.monotonic() + delay
+        self._nacks[key] = deadline
+        if self._nack_timer is not None and deadline < self._nack_timer_at:
+            self._nack_timer.cancel()  # a backoff gave this one an earlier time
+            self._nack_timer = None
         if self._nack_timer is None:
-            self._nack_timer = self.client._loop.call_later(self.parent._nack_delay, self._redeliver_nacked)
+            self._nack_timer_at = deadline
+            self._nack_timer = self.client._loop.call_later(delay, self._redeliver_nacked)
 
     def _redeliver_nacked(self) -> None:
         self._nack_timer = None
@@ -375,12 +450,16 @@ class PartitionConsumer(Reconnecting):
             del self._nacks[key]
         self._redeliver_keys(due)
         if self._nacks:
-            delay = max(0.0, min(self._nacks.values()) - now)
-            self._nack_timer = self.client._loop.call_later(delay, self._redeliver_nacked)
+            self._nack_timer_at = min(self._nacks.values())
+            self._nack_timer = self.client._loop.call_later(max(0.0, self._nack_timer_at - now),
+                                                            self._redeliver_nacked)
 
     def _redeliver_keys(self, keys) -> None:
+        if keys and self.parent._dead_letter is not None:
+            keys = self.parent._dead_letter.divert(self, keys)
         if not keys or self.conn is None:
             return
+        self.flush_acks()  # the broker must know what was acknowledged before it redelivers
         ids = []
         for key in keys:
             unit = self._unacked.pop(key, None)
@@ -398,6 +477,7 @@ class PartitionConsumer(Reconnecting):
     def redeliver_unacknowledged(self) -> None:
         if self.conn is None:
             return
+        self.flush_acks()  # what was just acknowledged must not come back
         removed = self.parent._queue.remove_from(self)
         self._unacked.clear()
         self.conn.session.redeliver(self.consumer_id)
@@ -415,8 +495,14 @@ class PartitionConsumer(Reconnecting):
         self.parent._queue.remove_from(self)
         self._unacked.clear()
         self._last_message = None
-        if not self.parent._durable:
-            self._start_message_id, self._start_inclusive = message_id, True
+        # Delivery resumes after the sought message (at it with start_message_id_inclusive).
+        self._start_message_id, self._start_inclusive = message_id, self.parent._start_inclusive
+        reconnecting = self._reconnecting
+        if reconnecting is not None:
+            # the broker closed this consumer to restart it from the seek position: the seek is
+            # done once it is attached again (as in the official client), so that what follows
+            # (has_message_available, get_last_message_id) does not find it unconnected
+            await asyncio.shield(reconnecting)
 
     async def get_last_message_id(self) -> MessageId:
         conn = self.conn
@@ -428,9 +514,10 @@ class PartitionConsumer(Reconnecting):
     async def close(self, unsubscribe: bool = False) -> None:
         self.flush_acks()
         self._closed = True
-        for timer in (self._ack_timer, self._nack_timer):
+        for timer in (self._ack_timer, self._nack_timer, self._chunk_timer):
             if timer is not None:
                 timer.cancel()
+        self._chunks.clear()
         if self._reconnecting is not None:
             self._reconnecting.cancel()
         conn = self.conn
@@ -456,10 +543,29 @@ class Consumer:
                  negative_ack_redelivery_delay_ms: int = 60_000, ack_group_time_ms: int = 100,
                  batch_index_ack_enabled: bool = False, read_compacted: bool = False,
                  properties: dict[str, str] | None = None, max_pending_chunked_message: int = 10,
+                 key_shared_policy: KeySharedPolicy | None = None,
+                 pattern_auto_discovery_period: float = 60,
+                 regex_subscription_mode: RegexSubscriptionMode = RegexSubscriptionMode.PersistentOnly,
+                 _pattern: TopicsPattern | None = None,
+                 auto_ack_oldest_chunked_message_on_queue_full: bool = False,
+                 expire_time_of_incomplete_chunked_message_ms: int = 60_000,
+                 start_message_id_inclusive: bool = False,
+                 schema: Schema | None = None, dead_letter_policy: Any = None, retry_enable: bool = False,
+                 negative_ack_redelivery_backoff: Any = None,
                  _durable: bool = True, _start_message_id: MessageId | None = None,
                  _start_inclusive: bool = False) -> None:
         if receiver_queue_size < 1:
             raise ValueError("receiver_queue_size must be at least 1")
+        if key_shared_policy is not None and not isinstance(key_shared_policy, KeySharedPolicy):
+            raise TypeError("key_shared_policy must be a KeySharedPolicy")
+        if pattern_auto_discovery_period <= 0:
+            raise ValueError("pattern_auto_discovery_period must be positive (seconds)")
+        self._key_shared_policy = key_shared_policy or KeySharedPolicy()
+        self._pattern = _pattern
+        self._discovery_period = float(pattern_auto_discovery_period)
+        self._regex_mode = RegexSubscriptionMode(regex_subscription_mode)
+        self._topics_hash: str | None = None
+        self._discovery: asyncio.Task | None = None
         self.client = client
         self._topics = topics
         self._subscription = subscription_name
@@ -474,10 +580,28 @@ class Consumer:
         self._batch_index_ack = batch_index_ack_enabled
         self._read_compacted = read_compacted
         self._properties = properties or {}
-        self._max_pending_chunked = max_pending_chunked_message
+        if max_pending_chunked_message < 0 or expire_time_of_incomplete_chunked_message_ms < 0:
+            raise ValueError("max_pending_chunked_message and expire_time_of_incomplete_chunked_message_ms "
+                             "must not be negative (0: no bound)")
+        self._max_pending_chunked = max_pending_chunked_message  # 0: no bound
+        self._auto_ack_oldest_chunked = auto_ack_oldest_chunked_message_on_queue_full
+        self._chunk_expiry = expire_time_of_incomplete_chunked_message_ms / 1000  # 0: never
+        self.dropped_chunked_messages = 0
         self._durable = _durable
         self._start_message_id = _start_message_id
-        self._start_inclusive = _start_inclusive
+        self._start_inclusive = start_message_id_inclusive or _start_inclusive
+        self._schema = schema = as_schema(schema)
+        self._wire_schema = schema.wire_schema() if schema is not None else None
+        self._nack_backoff = negative_ack_redelivery_backoff
+        retry_enable = retry_enable or getattr(dead_letter_policy, "retry_letter_topic", None) is not None
+        if retry_enable and dead_letter_policy is None:
+            raise ValueError("retry_enable needs a dead_letter_policy (its max_redeliver_count bounds retries)")
+        self._dead_letter = DeadLetterRouter(self, dead_letter_policy, retry_enable) \
+            if dead_letter_policy is not None else None
+        if self._dead_letter is not None and self._dead_letter.retry_letter_topic is not None:
+            retry_topic = topic_name(self._dead_letter.retry_letter_topic)
+            if retry_topic not in self._topics:
+                self._topics = [*topics, retry_topic]  # the consumer also reads its retry letters
         self._queue = MessageQueue()
         self._partitions: list[PartitionConsumer] = []
         self._by_topic: dict[str, PartitionConsumer] = {}
@@ -487,13 +611,16 @@ class Consumer:
         self.corrupt_messages = 0
 
     async def _start(self) -> None:
-        for topic in self._topics:
-            names = await self.client.get_topic_partitions(topic)
-            partitioned = len(names) > 1 or names[0] != topic
-            for index, name in enumerate(names):
-                pc = PartitionConsumer(self, name, index if partitioned else -1)
-                self._partitions.append(pc)
-                self._by_topic[name] = pc
+        if self._pattern is not None:
+            self._topics = await self._matching_topics() or []
+            for name in self._topics:  # the broker lists topic-partitions by their own names
+                self._add_partition(name, _partition_index(name))
+        else:
+            for topic in self._topics:
+                names = await self.client.get_topic_partitions(topic)
+                partitioned = len(names) > 1 or names[0] != topic
+                for index, name in enumerate(names):
+                    self._add_partition(name, index if partitioned else -1)
         try:
             await asyncio.gather(*(p.start() for p in self._partitions))
         except BaseException:
@@ -501,12 +628,82 @@ class Consumer:
             raise
         if self._ack_timeout:
             self._ack_timeout_task = asyncio.ensure_future(self._check_ack_timeouts())
+        if self._pattern is not None:
+            self._discovery = asyncio.ensure_future(self._discover_periodically())
+
+    def _add_partition(self, name: str, index: int) -> PartitionConsumer:
+        pc = PartitionConsumer(self, name, index)
+        self._partitions.append(pc)
+        self._by_topic[name] = pc
+        return pc
+
+    # pattern subscriptions
+
+    async def _matching_topics(self) -> list[str] | None:
+        """The topics of the pattern's namespace that match it; None when unchanged since the
+        last answer (the broker compares the topic-list hash we send back)."""
+        pattern = self._pattern
+        assert pattern is not None
+        response = await self.client._pool.topics_of_namespace(
+            pattern.namespace, int(self._regex_mode), pattern.text, self._topics_hash)
+        if response.HasField("topics_hash"):
+            self._topics_hash = response.topics_hash
+        if not response.changed:
+            return None
+        # filter here as well: a broker may leave the pattern to the client (filtered = false)
+        return [topic for topic in response.topics if pattern.matches(topic)]
+
+    async def _discover_periodically(self) -> None:
+        """Every `pattern_auto_discovery_period` seconds: subscribe to new matching topics and
+        drop those that went away."""
+        while not self._closed:
+            await asyncio.sleep(self._discovery_period)
+            try:
+                topics = await self._matching_topics()
+                if topics is not None and not self._closed:
+                    await self._update_topics(topics)
+            except asyncio.CancelledError:
+                raise
+            except (PulsarWireError, OSError) as exc:
+                log.info("pattern %s: topic discovery failed, trying again later: %s", self.topic(), exc)
+
+    async def _update_topics(self, topics: list[str]) -> None:
+        wanted = set(topics)
+        gone = [p for p in self._partitions if p.topic not in wanted]
+        added = [self._add_partition(name, _partition_index(name)) for name in topics if name not in self._by_topic]
+        for pc in gone:
+            self._remove_partition(pc)
+        await asyncio.gather(*(pc.close() for pc in gone), return_exceptions=True)
+        results = await asyncio.gather(*(pc.start() for pc in added), return_exceptions=True)
+        for pc, result in zip(added, results):
+            if isinstance(result, BaseException):  # tried again at the next discovery
+                log.info("pattern %s: cannot subscribe to %s yet: %s", self.topic(), pc.topic, result)
+                self._remove_partition(pc)
+            elif self._closed:
+                await pc.close()
+        if added or gone:
+            self._topics = sorted(self._by_topic)
+            log.info("pattern %s: %d topics added, %d removed", self.topic(), len(added), len(gone))
+
+    def _remove_partition(self, pc: PartitionConsumer) -> None:
+        self._partitions.remove(pc)
+        self._by_topic.pop(pc.topic, None)
+        self._queue.remove_from(pc)
 
     def topic(self) -> str:
+        if self._pattern is not None:
+            return self._pattern.text
         return self._topics[0]
+
+    def topics(self) -> list[str]:
+        """The topic-partitions this consumer is subscribed to (for a pattern, as discovered so far)."""
+        return [p.topic for p in self._partitions]
 
     def subscription_name(self) -> str:
         return self._subscription
+
+    def consumer_name(self) -> str:
+        return self._consumer_name or ""
 
     def _fail(self, error: BaseException) -> None:
         self._error = error
@@ -517,6 +714,8 @@ class Consumer:
 
     async def receive(self, timeout_millis: int | None = None) -> Message:
         """The next message; TimeoutError after timeout_millis, TopicTerminatedError at the end."""
+        if self._closed:
+            raise AlreadyClosedError("consumer is closed")
         message = self._queue.pop()
         if message is not None:  # the common case: something is already queued
             unit = message._ack_unit
@@ -535,7 +734,7 @@ class Consumer:
             if self._error is not None:
                 raise self._error
             if self._closed:
-                raise ConnectionClosedError("consumer is closed")
+                raise AlreadyClosedError("consumer is closed")
             if self._ended():
                 raise TopicTerminatedError("reached the end of the topic")
             waiter = self._queue.waiter(loop)
@@ -589,7 +788,12 @@ class Consumer:
     def _id(message: Message | MessageId) -> MessageId:
         return message.message_id() if isinstance(message, Message) else message
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise AlreadyClosedError("consumer is closed")
+
     def acknowledge(self, message: Message | MessageId) -> None:
+        self._check_open()
         if isinstance(message, Message):
             unit = message._ack_unit
             unit.owner.ack_in(unit, message._single.batch_index)
@@ -597,21 +801,40 @@ class Consumer:
         self._owner(message).ack(message, cumulative=False)
 
     def acknowledge_cumulative(self, message: Message | MessageId) -> None:
+        self._check_open()
         if self._type in (ConsumerType.Shared, ConsumerType.KeyShared):
-            raise PulsarWireError("cumulative acknowledgement is not allowed on Shared subscriptions")
+            raise CumulativeAcknowledgementNotAllowedError(
+                "cumulative acknowledgement is not allowed on Shared and Key_Shared subscriptions")
         mid = self._id(message)
         self._owner(mid).ack(mid, cumulative=True)
 
     def negative_acknowledge(self, message: Message | MessageId) -> None:
+        self._check_open()
         mid = self._id(message)
-        self._owner(mid).negative_ack(mid)
+        delay = None
+        if self._nack_backoff is not None and isinstance(message, Message):
+            delay = backoff_delay_ms(self._nack_backoff, message.redelivery_count()) / 1000
+        self._owner(mid).negative_ack(mid, delay)
+
+    async def reconsume_later(self, message: Message, delay_ms: int | float = 0,
+                              properties: dict[str, str] | None = None) -> None:
+        """Publish `message` to the retry letter topic, delivered again after `delay_ms` (a Shared
+        subscription is needed for the delay), and acknowledge it; past `max_redeliver_count`
+        reconsumes it goes to the dead letter topic."""
+        if self._dead_letter is None:
+            raise PulsarWireError("reconsume_later needs a dead_letter_policy and retry_enable=True")
+        if hasattr(delay_ms, "total_seconds"):
+            delay_ms = delay_ms.total_seconds() * 1000
+        await self._dead_letter.reconsume_later(message, int(delay_ms), properties)
 
     def redeliver_unacknowledged_messages(self) -> None:
+        self._check_open()
         for p in self._partitions:
             p.redeliver_unacknowledged()
 
     async def seek(self, target: MessageId | int) -> None:
         """Rewind or skip to a message id, or to a publish time in ms."""
+        self._check_open()
         if isinstance(target, MessageId):
             owners = self._partitions if target in (MessageId.earliest, MessageId.latest) \
                 else [self._owner(target)]
@@ -620,6 +843,7 @@ class Consumer:
             await asyncio.gather(*(p.seek(None, int(target)) for p in self._partitions))
 
     async def get_last_message_id(self) -> MessageId:
+        self._check_open()
         ids = await asyncio.gather(*(p.get_last_message_id() for p in self._partitions))
         return max(ids)
 
@@ -651,6 +875,10 @@ class Consumer:
         self._closed = True
         if self._ack_timeout_task is not None:
             self._ack_timeout_task.cancel()
+        if self._discovery is not None:
+            self._discovery.cancel()
+        if self._dead_letter is not None:
+            await self._dead_letter.close()
         results = await asyncio.gather(*(p.close(unsubscribe) for p in self._partitions),
                                        return_exceptions=True)
         self._queue.wake_all()
@@ -658,3 +886,9 @@ class Consumer:
         errors = [r for r in results if isinstance(r, BaseException)]
         if unsubscribe and errors:
             raise errors[0]
+
+
+def _partition_index(name: str) -> int:
+    """The partition index a topic-partition name ends with (-1 for a non-partitioned topic)."""
+    head, marker, tail = name.rpartition("-partition-")
+    return int(tail) if marker and head and tail.isdigit() else -1

@@ -8,15 +8,19 @@ import collections
 import enum
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from .. import codec, compression
 from .._proto import PulsarApi_pb2 as pb
-from ..errors import ConnectionClosedError, ProducerQueueFullError, PulsarWireError, TimeoutError
-from ..messages import MessageId
-from ..routing import HashingScheme, Router, RoutingMode
+from ..errors import (
+    AlreadyClosedError, ConnectionClosedError, MessageTooBigError, ProducerQueueFullError, PulsarWireError,
+    TimeoutError,
+)
+from ..messages import MessageId, signed64
+from ..routing import HashingScheme, OutgoingMessage, Router, RoutingMode
+from ..schema import Schema, as_schema
 from ..session import SendFailed, SendReceipt
-from .options import FATAL_ERRORS, CompressionType, now_ms
+from .options import FATAL_ERRORS, CompressionType, ProducerAccessMode, now_ms
 from .reconnect import Reconnecting
 
 if TYPE_CHECKING:
@@ -30,9 +34,10 @@ class _OpSend:
     """One Send frame in flight: a single message, a batch, or one chunk."""
 
     __slots__ = ("sequence_id", "highest_sequence_id", "num_messages", "frame", "futures", "created",
-                 "first_chunk")
+                 "first_chunk", "batched")
 
-    def __init__(self, sequence_id, highest_sequence_id, num_messages, frame, futures, first_chunk=None):
+    def __init__(self, sequence_id, highest_sequence_id, num_messages, frame, futures, first_chunk=None,
+                 batched=False):
         self.sequence_id = sequence_id
         self.highest_sequence_id = highest_sequence_id
         self.num_messages = num_messages
@@ -40,6 +45,32 @@ class _OpSend:
         self.futures = futures  # one per message; empty for all but a message's last chunk
         self.created = time.monotonic()
         self.first_chunk = first_chunk
+        self.batched = batched  # a batch entry, even of one message: ids carry batch indexes
+
+
+class _Tally:
+    """Stands in for the futures of many messages sent at once (`Producer.send_many`): one
+    asyncio future, done when every message is acknowledged or at the first error."""
+
+    __slots__ = ("future", "left")
+
+    def __init__(self, loop, count: int) -> None:
+        self.future = loop.create_future()
+        self.left = count
+        if count == 0:
+            self.future.set_result(None)
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def set_result(self, _value) -> None:
+        self.left -= 1
+        if self.left == 0 and not self.future.done():
+            self.future.set_result(None)
+
+    def set_exception(self, error: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
 
 
 class PartitionProducer(Reconnecting):
@@ -54,11 +85,15 @@ class PartitionProducer(Reconnecting):
         self.producer_name = parent._producer_name
         self.conn: Connection | None = None
         self.pending: collections.deque[_OpSend] = collections.deque()
-        self.last_sequence_id = -1
-        self._next_sequence_id: int | None = parent._initial_sequence_id
+        initial = parent._initial_sequence_id
+        # As the official client: the first message takes initial + 1 (initial is the last one
+        # already published), and without an initial id the broker's last one decides.
+        self.last_sequence_id = -1 if initial is None else initial
+        self._next_sequence_id: int | None = None if initial is None else initial + 1
         self._epoch = 0
+        self._topic_epoch: int | None = None  # granted by the broker to an exclusive producer
         self._batch = codec.BatchBuilder()
-        self._batch_futures: list[asyncio.Future] = []
+        self._batch_futures: list[asyncio.Future | _Tally] = []
         self._batch_first_sequence = 0
         self._batch_timer: asyncio.TimerHandle | None = None
         self._reconnecting: asyncio.Task | None = None
@@ -66,9 +101,19 @@ class PartitionProducer(Reconnecting):
         self._failed: BaseException | None = None
         self._timeout_task: asyncio.Task | None = None
         self._chunk_ids: dict[str, MessageId] = {}
+        self.schema_version: bytes | None = None
+        self._started: asyncio.Future | None = None  # set once start() runs (lazy producers)
+        self.ready = False  # attached at least once: sequence ids are known
 
     async def start(self) -> None:
+        started = self._started
+        if started is None or (started.done() and started.exception() is not None):
+            started = self._started = asyncio.ensure_future(self._start_once())  # first, or a failed lazy try
+        await asyncio.shield(started)
+
+    async def _start_once(self) -> None:
         await self._connect()
+        self.ready = True
         if self.parent._send_timeout:
             self._timeout_task = asyncio.ensure_future(self._check_send_timeouts())
 
@@ -81,16 +126,28 @@ class PartitionProducer(Reconnecting):
             fields["user_provided_producer_name"] = self.parent._user_named
         if self.parent._metadata:
             fields["metadata"] = [pb.KeyValue(key=k, value=v) for k, v in self.parent._metadata.items()]
+        if self._topic_epoch is not None:  # coming back: fenced if another exclusive producer came
+            fields["topic_epoch"] = self._topic_epoch
+        if self.parent._wire_schema is not None:
+            fields["schema"] = self.parent._wire_schema
+        if self.parent._initial_subscription_name:
+            fields["initial_subscription_name"] = self.parent._initial_subscription_name
         conn.producers[self.producer_id] = self
         try:
-            response = await conn.request(conn.session.create_producer, **fields)
+            # WaitForExclusive: the broker answers once this producer has the topic, however long
+            response = await conn.request(conn.session.create_producer, **fields,
+                                          _wait=self.parent._access_mode == pb.WaitForExclusive)
         except BaseException:
             conn.producers.pop(self.producer_id, None)
             raise
         self._epoch += 1
+        if response.HasField("topic_epoch"):
+            self._topic_epoch = response.topic_epoch
         self.producer_name = response.producer_name
-        self.last_sequence_id = max(self.last_sequence_id, response.last_sequence_id)
+        if response.HasField("schema_version"):
+            self.schema_version = response.schema_version
         if self._next_sequence_id is None:
+            self.last_sequence_id = max(self.last_sequence_id, response.last_sequence_id)
             self._next_sequence_id = response.last_sequence_id + 1
         self.conn = conn
         for op in self.pending:  # resend in order, same sequence ids: the broker dedups
@@ -110,13 +167,14 @@ class PartitionProducer(Reconnecting):
         self._next_sequence_id += 1
         return sequence_id
 
-    def send(self, payload: bytes, options: dict, future: asyncio.Future) -> None:
+    def send(self, payload: bytes, options: dict, future: asyncio.Future | _Tally) -> None:
         if self._failed is not None:
             future.set_exception(self._failed)
             return
         parent = self.parent
         sequence_id = self._take_sequence_id(options.get("sequence_id"))
         batchable = parent._batching and options.get("deliver_at") is None and \
+            not options.get("partition_key_b64_encoded") and \
             len(payload) < parent._batching_max_bytes
         if batchable:
             if self._batch.num_messages == 0:
@@ -140,7 +198,7 @@ class PartitionProducer(Reconnecting):
         limit = self.conn.max_message_size if self.conn else codec.DEFAULT_MAX_MESSAGE_SIZE
         if len(body) > limit - 1024:
             if not parent._chunking:
-                future.set_exception(PulsarWireError(
+                future.set_exception(MessageTooBigError(
                     f"message of {len(body)} bytes is over the broker's {limit}-byte limit; "
                     "enable chunking_enabled to send it"))
                 self.parent._release(1)
@@ -173,6 +231,10 @@ class PartitionProducer(Reconnecting):
             md.properties.extend(pb.KeyValue(key=k, value=v) for k, v in options["properties"].items())
         if options.get("partition_key") is not None:
             md.partition_key = options["partition_key"]
+            if options.get("partition_key_b64_encoded"):
+                md.partition_key_b64_encoded = True
+        if self.schema_version is not None:
+            md.schema_version = self.schema_version
         if options.get("ordering_key") is not None:
             md.ordering_key = options["ordering_key"]
         if options.get("event_timestamp"):
@@ -207,13 +269,15 @@ class PartitionProducer(Reconnecting):
                                 publish_time=now_ms(), num_messages_in_batch=count)
         if highest != first:
             md.highest_sequence_id = highest
+        if self.schema_version is not None:
+            md.schema_version = self.schema_version
         kind = self.parent._compression
         if kind:
             md.compression = kind
             md.uncompressed_size = len(raw)
             raw = compression.compress(kind, raw)
         frame = codec.encode_payload_command(self._send_command(first, highest, count), md, raw)
-        self._enqueue(_OpSend(first, highest, count, frame, futures))
+        self._enqueue(_OpSend(first, highest, count, frame, futures, batched=True))
 
     def _enqueue(self, op: _OpSend) -> None:
         self.pending.append(op)
@@ -235,21 +299,22 @@ class PartitionProducer(Reconnecting):
             if op.num_messages == 0 and op.first_chunk is not None and not op.futures:
                 if op.first_chunk not in self._chunk_ids:
                     mid = receipt.message_id
-                    self._chunk_ids[op.first_chunk] = MessageId(mid.ledgerId, mid.entryId, self.partition,
-                                                                topic=self.topic)
+                    self._chunk_ids[op.first_chunk] = MessageId(signed64(mid.ledgerId), signed64(mid.entryId),
+                                                                self.partition, topic=self.topic)
                 return  # earlier chunk: wait for the receipt of the last one
             self._chunk_ids.pop(op.first_chunk, None)
             self.last_sequence_id = max(self.last_sequence_id, op.highest_sequence_id)
             mid = receipt.message_id
-            batched = len(op.futures) > 1 or op.highest_sequence_id != op.sequence_id
+            ledger, entry = signed64(mid.ledgerId), signed64(mid.entryId)  # a duplicate is (-1, -1)
             for index, future in enumerate(op.futures):
-                if not future.done():
-                    if batched or op.num_messages > 1:
-                        future.set_result(MessageId(mid.ledgerId, mid.entryId, self.partition, index,
+                if future.__class__ is _Tally:
+                    future.set_result(None)  # no MessageId wanted
+                elif not future.done():
+                    if op.batched:
+                        future.set_result(MessageId(ledger, entry, self.partition, index,
                                                     len(op.futures), self.topic))
                     else:
-                        future.set_result(MessageId(mid.ledgerId, mid.entryId, self.partition,
-                                                    topic=self.topic))
+                        future.set_result(MessageId(ledger, entry, self.partition, topic=self.topic))
             self.parent._release(len(op.futures))
             return
 
@@ -296,7 +361,10 @@ class PartitionProducer(Reconnecting):
             pass
 
     async def wait_pending(self) -> None:
-        futures = [f for op in self.pending for f in op.futures] + list(self._batch_futures)
+        waiting = {id(f): f.future if f.__class__ is _Tally else f
+                   for op in self.pending for f in op.futures}
+        waiting.update((id(f), f.future if f.__class__ is _Tally else f) for f in self._batch_futures)
+        futures = list(waiting.values())
         if futures:
             await asyncio.gather(*futures, return_exceptions=True)
 
@@ -330,14 +398,26 @@ class Producer:
                  batching_max_publish_delay_ms: float = 10, chunking_enabled: bool = False,
                  message_routing_mode: RoutingMode = RoutingMode.RoundRobinPartition,
                  hashing_scheme: HashingScheme = HashingScheme.JavaStringHash,
-                 properties: dict[str, str] | None = None, access_mode: int = pb.Shared) -> None:
+                 properties: dict[str, str] | None = None, access_mode: int = pb.Shared,
+                 schema: Schema | None = None, message_router: Callable[[Any, int], int] | None = None,
+                 lazy_start_partitioned_producers: bool = False,
+                 initial_subscription_name: str | None = None) -> None:
         if chunking_enabled and batching_enabled:
             raise ValueError("chunking cannot be combined with batching")
+        if message_router is not None and not callable(message_router):
+            raise TypeError("message_router must be a callable (message, num_partitions) -> partition")
+        self._schema = schema = as_schema(schema)
+        self._wire_schema = schema.wire_schema() if schema is not None else None
+        self._message_router = message_router
+        self._lazy = lazy_start_partitioned_producers
+        self._initial_subscription_name = initial_subscription_name
         self.client = client
         self._topic = topic
         self._producer_name = producer_name
         self._user_named = producer_name is not None
-        self._initial_sequence_id = None if initial_sequence_id is None else initial_sequence_id
+        # As the official client: 0 (its Python layer tests truthiness) and -1 (its "unset") leave
+        # the broker's last sequence id in charge.
+        self._initial_sequence_id = None if initial_sequence_id in (None, 0, -1) else initial_sequence_id
         self._send_timeout = send_timeout_millis / 1000
         self._compression: Any = compression.compression_type(
             compression_type.name if isinstance(compression_type, enum.Enum) else compression_type)
@@ -349,7 +429,7 @@ class Producer:
         self._batching_delay = batching_max_publish_delay_ms / 1000
         self._chunking = chunking_enabled
         self._metadata = properties or {}
-        self._access_mode = access_mode
+        self._access_mode = int(ProducerAccessMode(access_mode))
         self._router = Router(hashing_scheme, message_routing_mode)
         self._partitions: list[PartitionProducer] = []
         self._in_flight = 0
@@ -360,8 +440,10 @@ class Producer:
         topics = await self.client.get_topic_partitions(self._topic)
         partitioned = len(topics) > 1 or topics[0] != self._topic
         self._partitions = [PartitionProducer(self, t, i if partitioned else -1) for i, t in enumerate(topics)]
+        # lazy: each partition's producer attaches on the first message routed to it
+        starting = self._partitions[:0] if self._lazy and partitioned else self._partitions
         try:
-            await asyncio.gather(*(p.start() for p in self._partitions))
+            await asyncio.gather(*(p.start() for p in starting))
         except BaseException:
             for p in self._partitions:
                 p._closed = True
@@ -373,10 +455,14 @@ class Producer:
         return self._topic
 
     def producer_name(self) -> str:
-        return self._partitions[0].producer_name or ""
+        return next((p.producer_name for p in self._partitions if p.producer_name), "")
 
     def last_sequence_id(self) -> int:
         return max(p.last_sequence_id for p in self._partitions)
+
+    def is_connected(self) -> bool:
+        """Whether every partition's producer has a live connection now."""
+        return not self._closed and all(p.conn is not None and not p.conn.closed for p in self._partitions)
 
     def _release(self, count: int) -> None:
         if count:
@@ -394,7 +480,12 @@ class Producer:
                          deliver_at: int | None = None, deliver_after_ms: int | None = None) -> asyncio.Future:
         """Queue a message; returns a future for its MessageId (waits only for queue space)."""
         if self._closed:
-            raise ConnectionClosedError("producer is closed")
+            raise AlreadyClosedError("producer is closed")
+        b64_key = None
+        if self._schema is not None:
+            content, b64_key = self._schema.encode_message(content)
+            if b64_key is not None:
+                partition_key = b64_key
         if not isinstance(content, (bytes, bytearray, memoryview)):
             raise TypeError(f"content must be bytes, not {type(content).__name__}")
         if self._in_flight >= self._max_pending:
@@ -405,10 +496,17 @@ class Producer:
         if deliver_after_ms is not None:
             deliver_at = now_ms() + deliver_after_ms
         options = {"properties": properties, "partition_key": partition_key, "ordering_key": ordering_key,
-                   "event_timestamp": event_timestamp, "sequence_id": sequence_id, "deliver_at": deliver_at}
+                   "event_timestamp": event_timestamp, "sequence_id": sequence_id, "deliver_at": deliver_at,
+                   "partition_key_b64_encoded": b64_key is not None}
         partitions = self._partitions
-        target = partitions[0] if len(partitions) == 1 else \
-            partitions[self._router.partition(partition_key, len(partitions))]
+        if len(partitions) == 1:
+            target = partitions[0]
+        elif self._message_router is not None:
+            target = partitions[self._routed_partition(content, options)]
+        else:
+            target = partitions[self._router.partition(partition_key, len(partitions))]
+        if not target.ready:
+            await target.start()  # a lazy partition producer attaches on its first message
         future = self.client._loop.create_future()
         self._in_flight += 1
         target.send(bytes(content) if not isinstance(content, bytes) else content, options, future)
@@ -416,6 +514,49 @@ class Producer:
         if conn is not None and not conn._can_write.is_set():
             await conn.drain()
         return future
+
+    def _routed_partition(self, content: bytes, options: dict) -> int:
+        count = len(self._partitions)
+        router = self._message_router
+        assert router is not None
+        index = router(OutgoingMessage(content, options), count)
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < count:
+            raise ValueError(f"message_router returned {index!r}; expected a partition in 0..{count - 1}")
+        return index
+
+    async def send_many(self, contents: list, *, partition_keys: list | None = None,
+                        properties: list | None = None, event_timestamps: list | None = None) -> asyncio.Future:
+        """Queue many messages at once (bytes; the optional lists align with `contents`, None
+        where a message has none). Returns one future: done when the broker acknowledged every
+        message, or failed with the first error. Waits only for queue space, as send_async."""
+        if self._closed:
+            raise ConnectionClosedError("producer is closed")
+        tally = _Tally(self.client._loop, len(contents))
+        partitions = self._partitions
+        single = partitions[0] if len(partitions) == 1 else None
+        route = self._router.partition
+        for index, content in enumerate(contents):
+            if content.__class__ is not bytes:
+                if not isinstance(content, (bytearray, memoryview)):
+                    raise TypeError(f"content must be bytes, not {type(content).__name__}")
+                content = bytes(content)
+            if self._in_flight >= self._max_pending:
+                if not self._block:
+                    raise ProducerQueueFullError(f"{self._max_pending} messages pending")
+                async with self._space:
+                    await self._space.wait_for(lambda: self._in_flight < self._max_pending)
+            key = partition_keys[index] if partition_keys is not None else None
+            options = {"properties": properties[index] if properties is not None else None,
+                       "partition_key": key, "ordering_key": None,
+                       "event_timestamp": event_timestamps[index] if event_timestamps is not None else None,
+                       "sequence_id": None, "deliver_at": None}
+            target = single or partitions[route(key, len(partitions))]
+            self._in_flight += 1
+            target.send(content, options, tally)
+            conn = target.conn
+            if conn is not None and not conn._can_write.is_set():
+                await conn.drain()
+        return tally.future
 
     async def send(self, content: bytes, **options) -> MessageId:
         """Send one message and wait for the broker's receipt."""
@@ -429,6 +570,8 @@ class Producer:
 
     async def flush(self) -> None:
         """Send what is batched and wait until every pending message is acknowledged."""
+        if self._closed:
+            raise AlreadyClosedError("producer is closed")
         self.flush_batches()
         await asyncio.gather(*(p.wait_pending() for p in self._partitions))
 

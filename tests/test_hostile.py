@@ -1,0 +1,593 @@
+"""Hostile clients against the embedded broker (issue 11, items 2, 3, 5, 7, 8, 9): each test
+speaks raw frames or raw lines, so nothing a well-behaved client would do hides the fault."""
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import pytest
+
+from pulsarwire import codec, compression
+from pulsarwire._proto import PulsarApi_pb2 as pb
+
+from .peers import BrokerProcess, BrokerThread, free_port
+
+T = pb.BaseCommand
+
+
+def command(kind, field, sub) -> bytes:
+    cmd = T(type=kind)
+    getattr(cmd, field).CopyFrom(sub)
+    return codec.encode_command(cmd)
+
+
+class Raw:
+    """A raw Pulsar connection: frames out, decoded frames in."""
+
+    def __init__(self, port: int, *, connect: bool = True, token: str | None = None, timeout: float = 5) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.reader = codec.FrameReader()
+        self.pending: list = []
+        self.request_id = 0
+        if connect:
+            c = pb.CommandConnect(client_version="hostile", protocol_version=21)
+            if token is not None:
+                c.auth_method_name = "token"
+                c.auth_data = token.encode()
+            self.sock.sendall(command(T.CONNECT, "connect", c))
+            self.connected = self.next()
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> "Raw":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def next(self, skip_pings: bool = True):
+        """The next frame (PINGs from the broker answered and skipped); None when the broker closed."""
+        while True:
+            while not self.pending:
+                data = self.sock.recv(1 << 16)
+                if not data:
+                    return None
+                self.reader.feed(data)
+                self.pending.extend(self.reader)
+            frame = self.pending.pop(0)
+            if skip_pings and frame.type == T.PING:
+                self.send(command(T.PONG, "pong", pb.CommandPong()))
+                continue
+            return frame
+
+    def rid(self) -> int:
+        self.request_id += 1
+        return self.request_id
+
+    def producer(self, topic: str, producer_id: int = 1, name: str | None = None):
+        c = pb.CommandProducer(topic=topic, producer_id=producer_id, request_id=self.rid())
+        if name is not None:
+            c.producer_name = name
+        self.send(command(T.PRODUCER, "producer", c))
+        return self.next()
+
+    def subscribe(self, topic: str, sub: str = "s", consumer_id: int = 1, earliest: bool = True):
+        c = pb.CommandSubscribe(topic=topic, subscription=sub, subType=pb.CommandSubscribe.Exclusive,
+                                consumer_id=consumer_id, request_id=self.rid(),
+                                initialPosition=pb.CommandSubscribe.Earliest if earliest
+                                else pb.CommandSubscribe.Latest)
+        self.send(command(T.SUBSCRIBE, "subscribe", c))
+        return self.next()
+
+    def flow(self, consumer_id: int, permits: int) -> None:
+        self.send(command(T.FLOW, "flow", pb.CommandFlow(consumer_id=consumer_id, messagePermits=permits)))
+
+    def publish(self, producer_id: int, sequence_id: int, payload: bytes, *, num_messages: int = 1,
+                metadata: pb.MessageMetadata | None = None):
+        md = metadata or pb.MessageMetadata(producer_name="raw", sequence_id=sequence_id, publish_time=1)
+        send = T(type=T.SEND, send=pb.CommandSend(producer_id=producer_id, sequence_id=sequence_id,
+                                                 num_messages=num_messages))
+        self.send(codec.encode_payload_command(send, md, payload))
+        return self.next()
+
+    def ping(self) -> bool:
+        self.send(command(T.PING, "ping", pb.CommandPing()))
+        frame = self.next(skip_pings=False)
+        return frame is not None and frame.type == T.PONG
+
+
+@pytest.fixture
+def broker(tmp_path):
+    b = BrokerThread(tmp_path / "data", v1_port=0).start()
+    yield b
+    b.stop()
+
+
+# item 9: topic names
+
+BAD_NAMES = [".", "..", "", "../escape", "a/../../b", "persistent://public/default/..",
+             "persistent://public/default/", "persistent://public//x", "x" * 300,
+             "persistent://public/default/" + "\u00e9" * 120, "new\nline"]
+
+
+def _stored_outside_topics(data_dir) -> list[str]:
+    """Anything the broker wrote outside <data>/topics/<one directory per topic>/ (its own state
+    files in the root are fine)."""
+    strays = []
+    for root, dirs, files in os.walk(data_dir):
+        rel = os.path.relpath(root, data_dir)
+        depth = 0 if rel == "." else rel.count(os.sep) + 1
+        if depth < 2:
+            strays += [os.path.join(rel, f) for f in files if f.endswith((".log", ".idx", "cursors.json",
+                                                                         "state.json"))]
+    return strays
+
+
+@pytest.mark.parametrize("name", BAD_NAMES, ids=lambda n: repr(n[:32]))
+def test_invalid_topic_names_are_refused_on_the_pulsar_port(broker, name):
+    with Raw(broker.broker.port) as raw:
+        answer = raw.producer(name)
+        assert answer.type == T.ERROR and answer.command.error.error == pb.InvalidTopicName
+        assert answer.command.error.request_id == raw.request_id
+        answer = raw.subscribe(name)
+        assert answer.type == T.ERROR and answer.command.error.error == pb.InvalidTopicName
+        rid = raw.rid()
+        raw.send(command(T.PARTITIONED_METADATA, "partitionMetadata",
+                         pb.CommandPartitionedTopicMetadata(topic=name, request_id=rid)))
+        answer = raw.next().command.partitionMetadataResponse
+        assert answer.request_id == rid and answer.error == pb.InvalidTopicName
+        rid = raw.rid()
+        raw.send(command(T.LOOKUP, "lookupTopic", pb.CommandLookupTopic(topic=name, request_id=rid)))
+        answer = raw.next().command.lookupTopicResponse
+        assert answer.request_id == rid and answer.error == pb.InvalidTopicName
+        assert raw.ping()  # the connection lives on
+    assert _stored_outside_topics(broker.broker.data_dir) == []
+    assert not os.path.exists(os.path.join(os.path.dirname(broker.broker.data_dir), "escape"))
+
+
+def test_invalid_topic_names_are_refused_on_the_v1_port(broker):
+    with socket.create_connection(("127.0.0.1", broker.v1_port), timeout=5) as s:
+        f = s.makefile("rwb")
+        for i, name in enumerate([".", "..", "../escape", "a/../b", "x" * 300,
+                                  "persistent://public/default/..", "persistent://public/default/."]):
+            f.write(f"V1|{i}|PRODUCE|{name} k:v\n".encode())
+            f.flush()
+            line = f.readline().decode()
+            assert line.startswith(f"V1|{i}|ERR|BAD_REQUEST|"), line
+        f.write(b"V1|99|PING|\n")
+        f.flush()
+        assert f.readline().startswith(b"V1|99|OK")
+    assert _stored_outside_topics(broker.broker.data_dir) == []
+
+
+# item 2: broker-assigned producer names
+
+def test_assigned_producer_names_are_unique_across_restarts(tmp_path):
+    broker = BrokerThread(tmp_path / "data", v1_port=None).start()
+    topic = "persistent://public/default/names"
+    try:
+        with Raw(broker.broker.port) as raw:
+            first = raw.producer(topic).command.producer_success
+            for seq in range(5):
+                receipt = raw.publish(1, seq, b"before").command.send_receipt
+                assert receipt.message_id.entryId == seq
+        broker.restart()
+        with Raw(broker.broker.port) as raw:
+            second = raw.producer(topic).command.producer_success
+            assert second.producer_name != first.producer_name
+            assert second.last_sequence_id == -1  # no inherited dedup state
+            receipt = raw.publish(1, 0, b"after").command.send_receipt
+            assert receipt.message_id.entryId == 5  # stored, not answered as a duplicate (-1)
+            # the first producer's name is free for its owner to come back with, not busy
+            back = raw.producer(topic, producer_id=2, name=first.producer_name).command.producer_success
+            assert back.last_sequence_id == 4
+    finally:
+        broker.stop()
+
+
+# item 3: acknowledgements of entries that do not exist
+
+def _ack(raw: Raw, consumer_id: int, entry_id: int, cumulative: bool) -> int:
+    rid = raw.rid()
+    ack = pb.CommandAck(consumer_id=consumer_id, request_id=rid,
+                        ack_type=pb.CommandAck.Cumulative if cumulative else pb.CommandAck.Individual)
+    ack.message_id.add(ledgerId=0, entryId=entry_id)
+    raw.send(command(T.ACK, "ack", ack))
+    return rid
+
+
+def test_acks_beyond_the_end_of_the_topic_are_refused(broker):
+    topic = "persistent://public/default/acks"
+    with Raw(broker.broker.port) as raw:
+        raw.producer(topic)
+        for seq in range(3):
+            raw.publish(1, seq, b"m%d" % seq)
+        assert raw.subscribe(topic).type == T.SUCCESS
+        for entry_id, cumulative in [(1000, True), (999, False), (3, True), ((1 << 64) - 1, False),
+                                     ((1 << 63) + 5, True)]:
+            rid = _ack(raw, 1, entry_id, cumulative)
+            answer = raw.next().command.ackResponse
+            assert answer.request_id == rid and answer.HasField("error"), (entry_id, cumulative)
+        for seq in range(3, 5):
+            raw.publish(1, seq, b"m%d" % seq)
+        raw.flow(1, 10)
+        got = [raw.next() for _ in range(5)]
+        assert [f.command.message.message_id.entryId for f in got] == [0, 1, 2, 3, 4]
+    subscription = broker.broker.topics[topic].subscriptions["s"]
+    assert subscription.cursor.mark_delete == -1 and not subscription.cursor.acked
+
+
+# item 5: a producer's num_messages claim
+
+def _batch(count: int, claimed_in_batch: int | None = None, sequence_id: int = 0):
+    builder = codec.BatchBuilder()
+    for i in range(count):
+        builder.add(b"b%d" % i)
+    md = pb.MessageMetadata(producer_name="raw", sequence_id=sequence_id, publish_time=1,
+                            num_messages_in_batch=count if claimed_in_batch is None else claimed_in_batch)
+    return md, builder.build()
+
+
+def test_num_messages_claims_cannot_stall_consumers(broker):
+    topic = "persistent://public/default/claims"
+    with Raw(broker.broker.port, timeout=5) as raw:
+        raw.producer(topic)
+        huge = 10 ** 9
+        raw.publish(1, 0, b"single", num_messages=huge)  # not a batch: 1 message
+        md, payload = _batch(2, sequence_id=1)
+        raw.publish(1, 1, payload, num_messages=huge, metadata=md)  # a real batch of 2
+        md, payload = _batch(2, claimed_in_batch=huge, sequence_id=2)
+        raw.publish(1, 2, payload, num_messages=huge, metadata=md)  # a batch that does not split
+        md, payload = _batch(3, sequence_id=3)
+        md.compression, md.uncompressed_size = compression.ZLIB, len(payload)
+        raw.publish(1, 3, compression.compress(compression.ZLIB, payload), num_messages=huge, metadata=md)
+        for seq in range(4, 7):
+            raw.publish(1, seq, b"plain")
+        log = broker.broker.topics[topic].log
+        assert [log.read(e).num_messages for e in range(7)] == [1, 2, 1, 3, 1, 1, 1]
+        assert raw.subscribe(topic).type == T.SUCCESS
+        raw.flow(1, 12)
+        got = [raw.next() for _ in range(7)]  # the old broker stalled after the first entry
+        assert [f.command.message.message_id.entryId for f in got] == list(range(7))
+
+
+# item 8: authentication and TLS
+
+def test_official_client_gets_an_authentication_error_promptly(tmp_path):
+    pulsar = pytest.importorskip("pulsar")
+    broker = BrokerThread(tmp_path / "data", v1_port=None, auth_tokens={"secret"}).start()
+    try:
+        for auth in (pulsar.AuthenticationToken("wrong"), None):
+            client = pulsar.Client(broker.url, authentication=auth, operation_timeout_seconds=20)
+            try:
+                for attempt in (lambda: client.create_producer("auth-topic"),
+                                lambda: client.subscribe("auth-topic", "s")):
+                    started = time.monotonic()
+                    with pytest.raises(pulsar.AuthenticationError):
+                        attempt()
+                    assert time.monotonic() - started < 5  # not a TimeOut after retries
+            finally:
+                client.close()
+        client = pulsar.Client(broker.url, authentication=pulsar.AuthenticationToken("secret"))
+        try:
+            client.create_producer("auth-topic").send(b"ok")
+        finally:
+            client.close()
+    finally:
+        broker.stop()
+
+
+def test_unauthenticated_connection_is_refused_every_request(tmp_path):
+    broker = BrokerThread(tmp_path / "data", v1_port=None, auth_tokens={"secret"}, handshake_timeout=2.0).start()
+    try:
+        for token in ("wrong", None, ""):
+            with Raw(broker.broker.port, token=token) as raw:
+                answer = raw.producer("persistent://public/default/refused")
+                assert answer.type == T.ERROR and answer.command.error.error == pb.AuthenticationError
+                assert answer.command.error.request_id == raw.request_id
+                answer = raw.subscribe("persistent://public/default/refused")
+                assert answer.command.error.error == pb.AuthenticationError
+                rid = raw.rid()
+                raw.send(command(T.LOOKUP, "lookupTopic", pb.CommandLookupTopic(topic="x", request_id=rid)))
+                answer = raw.next().command.lookupTopicResponse
+                assert answer.request_id == rid and answer.error == pb.AuthenticationError
+                answer = raw.publish(1, 0, b"sneaky")
+                assert answer.type == T.SEND_ERROR and answer.command.send_error.error == pb.AuthenticationError
+        assert broker.broker.topics == {}
+        with Raw(broker.broker.port, token="wrong") as raw:  # closed by the handshake timeout
+            assert _closed_by_broker(raw.sock, 6)
+        assert _stats(broker)["handshake_timeouts"] >= 1
+    finally:
+        broker.stop()
+
+
+def test_empty_auth_token_is_refused_at_startup(tmp_path):
+    import subprocess
+    import sys
+
+    from pulsarwire.broker.server import Broker
+
+    with pytest.raises(ValueError):
+        Broker(str(tmp_path / "a"), v1_port=None, auth_tokens={""})
+    done = subprocess.run([sys.executable, "-m", "pulsarwire", "broker", "--data-dir", str(tmp_path / "b"),
+                           "--port", str(free_port()), "--v1-port", "-1", "--auth-token", ""],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode != 0 and "auth-token" in done.stderr
+
+
+def _certificate(tmp_path):
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    return cert, key
+
+
+def test_cli_tls_only_broker(tmp_path):
+    import subprocess
+    import sys
+
+    from .peers import terminate, wait_for_port
+
+    pulsar = pytest.importorskip("pulsar")
+    cert, key = _certificate(tmp_path)
+    tls_port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pulsarwire", "broker", "--data-dir", str(tmp_path / "data"), "--port", "-1",
+         "--v1-port", "-1", "--tls-port", str(tls_port), "--tls-cert-file", str(cert),
+         "--tls-key-file", str(key)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_port(tls_port, process=process)
+        banner = process.stdout.readline()
+        assert f"pulsar+ssl://127.0.0.1:{tls_port}" in banner and "pulsar://" not in banner
+        client = pulsar.Client(f"pulsar+ssl://127.0.0.1:{tls_port}", tls_trust_certs_file_path=str(cert),
+                               operation_timeout_seconds=10)
+        try:
+            consumer = client.subscribe("tls-only", "s", initial_position=pulsar.InitialPosition.Earliest)
+            client.create_producer("tls-only").send(b"over tls")
+            assert consumer.receive(10000).data() == b"over tls"
+        finally:
+            client.close()
+    finally:
+        terminate(process)
+    bad = subprocess.run([sys.executable, "-m", "pulsarwire", "broker", "--data-dir", str(tmp_path / "x"),
+                          "--port", "-1", "--v1-port", "-1"], capture_output=True, text=True, timeout=30)
+    assert bad.returncode != 0 and "--tls-port" in bad.stderr
+
+
+# item 7: bounded buffering, handshake and frame deadlines, connection limit
+
+def _stats(broker) -> dict:
+    return broker.call(broker.broker.pulsar.stats)
+
+
+def _eventually(predicate, timeout: float = 5.0, step: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(step)
+
+
+def _closed_by_broker(sock: socket.socket, timeout: float) -> bool:
+    sock.settimeout(timeout)
+    try:
+        while True:
+            if not sock.recv(65536):
+                return True
+    except socket.timeout:
+        return False
+    except ConnectionError:
+        return True
+
+
+@pytest.fixture
+def strict(tmp_path):
+    b = BrokerThread(tmp_path / "data", v1_port=None, handshake_timeout=0.5, frame_timeout=1.0,
+                     max_connections=4, max_output_bytes=64 * 1024).start()
+    yield b
+    b.stop()
+
+
+def test_connection_without_connect_is_closed_after_the_handshake_timeout(strict):
+    with socket.create_connection(("127.0.0.1", strict.broker.port)) as idle:
+        started = time.monotonic()
+        assert _closed_by_broker(idle, 5)
+        assert time.monotonic() - started < 3
+    with Raw(strict.broker.port, token="unused") as raw:  # auth is off: a connected one stays
+        assert not _closed_by_broker(raw.sock, 1.5)
+    assert _stats(strict)["handshake_timeouts"] == 1
+
+
+def test_big_frame_before_connect_is_refused_at_its_header(strict):
+    with socket.create_connection(("127.0.0.1", strict.broker.port)) as s:
+        s.sendall((5 * 1024 * 1024).to_bytes(4, "big") + b"\0" * 60000)
+        assert _closed_by_broker(s, 3)
+    stats = _stats(strict)
+    assert stats["oversized_frames_before_connect"] == 1 and stats["input_bytes"] == 0
+    with Raw(strict.broker.port) as raw:  # after CONNECT, big frames are fine
+        raw.producer("persistent://public/default/big")
+        receipt = raw.publish(1, 0, b"x" * (1024 * 1024))
+        assert receipt.type == T.SEND_RECEIPT
+
+
+def test_slowloris_frame_is_closed_by_the_frame_timeout(strict):
+    with Raw(strict.broker.port) as raw:
+        frame = command(T.PING, "ping", pb.CommandPing())
+        started = time.monotonic()
+        closed = False
+        for byte in frame * 20:
+            try:
+                raw.sock.sendall(bytes([byte]))
+            except OSError:
+                closed = True
+                break
+            raw.sock.settimeout(0.25)
+            try:
+                if raw.sock.recv(65536) == b"":
+                    closed = True
+                    break
+            except socket.timeout:
+                pass
+        assert closed and time.monotonic() - started < 4
+    assert _stats(strict)["frame_timeouts"] == 1
+
+
+def test_connections_over_the_limit_are_refused_with_an_error(strict):
+    held = [Raw(strict.broker.port) for _ in range(4)]
+    try:
+        with Raw(strict.broker.port, connect=False) as extra:
+            answer = extra.next()
+            assert answer.type == T.ERROR and answer.command.error.error == pb.ServiceNotReady
+            assert "too many connections" in answer.command.error.message
+            assert extra.next() is None
+        held.pop().close()
+        assert _eventually(lambda: _stats(strict)["connections"] == 3)
+        with Raw(strict.broker.port) as again:
+            assert again.connected.type == T.CONNECTED
+    finally:
+        for raw in held:
+            raw.close()
+    assert _stats(strict)["refused_connections"] == 1
+
+
+def test_ping_flood_that_never_reads_is_bounded(strict):
+    ping = command(T.PING, "ping", pb.CommandPing())
+    pong = command(T.PONG, "pong", pb.CommandPong())
+    with Raw(strict.broker.port) as raw:
+        raw.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 32 * 1024)
+        raw.sock.settimeout(0.5)
+        sent = 0
+        try:
+            for _ in range(200):  # up to 2 M pings, until the broker stops reading
+                raw.sock.sendall(ping * 10_000)
+                sent += 10_000
+        except socket.timeout:
+            pass  # part of the last chunk may have gone: count only what is known
+        assert sent < 2_000_000  # the broker stopped reading
+        stats = _stats(strict)
+        budget = 64 * 1024
+        assert stats["output_pauses"] >= 1 and stats["paused_connections"] == 1
+        assert stats["peak_connection_output_bytes"] <= budget + 64 * 1024
+        assert stats["output_bytes"] <= budget + 64 * 1024
+        # reading resumes the broker: every ping sent in full is answered
+        raw.sock.settimeout(10)
+        received = 0
+        while received < sent * len(pong):
+            data = raw.sock.recv(1 << 20)
+            assert data
+            received += len(data)
+
+
+def test_consumer_that_never_reads_is_bounded_and_its_memory_freed_on_close(strict):
+    topic = "persistent://public/default/unread"
+    body = b"p" * 4096
+    with Raw(strict.broker.port) as producer:
+        producer.producer(topic)
+        for seq in range(1000):  # 4 MB
+            producer.publish(1, seq, body)
+    consumer = Raw(strict.broker.port)
+    assert consumer.subscribe(topic).type == T.SUCCESS
+    consumer.flow(1, 100_000)
+    time.sleep(0.5)
+    stats = _stats(strict)
+    assert stats["paused_connections"] == 1
+    assert stats["output_bytes"] <= 64 * 1024 + 2 * len(body) + 1024
+    consumer.close()  # without reading: what was queued for it is dropped
+    assert _eventually(lambda: _stats(strict)["connections"] == 0)
+    assert _stats(strict)["output_bytes"] == 0
+    with Raw(strict.broker.port) as again:  # the unread messages go to the next consumer, all of them
+        again.subscribe(topic)
+        again.flow(1, 2000)
+        ids = [again.next().command.message.message_id.entryId for _ in range(1000)]
+        assert sorted(ids) == list(range(1000))
+
+
+def test_unfinished_big_frames_are_freed_when_their_connections_close(tmp_path):
+    broker = BrokerThread(tmp_path / "data", v1_port=None).start()
+    try:
+        held = [Raw(broker.broker.port) for _ in range(4)]
+        for raw in held:
+            raw.sock.sendall((5 * 1024 * 1024).to_bytes(4, "big") + b"\0" * (3 * 1024 * 1024))
+        assert _eventually(lambda: _stats(broker)["input_bytes"] >= 4 * 3 * 1024 * 1024)
+        for raw in held:
+            raw.close()
+        assert _eventually(lambda: _stats(broker)["connections"] == 0)
+        assert _stats(broker)["input_bytes"] == 0
+    finally:
+        broker.stop()
+
+
+def test_unfinished_frames_of_all_connections_share_one_input_budget(tmp_path):
+    import threading
+
+    budget = 6 * 1024 * 1024
+    broker = BrokerThread(tmp_path / "data", v1_port=None, max_input_bytes=budget).start()
+    try:
+        hostile = [Raw(broker.broker.port) for _ in range(3)]
+        for raw in hostile:
+            raw.sock.settimeout(1)
+            try:
+                raw.sock.sendall((5 * 1024 * 1024).to_bytes(4, "big") + b"\0" * (4 * 1024 * 1024))
+            except socket.timeout:
+                pass  # the broker stopped reading this one
+        stats = _eventually(lambda: (lambda s: s if s["input_pauses"] else None)(_stats(broker)))
+        assert stats and stats["input_bytes"] <= budget + 3 * 256 * 1024
+        with Raw(broker.broker.port) as legit:
+            assert legit.ping()  # complete small frames still pass
+            legit.producer("persistent://public/default/budget")
+            threading.Timer(0.5, lambda: [raw.close() for raw in hostile]).start()
+            receipt = legit.publish(1, 0, b"y" * (1024 * 1024))  # waits for the budget, then goes
+            assert receipt.type == T.SEND_RECEIPT
+        assert _eventually(lambda: _stats(broker)["input_bytes"] == 0)
+    finally:
+        broker.stop()
+
+
+def test_cli_limit_flags(tmp_path):
+    import subprocess
+    import sys
+
+    from .peers import terminate, wait_for_port
+
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pulsarwire", "broker", "--data-dir", str(tmp_path / "data"), "--port", str(port),
+         "--v1-port", "-1", "--max-connections", "1", "--handshake-timeout", "0.5",
+         "--max-frame-before-connect", "1024", "--frame-timeout", "1", "--max-output-bytes", "65536",
+         "--max-input-bytes", str(6 * 1024 * 1024)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for_port(port, process=process)
+        first = _eventually(lambda: _connected(port))  # once the broker has seen the probe go
+        with first:
+            with Raw(port, connect=False) as second:
+                answer = second.next()
+                assert answer.type == T.ERROR and answer.command.error.error == pb.ServiceNotReady
+        _eventually(lambda: _connected(port)).close()
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall((2048).to_bytes(4, "big"))  # over --max-frame-before-connect
+            assert _closed_by_broker(s, 3)
+        with socket.create_connection(("127.0.0.1", port)) as idle:
+            assert _closed_by_broker(idle, 3)  # --handshake-timeout
+    finally:
+        terminate(process)
+
+
+def _connected(port: int) -> Raw | None:
+    """A connected Raw, or None (closed) when the broker refused it."""
+    raw = Raw(port)
+    if raw.connected is not None and raw.connected.type == T.CONNECTED:
+        return raw
+    raw.close()
+    return None
