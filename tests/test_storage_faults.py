@@ -25,6 +25,7 @@ from .peers import BrokerThread, free_port, terminate, wait_for_port
 from .test_client import run
 
 TOPIC = "persistent://public/default/faults"
+_U64 = 0xFFFFFFFFFFFFFFFF  # a duplicate's receipt carries entry id -1
 
 
 class FillingDisk(FileOps):
@@ -143,7 +144,7 @@ class _Link(ProducerLink):
         pass
 
 
-def test_a_producer_with_an_unstored_send_is_refused_until_it_attaches_again(tmp_path):
+def test_a_producer_with_an_unstored_send_must_resend_it_before_anything_later(tmp_path):
     """Sends pipelined after a failed one must not be stored after the gap: the resent ones
     would then be answered as duplicates, acknowledged and never stored."""
     disk = FillingDisk()
@@ -155,11 +156,12 @@ def test_a_producer_with_an_unstored_send_is_refused_until_it_attaches_again(tmp
     disk.room = 0
     core.publish(topic, "p", 0, None, False, _entry(0), None, 1, None, 1)
     core.commit()
-    assert topic.refuses(link)
-    disk.room = None
-    again = _Link("p")  # the client re-created the producer: it resends from sequence id 0
+    assert topic.refuses(link, 1)  # would be stored after the gap
+    assert not topic.refuses(link, 0)  # the resend of the failed one
+    again = _Link("p")  # or the client re-created the producer
     topic.producers["p"] = again
-    assert not topic.refuses(again)
+    assert not topic.refuses(again, 1)
+    disk.room = None
     assert core.publish(topic, "p", 0, None, False, _entry(0), None, 1, None, 1) == 0
     core.commit()
     core.close()
@@ -168,8 +170,8 @@ def test_a_producer_with_an_unstored_send_is_refused_until_it_attaches_again(tmp
 def test_sends_pipelined_after_a_failed_one_are_refused_not_stored_after_the_gap(tmp_path):
     """On one connection: seq 0 fails (disk full); space returns; seq 1 arrives before the
     client reacted, then seq 0 is resent. Before: seq 1 was stored and the resent seq 0 answered
-    as a duplicate (acknowledged, never stored). Now both get SendError until the producer
-    attaches again, and then both are stored in order."""
+    as a duplicate (acknowledged, never stored). Now seq 1 gets SendError, the resent seq 0 is
+    stored, then seq 1: in order, each once."""
     disk = FillingDisk()
     broker = BrokerThread(tmp_path, v1_port=None, file_ops=disk).start()
     T = pb.BaseCommand
@@ -205,16 +207,14 @@ def test_sends_pipelined_after_a_failed_one_are_refused_not_stored_after_the_gap
         disk.room = None
         writer.write(send(1))
         writer.write(send(0))
-        outcomes = [(await answer()) for _ in range(2)]
-        assert [c.type for c in outcomes] == [T.SEND_ERROR, T.SEND_ERROR]
-        writer.write(codec.encode_command(T(type=T.CLOSE_PRODUCER, close_producer=pb.CommandCloseProducer(
-            producer_id=1, request_id=2))))
-        assert (await answer()).type == T.SUCCESS
-        assert await attach(3) == -1  # nothing of this producer is stored
-        writer.write(send(0))
+        refused, resent = [(await answer()) for _ in range(2)]
+        assert refused.type == T.SEND_ERROR and refused.send_error.sequence_id == 1
+        assert (resent.send_receipt.sequence_id, resent.send_receipt.message_id.entryId) == (0, 0)
         writer.write(send(1))
-        receipts = [(await answer()).send_receipt for _ in range(2)]
-        assert [(r.sequence_id, r.message_id.entryId) for r in receipts] == [(0, 0), (1, 1)]
+        receipt = (await answer()).send_receipt
+        assert (receipt.sequence_id, receipt.message_id.entryId) == (1, 1)
+        writer.write(send(0))  # now truly a duplicate
+        assert (await answer()).send_receipt.message_id.entryId == _U64
         writer.close()
     try:
         run(main())

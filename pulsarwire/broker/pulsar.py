@@ -740,9 +740,9 @@ class BrokerConnection(asyncio.Protocol):
         if topic.terminated:
             self._send_error(producer_id, sequence_id, pb.TopicTerminatedError, "topic is terminated")
             return
-        if topic.fenced and topic.refuses(producer):
+        if topic.fenced and topic.refuses(producer, sequence_id):
             self._send_error(producer_id, sequence_id, pb.PersistenceError,
-                             "an earlier send of this producer was not stored: attach again and resend")
+                             "an earlier send of this producer was not stored: resend it first")
             return
         try:
             entry_id = self.core.publish(topic, producer.name, sequence_id, highest_sequence_id,

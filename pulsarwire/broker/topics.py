@@ -498,9 +498,9 @@ class Topic:
         self._open_ledgers(new_ledger_id)
         self._on_append = on_append
         self._dedup_undo: dict[str, int | None] = {}  # producer -> its sequence id before this batch
-        # producers with sends in a failed commit: their later sends are refused until they attach
-        # again (and resend in order), else a later send stored after the gap would make the
-        # resent ones look like duplicates
+        # producers with sends in a failed commit: until they attach again, a send of theirs that
+        # would leave a gap after their last stored sequence id is refused, else the resent ones
+        # (lower ids) would look like duplicates
         self.fenced: dict[str, ProducerLink] = {}
         self.producers: dict[str, ProducerLink] = {}
         self.exclusive_producer: ProducerLink | None = None
@@ -590,9 +590,11 @@ class Topic:
         self._state_dirty = True
         return entry_id
 
-    def refuses(self, producer: ProducerLink) -> bool:
-        """Whether this producer had sends in a failed commit (it must attach again to go on)."""
-        return self.fenced.get(producer.name) is producer
+    def refuses(self, producer: ProducerLink, sequence_id: int) -> bool:
+        """Whether this send must be refused: its producer had sends in a failed commit, and this
+        one is not the next after what is stored (the failed ones must be resent first)."""
+        return self.fenced.get(producer.name) is producer and \
+            sequence_id > self.last_sequence.get(producer.name, -1) + 1
 
     def commit(self) -> bool:
         """Hand the appended entries to the OS; then subscriptions may send them. False when
@@ -619,8 +621,9 @@ class Topic:
                 self.fence(link)
 
     def fence(self, producer: ProducerLink) -> None:
-        """A send of this producer was not stored: refuse its later ones until it attaches again."""
-        log.warning("topic %s: producer %s must attach again after a send that was not stored",
+        """A send of this producer was not stored: refuse its later ones until it resends that
+        one (or attaches again)."""
+        log.warning("topic %s: producer %s must resend what was not stored before anything later",
                     self.name, producer.name)
         self.fenced[producer.name] = producer
         end = self.log.next_entry_id
