@@ -1578,3 +1578,16 @@ def test_official_key_shared_policy_reaches_the_asyncio_client_as_its_own_policy
         aio.KeySharedMode.Sticky, True, [(0, 99), (200, 299)])
     auto = options(official.ConsumerKeySharedPolicy())["key_shared_policy"]
     assert isinstance(auto, aio.KeySharedPolicy) and auto.key_shared_mode == aio.KeySharedMode.AutoSplit
+
+
+@pytest.mark.parametrize("name", sorted(RECORD_PROGRAMS))
+def test_record_program_with_official_schema_objects(brokers, name):
+    """Only `import pulsar` swapped: the program keeps the official `pulsar.schema` classes, which
+    pulsarwire's producers and consumers accept as they are."""
+    plain, _ = brokers
+    source = PROGRAMS[name]
+    wire = re.sub(r"^import pulsar$", "import pulsarwire.sync as pulsar", source, flags=re.M)
+    outputs = [run_program(text, plain.url, f"r{next(_RUNS)}{variant}-")
+               for variant, text in (("puls", source), ("offs", wire))]
+    assert not any(line.startswith("RAISED") for line in outputs[0]), outputs[0]
+    assert outputs[1] == outputs[0]
