@@ -1457,6 +1457,144 @@ program("unsubscribe_and_resubscribe")("""
     client.close()
 """)
 
+program("shutdown_ends_blocked_calls")("""
+    import threading
+    import time
+    import pulsar
+
+    client = pulsar.Client('pulsar://localhost:6650')
+    consumer = client.subscribe('my-topic', 'my-subscription')
+    reader = client.create_reader('my-topic', pulsar.MessageId.latest)
+    outcome = []
+
+    def wait_for(call, name):
+        try:
+            call()
+            outcome.append((name, 'message'))
+        except pulsar.PulsarException as error:
+            outcome.append((name, type(error).__name__))
+
+    threads = [threading.Thread(target=wait_for, args=(consumer.receive, 'receive')),
+               threading.Thread(target=wait_for, args=(reader.read_next, 'read_next'))]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.3)
+    client.close()
+    for thread in threads:
+        thread.join(5)
+    print(sorted(outcome), [thread.is_alive() for thread in threads])
+""")
+
+program("asyncio_close_ends_receive")("""
+    import asyncio
+    from pulsar.asyncio import Client, PulsarException
+
+    async def main():
+        client = Client('pulsar://localhost:6650')
+        consumer = await client.subscribe('my-topic', 'my-subscription')
+        pending = asyncio.ensure_future(consumer.receive())
+        await asyncio.sleep(0.2)
+        await consumer.close()
+        try:
+            await asyncio.wait_for(pending, 5)
+        except PulsarException as error:
+            print('receive:', error.error())
+        except asyncio.TimeoutError:
+            print('receive still waiting')
+        await client.close()
+
+    asyncio.run(main())
+""")
+
+program("threads_share_a_producer")("""
+    import threading
+    import pulsar
+
+    client = pulsar.Client('pulsar://localhost:6650')
+    producer = client.create_producer('my-topic')
+    consumer = client.subscribe('my-topic', 'my-subscription')
+    ids = []
+    lock = threading.Lock()
+
+    def work(n):
+        for i in range(10):
+            msg_id = producer.send(b'%d-%d' % (n, i))
+            with lock:
+                ids.append(msg_id.entry_id())
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    print(sorted(ids) == list(range(40)))
+    data = [consumer.receive(2000).data() for _ in range(40)]
+    print(len(set(data)), all(sorted(d for d in data if d.startswith(b'%d-' % n)) ==
+                              sorted(b'%d-%d' % (n, i) for i in range(10)) for n in range(4)))
+    client.close()
+""")
+
+program("argument_errors")("""
+    import pulsar
+
+    client = pulsar.Client('pulsar://localhost:6650')
+    producer = client.create_producer('my-topic', producer_name='my-named',
+                                      batching_type=pulsar.BatchingType.KeyBased, batching_enabled=True)
+    try:
+        client.create_producer('my-topic', producer_name='my-named')
+    except pulsar.ProducerBusy:
+        print('ProducerBusy')
+    for bad in (dict(properties={'a': 1}), dict(partition_key=5), dict(event_timestamp='now')):
+        try:
+            producer.send(b'x', **bad)
+            print('accepted', sorted(bad))
+        except Exception as error:
+            print(sorted(bad), type(error).__name__)
+    try:
+        client.subscribe('my-topic', 42)
+    except Exception as error:
+        print('subscription name:', type(error).__name__)
+    try:
+        client.subscribe('my-topic', 'my-sub', consumer_type='Shared')
+    except Exception as error:
+        print('consumer type:', type(error).__name__)
+    consumer = client.subscribe('my-topic', 'my-sub', consumer_type=pulsar.ConsumerType.Shared,
+                                negative_ack_redelivery_delay_ms=100)
+    producer.send(b'again', partition_key='k')
+    producer.flush()
+    msg = consumer.receive(2000)
+    consumer.negative_acknowledge(msg.message_id())
+    print(consumer.receive(3000).redelivery_count())
+    try:
+        consumer.receive(timeout_millis='soon')
+    except Exception as error:
+        print('timeout type:', type(error).__name__)
+    client.close()
+""")
+
+program("basic_auth")("""
+    import pulsar
+
+    client = pulsar.Client('pulsar://localhost:6650',
+                           authentication=pulsar.AuthenticationBasic('alice', 'wonderland'))
+    producer = client.create_producer('my-topic')
+    print(producer.send(b'basic').entry_id())
+    client.close()
+    wrong = pulsar.Client('pulsar://localhost:6650', authentication=pulsar.AuthenticationBasic('alice', 'nope'),
+                          operation_timeout_seconds=3)
+    try:
+        wrong.create_producer('my-topic')
+    except pulsar.PulsarException as error:
+        print(type(error).__name__)
+    wrong.close()
+    anonymous = pulsar.Client('pulsar://localhost:6650', operation_timeout_seconds=3)
+    try:
+        anonymous.create_producer('my-topic')
+    except pulsar.PulsarException as error:
+        print(type(error).__name__)
+    anonymous.close()
+""")
+
 
 # --- the runner -----------------------------------------------------------------------------
 
@@ -1504,7 +1642,7 @@ def brokers(tmp_path_factory):
     plain = BrokerThread(tmp_path_factory.mktemp("snippets"), v1_port=None,
                          max_message_size=MAX_MESSAGE_SIZE).start()
     secured = BrokerThread(tmp_path_factory.mktemp("snippets-auth"), v1_port=None,
-                           auth_tokens={TOKEN}).start()
+                           auth_tokens={TOKEN}, auth_basic={"alice": "wonderland"}).start()
     yield plain, secured
     secured.stop()
     plain.stop()
@@ -1515,6 +1653,7 @@ def _has_record_classes() -> bool:
     return hasattr(pulsarwire.schema, "Record")
 
 
+AUTH_PROGRAMS = {"token_auth", "basic_auth"}  # run against the broker that asks for credentials
 RECORD_PROGRAMS = {"json_schema_record", "avro_schema_record", "json_schema_fields"}
 _CASES = [pytest.param(name, marks=pytest.mark.xfail(
               not _has_record_classes(), strict=True,
@@ -1525,7 +1664,7 @@ _CASES = [pytest.param(name, marks=pytest.mark.xfail(
 @pytest.mark.parametrize("name", _CASES)
 def test_program_runs_the_same_with_pulsarwire(brokers, name):
     plain, secured = brokers
-    broker = secured if name == "token_auth" else plain
+    broker = secured if name in AUTH_PROGRAMS else plain
     outputs = {}
     for variant, source in (("pulsar", PROGRAMS[name]), ("pulsarwire", swapped(PROGRAMS[name]))):
         prefix = f"r{next(_RUNS)}{variant[:4]}-"
