@@ -1595,6 +1595,37 @@ program("basic_auth")("""
     anonymous.close()
 """)
 
+program("message_id_in_collections")("""
+    import pulsar
+
+    client = pulsar.Client('pulsar://localhost:6650')
+    producer = client.create_producer('my-topic')
+    consumer = client.subscribe('my-topic', 'my-subscription', consumer_type=pulsar.ConsumerType.Shared,
+                                negative_ack_redelivery_delay_ms=100)
+    sent = [producer.send(b'd-%d' % i) for i in range(3)]
+    seen = set()
+    duplicates = 0
+    received = []
+    for _ in range(4):
+        msg = consumer.receive(3000)
+        if str(msg.message_id()) in seen:  # (the official MessageId is not hashable)
+            duplicates += 1
+            consumer.acknowledge(msg)
+            continue
+        seen.add(str(msg.message_id()))
+        received.append(msg)
+        if msg.data() == b'd-1' and msg.redelivery_count() == 0:
+            consumer.negative_acknowledge(msg)
+        else:
+            consumer.acknowledge(msg)
+    print(len(seen), duplicates)
+    ids = sorted(m.message_id() for m in received)
+    print([str(i) for i in ids])
+    print(sent[0] < sent[1], sent[2] > sent[1], sent[0] == sent[0], sent[0] != sent[1])
+    print(received[0].message_id() == sent[0], {str(received[0].message_id()): 1}[str(sent[0])])
+    client.close()
+""")
+
 
 # --- the runner -----------------------------------------------------------------------------
 
