@@ -1626,6 +1626,59 @@ program("message_id_in_collections")("""
     client.close()
 """)
 
+program("chunked_send_async")("""
+    import pulsar
+
+    client = pulsar.Client('pulsar://localhost:6650')
+    consumer = client.subscribe('my-topic', 'my-subscription', max_pending_chunked_message=5)
+    producer = client.create_producer('my-topic', chunking_enabled=True)
+    results = []
+    payloads = [bytes([i]) * (300 * 1024 + i) for i in range(3)]
+    for payload in payloads:
+        producer.send_async(payload, lambda res, msg_id: results.append(str(res)))
+    producer.flush()
+    print(results)
+    got = [consumer.receive(5000) for _ in range(3)]
+    print([len(m.data()) for m in got], [m.data() == p for m, p in zip(got, payloads)])
+    for msg in got:
+        consumer.acknowledge(msg)
+    consumer.close()
+    again = client.subscribe('my-topic', 'my-subscription')
+    try:
+        again.receive(300)
+    except pulsar.Timeout:
+        print('all acknowledged')
+    client.close()
+""")
+
+program("batch_receive_bytes_and_listener_rules")("""
+    import pulsar
+
+    client = pulsar.Client('pulsar://localhost:6650')
+    consumer = client.subscribe('my-topic', 'my-subscription',
+                                # (a limit the messages fill exactly: with one they would cross,
+                                # the official client leaves the crossing one for the next batch,
+                                # pulsarwire takes it in)
+                                batch_receive_policy=pulsar.ConsumerBatchReceivePolicy(-1, 30, 200))
+    producer = client.create_producer('my-topic', batching_enabled=True, batching_max_publish_delay_ms=5)
+    for i in range(6):
+        producer.send_async(b'0123456789', None)
+    producer.flush()
+    sizes = []
+    while sum(sizes) < 6:
+        batch = consumer.batch_receive()
+        sizes.append(len(batch))
+        for msg in batch:
+            consumer.acknowledge(msg)
+    print(sizes)
+    listening = client.subscribe('my-topic', 'my-listening', message_listener=lambda c, m: c.acknowledge(m))
+    try:
+        listening.receive(100)
+    except pulsar.PulsarException as error:
+        print('receive with a listener:', type(error).__name__)
+    client.close()
+""")
+
 
 # --- the runner -----------------------------------------------------------------------------
 
