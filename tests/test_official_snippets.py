@@ -1656,10 +1656,7 @@ program("batch_receive_bytes_and_listener_rules")("""
 
     client = pulsar.Client('pulsar://localhost:6650')
     consumer = client.subscribe('my-topic', 'my-subscription',
-                                # (a limit the messages fill exactly: with one they would cross,
-                                # the official client leaves the crossing one for the next batch,
-                                # pulsarwire takes it in)
-                                batch_receive_policy=pulsar.ConsumerBatchReceivePolicy(-1, 30, 200))
+                                batch_receive_policy=pulsar.ConsumerBatchReceivePolicy(-1, 25, 200))
     producer = client.create_producer('my-topic', batching_enabled=True, batching_max_publish_delay_ms=5)
     for i in range(6):
         producer.send_async(b'0123456789', None)
