@@ -1676,6 +1676,25 @@ program("batch_receive_bytes_and_listener_rules")("""
     client.close()
 """)
 
+program("schema_mismatch")("""
+    import pulsar
+    from pulsar.schema import StringSchema, BytesSchema
+
+    client = pulsar.Client('pulsar://localhost:6650')
+    producer = client.create_producer('my-topic', schema=StringSchema())
+    producer.send('typed')
+    try:
+        client.create_producer('my-topic', schema=BytesSchema())
+        print('bytes producer accepted')
+    except pulsar.IncompatibleSchema:
+        print('IncompatibleSchema')
+    consumer = client.subscribe('my-topic', 'my-subscription', initial_position=pulsar.InitialPosition.Earliest)
+    msg = consumer.receive(2000)
+    print(msg.data(), msg.value())
+    print(client.get_topic_partitions('my-never-used'))
+    client.close()
+""")
+
 
 # --- the runner -----------------------------------------------------------------------------
 
