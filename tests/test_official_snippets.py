@@ -1695,6 +1695,24 @@ program("schema_mismatch")("""
     client.close()
 """)
 
+program("block_if_queue_full")("""
+    import pulsar
+
+    client = pulsar.Client('pulsar://localhost:6650')
+    producer = client.create_producer('my-topic', block_if_queue_full=True, max_pending_messages=10,
+                                      batching_enabled=True, batching_max_messages=4,
+                                      batching_max_publish_delay_ms=5)
+    results = []
+    for i in range(300):
+        producer.send_async(b'%d' % i, lambda res, msg_id: results.append(res))
+    producer.flush()
+    print(len(results), set(results) == {pulsar.Result.Ok})
+    consumer = client.subscribe('my-topic', 'my-sub', initial_position=pulsar.InitialPosition.Earliest)
+    data = [int(consumer.receive(2000).data()) for _ in range(300)]
+    print(data == list(range(300)))
+    client.close()
+""")
+
 
 # --- the runner -----------------------------------------------------------------------------
 
