@@ -1713,6 +1713,29 @@ program("block_if_queue_full")("""
     client.close()
 """)
 
+program("avro_schema_definition_dicts")("""
+    import pulsar
+    from pulsar.schema import AvroSchema
+
+    definition = {
+        'type': 'record', 'name': 'Reading', 'namespace': 'demo',
+        'fields': [{'name': 'sensor', 'type': 'string'}, {'name': 'value', 'type': 'double'},
+                   {'name': 'note', 'type': ['null', 'string'], 'default': None}],
+    }
+    client = pulsar.Client('pulsar://localhost:6650')
+    producer = client.create_producer('my-topic', schema=AvroSchema(None, schema_definition=definition))
+    consumer = client.subscribe('my-topic', 'my-subscription', schema=AvroSchema(None, schema_definition=definition))
+    producer.send({'sensor': 't1', 'value': 21.5, 'note': None})
+    producer.send({'sensor': 't2', 'value': -3.0, 'note': 'cold'})
+    for _ in range(2):
+        msg = consumer.receive(2000)
+        print(sorted(msg.value().items()))
+        consumer.acknowledge(msg)
+    raw = client.subscribe('my-topic', 'my-raw', initial_position=pulsar.InitialPosition.Earliest)
+    print(type(raw.receive(2000).value()).__name__)
+    client.close()
+""")
+
 
 # --- the runner -----------------------------------------------------------------------------
 
