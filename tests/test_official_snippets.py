@@ -1736,6 +1736,26 @@ program("avro_schema_definition_dicts")("""
     client.close()
 """)
 
+program("multi_host_service_url")("""
+    import pulsar
+
+    import socket
+
+    service_url = 'pulsar://localhost:6650'
+    live = service_url.split('//')[1]
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        dead = '127.0.0.1:%d' % s.getsockname()[1]
+    client = pulsar.Client('pulsar://%s,%s' % (live, live))
+    producer = client.create_producer('my-topic')
+    print(producer.send(b'via a host list').entry_id())
+    client.close()
+    client = pulsar.Client('pulsar://%s,%s' % (dead, live), operation_timeout_seconds=10)
+    producer = client.create_producer('my-topic')
+    print(producer.send(b'past a dead host').entry_id())
+    client.close()
+""")
+
 
 # --- the runner -----------------------------------------------------------------------------
 
@@ -1871,3 +1891,15 @@ def test_record_program_with_official_schema_objects(brokers, name):
                for variant, text in (("puls", source), ("offs", wire))]
     assert not any(line.startswith("RAISED") for line in outputs[0]), outputs[0]
     assert outputs[1] == outputs[0]
+
+
+def test_service_url_may_list_several_hosts():
+    from pulsarwire.client import Address
+
+    assert Address.parse_service_url("pulsar://a:6651,b,c:7000/") == [
+        Address("a", 6651, False), Address("b", 6650, False), Address("c", 7000, False)]
+    assert Address.parse_service_url("pulsar+ssl://a,b:1") == [Address("a", 6651, True), Address("b", 1, True)]
+    assert Address.parse_service_url("pulsar://h:6650") == [Address("h", 6650, False)]
+    for bad in ("http://a:8080", "pulsar://a,", "localhost:6650", "pulsar://a:x"):
+        with pytest.raises(ValueError):
+            Address.parse_service_url(bad)
