@@ -1756,6 +1756,32 @@ program("multi_host_service_url")("""
     client.close()
 """)
 
+program("many_options", partitioned={"my-lazy": 3})("""
+    import pulsar
+
+    client = pulsar.Client('pulsar://localhost:6650')
+    consumer = client.subscribe('my-lazy', 'my-subscription', consumer_type=pulsar.ConsumerType.Shared,
+                                receiver_queue_size=10, max_total_receiver_queue_size_across_partitions=100,
+                                consumer_name='my-configured', unacked_messages_timeout_ms=60000,
+                                negative_ack_redelivery_delay_ms=1000, is_read_compacted=False,
+                                properties={'owner': 'me'}, initial_position=pulsar.InitialPosition.Earliest,
+                                replicate_subscription_state_enabled=True, max_pending_chunked_message=20,
+                                auto_ack_oldest_chunked_message_on_queue_full=True,
+                                batch_index_ack_enabled=True)
+    producer = client.create_producer('my-lazy', lazy_start_partitioned_producers=True,
+                                      message_routing_mode=pulsar.PartitionsRoutingMode.UseSinglePartition,
+                                      properties={'app': 'x'}, send_timeout_millis=10000,
+                                      compression_type=pulsar.CompressionType.ZSTD)
+    for i in range(3):
+        producer.send(b'lazy-%d' % i)
+    print(sorted(consumer.receive(3000).data() for _ in range(3)))
+    reader = client.create_reader('my-lazy', pulsar.MessageId.earliest, reader_name='my-reader',
+                                  subscription_role_prefix='my-role', receiver_queue_size=5)
+    print(sorted(reader.read_next(3000).data() for _ in range(3)))
+    print(consumer.consumer_name())
+    client.close()
+""")
+
 
 # --- the runner -----------------------------------------------------------------------------
 
@@ -1903,3 +1929,29 @@ def test_service_url_may_list_several_hosts():
     for bad in ("http://a:8080", "pulsar://a,", "localhost:6650", "pulsar://a:x"):
         with pytest.raises(ValueError):
             Address.parse_service_url(bad)
+
+
+def test_replicate_subscription_state_goes_on_the_subscribe_command(brokers):
+    """`replicate_subscription_state_enabled=True` (refused with TypeError before) is sent as
+    CommandSubscribe.replicate_subscription_state; the embedded broker, with no other cluster,
+    accepts and ignores it."""
+    import asyncio
+    from pulsarwire import client as aio
+
+    plain, _ = brokers
+    sent = []
+
+    async def main():
+        client = aio.Client(plain.url)
+        consumer = await client.subscribe("replicated-state", "sub", replicate_subscription_state_enabled=True)
+        conn = consumer._partitions[0].conn
+        original = conn.session.subscribe
+
+        def spy(**fields):
+            sent.append(fields.get("replicate_subscription_state"))
+            return original(**fields)
+        conn.session.subscribe = spy
+        await consumer._partitions[0]._connect()  # as a reconnect does
+        await client.close()
+    asyncio.run(asyncio.wait_for(main(), 30))
+    assert sent == [True]
