@@ -1782,6 +1782,42 @@ program("many_options", partitioned={"my-lazy": 3})("""
     client.close()
 """)
 
+program("asyncio_multi_topic_and_pattern")("""
+    import asyncio
+    import pulsar
+    from pulsar.asyncio import Client
+
+    async def main():
+        client = Client('pulsar://localhost:6650')
+        for name in ('my-feed-x', 'my-feed-y', 'my-misc'):
+            producer = await client.create_producer(name, batching_enabled=False)
+            await producer.send(name.encode('utf-8'))
+            await producer.close()
+        listed = await client.subscribe(['my-feed-x', 'my-misc'], 'my-list-sub',
+                                        initial_position=pulsar.InitialPosition.Earliest)
+        print(sorted([(await listed.receive()).data() for _ in range(2)]))
+        pattern = await client.subscribe('persistent://public/default/my-feed-.*', 'my-pattern-sub',
+                                         is_pattern_topic=True,
+                                         initial_position=pulsar.InitialPosition.Earliest)
+        got = []
+        for _ in range(2):
+            msg = await pattern.receive()
+            got.append(msg.data())
+            await pattern.acknowledge(msg)
+        print(sorted(got))
+        consumer = await client.subscribe('my-feed-x', 'my-cumulative', consumer_type=pulsar.ConsumerType.Failover,
+                                          initial_position=pulsar.InitialPosition.Earliest)
+        msg = await consumer.receive()
+        await consumer.acknowledge_cumulative(msg)
+        consumer.redeliver_unacknowledged_messages()
+        print(consumer.topic(), consumer.subscription_name(), consumer.consumer_name() != '')
+        reader = await client.create_reader('my-feed-y', pulsar.MessageId.earliest)
+        print(reader.topic(), reader.is_connected(), await reader.has_message_available())
+        await client.close()
+
+    asyncio.run(main())
+""")
+
 
 # --- the runner -----------------------------------------------------------------------------
 
