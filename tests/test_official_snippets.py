@@ -1818,6 +1818,30 @@ program("asyncio_multi_topic_and_pattern")("""
     asyncio.run(main())
 """)
 
+program("resume_from_stored_position")("""
+    import pulsar
+
+    client = pulsar.Client('pulsar://localhost:6650')
+    producer = client.create_producer('my-topic')
+    for i in range(5):
+        producer.send(b'rec-%d' % i)
+    consumer = client.subscribe('my-topic', 'my-subscription', initial_position=pulsar.InitialPosition.Earliest)
+    msgs = [consumer.receive(2000) for _ in range(5)]
+    checkpoint = (msgs[1].message_id().ledger_id(), msgs[1].message_id().entry_id())
+    blob = msgs[3].message_id().serialize()
+
+    start = pulsar.MessageId(-1, checkpoint[0], checkpoint[1], -1)
+    reader = client.create_reader('my-topic', start)
+    print(reader.read_next(2000).data())
+    consumer.seek(pulsar.MessageId.deserialize(blob))
+    print(consumer.receive(2000).data())
+    consumer.seek(start)
+    print(consumer.receive(2000).data())
+    earliest = pulsar.MessageId.deserialize(pulsar.MessageId.earliest.serialize())
+    print(str(earliest), client.create_reader('my-topic', earliest).read_next(2000).data())
+    client.close()
+""")
+
 
 # --- the runner -----------------------------------------------------------------------------
 
