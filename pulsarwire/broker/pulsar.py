@@ -24,8 +24,8 @@ from ..schema import schema_definitions_match
 from .core import DUPLICATE, BrokerCore, InvalidTopicName, highest_sequence
 from .storage import StorageError
 from .topics import (
-    EARLIEST, LATEST, SHARED, ConsumerLink, ProducerBusyError, ProducerFencedError, ProducerLink, Subscription,
-    Topic, start_entry,
+    EARLIEST, LATEST, SHARED, ConsumerLink, MalformedBatchError, ProducerBusyError, ProducerFencedError,
+    ProducerLink, Subscription, Topic, start_entry,
 )
 
 log = logging.getLogger("pulsarwire.broker")
@@ -719,19 +719,22 @@ class BrokerConnection(asyncio.Protocol):
             self._send_error(s.producer_id, s.sequence_id, pb.UnknownError, "SEND without payload")
             return
         self.store(s.producer_id, s.sequence_id,
-                   s.highest_sequence_id if s.HasField("highest_sequence_id") else None, s.num_messages,
+                   s.highest_sequence_id if s.HasField("highest_sequence_id") else None,
+                   md.num_messages_in_batch if md.HasField("num_messages_in_batch") else None,
                    s.is_chunk, md.chunk_id if md.HasField("chunk_id") else None, md.publish_time,
                    md.deliver_at_time if md.HasField("deliver_at_time") else None,
                    frame.metadata_and_payload, frame.checksum)
 
     def on_send_fast(self, f) -> None:
         """A plain Send frame read by the codec's fast path."""
-        self.store(f.producer_id, f.sequence_id, f.highest_sequence_id, f.num_messages, f.is_chunk, f.chunk_id,
+        self.store(f.producer_id, f.sequence_id, f.highest_sequence_id, f.num_messages_in_batch, f.is_chunk, f.chunk_id,
                    f.publish_time, f.deliver_at_time, f.metadata_and_payload, f.checksum)
 
-    def store(self, producer_id, sequence_id, highest_sequence_id, num_messages, is_chunk, chunk_id,
+    def store(self, producer_id, sequence_id, highest_sequence_id, batch_count, is_chunk, chunk_id,
               publish_time, deliver_at_time, body, checksum) -> None:
-        """Append one entry (unless it is a duplicate) and answer with its receipt."""
+        """Append one entry (unless it is a duplicate) and answer with its receipt. `batch_count` is
+        the metadata's num_messages_in_batch (None: not a batch); CommandSend's num_messages is not
+        trusted."""
         producer = self.producers.get(producer_id)
         if producer is None:
             self._send_error(producer_id, sequence_id, pb.NotAllowedError, "unknown producer id")
@@ -747,10 +750,14 @@ class BrokerConnection(asyncio.Protocol):
         try:
             entry_id = self.core.publish(topic, producer.name, sequence_id, highest_sequence_id,
                                          bool(is_chunk and chunk_id), body, checksum, publish_time,
-                                         deliver_at_time, num_messages)
+                                         deliver_at_time, batch_count)
         except StorageError as exc:
             topic.fence(producer)
             self._send_error(producer_id, sequence_id, pb.PersistenceError, f"not stored: {exc}")
+            return
+        except MalformedBatchError as exc:
+            # ChecksumError: the official client fails that one message and keeps its connection
+            self._send_error(producer_id, sequence_id, pb.ChecksumError, f"not stored: {exc}")
             return
         # the receipt stands only if its group commit succeeds (see flush); a duplicate, judged
         # against pending sends too, waits on the same batch and is answered with the (-1, -1) id

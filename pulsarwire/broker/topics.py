@@ -451,24 +451,30 @@ def _entry_key(entry) -> bytes | None:
     return None
 
 
-def entry_message_count(body, claimed: int) -> int:
-    """How many messages an entry holds, which consumers' permits are charged: 1 unless it is a
-    batch, else the messages its payload really splits into. A producer's claim above 1 is never
-    trusted (10**9 would stall every consumer); a batch that does not split, or is too big to
-    decompress cheaply, counts as 1."""
-    if claimed <= 1:
+class MalformedBatchError(ValueError):
+    """A batch whose payload does not split into the messages its metadata claims: stored, it
+    would make consumers read past its end (the official client crashes on it)."""
+
+
+def entry_message_count(body, batch_count: int | None) -> int:
+    """How many messages an entry holds, which consumers' permits are charged. `batch_count` is
+    the metadata's num_messages_in_batch (None: not a batch, one message whatever CommandSend
+    claims). A claim above 1 is checked against what the payload really splits into
+    (MalformedBatchError when it differs); a batch too big to decompress cheaply counts as 1."""
+    if batch_count is None or batch_count <= 1:
         return 1
     try:
         end = 4 + int.from_bytes(body[:4], "big")
         metadata = _parse_metadata(body[4:end])
-        if not metadata.HasField("num_messages_in_batch"):
-            return 1
         payload = body[end:]
         if metadata.compression:
             payload = codec.decompress_payload(metadata, payload, COUNT_MAX_UNCOMPRESSED)
-        return len(codec.split_messages(metadata, payload)) or 1
     except (PulsarWireError, ValueError):  # DecodeError is a ValueError
         return 1
+    try:
+        return len(codec.split_messages(metadata, payload))
+    except (PulsarWireError, ValueError) as exc:
+        raise MalformedBatchError(f"the batch does not hold the {batch_count} messages it claims: {exc}") from exc
 
 
 _parse_metadata = pb.MessageMetadata.FromString
@@ -572,11 +578,13 @@ class Topic:
                 self.last_sequence[md.producer_name] = highest
 
     def append(self, body, checksum: int | None, publish_time: int, deliver_at_time: int | None,
-               num_messages: int, producer_name: str, highest_sequence_id: int) -> int:
-        """Store an entry, remember the producer's sequence id, and dispatch it."""
+               batch_count: int | None, producer_name: str, highest_sequence_id: int) -> int:
+        """Store an entry, remember the producer's sequence id, and dispatch it. `batch_count`: the
+        metadata's num_messages_in_batch (None: not a batch); MalformedBatchError, before anything
+        changes, when the payload does not hold that many."""
         batch = self.log.batch
         try:
-            entry_id = self.log.append(body, checksum, publish_time, entry_message_count(body, num_messages))
+            entry_id = self.log.append(body, checksum, publish_time, entry_message_count(body, batch_count))
         finally:
             if self.log.batch is not batch:  # starting a new segment committed the batch before
                 self._settled(batch.error is None)
