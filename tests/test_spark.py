@@ -386,6 +386,10 @@ def test_sink_takes_the_sources_columns_and_checks_types(spark, embedded):
         write(spark.createDataFrame([(b"x",)], "value binary"), mode="overwrite")
     with pytest.raises(Exception, match="does not take column 'keys'"):
         write(spark.createDataFrame([(b"x", "k")], "value binary, keys string"))
+    # Pulsar's event time 0 means "none" (its Java client refuses it): an error, not a silent drop
+    epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+    with pytest.raises(Exception, match="eventTime 0 ms"):
+        write(spark.createDataFrame([(b"x", epoch)], "value binary, eventTime timestamp"))
     targets = ["persistent://public/default/" + unique("spark-row-a"), unique("spark-row-b")]
     rows = [(b"r%d" % i, b"bk%d" % i, targets[i % 2]) for i in range(6)]
     write(spark.createDataFrame(rows, "value binary, key binary, __topic string"), topic=None)
