@@ -8,6 +8,7 @@ import asyncio
 import collections
 import hmac
 import logging
+import select
 import time
 from typing import Any, Callable
 
@@ -269,10 +270,23 @@ class BrokerConnection(asyncio.Protocol):
             self._account_input()
         self.flush()
 
+    def _peer_closed(self) -> bool:
+        """Whether the peer has shut down its side: asyncio cannot see that while reading is paused."""
+        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
+        if sock is None or not hasattr(select, "POLLRDHUP"):
+            return False  # the frame timeout still bounds what it holds
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLRDHUP)
+        return any(events & (select.POLLRDHUP | select.POLLHUP | select.POLLERR)
+                   for _, events in poller.poll(0))
+
     def check_deadlines(self, now: float) -> None:
-        """Close a connection that has not completed its handshake, or whose frame is too slow."""
+        """Close a connection that has not completed its handshake, or whose frame is too slow;
+        and one paused for reading whose peer has gone, so what it holds is freed at once."""
         service = self.service
-        if (not self.connected or self.refused) and now - self.accepted_at > service.handshake_timeout:
+        if not self._reading and self._peer_closed():
+            self.close(abort=True)
+        elif (not self.connected or self.refused) and now - self.accepted_at > service.handshake_timeout:
             service.counters["handshake_timeouts"] += 1
             log.warning("closing a connection %s after %.0fs", "refused authentication" if self.refused
                         else "that did not CONNECT", service.handshake_timeout)
