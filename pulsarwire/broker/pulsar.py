@@ -203,6 +203,7 @@ class BrokerConnection(asyncio.Protocol):
         self._keepalive: asyncio.Task | None = None
         self._out: list[bytes] = []
         self._out_bytes = 0
+        self._transport_bytes = 0  # the transport's buffer at the last flush: it only drains until the next
         self._flush_scheduled = False
         self._transport_paused = False  # between the transport's pause_writing and resume_writing
         self._input_paused = False  # while unfinished frames of all connections are over their budget
@@ -244,6 +245,7 @@ class BrokerConnection(asyncio.Protocol):
 
     def _process(self) -> None:
         """Handle the complete frames the reader holds, stopping while output is over budget."""
+        completed = False
         try:
             while self.writable and not self.closed:
                 try:
@@ -257,7 +259,7 @@ class BrokerConnection(asyncio.Protocol):
                     raise
                 if frame is None:
                     break
-                self._partial_since = time.monotonic() if self.reader.buffered else None
+                completed = True
                 self._handle(frame)
         except PulsarWireError as exc:
             if isinstance(exc, FrameTooLargeError) and not self.connected:
@@ -266,6 +268,8 @@ class BrokerConnection(asyncio.Protocol):
             self.close()
         if not self.reader.buffered:
             self._partial_since = None
+        elif completed:  # the unfinished frame began after the last complete one
+            self._partial_since = time.monotonic()
         if not self.closed:
             self._account_input()
         self.flush()
@@ -375,8 +379,10 @@ class BrokerConnection(asyncio.Protocol):
             return
         self._out.append(data)
         self._out_bytes += len(data)
-        if self.writable and self.output_bytes > self.service.max_output_bytes:
-            self._pause()
+        if self.writable and self._out_bytes + self._transport_bytes > self.service.max_output_bytes:
+            self._transport_bytes = self.transport.get_write_buffer_size() if self.transport is not None else 0
+            if self._out_bytes + self._transport_bytes > self.service.max_output_bytes:
+                self._pause()
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
@@ -387,7 +393,7 @@ class BrokerConnection(asyncio.Protocol):
             self.core.commit()  # nothing is acknowledged before it is written
             self.transport.writelines(self._out)
             self._out_bytes = 0
-            output = self.output_bytes
+            self._transport_bytes = output = self.transport.get_write_buffer_size()
             if output > self.service.counters["peak_connection_output_bytes"]:
                 self.service.counters["peak_connection_output_bytes"] = output
         self._out.clear()
@@ -622,15 +628,17 @@ class BrokerConnection(asyncio.Protocol):
                    s.highest_sequence_id if s.HasField("highest_sequence_id") else None, s.num_messages,
                    s.is_chunk, md.chunk_id if md.HasField("chunk_id") else None, md.publish_time,
                    md.deliver_at_time if md.HasField("deliver_at_time") else None,
-                   frame.metadata_and_payload, frame.checksum)
+                   frame.metadata_and_payload, frame.checksum,
+                   (md.num_messages_in_batch if md.HasField("num_messages_in_batch") else None, md.compression))
 
     def on_send_fast(self, f) -> None:
         """A plain Send frame read by the codec's fast path."""
         self.store(f.producer_id, f.sequence_id, f.highest_sequence_id, f.num_messages, f.is_chunk, f.chunk_id,
-                   f.publish_time, f.deliver_at_time, f.metadata_and_payload, f.checksum)
+                   f.publish_time, f.deliver_at_time, f.metadata_and_payload, f.checksum,
+                   (f.num_messages_in_batch, f.compression))
 
     def store(self, producer_id, sequence_id, highest_sequence_id, num_messages, is_chunk, chunk_id,
-              publish_time, deliver_at_time, body, checksum) -> None:
+              publish_time, deliver_at_time, body, checksum, batch=None) -> None:
         """Append one entry (unless it is a duplicate) and answer with its receipt."""
         producer = self.producers.get(producer_id)
         if producer is None:
@@ -642,7 +650,7 @@ class BrokerConnection(asyncio.Protocol):
             return
         entry_id = self.core.publish(topic, producer.name, sequence_id, highest_sequence_id,
                                      bool(is_chunk and chunk_id), body, checksum, publish_time,
-                                     deliver_at_time, num_messages)
+                                     deliver_at_time, num_messages, batch)
         # a duplicate, already stored, is answered with the (-1, -1) id
         self.write(codec.encode_send_receipt(producer_id, sequence_id,
                                              highest_sequence(sequence_id, highest_sequence_id),

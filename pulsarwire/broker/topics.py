@@ -314,22 +314,25 @@ def _entry_key(entry) -> bytes | None:
     return None
 
 
-def entry_message_count(body, claimed: int) -> int:
+def entry_message_count(body, claimed: int, batch: tuple[int | None, int] | None = None) -> int:
     """How many messages an entry holds, which consumers' permits are charged: 1 unless it is a
     batch, else the messages its payload really splits into. A producer's claim above 1 is never
     trusted (10**9 would stall every consumer); a batch that does not split, or is too big to
-    decompress cheaply, counts as 1."""
+    decompress cheaply, counts as 1. `batch` is (num_messages_in_batch or None, compression) from
+    the metadata when the caller has read them, which spares parsing it again."""
     if claimed <= 1:
         return 1
     try:
         end = 4 + int.from_bytes(body[:4], "big")
+        if batch is not None and not batch[1]:
+            return 1 if batch[0] is None else codec.count_batch(body[end:], batch[0]) or 1
         metadata = _parse_metadata(body[4:end])
         if not metadata.HasField("num_messages_in_batch"):
             return 1
         payload = body[end:]
         if metadata.compression:
             payload = codec.decompress_payload(metadata, payload, COUNT_MAX_UNCOMPRESSED)
-        return len(codec.split_messages(metadata, payload)) or 1
+        return codec.count_batch(payload, metadata.num_messages_in_batch) or 1
     except (PulsarWireError, ValueError):  # DecodeError is a ValueError
         return 1
 
@@ -382,9 +385,11 @@ class Topic:
                 self.last_sequence[md.producer_name] = highest
 
     def append(self, body, checksum: int | None, publish_time: int, deliver_at_time: int | None,
-               num_messages: int, producer_name: str, highest_sequence_id: int) -> int:
-        """Store an entry, remember the producer's sequence id, and dispatch it."""
-        entry_id = self.log.append(body, checksum, publish_time, entry_message_count(body, num_messages))
+               num_messages: int, producer_name: str, highest_sequence_id: int,
+               batch: tuple[int | None, int] | None = None) -> int:
+        """Store an entry, remember the producer's sequence id, and dispatch it. Consumers are charged
+        what it really holds (`entry_message_count`), whatever `num_messages` claims."""
+        entry_id = self.log.append(body, checksum, publish_time, entry_message_count(body, num_messages, batch))
         self._on_append(self.log)
         if deliver_at_time is not None and deliver_at_time > time.time() * 1000:
             self.deliver_at[entry_id] = deliver_at_time
