@@ -233,7 +233,7 @@ class Client(_Handle):
             kwargs.pop(name, None)
         self._service_url = service_url
         self._options = official.client_options(**{**defaults, **kwargs})
-        aio.Address.parse(service_url)  # a bad URL fails here, as in the official client
+        aio.Address.parse_service_url(service_url)  # a bad URL fails here, as in the official client
         self._client: aio.Client | None = None
         # closed with the client, so that later calls raise AlreadyClosed (weak: no growth)
         self._handles: weakref.WeakSet[_Handle] = weakref.WeakSet()

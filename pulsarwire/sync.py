@@ -539,9 +539,16 @@ class Consumer(_Listening):
         self._consumer = consumer
         self._type = consumer_type
         self._batch_policy = batch_policy
+        # a message batch_receive() took but left for the next call, as the official client
+        # leaves in its queue the message that would take a batch over max_num_bytes
+        self._held: Any = None
 
     async def _receive_native(self):
         return await self._consumer.receive()
+
+    async def _next(self, timeout_millis):
+        held, self._held = self._held, None
+        return held if held is not None else await self._consumer.receive(timeout_millis)
 
     def topic(self) -> str:
         return self._consumer.topic()
@@ -557,7 +564,7 @@ class Consumer(_Listening):
         if timeout_millis is not None:
             official.check_type(int, timeout_millis, "timeout_millis")
         self._check_no_listener()
-        return Message(self._run(self._consumer.receive(timeout_millis)))
+        return Message(self._run(self._next(timeout_millis)))
 
     def batch_receive(self) -> list[Message]:
         """Messages up to the batch receive policy's count or bytes, or what came within its timeout."""
@@ -570,15 +577,20 @@ class Consumer(_Listening):
         timeout_ms = policy.getTimeoutMs()
         loop = _asyncio.get_running_loop()
         deadline = loop.time() + timeout_ms / 1000 if timeout_ms > 0 else None
-        batch, size = [], 0
+        batch: list = []
+        size = 0
         while (max_messages <= 0 or len(batch) < max_messages) and (max_bytes <= 0 or size < max_bytes):
             remaining = None if deadline is None else max(0, int((deadline - loop.time()) * 1000))
             try:
-                message = await self._consumer.receive(remaining)
+                message = await self._next(remaining)
             except errors.TimeoutError:
                 break
+            length = len(message.payload_view())
+            if batch and max_bytes > 0 and size + length > max_bytes:
+                self._held = message  # it would cross max_num_bytes: the next call's first
+                break
             batch.append(message)
-            size += len(message.payload_view())
+            size += length
         return batch
 
     def acknowledge(self, message) -> None:
@@ -603,10 +615,12 @@ class Consumer(_Listening):
         self._set_listening(True)
 
     def redeliver_unacknowledged_messages(self) -> None:
+        self._held = None  # the broker delivers it again
         self._call(self._consumer.redeliver_unacknowledged_messages)
 
     def seek(self, messageid) -> None:
         """Move the subscription to a message id or a publish time (ms)."""
+        self._held = None
         self._run(self._consumer.seek(official.seek_target(messageid)))
 
     def get_last_message_id(self) -> MessageId:

@@ -1457,6 +1457,391 @@ program("unsubscribe_and_resubscribe")("""
     client.close()
 """)
 
+program("shutdown_ends_blocked_calls")("""
+    import threading
+    import time
+    import pulsar
+
+    client = pulsar.Client('pulsar://localhost:6650')
+    consumer = client.subscribe('my-topic', 'my-subscription')
+    reader = client.create_reader('my-topic', pulsar.MessageId.latest)
+    outcome = []
+
+    def wait_for(call, name):
+        try:
+            call()
+            outcome.append((name, 'message'))
+        except pulsar.PulsarException as error:
+            outcome.append((name, type(error).__name__))
+
+    threads = [threading.Thread(target=wait_for, args=(consumer.receive, 'receive')),
+               threading.Thread(target=wait_for, args=(reader.read_next, 'read_next'))]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.3)
+    client.close()
+    for thread in threads:
+        thread.join(5)
+    print(sorted(outcome), [thread.is_alive() for thread in threads])
+""")
+
+program("asyncio_close_ends_receive")("""
+    import asyncio
+    from pulsar.asyncio import Client, PulsarException
+
+    async def main():
+        client = Client('pulsar://localhost:6650')
+        consumer = await client.subscribe('my-topic', 'my-subscription')
+        pending = asyncio.ensure_future(consumer.receive())
+        await asyncio.sleep(0.2)
+        await consumer.close()
+        try:
+            await asyncio.wait_for(pending, 5)
+        except PulsarException as error:
+            print('receive:', error.error())
+        except asyncio.TimeoutError:
+            print('receive still waiting')
+        await client.close()
+
+    asyncio.run(main())
+""")
+
+program("threads_share_a_producer")("""
+    import threading
+    import pulsar
+
+    client = pulsar.Client('pulsar://localhost:6650')
+    producer = client.create_producer('my-topic')
+    consumer = client.subscribe('my-topic', 'my-subscription')
+    ids = []
+    lock = threading.Lock()
+
+    def work(n):
+        for i in range(10):
+            msg_id = producer.send(b'%d-%d' % (n, i))
+            with lock:
+                ids.append(msg_id.entry_id())
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    print(sorted(ids) == list(range(40)))
+    data = [consumer.receive(2000).data() for _ in range(40)]
+    print(len(set(data)), all(sorted(d for d in data if d.startswith(b'%d-' % n)) ==
+                              sorted(b'%d-%d' % (n, i) for i in range(10)) for n in range(4)))
+    client.close()
+""")
+
+program("argument_errors")("""
+    import pulsar
+
+    client = pulsar.Client('pulsar://localhost:6650')
+    producer = client.create_producer('my-topic', producer_name='my-named',
+                                      batching_type=pulsar.BatchingType.KeyBased, batching_enabled=True)
+    try:
+        client.create_producer('my-topic', producer_name='my-named')
+    except pulsar.ProducerBusy:
+        print('ProducerBusy')
+    for bad in (dict(properties={'a': 1}), dict(partition_key=5), dict(event_timestamp='now')):
+        try:
+            producer.send(b'x', **bad)
+            print('accepted', sorted(bad))
+        except Exception as error:
+            print(sorted(bad), type(error).__name__)
+    try:
+        client.subscribe('my-topic', 42)
+    except Exception as error:
+        print('subscription name:', type(error).__name__)
+    try:
+        client.subscribe('my-topic', 'my-sub', consumer_type='Shared')
+    except Exception as error:
+        print('consumer type:', type(error).__name__)
+    consumer = client.subscribe('my-topic', 'my-sub', consumer_type=pulsar.ConsumerType.Shared,
+                                negative_ack_redelivery_delay_ms=100)
+    producer.send(b'again', partition_key='k')
+    producer.flush()
+    msg = consumer.receive(2000)
+    consumer.negative_acknowledge(msg.message_id())
+    print(consumer.receive(3000).redelivery_count())
+    try:
+        consumer.receive(timeout_millis='soon')
+    except Exception as error:
+        print('timeout type:', type(error).__name__)
+    client.close()
+""")
+
+program("basic_auth")("""
+    import pulsar
+
+    client = pulsar.Client('pulsar://localhost:6650',
+                           authentication=pulsar.AuthenticationBasic('alice', 'wonderland'))
+    producer = client.create_producer('my-topic')
+    print(producer.send(b'basic').entry_id())
+    client.close()
+    wrong = pulsar.Client('pulsar://localhost:6650', authentication=pulsar.AuthenticationBasic('alice', 'nope'),
+                          operation_timeout_seconds=3)
+    try:
+        wrong.create_producer('my-topic')
+    except pulsar.PulsarException as error:
+        print(type(error).__name__)
+    wrong.close()
+    anonymous = pulsar.Client('pulsar://localhost:6650', operation_timeout_seconds=3)
+    try:
+        anonymous.create_producer('my-topic')
+    except pulsar.PulsarException as error:
+        print(type(error).__name__)
+    anonymous.close()
+""")
+
+program("message_id_in_collections")("""
+    import pulsar
+
+    client = pulsar.Client('pulsar://localhost:6650')
+    producer = client.create_producer('my-topic')
+    consumer = client.subscribe('my-topic', 'my-subscription', consumer_type=pulsar.ConsumerType.Shared,
+                                negative_ack_redelivery_delay_ms=100)
+    sent = [producer.send(b'd-%d' % i) for i in range(3)]
+    seen = set()
+    duplicates = 0
+    received = []
+    for _ in range(4):
+        msg = consumer.receive(3000)
+        if str(msg.message_id()) in seen:  # (the official MessageId is not hashable)
+            duplicates += 1
+            consumer.acknowledge(msg)
+            continue
+        seen.add(str(msg.message_id()))
+        received.append(msg)
+        if msg.data() == b'd-1' and msg.redelivery_count() == 0:
+            consumer.negative_acknowledge(msg)
+        else:
+            consumer.acknowledge(msg)
+    print(len(seen), duplicates)
+    ids = sorted(m.message_id() for m in received)
+    print([str(i) for i in ids])
+    print(sent[0] < sent[1], sent[2] > sent[1], sent[0] == sent[0], sent[0] != sent[1])
+    print(received[0].message_id() == sent[0], {str(received[0].message_id()): 1}[str(sent[0])])
+    client.close()
+""")
+
+program("chunked_send_async")("""
+    import pulsar
+
+    client = pulsar.Client('pulsar://localhost:6650')
+    consumer = client.subscribe('my-topic', 'my-subscription', max_pending_chunked_message=5)
+    producer = client.create_producer('my-topic', chunking_enabled=True)
+    results = []
+    payloads = [bytes([i]) * (300 * 1024 + i) for i in range(3)]
+    for payload in payloads:
+        producer.send_async(payload, lambda res, msg_id: results.append(str(res)))
+    producer.flush()
+    print(results)
+    got = [consumer.receive(5000) for _ in range(3)]
+    print([len(m.data()) for m in got], [m.data() == p for m, p in zip(got, payloads)])
+    for msg in got:
+        consumer.acknowledge(msg)
+    consumer.close()
+    again = client.subscribe('my-topic', 'my-subscription')
+    try:
+        again.receive(300)
+    except pulsar.Timeout:
+        print('all acknowledged')
+    client.close()
+""")
+
+program("batch_receive_bytes_and_listener_rules")("""
+    import pulsar
+
+    client = pulsar.Client('pulsar://localhost:6650')
+    consumer = client.subscribe('my-topic', 'my-subscription',
+                                batch_receive_policy=pulsar.ConsumerBatchReceivePolicy(-1, 25, 200))
+    producer = client.create_producer('my-topic', batching_enabled=True, batching_max_publish_delay_ms=5)
+    for i in range(6):
+        producer.send_async(b'0123456789', None)
+    producer.flush()
+    sizes = []
+    while sum(sizes) < 6:
+        batch = consumer.batch_receive()
+        sizes.append(len(batch))
+        for msg in batch:
+            consumer.acknowledge(msg)
+    print(sizes)
+    listening = client.subscribe('my-topic', 'my-listening', message_listener=lambda c, m: c.acknowledge(m))
+    try:
+        listening.receive(100)
+    except pulsar.PulsarException as error:
+        print('receive with a listener:', type(error).__name__)
+    client.close()
+""")
+
+program("schema_mismatch")("""
+    import pulsar
+    from pulsar.schema import StringSchema, BytesSchema
+
+    client = pulsar.Client('pulsar://localhost:6650')
+    producer = client.create_producer('my-topic', schema=StringSchema())
+    producer.send('typed')
+    try:
+        client.create_producer('my-topic', schema=BytesSchema())
+        print('bytes producer accepted')
+    except pulsar.IncompatibleSchema:
+        print('IncompatibleSchema')
+    consumer = client.subscribe('my-topic', 'my-subscription', initial_position=pulsar.InitialPosition.Earliest)
+    msg = consumer.receive(2000)
+    print(msg.data(), msg.value())
+    print(client.get_topic_partitions('my-never-used'))
+    client.close()
+""")
+
+program("block_if_queue_full")("""
+    import pulsar
+
+    client = pulsar.Client('pulsar://localhost:6650')
+    producer = client.create_producer('my-topic', block_if_queue_full=True, max_pending_messages=10,
+                                      batching_enabled=True, batching_max_messages=4,
+                                      batching_max_publish_delay_ms=5)
+    results = []
+    for i in range(300):
+        producer.send_async(b'%d' % i, lambda res, msg_id: results.append(res))
+    producer.flush()
+    print(len(results), set(results) == {pulsar.Result.Ok})
+    consumer = client.subscribe('my-topic', 'my-sub', initial_position=pulsar.InitialPosition.Earliest)
+    data = [int(consumer.receive(2000).data()) for _ in range(300)]
+    print(data == list(range(300)))
+    client.close()
+""")
+
+program("avro_schema_definition_dicts")("""
+    import pulsar
+    from pulsar.schema import AvroSchema
+
+    definition = {
+        'type': 'record', 'name': 'Reading', 'namespace': 'demo',
+        'fields': [{'name': 'sensor', 'type': 'string'}, {'name': 'value', 'type': 'double'},
+                   {'name': 'note', 'type': ['null', 'string'], 'default': None}],
+    }
+    client = pulsar.Client('pulsar://localhost:6650')
+    producer = client.create_producer('my-topic', schema=AvroSchema(None, schema_definition=definition))
+    consumer = client.subscribe('my-topic', 'my-subscription', schema=AvroSchema(None, schema_definition=definition))
+    producer.send({'sensor': 't1', 'value': 21.5, 'note': None})
+    producer.send({'sensor': 't2', 'value': -3.0, 'note': 'cold'})
+    for _ in range(2):
+        msg = consumer.receive(2000)
+        print(sorted(msg.value().items()))
+        consumer.acknowledge(msg)
+    raw = client.subscribe('my-topic', 'my-raw', initial_position=pulsar.InitialPosition.Earliest)
+    print(type(raw.receive(2000).value()).__name__)
+    client.close()
+""")
+
+program("multi_host_service_url")("""
+    import pulsar
+
+    import socket
+
+    service_url = 'pulsar://localhost:6650'
+    live = service_url.split('//')[1]
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        dead = '127.0.0.1:%d' % s.getsockname()[1]
+    client = pulsar.Client('pulsar://%s,%s' % (live, live))
+    producer = client.create_producer('my-topic')
+    print(producer.send(b'via a host list').entry_id())
+    client.close()
+    client = pulsar.Client('pulsar://%s,%s' % (dead, live), operation_timeout_seconds=10)
+    producer = client.create_producer('my-topic')
+    print(producer.send(b'past a dead host').entry_id())
+    client.close()
+""")
+
+program("many_options", partitioned={"my-lazy": 3})("""
+    import pulsar
+
+    client = pulsar.Client('pulsar://localhost:6650')
+    consumer = client.subscribe('my-lazy', 'my-subscription', consumer_type=pulsar.ConsumerType.Shared,
+                                receiver_queue_size=10, max_total_receiver_queue_size_across_partitions=100,
+                                consumer_name='my-configured', unacked_messages_timeout_ms=60000,
+                                negative_ack_redelivery_delay_ms=1000, is_read_compacted=False,
+                                properties={'owner': 'me'}, initial_position=pulsar.InitialPosition.Earliest,
+                                replicate_subscription_state_enabled=True, max_pending_chunked_message=20,
+                                auto_ack_oldest_chunked_message_on_queue_full=True,
+                                batch_index_ack_enabled=True)
+    producer = client.create_producer('my-lazy', lazy_start_partitioned_producers=True,
+                                      message_routing_mode=pulsar.PartitionsRoutingMode.UseSinglePartition,
+                                      properties={'app': 'x'}, send_timeout_millis=10000,
+                                      compression_type=pulsar.CompressionType.ZSTD)
+    for i in range(3):
+        producer.send(b'lazy-%d' % i)
+    print(sorted(consumer.receive(3000).data() for _ in range(3)))
+    reader = client.create_reader('my-lazy', pulsar.MessageId.earliest, reader_name='my-reader',
+                                  subscription_role_prefix='my-role', receiver_queue_size=5)
+    print(sorted(reader.read_next(3000).data() for _ in range(3)))
+    print(consumer.consumer_name())
+    client.close()
+""")
+
+program("asyncio_multi_topic_and_pattern")("""
+    import asyncio
+    import pulsar
+    from pulsar.asyncio import Client
+
+    async def main():
+        client = Client('pulsar://localhost:6650')
+        for name in ('my-feed-x', 'my-feed-y', 'my-misc'):
+            producer = await client.create_producer(name, batching_enabled=False)
+            await producer.send(name.encode('utf-8'))
+            await producer.close()
+        listed = await client.subscribe(['my-feed-x', 'my-misc'], 'my-list-sub',
+                                        initial_position=pulsar.InitialPosition.Earliest)
+        print(sorted([(await listed.receive()).data() for _ in range(2)]))
+        pattern = await client.subscribe('persistent://public/default/my-feed-.*', 'my-pattern-sub',
+                                         is_pattern_topic=True,
+                                         initial_position=pulsar.InitialPosition.Earliest)
+        got = []
+        for _ in range(2):
+            msg = await pattern.receive()
+            got.append(msg.data())
+            await pattern.acknowledge(msg)
+        print(sorted(got))
+        consumer = await client.subscribe('my-feed-x', 'my-cumulative', consumer_type=pulsar.ConsumerType.Failover,
+                                          initial_position=pulsar.InitialPosition.Earliest)
+        msg = await consumer.receive()
+        await consumer.acknowledge_cumulative(msg)
+        consumer.redeliver_unacknowledged_messages()
+        print(consumer.topic(), consumer.subscription_name(), consumer.consumer_name() != '')
+        reader = await client.create_reader('my-feed-y', pulsar.MessageId.earliest)
+        print(reader.topic(), reader.is_connected(), await reader.has_message_available())
+        await client.close()
+
+    asyncio.run(main())
+""")
+
+program("resume_from_stored_position")("""
+    import pulsar
+
+    client = pulsar.Client('pulsar://localhost:6650')
+    producer = client.create_producer('my-topic')
+    for i in range(5):
+        producer.send(b'rec-%d' % i)
+    consumer = client.subscribe('my-topic', 'my-subscription', initial_position=pulsar.InitialPosition.Earliest)
+    msgs = [consumer.receive(2000) for _ in range(5)]
+    checkpoint = (msgs[1].message_id().ledger_id(), msgs[1].message_id().entry_id())
+    blob = msgs[3].message_id().serialize()
+
+    start = pulsar.MessageId(-1, checkpoint[0], checkpoint[1], -1)
+    reader = client.create_reader('my-topic', start)
+    print(reader.read_next(2000).data())
+    consumer.seek(pulsar.MessageId.deserialize(blob))
+    print(consumer.receive(2000).data())
+    consumer.seek(start)
+    print(consumer.receive(2000).data())
+    earliest = pulsar.MessageId.deserialize(pulsar.MessageId.earliest.serialize())
+    print(str(earliest), client.create_reader('my-topic', earliest).read_next(2000).data())
+    client.close()
+""")
+
 
 # --- the runner -----------------------------------------------------------------------------
 
@@ -1504,7 +1889,7 @@ def brokers(tmp_path_factory):
     plain = BrokerThread(tmp_path_factory.mktemp("snippets"), v1_port=None,
                          max_message_size=MAX_MESSAGE_SIZE).start()
     secured = BrokerThread(tmp_path_factory.mktemp("snippets-auth"), v1_port=None,
-                           auth_tokens={TOKEN}).start()
+                           auth_tokens={TOKEN}, auth_basic={"alice": "wonderland"}).start()
     yield plain, secured
     secured.stop()
     plain.stop()
@@ -1515,6 +1900,7 @@ def _has_record_classes() -> bool:
     return hasattr(pulsarwire.schema, "Record")
 
 
+AUTH_PROGRAMS = {"token_auth", "basic_auth"}  # run against the broker that asks for credentials
 RECORD_PROGRAMS = {"json_schema_record", "avro_schema_record", "json_schema_fields"}
 _CASES = [pytest.param(name, marks=pytest.mark.xfail(
               not _has_record_classes(), strict=True,
@@ -1525,7 +1911,7 @@ _CASES = [pytest.param(name, marks=pytest.mark.xfail(
 @pytest.mark.parametrize("name", _CASES)
 def test_program_runs_the_same_with_pulsarwire(brokers, name):
     plain, secured = brokers
-    broker = secured if name == "token_auth" else plain
+    broker = secured if name in AUTH_PROGRAMS else plain
     outputs = {}
     for variant, source in (("pulsar", PROGRAMS[name]), ("pulsarwire", swapped(PROGRAMS[name]))):
         prefix = f"r{next(_RUNS)}{variant[:4]}-"
@@ -1578,3 +1964,54 @@ def test_official_key_shared_policy_reaches_the_asyncio_client_as_its_own_policy
         aio.KeySharedMode.Sticky, True, [(0, 99), (200, 299)])
     auto = options(official.ConsumerKeySharedPolicy())["key_shared_policy"]
     assert isinstance(auto, aio.KeySharedPolicy) and auto.key_shared_mode == aio.KeySharedMode.AutoSplit
+
+
+@pytest.mark.parametrize("name", sorted(RECORD_PROGRAMS))
+def test_record_program_with_official_schema_objects(brokers, name):
+    """Only `import pulsar` swapped: the program keeps the official `pulsar.schema` classes, which
+    pulsarwire's producers and consumers accept as they are."""
+    plain, _ = brokers
+    source = PROGRAMS[name]
+    wire = re.sub(r"^import pulsar$", "import pulsarwire.sync as pulsar", source, flags=re.M)
+    outputs = [run_program(text, plain.url, f"r{next(_RUNS)}{variant}-")
+               for variant, text in (("puls", source), ("offs", wire))]
+    assert not any(line.startswith("RAISED") for line in outputs[0]), outputs[0]
+    assert outputs[1] == outputs[0]
+
+
+def test_service_url_may_list_several_hosts():
+    from pulsarwire.client import Address
+
+    assert Address.parse_service_url("pulsar://a:6651,b,c:7000/") == [
+        Address("a", 6651, False), Address("b", 6650, False), Address("c", 7000, False)]
+    assert Address.parse_service_url("pulsar+ssl://a,b:1") == [Address("a", 6651, True), Address("b", 1, True)]
+    assert Address.parse_service_url("pulsar://h:6650") == [Address("h", 6650, False)]
+    for bad in ("http://a:8080", "pulsar://a,", "localhost:6650", "pulsar://a:x"):
+        with pytest.raises(ValueError):
+            Address.parse_service_url(bad)
+
+
+def test_replicate_subscription_state_goes_on_the_subscribe_command(brokers):
+    """`replicate_subscription_state_enabled=True` (refused with TypeError before) is sent as
+    CommandSubscribe.replicate_subscription_state; the embedded broker, with no other cluster,
+    accepts and ignores it."""
+    import asyncio
+    from pulsarwire import client as aio
+
+    plain, _ = brokers
+    sent = []
+
+    async def main():
+        client = aio.Client(plain.url)
+        consumer = await client.subscribe("replicated-state", "sub", replicate_subscription_state_enabled=True)
+        conn = consumer._partitions[0].conn
+        original = conn.session.subscribe
+
+        def spy(**fields):
+            sent.append(fields.get("replicate_subscription_state"))
+            return original(**fields)
+        conn.session.subscribe = spy
+        await consumer._partitions[0]._connect()  # as a reconnect does
+        await client.close()
+    asyncio.run(asyncio.wait_for(main(), 30))
+    assert sent == [True]

@@ -35,7 +35,7 @@ class Client:
                  tls_allow_insecure_connection: bool = False, tls_validate_hostname: bool = False,
                  initial_backoff_seconds: float = 0.1, max_backoff_seconds: float = 30,
                  max_frame_size: int = codec.DEFAULT_MAX_FRAME_SIZE) -> None:
-        self._service = Address.parse(service_url)
+        hosts = Address.parse_service_url(service_url)
         self._authentication = authentication
         self._operation_timeout = operation_timeout_seconds
         self._connection_timeout = connection_timeout_ms / 1000
@@ -44,7 +44,8 @@ class Client:
         self._max_backoff = max_backoff_seconds
         self._max_frame_size = max_frame_size
         self._loop = asyncio.get_running_loop()
-        self._pool = ConnectionPool(self, self._service, connection_timeout=self._connection_timeout,
+        self._pool = ConnectionPool(self, hosts[0], other_service_hosts=hosts[1:],
+                                    connection_timeout=self._connection_timeout,
                                     tls_trust_certs_file_path=tls_trust_certs_file_path,
                                     tls_allow_insecure_connection=tls_allow_insecure_connection,
                                     tls_validate_hostname=tls_validate_hostname)
@@ -158,7 +159,7 @@ class Client:
 
     async def get_schema_info(self, topic: str, schema_version: bytes | None = None) -> SchemaInfo | None:
         """The schema the broker keeps for `topic` (the latest, or `schema_version`); None if none."""
-        conn = await self._pool.connection(self._service)
+        conn = await self._pool.connection(self._pool.service)
         try:
             response = await conn.request(conn.session.get_schema, topic_name(topic), schema_version)
         except TopicNotFoundError:

@@ -133,6 +133,16 @@ class Address:
             raise ValueError(f"service URL has no host: {url!r}")
         return cls(parsed.hostname, parsed.port or (DEFAULT_TLS_PORT if tls else DEFAULT_PORT), tls)
 
+    @classmethod
+    def parse_service_url(cls, url: str) -> "list[Address]":
+        """The hosts of a service URL, which may list several (`pulsar://host1:6650,host2:6650`):
+        the client uses the first and moves to the next when it cannot connect."""
+        scheme, separator, rest = url.partition("://")
+        if not separator:
+            return [cls.parse(url)]  # raises: no scheme
+        hosts = rest.split("/", 1)[0]
+        return [cls.parse(f"{scheme}://{host}") for host in hosts.split(",")]
+
     def url(self) -> str:
         return f"{'pulsar+ssl' if self.tls else 'pulsar'}://{self.host}:{self.port}"
 
