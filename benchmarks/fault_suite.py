@@ -355,7 +355,7 @@ async def fd_limit(work: str, counter: _ErrorCounter) -> dict:
 async def fd_exhausted(work: str, counter: _ErrorCounter) -> dict:
     from pulsarwire import Client
     port = free_port()
-    process = _start_process(work, port, limit=40)
+    process = _start_process(work, port, limit=40, extra=("--max-connections", "200"))
     url = f"pulsar://127.0.0.1:{port}"
     errors, acknowledged, note = 0, [], ""
     try:

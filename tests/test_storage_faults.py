@@ -539,7 +539,8 @@ def test_600_topics_under_a_256_descriptor_limit(tmp_path):
 
 
 def test_no_descriptors_left_is_answered_with_an_error_not_a_dropped_connection(tmp_path):
-    process, url = _limited_broker(tmp_path, 40)
+    # connections allowed past the descriptor limit (by default they are kept within it)
+    process, url = _limited_broker(tmp_path, 40, "--max-connections", "200")
 
     async def main():
         async with Client(url, operation_timeout_seconds=5) as client:
@@ -558,5 +559,44 @@ def test_no_descriptors_left_is_answered_with_an_error_not_a_dropped_connection(
             await producer.send(b"fine")  # the same connection, still up
     try:
         run(main(), timeout=60)
+    finally:
+        terminate(process)
+
+
+def test_connection_flood_under_the_descriptor_limit_is_answered(tmp_path):
+    """300 connections against a 256-descriptor broker: the connection limit is lowered to fit
+    beside the segment files, so a client past it is refused with an error, not left unaccepted
+    (EMFILE on accept), and clients are served again once the flood goes."""
+    process, url = _limited_broker(tmp_path, 256)
+    port = int(url.rsplit(":", 1)[1])
+    T = pb.BaseCommand
+    connect = codec.encode_command(T(type=T.CONNECT, connect=pb.CommandConnect(client_version="flood",
+                                                                                protocol_version=19)))
+
+    async def main():
+        flood = []
+        for _ in range(300):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(connect)
+            flood.append((reader, writer))
+        await asyncio.sleep(0.5)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(connect)
+        frames = codec.FrameReader(1 << 20)
+        frames.feed(await asyncio.wait_for(reader.read(65536), 5))
+        answer = frames.next_frame().command
+        assert answer.type in (T.CONNECTED, T.ERROR)
+        if answer.type == T.ERROR:
+            assert answer.error.error == pb.ServiceNotReady
+        writer.close()
+        for _, flooding in flood:
+            flooding.close()
+        await asyncio.sleep(0.5)
+        async with Client(url, operation_timeout_seconds=10) as client:
+            producer = await client.create_producer("persistent://public/default/after-flood")
+            await producer.send(b"ok")
+    try:
+        run(main(), timeout=60)
+        assert process.poll() is None
     finally:
         terminate(process)

@@ -18,11 +18,13 @@ from .core import BrokerCore
 from .pulsar import (DEFAULT_FRAME_TIMEOUT, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
                      DEFAULT_MAX_FRAME_BEFORE_CONNECT, DEFAULT_MAX_INPUT_BYTES, DEFAULT_MAX_OUTPUT_BYTES,
                      PulsarService)
-from .storage import SYNC_INTERVAL, FileOps
+from .storage import SYNC_INTERVAL, FileOps, descriptor_limit
 from .topics import Topic
 from .v1 import DEFAULT_CONSUME_MAX_BYTES, V1Server
 
 log = logging.getLogger("pulsarwire.broker")
+# descriptors kept out of every budget: listeners, state-file writes, the interpreter's own
+_SPARE_DESCRIPTORS = 32
 
 
 def tls_context(cert_file: str, key_file: str, trust_certs_file: str | None = None) -> ssl.SSLContext:
@@ -48,7 +50,7 @@ class Broker:
                  v1_partitions: int = 3, replication_factor: int = 3, min_insync_replicas: int = 2,
                  replication_timeout: float = 5.0, replica_lag_time: float = 10.0,
                  session_timeout: float = 10.0, v1_consume_max_bytes: int = DEFAULT_CONSUME_MAX_BYTES,
-                 advertised_url: str | None = None, max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                 advertised_url: str | None = None, max_connections: int | None = None,
                  max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
                  handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
                  max_frame_before_connect: int = DEFAULT_MAX_FRAME_BEFORE_CONNECT,
@@ -59,10 +61,13 @@ class Broker:
                                file_ops=file_ops)
         self.pulsar = PulsarService(self.core, auth_tokens=auth_tokens, auth_basic=auth_basic, auth_tls=auth_tls,
                                     max_message_size=max_message_size,
-                                    keep_alive_interval=keep_alive_interval, max_connections=max_connections,
+                                    keep_alive_interval=keep_alive_interval,
+                                    max_connections=DEFAULT_MAX_CONNECTIONS if max_connections is None
+                                    else max_connections,
                                     max_output_bytes=max_output_bytes, handshake_timeout=handshake_timeout,
                                     max_frame_before_connect=max_frame_before_connect,
                                     frame_timeout=frame_timeout, max_input_bytes=max_input_bytes)
+        self._connections_fit_descriptors = max_connections is None  # else the caller's choice stands
         self.data_dir = self.core.data_dir
         self.host = host
         self.port = port
@@ -95,6 +100,7 @@ class Broker:
         if self.tls_port is not None and self.ssl_context is None:
             raise ValueError("tls_port needs an ssl_context")
         self.core.open()
+        self._fit_descriptor_limit()
         loop = asyncio.get_running_loop()
         if self.port is not None:
             server = await loop.create_server(self.pulsar.protocol(), self.host, self.port)
@@ -116,6 +122,22 @@ class Broker:
         self._background = asyncio.ensure_future(self._maintain())
         log.info("broker on %s (data in %s)", self.service_url or self.service_url_tls, self.data_dir)
         return self
+
+    def _fit_descriptor_limit(self) -> None:
+        """By default connections plus open segment files fit in the descriptor limit: a
+        connection past it is then refused with an error (ServiceNotReady) instead of waiting
+        unaccepted while the OS refuses every accept (EMFILE)."""
+        room = max(descriptor_limit() - self.core.files.max_open_files - _SPARE_DESCRIPTORS, 1)
+        if self.pulsar.max_connections <= room:
+            return
+        if self._connections_fit_descriptors:
+            log.warning("the descriptor limit (%d) leaves room for %d connections beside %d segment files: "
+                        "serving at most %d", descriptor_limit(), room, self.core.files.max_open_files, room)
+            self.pulsar.max_connections = room
+        else:
+            log.warning("max_connections %d and %d segment files exceed the descriptor limit (%d): past it, "
+                        "new connections wait until descriptors free up", self.pulsar.max_connections,
+                        self.core.files.max_open_files, descriptor_limit())
 
     async def stop(self) -> None:
         for server in self._servers:

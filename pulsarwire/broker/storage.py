@@ -122,16 +122,21 @@ class FileOps:
 DEFAULT_OPS = FileOps()
 
 
-def default_max_open_files() -> int:
-    """A quarter of the process's descriptor limit (the rest is for connections), 16 to 1024."""
+def descriptor_limit() -> int:
+    """The process's soft limit on open file descriptors (4096 when unlimited or unknown)."""
     try:
         import resource
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         if soft == resource.RLIM_INFINITY or soft <= 0:
             soft = 4096
     except (ImportError, OSError, ValueError):
-        soft = 1024
-    return max(16, min(1024, soft // 4))
+        soft = 4096
+    return soft
+
+
+def default_max_open_files() -> int:
+    """A quarter of the process's descriptor limit (the rest is for connections), 16 to 1024."""
+    return max(16, min(1024, descriptor_limit() // 4))
 
 
 class StorageStats:
