@@ -23,8 +23,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.bench_client import official_client, official_produce, ours_produce  # noqa: E402
+from benchmarks.bench_client import official_client, official_produce, ours_produce, payload_list  # noqa: E402
 from benchmarks.common import BrokerUnderTest  # noqa: E402
+
+# Each client at a configuration bench_client.py finds among its best (no callback, 10 ms delay).
+OFFICIAL_PRODUCE = dict(callback="none", delay_ms=10, max_messages=1000, pending=5000)
+OURS_PRODUCE = dict(api="send_async", delay_ms=10, max_messages=1000, pending=5000)
 
 
 async def ours_consume(url, topic, count, stall):
@@ -171,10 +175,11 @@ def run(messages, size, stall, repeat):
                         consumed = asyncio.run(raw_consume(broker.url, topic, entries * 10))
                         got = messages
                     elif client == "official":
-                        produced, _ = official_produce(broker.url, topic, messages, size)
+                        produced, _ = official_produce(broker.url, topic, payload_list(messages, size),
+                                                       OFFICIAL_PRODUCE)
                         got, consumed = official_consume(broker.url, topic, messages, stall)
                     else:
-                        produced, _ = asyncio.run(ours_produce(broker.url, topic, messages, size))
+                        produced, _ = ours_produce(broker.url, topic, payload_list(messages, size), OURS_PRODUCE)
                         got, consumed = asyncio.run(ours_consume(broker.url, topic, messages, stall))
                     samples.setdefault((broker_kind, client), []).append((produced, got, consumed))
     rows = []
