@@ -1538,6 +1538,46 @@ cdef class BatchBuilder:
         finally:
             PyBuffer_Release(&view)
 
+    def add_many(self, list items, Py_ssize_t start, first_sequence_id, Py_ssize_t max_messages,
+                 Py_ssize_t max_bytes):
+        """Add items[start:], plain payloads, with sequence ids first_sequence_id, +1, ...; the number added.
+
+        Each entry is what add(payload, sequence_id=...) writes. Stops after the message that
+        brings the batch to max_messages or max_bytes, and before an item that is not bytes or
+        is max_bytes long or longer (the caller sends that one another way).
+        """
+        cdef Py_ssize_t index = start, stop = len(items), size, smm_size
+        cdef uint64_t sequence_id = <uint64_t>first_sequence_id
+        cdef object item
+        cdef uint8_t* at
+        while index < stop:
+            item = items[index]
+            if type(item) is not bytes:
+                break
+            size = PyBytes_GET_SIZE(item)
+            if size >= max_bytes:
+                break
+            self._reserve(4 + 22 + size)
+            at = self._buf + self._len
+            self._len += 4
+            self._byte(3 << 3)
+            self._varint(<uint64_t>size)
+            self._byte(8 << 3)
+            self._varint(sequence_id)
+            smm_size = self._len - (at - self._buf) - 4
+            at[0] = 0
+            at[1] = 0
+            at[2] = 0
+            at[3] = <uint8_t>smm_size
+            memcpy(self._buf + self._len, PyBytes_AS_STRING(item), size)
+            self._len += size
+            self.num_messages += 1
+            sequence_id += 1
+            index += 1
+            if self.num_messages >= max_messages or self._len >= max_bytes:
+                break
+        return index - start
+
     @property
     def size(self):
         return self._len

@@ -29,7 +29,7 @@ from ..errors import (
     ProducerFencedError, ProducerQueueFullError, PulsarWireError, ServerError, TimeoutError,
     TopicNotFoundError, TopicTerminatedError,
 )
-from ..messages import Message, MessageId
+from ..messages import Message, MessageId, MessageIds
 from ..routing import HashingScheme, RoutingMode
 
 __all__ = [
@@ -37,7 +37,7 @@ __all__ = [
     "Connection", "ConnectionPool", "Consumer", "ConsumerType", "InitialPosition", "Producer", "Reader",
     "partition_name", "topic_name",
     "AuthenticationError", "AuthorizationError", "CodecError", "ConnectionClosedError", "HashingScheme",
-    "Message", "MessageId", "NotAllowedError", "ProducerFencedError", "ProducerQueueFullError",
+    "Message", "MessageId", "MessageIds", "NotAllowedError", "ProducerFencedError", "ProducerQueueFullError",
     "PulsarWireError", "RoutingMode", "ServerError", "TimeoutError", "TopicNotFoundError",
     "TopicTerminatedError",
 ]
