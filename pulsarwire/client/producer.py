@@ -79,6 +79,9 @@ class _BulkSend:
         return done
 
 
+_NO_OPTIONS: dict = {}
+
+
 def _message_parts(item) -> tuple:
     """(payload, key, properties) of a send_many item: a payload, or a (payload, key, properties) tuple."""
     if isinstance(item, tuple):
@@ -204,6 +207,23 @@ class PartitionProducer(Reconnecting):
             return
         frame = codec.encode_payload_command(self._send_command(sequence_id, sequence_id, 1), metadata, body)
         self._enqueue(_OpSend(sequence_id, sequence_id, 1, frame, [future]))
+
+    def send_plain(self, payload: bytes, future: asyncio.Future) -> None:
+        """send() of a bytes payload without options: the per-message path of send_async, kept short."""
+        parent = self.parent
+        if self._failed is not None or not parent._batching or len(payload) >= parent._batching_max_bytes:
+            self.send(payload, _NO_OPTIONS, future)
+            return
+        batch = self._batch
+        sequence_id = self._take_sequence_id(None)
+        if batch.num_messages == 0:
+            self._batch_first_sequence = sequence_id
+        batch.add(payload, None, None, 0, None, sequence_id)
+        self._batch_futures.append(future)
+        if batch.num_messages >= parent._batching_max_messages or batch.size >= parent._batching_max_bytes:
+            self.flush_batch()
+        elif self._batch_timer is None:
+            self._batch_timer = self.client._loop.call_later(parent._batching_delay, self.flush_batch)
 
     def send_many(self, items: list, start: int, stop: int, indexes: list[int] | None, bulk: _BulkSend) -> None:
         """Queue items[start:stop] in order, receipts to `bulk`; items are plain bytes payloads or
@@ -524,19 +544,26 @@ class Producer:
                 raise ProducerQueueFullError(f"{self._max_pending} messages pending")
             async with self._space:
                 await self._space.wait_for(lambda: self._in_flight < self._max_pending)
-        if deliver_after_ms is not None:
-            deliver_at = now_ms() + deliver_after_ms
-        options = {"properties": properties, "partition_key": partition_key, "ordering_key": ordering_key,
-                   "event_timestamp": event_timestamp, "sequence_id": sequence_id, "deliver_at": deliver_at}
         partitions = self._partitions
         target = partitions[0] if len(partitions) == 1 else \
             partitions[self._router.partition(partition_key, len(partitions))]
         future = self.client._loop.create_future()
         self._in_flight += 1
-        target.send(bytes(content) if not isinstance(content, bytes) else content, options, future)
+        if type(content) is bytes and properties is None and partition_key is None and ordering_key is None \
+                and event_timestamp is None and sequence_id is None and deliver_at is None \
+                and deliver_after_ms is None:
+            target.send_plain(content, future)
+        else:
+            if deliver_after_ms is not None:
+                deliver_at = now_ms() + deliver_after_ms
+            options = {"properties": properties, "partition_key": partition_key, "ordering_key": ordering_key,
+                       "event_timestamp": event_timestamp, "sequence_id": sequence_id, "deliver_at": deliver_at}
+            target.send(bytes(content) if not isinstance(content, bytes) else content, options, future)
         conn = target.conn
         if conn is not None and not conn._can_write.is_set():
             await conn.drain()
+        elif target._batch.num_messages == 0 and self._batching:
+            await asyncio.sleep(0)  # a batch went out: let the loop write it and read receipts (bounds latency)
         return future
 
     async def send_many(self, messages) -> asyncio.Future:
@@ -594,6 +621,7 @@ class Producer:
                 conn = target.conn
                 if conn is not None and not conn._can_write.is_set():
                     await conn.drain()
+        await asyncio.sleep(0)  # let the loop write what went out and read receipts (bounds latency)
         return future
 
     async def send(self, content: bytes, **options) -> MessageId:
