@@ -127,6 +127,7 @@ class BrokerConnection(asyncio.Protocol):
         self.last_received = time.monotonic()
         self._keepalive: asyncio.Task | None = None
         self._out: list[bytes] = []
+        self._out_bytes = 0
         self._flush_scheduled = False
 
     # asyncio.Protocol
@@ -175,7 +176,12 @@ class BrokerConnection(asyncio.Protocol):
 
     def write(self, data: bytes) -> None:
         self._out.append(data)
-        if not self._flush_scheduled:
+        self._out_bytes += len(data)
+        if self._out_bytes >= _WRITE_HIGH_WATER:
+            # hand it to the transport now: past its high-water mark it pauses writing, and the
+            # subscriptions stop dispatching, so memory stays bounded however many permits a consumer gives
+            self.flush()
+        elif not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
 
@@ -185,6 +191,7 @@ class BrokerConnection(asyncio.Protocol):
             self.core.commit()  # nothing is acknowledged before it is written
             self.transport.writelines(self._out)
         self._out.clear()
+        self._out_bytes = 0
 
     def command(self, kind: Any, field: str, sub) -> None:
         cmd = T(type=kind)

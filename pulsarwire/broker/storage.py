@@ -137,10 +137,7 @@ class _Segment:
         """Hand every pending record (then its index entries) to the OS."""
         if not self._pending:
             return
-        data = b"".join(self._pending) if len(self._pending) > 1 else self._pending[0]
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self.log_fd, view):]
+        _write_all(self.log_fd, self._pending)
         os.write(self.idx_fd, self._pending_index)
         self.committed_size = self.size
         self._pending.clear()
@@ -169,6 +166,20 @@ class _Segment:
                 os.close(fd)
             except OSError:
                 pass
+
+
+def _write_all(fd: int, buffers: list) -> None:
+    """Write the buffers in order with writev (no joined copy), going on after a short write."""
+    limit = min(os.sysconf("SC_IOV_MAX"), 1024)
+    at = 0
+    while at < len(buffers):
+        chunk = buffers[at:at + limit]
+        written = os.writev(fd, chunk)
+        at += len(chunk)
+        if written < sum(len(b) for b in chunk):  # short write: the rest of this chunk, plainly
+            view = memoryview(b"".join(chunk))[written:]
+            while view:
+                view = view[os.write(fd, view):]
 
 
 class TopicLog:
