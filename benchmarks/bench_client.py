@@ -1,105 +1,160 @@
-"""Client throughput and latency: pulsarwire vs the official `pulsar-client`.
+"""Client throughput and send latency: pulsarwire vs the official `pulsar-client`, each at its best.
 
-Same broker (a separate process: the embedded broker, or pulsar-lite with
---broker pulsar-lite), same payloads, same run. For each client:
+Honest by construction: neither client runs at a configuration picked for it by
+hand. For every broker (the embedded broker and pulsar-lite, each in its own
+process) and message size:
 
-- produce: N messages as fast as the client allows (batching on), throughput
-  and send-to-receipt latency;
-- consume: the same N messages from a backlog, received one by one and
-  acknowledged;
-- e2e: producer and consumer live at a fixed rate; latency is send time
-  (stamped in the payload) to receive time.
+1. search: every configuration in each client's grid of documented settings is
+   run once, the two clients' runs interleaved; each client's fastest is its best.
+   Produce grid: batching delay, batch size, pending limit, and for the official
+   client a Python callback per message or none (`send_async(payload, None)`,
+   then `flush()`); for pulsarwire `send_async` per message or `send_many` of
+   1 000 payloads at a time. Consume grid: receiver queue size, and a plain
+   receive loop or the bulk call (`batch_receive` / `receive_many`); every
+   message is acknowledged on its own on both sides.
+2. rounds: `--rounds` interleaved rounds of each client at its best, and of
+   pulsarwire at the official client's best settings (same settings, same call
+   style: `send_async` per message, `receive` or `receive_many` as the official
+   client used `receive` or `batch_receive`). Medians are reported, with the
+   per-round ratios pulsarwire / official.
 
-    python benchmarks/bench_client.py [--messages 100000] [--size 100] [--broker embedded|pulsar-lite]
+Send latency is sampled (one message in 64, a receipt callback on just that
+message on both sides; one callback per `send_many` call), from just before the
+send call to the receipt, while the producer saturates its pending limit.
+Consumers read the same backlog (written once per broker and size by a
+pulsarwire producer, 1 000-message batches), each from its own subscription.
+
+    python benchmarks/bench_client.py [--messages 100000] [--sizes 100,1024]
+        [--brokers embedded,pulsar-lite] [--rounds 3] [--quick] [--json out.json]
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import statistics
-import struct
 import sys
 import tempfile
-import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import BrokerUnderTest, percentile  # noqa: E402
 
-_STAMP = struct.Struct(">Q")
+SAMPLE_EVERY = 64      # one message in 64 carries a latency callback
+SEND_MANY_CHUNK = 1000  # what an application hands send_many at a time
+STALL_SECONDS = 10
 
 
-def _payload(size):
-    return bytearray(os.urandom(max(size, 8)))
+def payload_list(count, size, distinct=1000):
+    pool = [os.urandom(size) for _ in range(min(distinct, count))]
+    return [pool[i % len(pool)] for i in range(count)]
+
+
+def _grid(**axes):
+    names = list(axes)
+    return [dict(zip(names, values)) for values in itertools.product(*(axes[n] for n in names))]
+
+
+def produce_grids(quick):
+    if quick:
+        official = _grid(callback=["none"], delay_ms=[1, 10], max_messages=[1000], pending=[5000])
+        ours = _grid(api=["send_async", "send_many"], delay_ms=[1, 10], max_messages=[1000], pending=[5000])
+    else:
+        official = _grid(callback=["none"], delay_ms=[1, 10], max_messages=[1000, 5000], pending=[5000, 50000])
+        official.append(dict(callback="each", delay_ms=10, max_messages=1000, pending=5000))
+        ours = _grid(api=["send_async", "send_many"], delay_ms=[1, 10], max_messages=[1000, 5000],
+                     pending=[5000, 50000])
+    from pulsarwire.client import Producer
+    if not hasattr(Producer, "send_many"):
+        ours = [c for c in ours if c["api"] != "send_many"]
+    return official, ours
+
+
+def consume_grids(quick):
+    queues = [1000] if quick else [1000, 10000]
+    return (_grid(api=["receive", "batch_receive"], queue=queues),
+            _grid(api=["receive", "receive_many"], queue=queues))
+
+
+def label(config):
+    return " ".join(f"{k}={v}" for k, v in config.items())
 
 
 # --- pulsarwire --------------------------------------------------------------------
 
-async def ours_produce(url, topic, count, size, delay_ms=1):
+async def _ours_produce(url, topic, payloads, config):
     from pulsarwire import Client
     async with Client(url) as client:
-        producer = await client.create_producer(topic, batching_max_publish_delay_ms=delay_ms,
-                                                max_pending_messages=5000)
-        payload = _payload(size)
+        producer = await client.create_producer(
+            topic, batching_max_publish_delay_ms=config["delay_ms"], batching_max_messages=config["max_messages"],
+            max_pending_messages=config["pending"])
         latencies = []
-        start = time.perf_counter()
-        futures = []
-        for _ in range(count):
-            _STAMP.pack_into(payload, 0, time.time_ns())
-            sent = time.perf_counter()
-            future = await producer.send_async(bytes(payload))
-            future.add_done_callback(lambda f, t=sent: latencies.append(time.perf_counter() - t))
-            futures.append(future)
+        clock = time.perf_counter
+
+        def sampler(sent):
+            return lambda future: latencies.append(clock() - sent)
+        start = clock()
+        if config["api"] == "send_many":
+            for at in range(0, len(payloads), SEND_MANY_CHUNK):
+                sent = clock()
+                receipts = await producer.send_many(payloads[at:at + SEND_MANY_CHUNK])
+                receipts.add_done_callback(sampler(sent))
+        else:
+            send_async = producer.send_async
+            for index, payload in enumerate(payloads):
+                if index % SAMPLE_EVERY:
+                    await send_async(payload)
+                else:
+                    sent = clock()
+                    (await send_async(payload)).add_done_callback(sampler(sent))
         await producer.flush()
-        elapsed = time.perf_counter() - start
+        elapsed = clock() - start
         await producer.close()
-    return count / elapsed, latencies
+    return len(payloads) / elapsed, latencies
 
 
-async def ours_consume(url, topic, count):
+def ours_produce(url, topic, payloads, config):
+    return asyncio.run(_ours_produce(url, topic, payloads, config))
+
+
+async def _ours_consume(url, topic, subscription, count, config):
     from pulsarwire import Client, InitialPosition
     async with Client(url) as client:
-        consumer = await client.subscribe(topic, "bench-ours", initial_position=InitialPosition.Earliest,
-                                          receiver_queue_size=1000)
-        start = None
-        for _ in range(count):
-            message = await consumer.receive(30000)
-            if start is None:
-                start = time.perf_counter()
-            consumer.acknowledge(message)
-        elapsed = time.perf_counter() - start
+        consumer = await client.subscribe(topic, subscription, initial_position=InitialPosition.Earliest,
+                                          receiver_queue_size=config["queue"])
+        acknowledge = consumer.acknowledge
+        got, start = 0, None
+        if config["api"] == "receive_many":
+            while got < count:
+                batch = await consumer.receive_many(1000, STALL_SECONDS * 1000)
+                if not batch:
+                    break
+                if start is None:
+                    start = time.perf_counter()
+                for message in batch:
+                    acknowledge(message)
+                got += len(batch)
+        else:
+            receive = consumer.receive
+            try:
+                while got < count:
+                    message = await receive(STALL_SECONDS * 1000)
+                    if start is None:
+                        start = time.perf_counter()
+                    acknowledge(message)
+                    got += 1
+            except Exception:  # noqa: BLE001 - a timeout: the broker stalled
+                pass
+        elapsed = time.perf_counter() - start if start else 0.0
         await consumer.close()
-    return (count - 1) / elapsed
+    return got, (got - 1) / elapsed if elapsed else 0.0
 
 
-async def ours_e2e(url, topic, rate, seconds, size, delay_ms=1):
-    from pulsarwire import Client, InitialPosition
-    async with Client(url) as client:
-        consumer = await client.subscribe(topic, "e2e", initial_position=InitialPosition.Latest)
-        producer = await client.create_producer(topic, batching_max_publish_delay_ms=delay_ms)
-        payload = _payload(size)
-        total = int(rate * seconds)
-        latencies = []
-
-        async def receive():
-            for _ in range(total):
-                message = await consumer.receive(30000)
-                latencies.append((time.time_ns() - _STAMP.unpack_from(message.payload_view())[0]) / 1e9)
-                consumer.acknowledge(message)
-        receiver = asyncio.ensure_future(receive())
-        start = time.perf_counter()
-        for i in range(total):
-            delay = start + i / rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            _STAMP.pack_into(payload, 0, time.time_ns())
-            await producer.send_async(bytes(payload))
-        await producer.flush()
-        await receiver
-    return latencies
+def ours_consume(url, topic, subscription, count, config):
+    return asyncio.run(_ours_consume(url, topic, subscription, count, config))
 
 
 # --- official client ---------------------------------------------------------------
@@ -109,139 +164,219 @@ def official_client(url):
     return pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
 
 
-def official_produce(url, topic, count, size):
+def official_produce(url, topic, payloads, config):
     client = official_client(url)
-    producer = client.create_producer(topic, batching_enabled=True, batching_max_publish_delay_ms=1,
-                                      max_pending_messages=5000, block_if_queue_full=True)
-    payload = _payload(size)
+    producer = client.create_producer(
+        topic, batching_enabled=True, batching_max_publish_delay_ms=config["delay_ms"],
+        batching_max_messages=config["max_messages"], max_pending_messages=config["pending"],
+        max_pending_messages_across_partitions=max(50000, config["pending"]), block_if_queue_full=True)
     latencies = []
-    lock = threading.Lock()
-    start = time.perf_counter()
-    for _ in range(count):
-        _STAMP.pack_into(payload, 0, time.time_ns())
-        sent = time.perf_counter()
+    clock = time.perf_counter
+    send_async = producer.send_async
 
-        def done(result, message_id, t=sent):
-            with lock:
-                latencies.append(time.perf_counter() - t)
-        producer.send_async(bytes(payload), done)
+    def sampler(sent):
+        return lambda result, message_id: latencies.append(clock() - sent)
+    every = config["callback"] == "each"
+    start = clock()
+    for index, payload in enumerate(payloads):
+        if index % SAMPLE_EVERY == 0:
+            send_async(payload, sampler(clock()))
+        elif every:
+            send_async(payload, lambda result, message_id: None)
+        else:
+            send_async(payload, None)
     producer.flush()
-    elapsed = time.perf_counter() - start
+    elapsed = clock() - start
     producer.close()
     client.close()
-    return count / elapsed, latencies
+    return len(payloads) / elapsed, latencies
 
 
-def official_consume(url, topic, count):
+def official_consume(url, topic, subscription, count, config):
     import pulsar
     client = official_client(url)
-    consumer = client.subscribe(topic, "bench-official", initial_position=pulsar.InitialPosition.Earliest,
-                                receiver_queue_size=1000)
-    start = None
-    for _ in range(count):
-        message = consumer.receive(30000)
-        if start is None:
-            start = time.perf_counter()
-        consumer.acknowledge(message)
-    elapsed = time.perf_counter() - start
+    options = {}
+    if config["api"] == "batch_receive":
+        options["batch_receive_policy"] = pulsar.ConsumerBatchReceivePolicy(1000, -1, 100)
+    consumer = client.subscribe(topic, subscription, initial_position=pulsar.InitialPosition.Earliest,
+                                receiver_queue_size=config["queue"], **options)
+    acknowledge = consumer.acknowledge
+    got, start = 0, None
+    if config["api"] == "batch_receive":
+        deadline = time.perf_counter() + STALL_SECONDS
+        while got < count and time.perf_counter() < deadline:
+            batch = consumer.batch_receive()
+            if not batch:
+                continue
+            if start is None:
+                start = time.perf_counter()
+            for message in batch:
+                acknowledge(message)
+            got += len(batch)
+            deadline = time.perf_counter() + STALL_SECONDS
+    else:
+        try:
+            while got < count:
+                message = consumer.receive(STALL_SECONDS * 1000)
+                if start is None:
+                    start = time.perf_counter()
+                acknowledge(message)
+                got += 1
+        except Exception:  # noqa: BLE001 - pulsar.Timeout: the broker stalled
+            pass
+    elapsed = time.perf_counter() - start if start else 0.0
     consumer.close()
     client.close()
-    return (count - 1) / elapsed
+    return got, (got - 1) / elapsed if elapsed else 0.0
 
 
-def official_e2e(url, topic, rate, seconds, size):
-    import pulsar
-    client = official_client(url)
-    consumer = client.subscribe(topic, "e2e", initial_position=pulsar.InitialPosition.Latest)
-    producer = client.create_producer(topic, batching_enabled=True, batching_max_publish_delay_ms=1)
-    total = int(rate * seconds)
-    latencies = []
+CLIENTS = {"official": (official_produce, official_consume), "pulsarwire": (ours_produce, ours_consume)}
 
-    def receive():
-        for _ in range(total):
-            message = consumer.receive(30000)
-            latencies.append((time.time_ns() - _STAMP.unpack_from(message.data())[0]) / 1e9)
-            consumer.acknowledge(message)
-    receiver = threading.Thread(target=receive)
-    receiver.start()
-    payload = _payload(size)
-    start = time.perf_counter()
-    for i in range(total):
-        delay = start + i / rate - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
-        _STAMP.pack_into(payload, 0, time.time_ns())
-        producer.send_async(bytes(payload), None)
-    producer.flush()
-    receiver.join()
-    client.close()
-    return latencies
+
+def same_settings(kind, official_config):
+    """pulsarwire at the official client's settings and call style."""
+    if kind == "produce":
+        return dict(api="send_async", delay_ms=official_config["delay_ms"],
+                    max_messages=official_config["max_messages"], pending=official_config["pending"])
+    return dict(api="receive_many" if official_config["api"] == "batch_receive" else "receive",
+                queue=official_config["queue"])
 
 
 # --- driver ------------------------------------------------------------------------
 
-def run(broker_kind, messages, size, rate, seconds, repeat=1):
-    """Each client is measured `repeat` times, rounds interleaved; medians are reported."""
-    rounds = [_run_once(broker_kind, messages, size, rate, seconds) for _ in range(repeat)]
+class Runner:
+    def __init__(self, broker, size, messages):
+        self.broker = broker
+        self.payloads = payload_list(messages, size)
+        self.messages = messages
+        self.backlog = None
+        self.subscriptions = itertools.count()
+
+    def produce(self, client, config):
+        topic = f"bench-{client}-{time.time_ns()}"
+        rate, latencies = CLIENTS[client][0](self.broker.url, topic, self.payloads, config)
+        return {"msg_per_s": rate, "latencies": latencies}
+
+    def consume(self, client, config):
+        if self.backlog is None:
+            self.backlog = f"bench-backlog-{time.time_ns()}"
+            ours_produce(self.broker.url, self.backlog, self.payloads,
+                         dict(api="send_async", delay_ms=10, max_messages=1000, pending=5000))
+        got, rate = CLIENTS[client][1](self.broker.url, self.backlog, f"sub-{next(self.subscriptions)}",
+                                       self.messages, config)
+        return {"msg_per_s": rate, "got": got}
+
+
+def search(runner, kind, grids):
+    """Each configuration once, the clients' runs interleaved; the fastest of each."""
+    best, tried = {}, []
+    pairs = list(itertools.zip_longest(*([(client, c) for c in grid] for client, grid in grids.items())))
+    for pair in pairs:
+        for entry in pair:
+            if entry is None:
+                continue
+            client, config = entry
+            result = getattr(runner, kind)(client, config)
+            tried.append({"client": client, "config": label(config), "msg_per_s": result["msg_per_s"]})
+            print(f"  search {kind:<8}{client:<11}{label(config):<55}{result['msg_per_s']:>13,.0f} msg/s",
+                  flush=True)
+            if client not in best or result["msg_per_s"] > best[client][1]:
+                best[client] = (config, result["msg_per_s"])
+    return {client: config for client, (config, _) in best.items()}, tried
+
+
+def measure(runner, kind, best, rounds):
+    """Interleaved rounds of: official at its best, pulsarwire at its best, pulsarwire at the official's settings."""
+    entries = [("official", best["official"]), ("pulsarwire", best["pulsarwire"]),
+               ("pulsarwire-same", same_settings(kind, best["official"]))]
+    samples = {name: [] for name, _ in entries}
+    for round_index in range(rounds):
+        order = entries if round_index % 2 == 0 else entries[::-1]
+        for name, config in order:
+            samples[name].append(getattr(runner, kind)(name.split("-")[0], config))
+    return entries, samples
+
+
+def summarise(broker_kind, size, messages, kind, entries, samples, tried):
+    configs = dict(entries)
+    official = [s["msg_per_s"] for s in samples["official"]]
     rows = []
-    for index, first in enumerate(rounds[0]):
-        row = dict(first, runs=repeat)
-        for key, value in first.items():
-            if isinstance(value, float):
-                row[key] = statistics.median(r[index][key] for r in rounds)
+    for title, ours_name in (("each at its best", "pulsarwire"), ("same settings", "pulsarwire-same")):
+        ours = [s["msg_per_s"] for s in samples[ours_name]]
+        ratios = [o / b if b else float("nan") for o, b in zip(ours, official)]
+        row = {"broker": broker_kind, "size": size, "kind": kind, "row": title,
+               "official_config": label(configs["official"]), "pulsarwire_config": label(configs[ours_name]),
+               "official_msg_per_s": statistics.median(official), "pulsarwire_msg_per_s": statistics.median(ours),
+               "ratio_of_medians": statistics.median(ours) / statistics.median(official),
+               "ratio_per_round": ratios, "ratio_median": statistics.median(ratios), "rounds": len(ours)}
+        if kind == "produce":
+            for client, name in (("official", "official"), ("pulsarwire", ours_name)):
+                lat = [x for s in samples[name] for x in s["latencies"]]
+                row[f"{client}_send_p50_ms"] = percentile(lat, 0.5) * 1000
+                row[f"{client}_send_p99_ms"] = percentile(lat, 0.99) * 1000
+        else:
+            row["complete"] = all(s["got"] >= messages for s in samples["official"] + samples[ours_name])
         rows.append(row)
+    rows[0]["search"] = tried
     return rows
 
 
-def _run_once(broker_kind, messages, size, rate, seconds):
+def run(brokers, sizes, messages, rounds, quick):
     rows = []
-    with BrokerUnderTest(broker_kind, tempfile.mkdtemp(prefix="bench-client-")) as broker:
-        # batch delay 1 ms for both clients; "pulsarwire-d0" adds delay 0: a batch is what the
-        # application sent in one event-loop turn (natural batching, flushed at once)
-        for name in ("official", "pulsarwire", "pulsarwire-d0"):
-            topic = f"bench-{name}-{time.time_ns()}"
-            if name.startswith("pulsarwire"):
-                delay = 0 if name.endswith("d0") else 1
-                produced, send_lat = asyncio.run(ours_produce(broker.url, topic, messages, size, delay))
-                consumed = asyncio.run(ours_consume(broker.url, topic, messages))
-                e2e = asyncio.run(ours_e2e(broker.url, topic + "-e2e", rate, seconds, size, delay))
-            else:
-                produced, send_lat = official_produce(broker.url, topic, messages, size)
-                consumed = official_consume(broker.url, topic, messages)
-                e2e = official_e2e(broker.url, topic + "-e2e", rate, seconds, size)
-            rows.append({"client": name, "broker": broker_kind, "messages": messages, "size": size,
-                         "produce_msg_per_s": produced, "consume_msg_per_s": consumed,
-                         "send_p50_ms": percentile(send_lat, 0.5) * 1000,
-                         "send_p99_ms": percentile(send_lat, 0.99) * 1000,
-                         "e2e_rate": rate, "e2e_p50_ms": percentile(e2e, 0.5) * 1000,
-                         "e2e_p99_ms": percentile(e2e, 0.99) * 1000})
+    for broker_kind in brokers:
+        with BrokerUnderTest(broker_kind, tempfile.mkdtemp(prefix="bench-client-")) as broker:
+            for size in sizes:
+                runner = Runner(broker, size, messages)
+                official_grid, ours_grid = produce_grids(quick)
+                for kind, (official_grid, ours_grid) in (("produce", (official_grid, ours_grid)),
+                                                         ("consume", consume_grids(quick))):
+                    print(f"{broker_kind}, {size} B, {kind}:", flush=True)
+                    best, tried = search(runner, kind, {"official": official_grid, "pulsarwire": ours_grid})
+                    entries, samples = measure(runner, kind, best, rounds)
+                    for row in summarise(broker_kind, size, messages, kind, entries, samples, tried):
+                        rows.append(row)
+                        print_row(row)
     return rows
+
+
+def print_row(row):
+    latency = ""
+    if row["kind"] == "produce":
+        latency = (f"  send p99 ms official {row['official_send_p99_ms']:.1f}, "
+                   f"pulsarwire {row['pulsarwire_send_p99_ms']:.1f}")
+    print(f"  {row['kind']} {row['row']:<17} official {row['official_msg_per_s']:>11,.0f}  pulsarwire "
+          f"{row['pulsarwire_msg_per_s']:>11,.0f}  ratio {row['ratio_of_medians']:.2f} (rounds: "
+          + ", ".join(f"{r:.2f}" for r in row["ratio_per_round"]) + ")" + latency, flush=True)
+    print(f"      official: {row['official_config']} | pulsarwire: {row['pulsarwire_config']}", flush=True)
 
 
 def print_table(rows):
-    print(f"{'client':<15}{'broker':<13}{'produce msg/s':>15}{'consume msg/s':>15}"
-          f"{'send p50':>10}{'send p99':>10}{'e2e p50':>10}{'e2e p99':>10}")
+    print(f"\n{'broker':<12}{'size':>6} {'':<8}{'row':<18}{'official msg/s':>15}{'pulsarwire msg/s':>17}"
+          f"{'ratio':>7}  {'per round':<20}{'p99 ms off/pw':>14}")
     for r in rows:
-        print(f"{r['client']:<15}{r['broker']:<13}{r['produce_msg_per_s']:>15,.0f}{r['consume_msg_per_s']:>15,.0f}"
-              f"{r['send_p50_ms']:>10.2f}{r['send_p99_ms']:>10.2f}{r['e2e_p50_ms']:>10.2f}{r['e2e_p99_ms']:>10.2f}")
-    print(f"(latencies in ms; medians of {rows[0]['runs']} runs)")
+        p99 = (f"{r['official_send_p99_ms']:.1f}/{r['pulsarwire_send_p99_ms']:.1f}" if r["kind"] == "produce" else "")
+        print(f"{r['broker']:<12}{r['size']:>6} {r['kind']:<8}{r['row']:<18}{r['official_msg_per_s']:>15,.0f}"
+              f"{r['pulsarwire_msg_per_s']:>17,.0f}{r['ratio_of_medians']:>7.2f}  "
+              f"{','.join(f'{x:.2f}' for x in r['ratio_per_round']):<20}{p99:>14}")
+    print(f"(medians of {rows[0]['rounds']} interleaved rounds; ratio = pulsarwire / official)")
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=100_000)
-    parser.add_argument("--size", type=int, default=100)
-    parser.add_argument("--rate", type=float, default=2000, help="e2e messages per second")
-    parser.add_argument("--seconds", type=float, default=3, help="e2e duration")
-    parser.add_argument("--broker", default="embedded", choices=["embedded", "pulsar-lite"])
-    parser.add_argument("--repeat", type=int, default=3, help="measurements per client; medians are reported")
+    parser.add_argument("--sizes", default="100,1024", help="message sizes in bytes, comma-separated")
+    parser.add_argument("--brokers", default="embedded,pulsar-lite")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds at the best settings")
+    parser.add_argument("--quick", action="store_true", help="a smaller grid")
     parser.add_argument("--json", help="write rows as JSON here")
     args = parser.parse_args(argv)
-    rows = run(args.broker, args.messages, args.size, args.rate, args.seconds, args.repeat)
+    rows = run(args.brokers.split(","), [int(s) for s in args.sizes.split(",")], args.messages, args.rounds,
+               args.quick)
     print_table(rows)
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"benchmark": "client", "rows": rows}, fh, indent=1)
+            json.dump({"benchmark": "client", "argv": argv if argv is not None else sys.argv[1:], "rows": rows},
+                      fh, indent=1)
     return rows
 
 

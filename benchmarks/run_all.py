@@ -64,8 +64,14 @@ def plot(results: dict, path: str) -> None:
     axes[0].set_ylabel("million messages/s (one core)")
     axes[0].legend()
 
-    _produce_consume_bars(axes[1], [r["client"] for r in results["client"]], results["client"],
-                          "client, embedded broker")
+    client_rows = results["client"]
+    labels = [f"{r['kind']} {r['size']}B\n{r['broker']}\n{'best' if r['row'].startswith('each') else 'same'}"
+              for r in client_rows]
+    axes[1].bar(range(len(client_rows)), [r["ratio_of_medians"] for r in client_rows])
+    axes[1].axhline(1.0, color="grey", linewidth=0.8)
+    axes[1].set_xticks(range(len(client_rows)), labels, fontsize=6)
+    axes[1].set_yscale("log")
+    axes[1].set_title("client: pulsarwire / official (each at its best; same settings)")
     _produce_consume_bars(axes[2], [f"{r['broker']}\n{r['client']}" for r in results["broker"]],
                           results["broker"], "broker: embedded vs pulsar-lite")
     fig.tight_layout()
@@ -79,15 +85,18 @@ def main(argv=None) -> dict:
     parser.add_argument("--codec-seconds", type=float, default=0.5)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="the client benchmark's smaller grid")
+    parser.add_argument("--raw-messages", type=int, default=500_000, help="messages in each raw broker run")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     started = time.time()
     print("== codec ==")
     codec_rows = bench_codec.main(["--seconds", str(args.codec_seconds)])
     print("\n== client ==")
-    client_rows = bench_client.main(["--messages", str(args.messages), "--size", str(args.size)])
+    client_rows = bench_client.main(["--messages", str(args.messages)] + (["--quick"] if args.quick else []))
     print("\n== broker ==")
-    broker_rows = bench_broker.main(["--messages", str(args.messages), "--size", str(args.size)])
+    broker_rows = bench_broker.main(["--messages", str(args.messages), "--size", str(args.size),
+                                     "--raw-messages", str(args.raw_messages), "--stall", "3"])
     results = {"command": " ".join([os.path.basename(sys.executable), "benchmarks/run_all.py", *(argv or sys.argv[1:])]),
                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
                "seconds": round(time.time() - started, 1), "versions": versions(),

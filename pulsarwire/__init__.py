@@ -8,10 +8,10 @@ from .client import (  # noqa: E402
     Reader,
 )
 from .errors import *  # noqa: E402,F401,F403
-from .messages import Message, MessageId  # noqa: E402
+from .messages import Message, MessageId, MessageIds  # noqa: E402
 from .routing import HashingScheme, RoutingMode  # noqa: E402
 
 __all__ = [
     "__version__", "AuthenticationToken", "Client", "CompressionType", "Consumer", "ConsumerType",
-    "HashingScheme", "InitialPosition", "Message", "MessageId", "Producer", "Reader", "RoutingMode",
+    "HashingScheme", "InitialPosition", "Message", "MessageId", "MessageIds", "Producer", "Reader", "RoutingMode",
 ]

@@ -581,6 +581,26 @@ cdef inline int _varint(const uint8_t* buf, Py_ssize_t* pos, Py_ssize_t end, uin
     return _varint_long(buf, pos, end, out)
 
 
+cdef inline uint64_t _be64(uint64_t value) noexcept nogil:
+    """A big-endian 64-bit word as loaded on this machine, in host order."""
+    cdef uint64_t out = 0
+    cdef const uint8_t* b = <const uint8_t*>&value
+    cdef int i
+    for i in range(8):
+        out = (out << 8) | b[i]
+    return out
+
+
+cdef inline int _varint2(const uint8_t* buf, Py_ssize_t* pos, Py_ssize_t end, uint64_t* out) noexcept nogil:
+    """_varint with the two-byte case inline too (payload sizes under 16 KiB, small sequence ids)."""
+    cdef Py_ssize_t p = pos[0]
+    if end - p >= 2 and buf[p] >= 0x80 and buf[p + 1] < 0x80:
+        out[0] = (buf[p] & 0x7F) | (<uint64_t>buf[p + 1] << 7)
+        pos[0] = p + 2
+        return SCAN_OK
+    return _varint(buf, pos, end, out)
+
+
 cdef inline int _skip(const uint8_t* buf, Py_ssize_t* pos, Py_ssize_t end, uint32_t wire_type) noexcept nogil:
     cdef uint64_t value
     cdef int status
@@ -1142,23 +1162,146 @@ cdef class Columns:
 
     cdef readonly Py_ssize_t count
     cdef readonly object payloads, payload_offsets
-    cdef readonly object partition_keys, partition_key_offsets, has_partition_key
-    cdef readonly object ordering_keys, ordering_key_offsets, has_ordering_key
-    cdef readonly object property_offsets, property_keys, property_key_offsets
-    cdef readonly object property_values, property_value_offsets
-    cdef readonly object event_times, sequence_ids, has_sequence_id, batch_indexes
-    cdef readonly object compacted_out, null_value, null_partition_key, partition_key_b64_encoded
+    # Columns that are often empty, all zeros or 0, 1, 2, ... are made when first read if the
+    # split left them None: making and writing them costs as much as copying half the payloads
+    # of a batch of small messages.
+    cdef object _partition_key_offsets, _ordering_key_offsets, _property_offsets
+    cdef object _event_times, _sequence_ids, _batch_indexes
+    cdef object _partition_keys, _ordering_keys, _property_keys, _property_values
+    cdef object _property_key_offsets, _property_value_offsets
+    cdef object _has_partition_key, _has_ordering_key, _has_sequence_id
+    cdef object _compacted_out, _null_value, _null_partition_key, _partition_key_b64_encoded
+
+    @property
+    def partition_keys(self):
+        if self._partition_keys is None:
+            self._partition_keys = _empty_bytes()
+        return self._partition_keys
+
+    @property
+    def ordering_keys(self):
+        if self._ordering_keys is None:
+            self._ordering_keys = _empty_bytes()
+        return self._ordering_keys
+
+    @property
+    def property_keys(self):
+        if self._property_keys is None:
+            self._property_keys = _empty_bytes()
+        return self._property_keys
+
+    @property
+    def property_values(self):
+        if self._property_values is None:
+            self._property_values = _empty_bytes()
+        return self._property_values
+
+    @property
+    def property_key_offsets(self):
+        if self._property_key_offsets is None:
+            self._property_key_offsets = array.clone(_INT64, 1, True)
+        return self._property_key_offsets
+
+    @property
+    def property_value_offsets(self):
+        if self._property_value_offsets is None:
+            self._property_value_offsets = array.clone(_INT64, 1, True)
+        return self._property_value_offsets
+
+    @property
+    def has_partition_key(self):
+        if self._has_partition_key is None:
+            self._has_partition_key = _bitmap(self.count)
+        return self._has_partition_key
+
+    @property
+    def has_ordering_key(self):
+        if self._has_ordering_key is None:
+            self._has_ordering_key = _bitmap(self.count)
+        return self._has_ordering_key
+
+    @property
+    def has_sequence_id(self):
+        if self._has_sequence_id is None:
+            self._has_sequence_id = _bitmap(self.count)
+        return self._has_sequence_id
+
+    @property
+    def compacted_out(self):
+        if self._compacted_out is None:
+            self._compacted_out = _bitmap(self.count)
+        return self._compacted_out
+
+    @property
+    def null_value(self):
+        if self._null_value is None:
+            self._null_value = _bitmap(self.count)
+        return self._null_value
+
+    @property
+    def null_partition_key(self):
+        if self._null_partition_key is None:
+            self._null_partition_key = _bitmap(self.count)
+        return self._null_partition_key
+
+    @property
+    def partition_key_b64_encoded(self):
+        if self._partition_key_b64_encoded is None:
+            self._partition_key_b64_encoded = _bitmap(self.count)
+        return self._partition_key_b64_encoded
+
+    @property
+    def partition_key_offsets(self):
+        if self._partition_key_offsets is None:
+            self._partition_key_offsets = array.clone(_INT64, self.count + 1, True)
+        return self._partition_key_offsets
+
+    @property
+    def ordering_key_offsets(self):
+        if self._ordering_key_offsets is None:
+            self._ordering_key_offsets = array.clone(_INT64, self.count + 1, True)
+        return self._ordering_key_offsets
+
+    @property
+    def property_offsets(self):
+        if self._property_offsets is None:
+            self._property_offsets = array.clone(_INT64, self.count + 1, True)
+        return self._property_offsets
+
+    @property
+    def event_times(self):
+        if self._event_times is None:
+            self._event_times = array.clone(_UINT64, self.count, True)
+        return self._event_times
+
+    @property
+    def sequence_ids(self):
+        if self._sequence_ids is None:
+            self._sequence_ids = array.clone(_UINT64, self.count, True)
+        return self._sequence_ids
+
+    @property
+    def batch_indexes(self):
+        cdef array.array indexes
+        cdef Py_ssize_t index
+        if self._batch_indexes is None:
+            indexes = array.clone(_INT64, self.count, False)
+            for index in range(self.count):
+                indexes.data.as_longlongs[index] = index
+            self._batch_indexes = indexes
+        return self._batch_indexes
 
     def __init__(self, *values):
         if len(values) != len(_COLUMN_FIELDS):
             raise TypeError(f"Columns takes {len(_COLUMN_FIELDS)} values, got {len(values)}")
         (self.count, self.payloads, self.payload_offsets,
-         self.partition_keys, self.partition_key_offsets, self.has_partition_key,
-         self.ordering_keys, self.ordering_key_offsets, self.has_ordering_key,
-         self.property_offsets, self.property_keys, self.property_key_offsets,
-         self.property_values, self.property_value_offsets,
-         self.event_times, self.sequence_ids, self.has_sequence_id, self.batch_indexes,
-         self.compacted_out, self.null_value, self.null_partition_key, self.partition_key_b64_encoded) = values
+         self._partition_keys, self._partition_key_offsets, self._has_partition_key,
+         self._ordering_keys, self._ordering_key_offsets, self._has_ordering_key,
+         self._property_offsets, self._property_keys, self._property_key_offsets,
+         self._property_values, self._property_value_offsets,
+         self._event_times, self._sequence_ids, self._has_sequence_id, self._batch_indexes,
+         self._compacted_out, self._null_value, self._null_partition_key,
+         self._partition_key_b64_encoded) = values
 
     def __len__(self):
         return self.count
@@ -1293,6 +1436,15 @@ cdef inline void _set_bit(uint8_t* bitmap, Py_ssize_t index) noexcept nogil:
     bitmap[index >> 3] |= <uint8_t>(1 << (index & 7))
 
 
+cdef inline void _or_word(uint8_t* bitmap, Py_ssize_t rows, Py_ssize_t word, uint64_t bits) noexcept nogil:
+    """OR bits for rows word * 64 to word * 64 + 63 into a bitmap of `rows` rows."""
+    cdef Py_ssize_t byte = word * 8, stop = min(byte + 8, (rows + 7) >> 3)
+    while byte < stop:
+        bitmap[byte] |= <uint8_t>(bits & 0xFF)
+        bits >>= 8
+        byte += 1
+
+
 def split_columns(metadata, payload):
     """Split an uncompressed payload into Columns: contiguous buffers and offset arrays.
 
@@ -1319,8 +1471,10 @@ cdef Columns _split_batch_columns(const uint8_t* buf, Py_ssize_t end, long count
     # Every byte copied out comes from a distinct byte of buf[:end], so payloads
     # (allocated at `end` bytes, trimmed at the end) never grows; the other byte
     # columns start empty and grow by doubling.
-    cdef Py_ssize_t index, pos = 0, smm_end, size, pairs = 0, property_pos
+    cdef Py_ssize_t index, pos = 0, smm_end, size, pairs = 0, property_pos, p
     cdef Py_ssize_t spans[4]
+    cdef uint64_t value, head, sequence_bits = 0
+    cdef Py_ssize_t sequence_word = 0
     cdef int64_t at
     cdef int status
     cdef SmmFields fields
@@ -1329,52 +1483,88 @@ cdef Columns _split_batch_columns(const uint8_t* buf, Py_ssize_t end, long count
     cdef bytearray payloads = PyByteArray_FromStringAndSize(NULL, end)
     cdef char* payload_out = PyByteArray_AS_STRING(payloads)
     cdef Py_ssize_t payload_size = 0
-    cdef bytearray partition_keys = _empty_bytes(), ordering_keys = _empty_bytes()
-    cdef bytearray property_keys = _empty_bytes(), property_values = _empty_bytes()
-    cdef bytearray property_key_ends = _empty_bytes(), property_value_ends = _empty_bytes()
+    # The sinks and bitmaps below are opened on the first row that needs them.
+    cdef bytearray partition_keys = None, ordering_keys = None
+    cdef bytearray property_keys = None, property_values = None
+    cdef bytearray property_key_ends = None, property_value_ends = None
     cdef _Sink keys_out, ordering_out
     cdef _PropertySinks properties_out
-    _sink_open(&keys_out, partition_keys)
-    _sink_open(&ordering_out, ordering_keys)
-    _sink_open(&properties_out.keys, property_keys)
-    _sink_open(&properties_out.values, property_values)
-    _sink_open(&properties_out.key_ends, property_key_ends)
-    _sink_open(&properties_out.value_ends, property_value_ends)
-    at = 0
-    _sink_write(&properties_out.key_ends, &at, 8)
-    _sink_write(&properties_out.value_ends, &at, 8)
+    memset(&keys_out, 0, sizeof(_Sink))
+    memset(&ordering_out, 0, sizeof(_Sink))
+    memset(&properties_out, 0, sizeof(_PropertySinks))
 
     cdef array.array payload_offsets = array.clone(_INT64, rows + 1, False)
-    cdef array.array partition_key_offsets = array.clone(_INT64, rows + 1, False)
-    cdef array.array ordering_key_offsets = array.clone(_INT64, rows + 1, False)
-    cdef array.array property_offsets = array.clone(_INT64, rows + 1, False)
-    cdef array.array event_times = array.clone(_UINT64, rows, False)
-    cdef array.array sequence_ids = array.clone(_UINT64, rows, False)
-    cdef array.array batch_indexes = array.clone(_INT64, rows, False)
+    # Made on the first row that needs them (zeroed), else left to Columns to make when read.
+    cdef array.array partition_key_offsets = None, ordering_key_offsets = None, property_offsets = None
+    cdef array.array event_times = None, sequence_ids = None
     cdef long long* payload_ends = payload_offsets.data.as_longlongs
-    cdef long long* key_ends = partition_key_offsets.data.as_longlongs
-    cdef long long* ordering_ends = ordering_key_offsets.data.as_longlongs
-    cdef long long* property_ends = property_offsets.data.as_longlongs
-    cdef unsigned long long* event_time_out = event_times.data.as_ulonglongs
-    cdef unsigned long long* sequence_id_out = sequence_ids.data.as_ulonglongs
-    cdef long long* batch_index_out = batch_indexes.data.as_longlongs
-    cdef bytearray has_partition_key = _bitmap(rows), has_ordering_key = _bitmap(rows)
-    cdef bytearray has_sequence_id = _bitmap(rows), compacted_out = _bitmap(rows)
-    cdef bytearray null_value = _bitmap(rows), null_partition_key = _bitmap(rows)
-    cdef bytearray partition_key_b64_encoded = _bitmap(rows)
-    cdef uint8_t* has_key_bits = <uint8_t*>PyByteArray_AS_STRING(has_partition_key)
-    cdef uint8_t* has_ordering_bits = <uint8_t*>PyByteArray_AS_STRING(has_ordering_key)
-    cdef uint8_t* has_sequence_bits = <uint8_t*>PyByteArray_AS_STRING(has_sequence_id)
-    cdef uint8_t* compacted_bits = <uint8_t*>PyByteArray_AS_STRING(compacted_out)
-    cdef uint8_t* null_value_bits = <uint8_t*>PyByteArray_AS_STRING(null_value)
-    cdef uint8_t* null_key_bits = <uint8_t*>PyByteArray_AS_STRING(null_partition_key)
-    cdef uint8_t* b64_bits = <uint8_t*>PyByteArray_AS_STRING(partition_key_b64_encoded)
-    payload_ends[0] = key_ends[0] = ordering_ends[0] = property_ends[0] = 0
+    cdef long long* key_ends = NULL
+    cdef long long* ordering_ends = NULL
+    cdef long long* property_ends = NULL
+    cdef unsigned long long* event_time_out = NULL
+    cdef unsigned long long* sequence_id_out = NULL
+    cdef bytearray has_partition_key = None, has_ordering_key = None
+    cdef bytearray has_sequence_id = None, compacted_out = None
+    cdef bytearray null_value = None, null_partition_key = None
+    cdef bytearray partition_key_b64_encoded = None
+    cdef uint8_t* has_key_bits = NULL
+    cdef uint8_t* has_ordering_bits = NULL
+    cdef uint8_t* has_sequence_bits = NULL
+    cdef uint8_t* compacted_bits = NULL
+    cdef uint8_t* null_value_bits = NULL
+    cdef uint8_t* null_key_bits = NULL
+    cdef uint8_t* b64_bits = NULL
+    payload_ends[0] = 0
     # Most batches carry no keys or properties: those columns' offsets are written
     # when a row has one, and for the rows before it then (and at the end).
     cdef Py_ssize_t keys_filled = 0, ordering_filled = 0, properties_filled = 0
 
     for index in range(rows):
+        # Fast path: a SingleMessageMetadata of payload_size and at most a sequence_id after it,
+        # as the official clients write it; anything else (errors too) goes the general way.
+        # The next entry's place depends only on smm_size and payload_size, which one 8-byte
+        # load holds; the rest is checked off that chain of dependent loads.
+        if end - pos >= 8:
+            memcpy(&head, buf + pos, 8)
+            head = _be64(head)
+            smm_end = pos + 4 + <Py_ssize_t>(head >> 32)
+            size = -1
+            if ((head >> 24) & 0xFF) == 0x18:
+                if ((head >> 16) & 0x80) == 0:
+                    size = <Py_ssize_t>((head >> 16) & 0x7F)
+                    p = pos + 6
+                elif ((head >> 8) & 0x80) == 0:
+                    size = <Py_ssize_t>(((head >> 16) & 0x7F) | ((head >> 1) & 0x3F80))
+                    p = pos + 7
+            if size >= 0 and p <= smm_end and smm_end <= end and size <= end - smm_end:
+                if True:
+                    if p != smm_end:
+                        if buf[p] == 0x40:
+                            p += 1
+                            if _varint2(buf, &p, smm_end, &value) != SCAN_OK or p != smm_end:
+                                size = -1
+                            else:
+                                if sequence_id_out == NULL:
+                                    sequence_ids = array.clone(_UINT64, rows, True)
+                                    sequence_id_out = sequence_ids.data.as_ulonglongs
+                                sequence_id_out[index] = value
+                                if has_sequence_bits == NULL:
+                                    has_sequence_id = _bitmap(rows)
+                                    has_sequence_bits = <uint8_t*>PyByteArray_AS_STRING(has_sequence_id)
+                                # bits gathered 64 rows at a time: no read-modify-write of memory per row
+                                if (index >> 6) != sequence_word:
+                                    _or_word(has_sequence_bits, rows, sequence_word, sequence_bits)
+                                    sequence_word = index >> 6
+                                    sequence_bits = 0
+                                sequence_bits |= (<uint64_t>1) << (index & 63)
+                        else:
+                            size = -1
+                    if size >= 0:
+                        _copy(payload_out + payload_size, buf + smm_end, size)
+                        payload_size += size
+                        payload_ends[index + 1] = payload_size
+                        pos = smm_end + size
+                        continue
         status = _batch_entry(buf, pos, end, True, &fields, &smm_end)
         if status != SCAN_OK:
             _raise_entry(status, buf, pos, end, index, count, &fields)
@@ -1383,16 +1573,47 @@ cdef Columns _split_batch_columns(const uint8_t* buf, Py_ssize_t end, long count
         payload_size += size
         payload_ends[index + 1] = payload_size
         if fields.key_size >= 0:
+            if partition_keys is None:
+                partition_keys = _empty_bytes()
+                _sink_open(&keys_out, partition_keys)
+            if key_ends == NULL:
+                partition_key_offsets = array.clone(_INT64, rows + 1, True)
+                key_ends = partition_key_offsets.data.as_longlongs
             at = keys_out.size
             _sink_write(&keys_out, buf + fields.key_start, fields.key_size)
             _end_row(key_ends, &keys_filled, index, at, keys_out.size)
+            if has_key_bits == NULL:
+                has_partition_key = _bitmap(rows)
+                has_key_bits = <uint8_t*>PyByteArray_AS_STRING(has_partition_key)
             _set_bit(has_key_bits, index)
         if fields.ordering_key_size >= 0:
+            if ordering_keys is None:
+                ordering_keys = _empty_bytes()
+                _sink_open(&ordering_out, ordering_keys)
+            if ordering_ends == NULL:
+                ordering_key_offsets = array.clone(_INT64, rows + 1, True)
+                ordering_ends = ordering_key_offsets.data.as_longlongs
             at = ordering_out.size
             _sink_write(&ordering_out, buf + fields.ordering_key_start, fields.ordering_key_size)
             _end_row(ordering_ends, &ordering_filled, index, at, ordering_out.size)
+            if has_ordering_bits == NULL:
+                has_ordering_key = _bitmap(rows)
+                has_ordering_bits = <uint8_t*>PyByteArray_AS_STRING(has_ordering_key)
             _set_bit(has_ordering_bits, index)
         if fields.property_count:
+            if property_keys is None:
+                property_keys, property_values = _empty_bytes(), _empty_bytes()
+                property_key_ends, property_value_ends = _empty_bytes(), _empty_bytes()
+                _sink_open(&properties_out.keys, property_keys)
+                _sink_open(&properties_out.values, property_values)
+                _sink_open(&properties_out.key_ends, property_key_ends)
+                _sink_open(&properties_out.value_ends, property_value_ends)
+                at = 0
+                _sink_write(&properties_out.key_ends, &at, 8)
+                _sink_write(&properties_out.value_ends, &at, 8)
+            if property_ends == NULL:
+                property_offsets = array.clone(_INT64, rows + 1, True)
+                property_ends = property_offsets.data.as_longlongs
             if fields.property_count <= SMM_KEPT_PROPERTIES:
                 for pair in range(fields.property_count):
                     _write_property(&properties_out, buf, &fields.property_spans[pair][0])
@@ -1402,55 +1623,83 @@ cdef Columns _split_batch_columns(const uint8_t* buf, Py_ssize_t end, long count
                     _write_property(&properties_out, buf, spans)
             _end_row(property_ends, &properties_filled, index, pairs, pairs + fields.property_count)
             pairs += fields.property_count
-        event_time_out[index] = fields.event_time
-        sequence_id_out[index] = fields.sequence_id
+        if fields.event_time:
+            if event_time_out == NULL:
+                event_times = array.clone(_UINT64, rows, True)
+                event_time_out = event_times.data.as_ulonglongs
+            event_time_out[index] = fields.event_time
         if fields.flags:
             if fields.flags & SMM_HAS_SEQUENCE_ID:
+                if sequence_id_out == NULL:
+                    sequence_ids = array.clone(_UINT64, rows, True)
+                    sequence_id_out = sequence_ids.data.as_ulonglongs
+                sequence_id_out[index] = fields.sequence_id
+                if has_sequence_bits == NULL:
+                    has_sequence_id = _bitmap(rows)
+                    has_sequence_bits = <uint8_t*>PyByteArray_AS_STRING(has_sequence_id)
                 _set_bit(has_sequence_bits, index)
             if fields.flags & SMM_COMPACTED_OUT:
+                if compacted_bits == NULL:
+                    compacted_out = _bitmap(rows)
+                    compacted_bits = <uint8_t*>PyByteArray_AS_STRING(compacted_out)
                 _set_bit(compacted_bits, index)
             if fields.flags & SMM_NULL_VALUE:
+                if null_value_bits == NULL:
+                    null_value = _bitmap(rows)
+                    null_value_bits = <uint8_t*>PyByteArray_AS_STRING(null_value)
                 _set_bit(null_value_bits, index)
             if fields.flags & SMM_NULL_PARTITION_KEY:
+                if null_key_bits == NULL:
+                    null_partition_key = _bitmap(rows)
+                    null_key_bits = <uint8_t*>PyByteArray_AS_STRING(null_partition_key)
                 _set_bit(null_key_bits, index)
             if fields.flags & SMM_PARTITION_KEY_B64:
+                if b64_bits == NULL:
+                    partition_key_b64_encoded = _bitmap(rows)
+                    b64_bits = <uint8_t*>PyByteArray_AS_STRING(partition_key_b64_encoded)
                 _set_bit(b64_bits, index)
         pos = smm_end + size
     _check_batch_end(pos, end, count)
-    _end_row(key_ends, &keys_filled, rows - 1, keys_out.size, keys_out.size)
-    _end_row(ordering_ends, &ordering_filled, rows - 1, ordering_out.size, ordering_out.size)
-    _end_row(property_ends, &properties_filled, rows - 1, pairs, pairs)
-    for index in range(rows):
-        batch_index_out[index] = index
+    if has_sequence_bits != NULL:
+        _or_word(has_sequence_bits, rows, sequence_word, sequence_bits)
+    if key_ends != NULL:
+        _end_row(key_ends, &keys_filled, rows - 1, keys_out.size, keys_out.size)
+    if ordering_ends != NULL:
+        _end_row(ordering_ends, &ordering_filled, rows - 1, ordering_out.size, ordering_out.size)
+    if property_ends != NULL:
+        _end_row(property_ends, &properties_filled, rows - 1, pairs, pairs)
 
     PyByteArray_Resize(payloads, payload_size)
-    _sink_close(&keys_out)
-    _sink_close(&ordering_out)
-    _sink_close(&properties_out.keys)
-    _sink_close(&properties_out.values)
+    if partition_keys is not None:
+        _sink_close(&keys_out)
+    if ordering_keys is not None:
+        _sink_close(&ordering_out)
+    if property_keys is not None:
+        _sink_close(&properties_out.keys)
+        _sink_close(&properties_out.values)
     cdef Columns columns = Columns.__new__(Columns)
     columns.count = rows
     columns.payloads = payloads
     columns.payload_offsets = payload_offsets
-    columns.partition_keys = partition_keys
-    columns.partition_key_offsets = partition_key_offsets
-    columns.has_partition_key = has_partition_key
-    columns.ordering_keys = ordering_keys
-    columns.ordering_key_offsets = ordering_key_offsets
-    columns.has_ordering_key = has_ordering_key
-    columns.property_offsets = property_offsets
-    columns.property_keys = property_keys
-    columns.property_key_offsets = _int64s_from(&properties_out.key_ends)
-    columns.property_values = property_values
-    columns.property_value_offsets = _int64s_from(&properties_out.value_ends)
-    columns.event_times = event_times
-    columns.sequence_ids = sequence_ids
-    columns.has_sequence_id = has_sequence_id
-    columns.batch_indexes = batch_indexes
-    columns.compacted_out = compacted_out
-    columns.null_value = null_value
-    columns.null_partition_key = null_partition_key
-    columns.partition_key_b64_encoded = partition_key_b64_encoded
+    columns._partition_keys = partition_keys
+    columns._partition_key_offsets = partition_key_offsets
+    columns._has_partition_key = has_partition_key
+    columns._ordering_keys = ordering_keys
+    columns._ordering_key_offsets = ordering_key_offsets
+    columns._has_ordering_key = has_ordering_key
+    columns._property_offsets = property_offsets
+    columns._property_keys = property_keys
+    columns._property_key_offsets = None if property_keys is None else _int64s_from(&properties_out.key_ends)
+    columns._property_values = property_values
+    columns._property_value_offsets = None if property_keys is None else _int64s_from(&properties_out.value_ends)
+    columns._event_times = event_times
+    columns._sequence_ids = sequence_ids
+    columns._has_sequence_id = has_sequence_id
+    columns._batch_indexes = None  # 0, 1, 2, ...: made when read
+    columns._compacted_out = compacted_out
+    columns._null_value = null_value
+    columns._null_partition_key = null_partition_key
+    columns._partition_key_b64_encoded = partition_key_b64_encoded
     return columns
 
 
@@ -1564,6 +1813,46 @@ cdef class BatchBuilder:
             self.num_messages += 1
         finally:
             PyBuffer_Release(&view)
+
+    def add_many(self, list items, Py_ssize_t start, first_sequence_id, Py_ssize_t max_messages,
+                 Py_ssize_t max_bytes):
+        """Add items[start:], plain payloads, with sequence ids first_sequence_id, +1, ...; the number added.
+
+        Each entry is what add(payload, sequence_id=...) writes. Stops after the message that
+        brings the batch to max_messages or max_bytes, and before an item that is not bytes or
+        is max_bytes long or longer (the caller sends that one another way).
+        """
+        cdef Py_ssize_t index = start, stop = len(items), size, smm_size
+        cdef uint64_t sequence_id = <uint64_t>first_sequence_id
+        cdef object item
+        cdef uint8_t* at
+        while index < stop:
+            item = items[index]
+            if type(item) is not bytes:
+                break
+            size = PyBytes_GET_SIZE(item)
+            if size >= max_bytes:
+                break
+            self._reserve(4 + 22 + size)
+            at = self._buf + self._len
+            self._len += 4
+            self._byte(3 << 3)
+            self._varint(<uint64_t>size)
+            self._byte(8 << 3)
+            self._varint(sequence_id)
+            smm_size = self._len - (at - self._buf) - 4
+            at[0] = 0
+            at[1] = 0
+            at[2] = 0
+            at[3] = <uint8_t>smm_size
+            memcpy(self._buf + self._len, PyBytes_AS_STRING(item), size)
+            self._len += size
+            self.num_messages += 1
+            sequence_id += 1
+            index += 1
+            if self.num_messages >= max_messages or self._len >= max_bytes:
+                break
+        return index - start
 
     @property
     def size(self):

@@ -1028,6 +1028,26 @@ class BatchBuilder:
         self._buffer += payload
         self.num_messages += 1
 
+    def add_many(self, items, start, first_sequence_id, max_messages, max_bytes) -> int:
+        """Add items[start:], plain payloads, with sequence ids first_sequence_id, +1, ...; the number added.
+
+        Each entry is what add(payload, sequence_id=...) writes. Stops after the message that
+        brings the batch to max_messages or max_bytes, and before an item that is not bytes or
+        is max_bytes long or longer (the caller sends that one another way).
+        """
+        if not isinstance(items, list):
+            raise TypeError(f"items must be a list, not {type(items).__name__}")
+        index = start
+        while index < len(items):
+            item = items[index]
+            if type(item) is not bytes or len(item) >= max_bytes:
+                break
+            self.add(item, sequence_id=first_sequence_id + index - start)
+            index += 1
+            if self.num_messages >= max_messages or len(self._buffer) >= max_bytes:
+                break
+        return index - start
+
     @property
     def size(self) -> int:
         return len(self._buffer)

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from . import client as aio
 from .errors import AlreadyClosedError, ConnectionClosedError, TopicTerminatedError
-from .messages import Message, MessageId
+from .messages import Message, MessageId, MessageIds
 
 
 class LoopThread:
@@ -154,6 +154,27 @@ class Producer:
                     error = f.exception()
                     callback(error, None if error else f.result())
                 future.add_done_callback(done)
+        self._loop.run(queue())
+
+    def send_many(self, messages) -> MessageIds:
+        """Send messages (payloads, or (payload, partition_key, properties) tuples) and wait for
+        every receipt; their MessageIds in order."""
+        async def send():
+            receipts = await self._producer.send_many(messages)
+            self._producer.flush_batches()
+            return await receipts
+        return self._loop.run(send())
+
+    def send_many_async(self, messages, callback: Callable[[Exception | None, MessageIds | None], None] | None
+                        ) -> None:
+        """Queue messages; callback(error, message_ids) runs once, when all are acknowledged or one fails."""
+        async def queue():
+            receipts = await self._producer.send_many(messages)
+            if callback is not None:
+                def done(f):
+                    error = f.exception()
+                    callback(error, None if error else f.result())
+                receipts.add_done_callback(done)
         self._loop.run(queue())
 
     def flush(self) -> None:

@@ -1,7 +1,9 @@
 """User-facing message and message-id types."""
 from __future__ import annotations
 
+import bisect
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -176,3 +178,53 @@ class Message:
 
     def __repr__(self) -> str:
         return f"<Message {self.message_id()} {len(self._single.payload)} bytes>"
+
+
+class MessageIds(Sequence):
+    """The MessageIds of a send_many call, in the order the messages were given.
+
+    Held as one span per batch (ledger, entry, first batch index), so a million
+    receipts cost no Python object each; a MessageId is made when one is read.
+    """
+
+    __slots__ = ("_spans", "_starts", "_count")
+
+    def __init__(self, spans) -> None:
+        # span: (first input index, count, ledger_id, entry_id, partition, first batch index or -1,
+        #        batch size, topic)
+        self._spans = sorted(spans)
+        self._starts = [span[0] for span in self._spans]
+        self._count = sum(span[1] for span in self._spans)
+
+    def __len__(self) -> int:
+        return self._count
+
+    @staticmethod
+    def _make(span, offset: int) -> MessageId:
+        _, _, ledger_id, entry_id, partition, batch_first, batch_size, topic = span
+        if batch_first < 0:
+            return MessageId(ledger_id, entry_id, partition, topic=topic)
+        return MessageId(ledger_id, entry_id, partition, batch_first + offset, batch_size, topic)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._count))]
+        if index < 0:
+            index += self._count
+        if not 0 <= index < self._count:
+            raise IndexError("MessageIds index out of range")
+        span = self._spans[bisect.bisect_right(self._starts, index) - 1]
+        return self._make(span, index - span[0])
+
+    def __iter__(self):
+        for span in self._spans:
+            for offset in range(span[1]):
+                yield self._make(span, offset)
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, (MessageIds, list, tuple)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"<MessageIds of {self._count} messages in {len(self._spans)} entries>"

@@ -1296,7 +1296,7 @@ async def _send_all(client, opts: SinkOptions, fields: dict[str, str], batches) 
 
             def pick(column):
                 return column if column is None or rows is None else [column[i] for i in rows]
-            futures.append(await producer.send_many(pick(values), partition_keys=pick(keys),
+            futures.append(await producer.send_columns(pick(values), partition_keys=pick(keys),
                                                     properties=pick(properties), event_timestamps=pick(events)))
         count += len(values)
     for producer in producers.values():

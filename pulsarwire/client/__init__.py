@@ -35,7 +35,7 @@ from ..errors import (
     ProducerFencedError, ProducerQueueFullError, PulsarWireError, ServerError, TimeoutError,
     TopicNotFoundError, TopicTerminatedError,
 )
-from ..messages import Message, MessageId
+from ..messages import Message, MessageId, MessageIds
 from ..routing import HashingScheme, RoutingMode
 
 __all__ = [
@@ -46,7 +46,7 @@ __all__ = [
     "KeySharedMode", "KeySharedPolicy", "Producer", "ProducerAccessMode", "RegexSubscriptionMode", "Reader",
     "partition_name", "topic_name",
     "AuthenticationError", "AuthorizationError", "CodecError", "ConnectionClosedError", "HashingScheme",
-    "Message", "MessageId", "NotAllowedError", "ProducerFencedError", "ProducerQueueFullError",
+    "Message", "MessageId", "MessageIds", "NotAllowedError", "ProducerFencedError", "ProducerQueueFullError",
     "PulsarWireError", "RoutingMode", "ServerError", "TimeoutError", "TopicNotFoundError",
     "TopicTerminatedError",
 ]

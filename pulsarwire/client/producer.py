@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import enum
+import itertools
 import logging
 import time
 from typing import TYPE_CHECKING, Any, Callable
@@ -16,7 +17,7 @@ from ..errors import (
     AlreadyClosedError, ConnectionClosedError, MessageTooBigError, ProducerQueueFullError, PulsarWireError,
     TimeoutError,
 )
-from ..messages import MessageId, signed64
+from ..messages import MessageId, MessageIds, signed64
 from ..routing import HashingScheme, OutgoingMessage, Router, RoutingMode
 from ..schema import Schema, as_schema
 from ..session import SendFailed, SendReceipt
@@ -34,22 +35,24 @@ class _OpSend:
     """One Send frame in flight: a single message, a batch, or one chunk."""
 
     __slots__ = ("sequence_id", "highest_sequence_id", "num_messages", "frame", "futures", "created",
-                 "first_chunk", "batched")
+                 "first_chunk", "batched", "bulk")
 
     def __init__(self, sequence_id, highest_sequence_id, num_messages, frame, futures, first_chunk=None,
-                 batched=False):
+                 batched=False, bulk=None):
         self.sequence_id = sequence_id
         self.highest_sequence_id = highest_sequence_id
         self.num_messages = num_messages
         self.frame = frame
-        self.futures = futures  # one per message; empty for all but a message's last chunk
+        # one per message (None for a message of a send_many call); empty for all but a message's last chunk
+        self.futures = futures
         self.created = time.monotonic()
         self.first_chunk = first_chunk
         self.batched = batched  # a batch entry, even of one message: ids carry batch indexes
+        self.bulk = bulk  # send_many spans: [_BulkSend, first input index, first index in the batch, count]
 
 
 class _Tally:
-    """Stands in for the futures of many messages sent at once (`Producer.send_many`): one
+    """Stands in for the futures of many messages sent at once (`Producer.send_columns`): one
     asyncio future, done when every message is acknowledged or at the first error."""
 
     __slots__ = ("future", "left")
@@ -73,6 +76,59 @@ class _Tally:
             self.future.set_exception(error)
 
 
+class _BulkSend:
+    """The receipts of one send_many call: one future for all, resolved when the last is acknowledged."""
+
+    __slots__ = ("future", "remaining", "spans")
+
+    def __init__(self, future: asyncio.Future, count: int) -> None:
+        self.future = future
+        self.remaining = count
+        self.spans: list[tuple] = []
+
+    def acknowledged(self, first: int, count: int, ledger_id: int, entry_id: int, partition: int,
+                     batch_first: int, batch_size: int, topic: str) -> None:
+        self.spans.append((first, count, ledger_id, entry_id, partition, batch_first, batch_size, topic))
+        self.remaining -= count
+        if self.remaining == 0 and not self.future.done():
+            self.future.set_result(MessageIds(self.spans))
+
+    def fail(self, error: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+
+    def one_done(self, index: int):
+        """A callback for the future of input `index` sent on its own (not batched)."""
+        def done(future: asyncio.Future) -> None:
+            if future.cancelled() or future.exception() is not None:
+                self.fail(future.exception() if not future.cancelled() else ConnectionClosedError("cancelled"))
+                return
+            mid = future.result()
+            self.acknowledged(index, 1, mid.ledger_id, mid.entry_id, mid.partition, mid.batch_index,
+                              mid.batch_size, mid.topic)
+        return done
+
+
+_NO_OPTIONS: dict = {}
+
+
+def _message_parts(item) -> tuple:
+    """(payload, key, properties) of a send_many item: a payload, or a (payload, key, properties) tuple."""
+    if isinstance(item, tuple):
+        if not 1 <= len(item) <= 3:
+            raise TypeError("a send_many item is a payload or (payload, partition_key, properties)")
+        payload, key, properties = (item + (None, None))[:3]
+    else:
+        payload, key, properties = item, None, None
+    if not isinstance(payload, (bytes, bytearray, memoryview)):
+        raise TypeError(f"content must be bytes, not {type(payload).__name__}")
+    if key is not None and not isinstance(key, str):
+        raise TypeError(f"partition_key must be str, not {type(key).__name__}")
+    if properties is not None and not isinstance(properties, dict):
+        raise TypeError(f"properties must be a dict, not {type(properties).__name__}")
+    return bytes(payload) if not isinstance(payload, bytes) else payload, key, properties
+
+
 class PartitionProducer(Reconnecting):
     """Producer on one (partition) topic."""
 
@@ -93,7 +149,8 @@ class PartitionProducer(Reconnecting):
         self._epoch = 0
         self._topic_epoch: int | None = None  # granted by the broker to an exclusive producer
         self._batch = codec.BatchBuilder()
-        self._batch_futures: list[asyncio.Future | _Tally] = []
+        self._batch_futures: list[asyncio.Future | _Tally | None] = []
+        self._batch_bulk: list[list] = []
         self._batch_first_sequence = 0
         self._batch_timer: asyncio.TimerHandle | None = None
         self._reconnecting: asyncio.Task | None = None
@@ -208,6 +265,77 @@ class PartitionProducer(Reconnecting):
         frame = codec.encode_payload_command(self._send_command(sequence_id, sequence_id, 1), metadata, body)
         self._enqueue(_OpSend(sequence_id, sequence_id, 1, frame, [future]))
 
+    def send_plain(self, payload: bytes, future: asyncio.Future) -> None:
+        """send() of a bytes payload without options: the per-message path of send_async, kept short."""
+        parent = self.parent
+        if self._failed is not None or not parent._batching or len(payload) >= parent._batching_max_bytes:
+            self.send(payload, _NO_OPTIONS, future)
+            return
+        batch = self._batch
+        sequence_id = self._take_sequence_id(None)
+        if batch.num_messages == 0:
+            self._batch_first_sequence = sequence_id
+        batch.add(payload, None, None, 0, None, sequence_id)
+        self._batch_futures.append(future)
+        if batch.num_messages >= parent._batching_max_messages or batch.size >= parent._batching_max_bytes:
+            self.flush_batch()
+        elif self._batch_timer is None:
+            self._batch_timer = self.client._loop.call_later(parent._batching_delay, self.flush_batch)
+
+    def send_many(self, items: list, start: int, stop: int, indexes: list[int] | None, bulk: _BulkSend) -> None:
+        """Queue items[start:stop] in order, receipts to `bulk`; items are plain bytes payloads or
+        (payload, key, properties) tuples checked by _message_parts. indexes[k] is items[k]'s place in
+        the caller's list (None: k). Plain payloads go into the batch in one codec call; no future
+        per message unless one is sent on its own (batching off, or too large for a batch)."""
+        if self._failed is not None:
+            bulk.fail(self._failed)
+            self.parent._release(stop - start)
+            return
+        parent = self.parent
+        batch = self._batch
+        batching = parent._batching
+        max_messages, max_bytes = parent._batching_max_messages, parent._batching_max_bytes
+        k = start
+        while k < stop:
+            item = items[k]
+            if batching and indexes is None and type(item) is bytes and len(item) < max_bytes:
+                if batch.num_messages == 0:
+                    self._batch_first_sequence = self._next_sequence_id
+                added = batch.add_many(items, k, self._next_sequence_id, min(max_messages, batch.num_messages +
+                                                                                stop - k), max_bytes)
+                self._next_sequence_id += added
+                self._bulk_span(bulk, k, added)
+                k += added
+            else:
+                payload, key, properties = item if type(item) is tuple else (item, None, None)
+                index = k if indexes is None else indexes[k]
+                k += 1
+                if not batching or len(payload) >= max_bytes:
+                    future = self.client._loop.create_future()
+                    future.add_done_callback(bulk.one_done(index))
+                    self.send(payload, {"partition_key": key, "properties": properties}, future)
+                    continue
+                sequence_id = self._take_sequence_id(None)
+                if batch.num_messages == 0:
+                    self._batch_first_sequence = sequence_id
+                batch.add(payload, properties, key, 0, None, sequence_id)
+                self._bulk_span(bulk, index, 1)
+            if batch.num_messages >= max_messages or batch.size >= max_bytes:
+                self.flush_batch()
+            elif self._batch_timer is None and batch.num_messages:
+                self._batch_timer = self.client._loop.call_later(parent._batching_delay, self.flush_batch)
+
+    def _bulk_span(self, bulk: _BulkSend, first: int, count: int) -> None:
+        """Inputs first..first+count-1 of `bulk` are the batch's next messages."""
+        spans = self._batch_bulk
+        at = len(self._batch_futures)
+        last = spans[-1] if spans else None
+        if last is not None and last[0] is bulk and last[1] + last[3] == first and last[2] + last[3] == at:
+            last[3] += count
+        else:
+            spans.append([bulk, first, at, count])
+        self._batch_futures.extend(itertools.repeat(None, count))
+
     def _send_chunks(self, metadata, body, chunk_size, future) -> None:
         sequence_id = metadata.sequence_id
         count = (len(body) + chunk_size - 1) // chunk_size
@@ -261,8 +389,10 @@ class PartitionProducer(Reconnecting):
             return
         raw = self._batch.build()
         futures = self._batch_futures
+        bulk = self._batch_bulk or None
         self._batch.clear()
         self._batch_futures = []
+        self._batch_bulk = []
         first = self._batch_first_sequence
         highest = first + count - 1
         md = pb.MessageMetadata(producer_name=self.producer_name, sequence_id=first,
@@ -277,7 +407,7 @@ class PartitionProducer(Reconnecting):
             md.uncompressed_size = len(raw)
             raw = compression.compress(kind, raw)
         frame = codec.encode_payload_command(self._send_command(first, highest, count), md, raw)
-        self._enqueue(_OpSend(first, highest, count, frame, futures, batched=True))
+        self._enqueue(_OpSend(first, highest, count, frame, futures, batched=True, bulk=bulk))
 
     def _enqueue(self, op: _OpSend) -> None:
         self.pending.append(op)
@@ -307,6 +437,8 @@ class PartitionProducer(Reconnecting):
             mid = receipt.message_id
             ledger, entry = signed64(mid.ledgerId), signed64(mid.entryId)  # a duplicate is (-1, -1)
             for index, future in enumerate(op.futures):
+                if future is None:
+                    continue  # a message of a send_many call: answered through op.bulk
                 if future.__class__ is _Tally:
                     future.set_result(None)  # no MessageId wanted
                 elif not future.done():
@@ -315,6 +447,11 @@ class PartitionProducer(Reconnecting):
                                                     len(op.futures), self.topic))
                     else:
                         future.set_result(MessageId(ledger, entry, self.partition, topic=self.topic))
+            if op.bulk is not None:
+                batch_size = len(op.futures) if op.batched else 0
+                for bulk, first, batch_first, count in op.bulk:
+                    bulk.acknowledged(first, count, ledger, entry, self.partition,
+                                      batch_first if batch_size else -1, batch_size, self.topic)
             self.parent._release(len(op.futures))
             return
 
@@ -330,15 +467,12 @@ class PartitionProducer(Reconnecting):
         released = 0
         while self.pending:
             op = self.pending.popleft()
-            for future in op.futures:
-                if not future.done():
-                    future.set_exception(error)
+            _fail_op(op.futures, op.bulk, error)
             released += len(op.futures)
-        for future in self._batch_futures:
-            if not future.done():
-                future.set_exception(error)
+        _fail_op(self._batch_futures, self._batch_bulk, error)
         released += len(self._batch_futures)
         self._batch_futures = []
+        self._batch_bulk = []
         self._batch.clear()
         self.parent._release(released)
 
@@ -352,9 +486,7 @@ class PartitionProducer(Reconnecting):
                     released = 0
                     while self.pending:
                         op = self.pending.popleft()
-                        for future in op.futures:
-                            if not future.done():
-                                future.set_exception(error)
+                        _fail_op(op.futures, op.bulk, error)
                         released += len(op.futures)
                     self.parent._release(released)
         except asyncio.CancelledError:
@@ -362,8 +494,11 @@ class PartitionProducer(Reconnecting):
 
     async def wait_pending(self) -> None:
         waiting = {id(f): f.future if f.__class__ is _Tally else f
-                   for op in self.pending for f in op.futures}
-        waiting.update((id(f), f.future if f.__class__ is _Tally else f) for f in self._batch_futures)
+                   for op in self.pending for f in op.futures if f is not None}
+        waiting.update((id(f), f.future if f.__class__ is _Tally else f) for f in self._batch_futures
+                       if f is not None)
+        waiting.update((id(span[0]), span[0].future) for op in self.pending if op.bulk for span in op.bulk)
+        waiting.update((id(span[0]), span[0].future) for span in self._batch_bulk)
         futures = list(waiting.values())
         if futures:
             await asyncio.gather(*futures, return_exceptions=True)
@@ -384,6 +519,14 @@ class PartitionProducer(Reconnecting):
             except PulsarWireError:
                 pass
         self._fail_all(ConnectionClosedError("producer closed"))
+
+
+def _fail_op(futures: list, bulk: list | None, error: BaseException) -> None:
+    for future in futures:
+        if future is not None and not future.done():
+            future.set_exception(error)
+    for span in bulk or ():
+        span[0].fail(error)
 
 
 class Producer:
@@ -495,9 +638,12 @@ class Producer:
                 await self._space.wait_for(lambda: self._in_flight < self._max_pending)
         if deliver_after_ms is not None:
             deliver_at = now_ms() + deliver_after_ms
-        options = {"properties": properties, "partition_key": partition_key, "ordering_key": ordering_key,
-                   "event_timestamp": event_timestamp, "sequence_id": sequence_id, "deliver_at": deliver_at,
-                   "partition_key_b64_encoded": b64_key is not None}
+        plain = type(content) is bytes and properties is None and partition_key is None and \
+            ordering_key is None and event_timestamp is None and sequence_id is None and deliver_at is None
+        options = _NO_OPTIONS if plain else {
+            "properties": properties, "partition_key": partition_key, "ordering_key": ordering_key,
+            "event_timestamp": event_timestamp, "sequence_id": sequence_id, "deliver_at": deliver_at,
+            "partition_key_b64_encoded": b64_key is not None}
         partitions = self._partitions
         if len(partitions) == 1:
             target = partitions[0]
@@ -509,10 +655,73 @@ class Producer:
             await target.start()  # a lazy partition producer attaches on its first message
         future = self.client._loop.create_future()
         self._in_flight += 1
-        target.send(bytes(content) if not isinstance(content, bytes) else content, options, future)
+        if plain:
+            target.send_plain(content, future)
+        else:
+            target.send(bytes(content) if not isinstance(content, bytes) else content, options, future)
         conn = target.conn
         if conn is not None and not conn._can_write.is_set():
             await conn.drain()
+        elif target._batch.num_messages == 0 and self._batching:
+            await asyncio.sleep(0)  # a batch went out: let the loop write it and read receipts (bounds latency)
+        return future
+
+    async def send_many(self, messages) -> asyncio.Future:
+        """Queue messages in order: payloads, or (payload, partition_key, properties) tuples.
+
+        Returns one future for all their MessageIds (a `MessageIds` sequence, in input order),
+        waiting only for queue space; past max_pending_messages it queues what fits, waits, and
+        goes on (with block_if_queue_full=False it raises ProducerQueueFullError, queuing
+        nothing, when they do not all fit). On a failure the future raises the first error;
+        messages acknowledged before it stay stored. Plain bytes payloads on a batching
+        producer take the fast path: no Python object per message.
+        """
+        if self._closed:
+            raise ConnectionClosedError("producer is closed")
+        items = messages if type(messages) is list else list(messages)
+        count = len(items)
+        future = self.client._loop.create_future()
+        bulk = _BulkSend(future, count)
+        if count == 0:
+            future.set_result(MessageIds([]))
+            return future
+        if not (type(items[0]) is bytes and set(map(type, items)) == {bytes}):
+            items = [item if type(item) is bytes else _message_parts(item) for item in items]
+        if not self._block and self._in_flight + count > self._max_pending:
+            raise ProducerQueueFullError(f"{self._in_flight} messages pending, {count} more do not fit "
+                                         f"under {self._max_pending}")
+        partitions = self._partitions
+        start = 0
+        while start < count:
+            if self._in_flight >= self._max_pending:
+                async with self._space:
+                    await self._space.wait_for(lambda: self._in_flight < self._max_pending)
+                if self._closed:
+                    bulk.fail(ConnectionClosedError("producer is closed"))
+                    return future
+            stop = min(count, start + self._max_pending - self._in_flight)
+            self._in_flight += stop - start
+            if len(partitions) == 1:
+                partitions[0].send_many(items, start, stop, None, bulk)
+                targets = partitions
+            else:
+                routed: dict[int, tuple[list, list]] = {}
+                for index in range(start, stop):
+                    item = items[index]
+                    key = item[1] if type(item) is tuple else None
+                    sub_items, sub_indexes = routed.setdefault(self._router.partition(key, len(partitions)),
+                                                               ([], []))
+                    sub_items.append(item)
+                    sub_indexes.append(index)
+                for partition, (sub_items, sub_indexes) in routed.items():
+                    partitions[partition].send_many(sub_items, 0, len(sub_items), sub_indexes, bulk)
+                targets = [partitions[p] for p in routed]
+            start = stop
+            for target in targets:
+                conn = target.conn
+                if conn is not None and not conn._can_write.is_set():
+                    await conn.drain()
+        await asyncio.sleep(0)  # let the loop write what went out and read receipts (bounds latency)
         return future
 
     def _routed_partition(self, content: bytes, options: dict) -> int:
@@ -524,7 +733,7 @@ class Producer:
             raise ValueError(f"message_router returned {index!r}; expected a partition in 0..{count - 1}")
         return index
 
-    async def send_many(self, contents: list, *, partition_keys: list | None = None,
+    async def send_columns(self, contents: list, *, partition_keys: list | None = None,
                         properties: list | None = None, event_timestamps: list | None = None) -> asyncio.Future:
         """Queue many messages at once (bytes; the optional lists align with `contents`, None
         where a message has none). Returns one future: done when the broker acknowledged every
