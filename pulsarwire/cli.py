@@ -186,8 +186,13 @@ async def run_broker(args) -> int:
     for spec in args.partitioned_topic:
         name, _, count = spec.partition("=")
         from .client import topic_name
-        with contextlib.suppress(ValueError):
+        from .broker.core import InvalidTopicName
+        try:
             broker.create_partitioned_topic(topic_name(name), int(count or 1))
+        except InvalidTopicName as exc:
+            print(f"pulsarwire broker: --partitioned-topic {spec}: {exc}", file=sys.stderr)
+        except ValueError:
+            pass  # as before: a non-partitioned topic of that name exists, or a bad count
     urls = ", ".join(url for url in (broker.service_url, broker.service_url_tls) if url)
     print(f"broker: {urls}" + (f", V1 on {args.host}:{broker.v1_port}" if broker.v1 else ""), flush=True)
     try:
