@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument("--session-timeout", type=float, default=10.0, metavar="SECONDS",
                         help="a V1 group member silent this long is removed")
     broker.add_argument("--max-connections", type=int, default=1000,
-                        help="Pulsar connections served at once; more are refused (default 1000)")
+                        help="connections served at once per protocol (Pulsar, V1); more are refused (default 1000)")
     broker.add_argument("--max-output-bytes", type=int, default=4 * 1024 * 1024, metavar="BYTES",
                         help="unsent output per connection before the broker stops dispatching to it and "
                              "reading from it (default 4 MiB)")
