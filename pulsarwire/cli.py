@@ -78,8 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument("--session-timeout", type=float, default=10.0, metavar="SECONDS",
                         help="a V1 group member silent this long is removed")
     broker.add_argument("--max-connections", type=int, default=None,
-                        help="Pulsar connections served at once; more are refused (default 1000, lowered "
-                             "to fit the descriptor limit beside --max-open-files)")
+                        help="connections served at once per protocol (Pulsar, V1); more are refused (default "
+                             "1000, lowered to fit the descriptor limit beside --max-open-files)")
     broker.add_argument("--max-output-bytes", type=int, default=4 * 1024 * 1024, metavar="BYTES",
                         help="unsent output per connection before the broker stops dispatching to it and "
                              "reading from it (default 4 MiB)")
@@ -204,8 +204,13 @@ async def run_broker(args) -> int:
     for spec in args.partitioned_topic:
         name, _, count = spec.partition("=")
         from .client import topic_name
-        with contextlib.suppress(ValueError):
+        from .broker.core import InvalidTopicName
+        try:
             broker.create_partitioned_topic(topic_name(name), int(count or 1))
+        except InvalidTopicName as exc:
+            print(f"pulsarwire broker: --partitioned-topic {spec}: {exc}", file=sys.stderr)
+        except ValueError:
+            pass  # as before: a non-partitioned topic of that name exists, or a bad count
     urls = ", ".join(url for url in (broker.service_url, broker.service_url_tls) if url)
     print(f"broker: {urls}" + (f", V1 on {args.host}:{broker.v1_port}" if broker.v1 else ""), flush=True)
     try:

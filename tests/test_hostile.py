@@ -630,3 +630,20 @@ def test_count_batch_and_send_frame_batch_fields_in_both_twins():
         assert fields == [(3, 0), (None, 2)]
         outcomes.append(errors)
     assert all(o == outcomes[0] for o in outcomes)
+
+
+def test_v1_connections_over_the_limit_are_refused(tmp_path):
+    broker = BrokerThread(tmp_path / "data", v1_port=0, max_connections=2).start()
+    try:
+        held = [socket.create_connection(("127.0.0.1", broker.v1_port), timeout=5) for _ in range(2)]
+        for s in held:
+            s.sendall(b"V1|1|PING|\n")
+            assert s.recv(1000).startswith(b"V1|1|OK")
+        with socket.create_connection(("127.0.0.1", broker.v1_port), timeout=5) as extra:
+            line = extra.makefile("rb").readline()
+            assert line.startswith(b"V1|0|ERR|TOO_MANY_CONNECTIONS|")
+            assert extra.recv(100) == b""
+        for s in held:
+            s.close()
+    finally:
+        broker.stop()

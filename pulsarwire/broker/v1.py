@@ -18,7 +18,7 @@ lowest offset acknowledged by every ISR member (it never moves back).
 
 Additive to the specification (its compatibility policy allows new commands;
 payloads may grow): the commands PING and AUTH, and the error codes
-UNAUTHORIZED, RECORD_TOO_LARGE, CORRUPT_RECORD and INTERNAL_ERROR.
+UNAUTHORIZED, RECORD_TOO_LARGE, CORRUPT_RECORD, INTERNAL_ERROR and TOO_MANY_CONNECTIONS.
 """
 from __future__ import annotations
 
@@ -59,6 +59,7 @@ UNAUTHORIZED = "UNAUTHORIZED"  # AUTH failed, or a command before AUTH on a brok
 RECORD_TOO_LARGE = "RECORD_TOO_LARGE"  # CONSUME: the record at the offset exceeds the reply budget
 CORRUPT_RECORD = "CORRUPT_RECORD"  # CONSUME: the record at the offset does not decode
 INTERNAL_ERROR = "INTERNAL_ERROR"  # a broker fault, not the request's
+TOO_MANY_CONNECTIONS = "TOO_MANY_CONNECTIONS"  # sent (id 0) to a connection over the limit, then closed
 
 ACK_MODES = {"acks=0": "0", "acks=1": "1", "acks=all": "all"}
 ASSIGNORS = {"assignor=round_robin": "round_robin", "assignor=range": "range"}
@@ -223,7 +224,7 @@ class V1Server:
     def __init__(self, core: BrokerCore, *, partitions: int = 3, replication_factor: int = 3,
                  min_insync_replicas: int = 2, replication_timeout: float = 5.0, replica_lag_time: float = 10.0,
                  session_timeout: float = 10.0, consume_max_bytes: int = DEFAULT_CONSUME_MAX_BYTES,
-                 auth_tokens: set[str] | None = None) -> None:
+                 auth_tokens: set[str] | None = None, max_connections: int = 1000) -> None:
         if partitions < 1:
             raise ValueError("a V1 topic needs at least one partition")
         if replication_factor < 1:
@@ -238,6 +239,7 @@ class V1Server:
         self.replica_lag_time = replica_lag_time
         self.session_timeout = session_timeout
         self.consume_max_bytes = consume_max_bytes
+        self.max_connections = max_connections
         self.auth_tokens = None if auth_tokens is None else [t.encode() for t in auth_tokens]
         self.state: dict[tuple[str, int], PartitionState] = {}
         self.groups_path = os.path.join(core.data_dir, "groups.json")
@@ -283,6 +285,12 @@ class V1Server:
         session = Session()
         task = asyncio.current_task()
         assert task is not None  # a connection callback always runs in a task
+        if len(self._connections) >= self.max_connections:
+            log.warning("refusing a V1 connection: at the limit of %d connections", self.max_connections)
+            writer.write(_error("0", TOO_MANY_CONNECTIONS,
+                                f"this broker serves at most {self.max_connections} V1 connections"))
+            writer.close()
+            return
         self._connections.add(task)
         try:
             while not session.close:
