@@ -1,4 +1,5 @@
-"""Partition choice for keyed and unkeyed messages, as the Java client does it."""
+"""Partition choice for keyed and unkeyed messages, as the Java client does it (and, with
+`HashingScheme.BoostHash`, as the official C++ and Python clients hash keys)."""
 from __future__ import annotations
 
 import enum
@@ -10,6 +11,7 @@ _INT31 = 0x7FFFFFFF
 class HashingScheme(enum.Enum):
     JavaStringHash = "java_string_hash"
     Murmur3_32Hash = "murmur3_32"
+    BoostHash = "boost_hash"
 
 
 class RoutingMode(enum.Enum):
@@ -66,12 +68,52 @@ def murmur3_32_hash(key: str) -> int:
     return murmur3_32(key.encode("utf-8")) & _INT31
 
 
+_U64 = 0xFFFFFFFFFFFFFFFF
+
+
+def _mulx(x: int, y: int) -> int:
+    """The 128-bit product of two 64-bit words, folded: low word XOR high word."""
+    product = x * y
+    return (product & _U64) ^ (product >> 64)
+
+
+def boost_hash(key: str) -> int:
+    """The C++ client's BoostHash (its default): boost::hash of the UTF-8 bytes (Boost 1.81+, 64-bit),
+    made non-negative. Checked against the official Python client's partition choices."""
+    data = key.encode("utf-8")
+    q, k = 0x9E3779B97F4A7C15, 0xDF442D22CE4859B9
+    n = len(data)
+    w = _mulx(q, k)  # seed 0
+    h = w ^ n
+    offset = 0
+    while n - offset >= 8:
+        w = (w + q) & _U64
+        h ^= _mulx((int.from_bytes(data[offset:offset + 8], "little") + w) & _U64, k)
+        offset += 8
+    tail = data[offset:]
+    size = len(tail)
+    if size >= 4:
+        word = (int.from_bytes(tail[size - 4:], "little") << ((size - 4) * 8)) | int.from_bytes(tail[:4], "little")
+    elif size >= 1:
+        x1, x2 = (size - 1) & 2, size >> 1
+        word = (tail[x1] << (x1 * 8)) | (tail[x2] << (x2 * 8)) | tail[0]
+    else:
+        word = 0
+    w = (w + q) & _U64
+    h ^= _mulx((word + w) & _U64, k)
+    return _mulx((h + w) & _U64, k) & _INT31
+
+
+_HASHES = {HashingScheme.JavaStringHash: java_string_hash, HashingScheme.Murmur3_32Hash: murmur3_32_hash,
+           HashingScheme.BoostHash: boost_hash}
+
+
 class Router:
     """Chooses a partition: by key hash when a key is given, else round-robin."""
 
     def __init__(self, hashing: HashingScheme = HashingScheme.JavaStringHash,
                  mode: RoutingMode = RoutingMode.RoundRobinPartition, start: int = 0):
-        self._hash = java_string_hash if hashing is HashingScheme.JavaStringHash else murmur3_32_hash
+        self._hash = _HASHES[hashing]
         self._mode = mode
         self._counter = itertools.count(start)
         self._single = start

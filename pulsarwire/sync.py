@@ -1,52 +1,195 @@
-"""Blocking facade over the asyncio client, for code that is not async.
+"""The official client's blocking surface: `import pulsarwire.sync as pulsar` runs programs
+written for `pulsar-client` unchanged, with the same meaning.
 
-A private event loop runs in a daemon thread; every call hands a coroutine to
-it and waits. Callbacks (`send_async`) run on that loop's thread.
+Names, keyword arguments and defaults are the official client's (batching off,
+`block_if_queue_full=False` with a full queue reported through the `send_async` callback as
+`Result.ProducerQueueIsFull`, `callback(result, message_id)`, ...); errors are raised as the
+official exception classes, each also a subclass of the pulsarwire error it stands for. The
+asyncio client does the work on a private event loop in a thread (`blocking.LoopThread`);
+message and reader listeners run on listener threads (`message_listener_threads`, one by
+default), one message of a consumer at a time. Options that mean nothing here (`io_threads`,
+`concurrent_lookup_requests`, `stats_interval_in_seconds`, `log_conf_file_path`, `use_tls`,
+`logger`, `broker_consumer_stats_cache_time_ms`, `batching_type`,
+`max_total_receiver_queue_size_across_partitions`, `crypto_failure_action`) are accepted and
+ignored; README's "Switching from pulsar-client" lists every difference.
 """
 from __future__ import annotations
 
-import asyncio
+import asyncio as _asyncio  # `asyncio` here is the official async surface (below)
+import inspect
+import itertools
+import logging
+import queue
+import re
 import threading
+from datetime import timedelta  # noqa: F401 - the official module offers it
 from typing import Any, Callable
 
 from . import client as aio
-from .errors import AlreadyClosedError, ConnectionClosedError, TopicTerminatedError
-from .messages import Message, MessageId
+from . import errors
+from .blocking import LoopThread
+from . import official
+from .official import (  # noqa: F401 - the official names, offered from here
+    Authentication, AuthenticationAthenz, AuthenticationBasic, AuthenticationOauth2, AuthenticationTLS,
+    AuthenticationToken, BatchingType, BatchReceivePolicy, CompressionType, ConsumerBatchReceivePolicy,
+    ConsoleLogger, ConsumerCryptoFailureAction, ConsumerDeadLetterPolicy, ConsumerKeySharedPolicy, ConsumerType,
+    CryptoKeyReader, FileLogger, InitialPosition, KeySharedMode, KeySharedPolicy, LoggerLevel, Message, MessageId,
+    PartitionsRoutingMode, ProducerAccessMode, RegexSubscriptionMode, Result,
+)
+
+try:  # schemas live in their own module once it exists
+    from . import schema  # type: ignore[attr-defined]  # noqa: F401
+except ImportError:  # pragma: no cover - depends on the build
+    schema = None
 
 
-class _Loop:
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="pulsarwire-loop", daemon=True)
-        self.thread.start()
+class BytesSchema:
+    """The default schema: content is bytes, passed as is."""
 
-    @property
-    def stopped(self) -> bool:
-        return self.loop.is_closed() or not self.thread.is_alive()
+    def encode(self, data: bytes) -> bytes:
+        if not isinstance(data, bytes):
+            raise TypeError(f"Invalid record obj of type {type(data)} - expected type is {bytes}")
+        return data
 
-    def run(self, coro, timeout: float | None = None):
-        if self.stopped:  # the client was closed: a typed error, not "Event loop is closed"
+    def decode(self, data: bytes) -> bytes:
+        return data
+
+    def __str__(self) -> str:
+        return "BytesSchema"
+
+
+if schema is not None and hasattr(schema, "BytesSchema"):
+    BytesSchema = schema.BytesSchema  # type: ignore[misc]  # noqa: F811
+
+__version__ = "3.13.0-pulsarwire"  # the official API version this surface follows
+
+log = logging.getLogger("pulsarwire")
+
+
+class PulsarException(Exception):
+    """Base of every error the official surface raises; `result` is the official Result."""
+
+    result = Result.UnknownError
+
+    def error(self):
+        return self.result
+
+
+_EXCEPTIONS = official.exception_classes(PulsarException)
+globals().update({cls.__name__: cls for cls in _EXCEPTIONS.values()})
+UnknownError = _EXCEPTIONS[Result.UnknownError]
+InvalidConfiguration = _EXCEPTIONS[Result.InvalidConfiguration]
+Timeout = _EXCEPTIONS[Result.Timeout]
+AlreadyClosed = _EXCEPTIONS[Result.AlreadyClosed]
+OperationNotSupported = _EXCEPTIONS[Result.OperationNotSupported]
+ProducerQueueIsFull = _EXCEPTIONS[Result.ProducerQueueIsFull]
+CumulativeAcknowledgementNotAllowedError = _EXCEPTIONS[Result.CumulativeAcknowledgementNotAllowedError]
+TopicNotFound = _EXCEPTIONS[Result.TopicNotFound]
+InvalidTopicName = _EXCEPTIONS[Result.InvalidTopicName]
+
+
+def _official_error(exc: BaseException, closed: bool = False) -> BaseException:
+    """`exc` as the official exception class (errors with no official counterpart stay as they are)."""
+    if isinstance(exc, PulsarException):
+        return exc
+    if isinstance(exc, official.Unsupported):
+        return OperationNotSupported(str(exc))
+    result = official.official_result(exc, closed)
+    if result is None:
+        return exc
+    error = _EXCEPTIONS[result](f"Pulsar error: {result.name}" + (f": {exc}" if str(exc) else ""))
+    error.__cause__ = exc
+    return error
+
+
+class _Facade:
+    """What the blocking objects share: the loop, a closed flag and the error translation."""
+
+    _loop: LoopThread
+    _closed: bool = False
+
+    def _run(self, coro, closed_check: bool = True):
+        if closed_check and self._closed:
             coro.close()
-            raise AlreadyClosedError("client is closed")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+            raise AlreadyClosed("Pulsar error: AlreadyClosed")
+        try:
+            return self._loop.run(coro)
+        except BaseException as exc:  # noqa: BLE001 - translated, never swallowed
+            raise _official_error(exc, self._closed) from exc
 
-    def call(self, fn: Callable, *args):
-        async def invoke():
-            return fn(*args)
-        return self.run(invoke())
+    def _call(self, fn: Callable, *args):
+        if self._closed:
+            raise AlreadyClosed("Pulsar error: AlreadyClosed")
+        try:
+            return self._loop.call(fn, *args)
+        except BaseException as exc:  # noqa: BLE001
+            raise _official_error(exc, self._closed) from exc
+
+
+class _ListenerThreads:
+    """The threads that run message and reader listeners; each listening consumer is bound to
+    one of them, so its listener is called one message at a time, in order."""
+
+    def __init__(self, count: int) -> None:
+        self._count = max(1, count)
+        self._queues: list[queue.SimpleQueue] = []
+        self._threads: list[threading.Thread] = []
+        self._next = itertools.count()
+        self._lock = threading.Lock()
+
+    def queue_for_next_consumer(self) -> queue.SimpleQueue:
+        with self._lock:
+            if not self._threads:
+                for index in range(self._count):
+                    work: queue.SimpleQueue = queue.SimpleQueue()
+                    thread = threading.Thread(target=self._serve, args=(work,), daemon=True,
+                                              name=f"pulsarwire-listener-{index}")
+                    thread.start()
+                    self._queues.append(work)
+                    self._threads.append(thread)
+            return self._queues[next(self._next) % self._count]
+
+    @staticmethod
+    def _serve(work: queue.SimpleQueue) -> None:
+        while True:
+            job = work.get()
+            if job is None:
+                return
+            job()
 
     def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=5)
-        if not self.loop.is_running():
-            self.loop.close()
+        for work in self._queues:
+            work.put(None)
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout=5)
 
 
-class Client:
-    """Blocking client: `Client("pulsar://127.0.0.1:6650")`; same options as the asyncio one."""
+class Client(_Facade):
+    """The client: `Client("pulsar://localhost:6650")`, with the official keyword arguments."""
 
-    def __init__(self, service_url: str, **options: Any) -> None:
-        self._loop = _Loop()
+    def __init__(self, service_url, authentication=None, operation_timeout_seconds=30, io_threads=1,
+                 message_listener_threads=1, concurrent_lookup_requests=50000, log_conf_file_path=None,
+                 stats_interval_in_seconds=600, use_tls=False, tls_trust_certs_file_path=None,
+                 tls_allow_insecure_connection=False, tls_validate_hostname=False, logger=None,
+                 connection_timeout_ms=10000, listener_name=None, tls_private_key_file_path=None,
+                 tls_certificate_file_path=None) -> None:
+        if not isinstance(service_url, str):
+            raise ValueError("Argument service_url is expected to be of type 'str' (pulsarwire has no "
+                             "AutoClusterFailover or ServiceInfoProvider)")
+        official.check_type(int, io_threads, "io_threads")  # ignored: one event loop does all I/O
+        official.check_type(int, message_listener_threads, "message_listener_threads")
+        official.check_type(int, concurrent_lookup_requests, "concurrent_lookup_requests")
+        official.check_type_or_none(str, log_conf_file_path, "log_conf_file_path")
+        official.check_type(int, stats_interval_in_seconds, "stats_interval_in_seconds")
+        official.check_type(bool, use_tls, "use_tls")
+        options = official.client_options(authentication, operation_timeout_seconds, connection_timeout_ms,
+                                          tls_trust_certs_file_path, tls_allow_insecure_connection,
+                                          tls_validate_hostname, listener_name, tls_private_key_file_path,
+                                          tls_certificate_file_path)
+        self._loop = LoopThread()
+        self._listeners = _ListenerThreads(message_listener_threads)
+        self._handles: list = []
 
         async def make():
             return aio.Client(service_url, **options)
@@ -54,57 +197,186 @@ class Client:
             self._client = self._loop.run(make())
         except BaseException:
             self._loop.stop()
-            raise
+            raise  # a bad service URL: ValueError, as from the official client
 
-    def create_producer(self, topic: str, **options: Any) -> "Producer":
-        return Producer(self._loop, self._loop.run(self._client.create_producer(topic, **options)))
+    def create_producer(self, topic, producer_name=None, schema=None, initial_sequence_id=None,
+                        send_timeout_millis=30000, compression_type=CompressionType.NONE, max_pending_messages=1000,
+                        max_pending_messages_across_partitions=50000, block_if_queue_full=False,
+                        batching_enabled=False, batching_max_messages=1000,
+                        batching_max_allowed_size_in_bytes=128 * 1024, batching_max_publish_delay_ms=10,
+                        chunking_enabled=False, message_routing_mode=PartitionsRoutingMode.RoundRobinDistribution,
+                        lazy_start_partitioned_producers=False, properties=None,
+                        batching_type=BatchingType.Default, encryption_key=None, crypto_key_reader=None,
+                        access_mode=ProducerAccessMode.Shared, message_router=None) -> "Producer":
+        _checked_topic(topic)
+        try:
+            options = official.producer_options(
+                producer_name=producer_name, schema=schema, initial_sequence_id=initial_sequence_id,
+                send_timeout_millis=send_timeout_millis, compression_type=compression_type,
+                max_pending_messages=max_pending_messages,
+                max_pending_messages_across_partitions=max_pending_messages_across_partitions,
+                block_if_queue_full=block_if_queue_full, batching_enabled=batching_enabled,
+                batching_max_messages=batching_max_messages,
+                batching_max_allowed_size_in_bytes=batching_max_allowed_size_in_bytes,
+                batching_max_publish_delay_ms=batching_max_publish_delay_ms, chunking_enabled=chunking_enabled,
+                message_routing_mode=message_routing_mode,
+                lazy_start_partitioned_producers=lazy_start_partitioned_producers, properties=properties,
+                batching_type=batching_type, encryption_key=encryption_key, crypto_key_reader=crypto_key_reader,
+                access_mode=access_mode, message_router=message_router)
+        except official.Unsupported as exc:
+            raise OperationNotSupported(str(exc)) from exc
+        producer = Producer(self, self._run(official.create_producer(self._client, topic, options)), schema)
+        self._handles.append(producer)
+        return producer
 
-    def subscribe(self, topic: str | list[str], subscription_name: str, **options: Any) -> "Consumer":
-        return Consumer(self._loop, self._loop.run(self._client.subscribe(topic, subscription_name, **options)))
+    def subscribe(self, topic, subscription_name, consumer_type=ConsumerType.Exclusive, schema=None,
+                  message_listener=None, receiver_queue_size=1000,
+                  max_total_receiver_queue_size_across_partitions=50000, consumer_name=None,
+                  unacked_messages_timeout_ms=None, broker_consumer_stats_cache_time_ms=30000,
+                  negative_ack_redelivery_delay_ms=60000, is_read_compacted=False, properties=None,
+                  pattern_auto_discovery_period=60, initial_position=InitialPosition.Latest,
+                  crypto_key_reader=None, replicate_subscription_state_enabled=False,
+                  max_pending_chunked_message=10, auto_ack_oldest_chunked_message_on_queue_full=False,
+                  start_message_id_inclusive=False, batch_receive_policy=None, key_shared_policy=None,
+                  batch_index_ack_enabled=False, regex_subscription_mode=RegexSubscriptionMode.PersistentOnly,
+                  dead_letter_policy=None, crypto_failure_action=ConsumerCryptoFailureAction.FAIL) -> "Consumer":
+        official.check_type(str, subscription_name, "subscription_name")
+        official.check_type_or_none(ConsumerBatchReceivePolicy, batch_receive_policy, "batch_receive_policy")
+        try:
+            topics = official.subscribe_topic(topic)
+        except official.BadTopicName as exc:
+            raise InvalidTopicName(f"Pulsar error: InvalidTopicName: {exc}") from None
+        try:
+            options = official.consumer_options(
+                topic=topics, consumer_type=consumer_type, schema=schema, receiver_queue_size=receiver_queue_size,
+                max_total_receiver_queue_size_across_partitions=max_total_receiver_queue_size_across_partitions,
+                consumer_name=consumer_name, unacked_messages_timeout_ms=unacked_messages_timeout_ms,
+                broker_consumer_stats_cache_time_ms=broker_consumer_stats_cache_time_ms,
+                negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
+                is_read_compacted=is_read_compacted, properties=properties,
+                pattern_auto_discovery_period=pattern_auto_discovery_period, initial_position=initial_position,
+                crypto_key_reader=crypto_key_reader,
+                replicate_subscription_state_enabled=replicate_subscription_state_enabled,
+                max_pending_chunked_message=max_pending_chunked_message,
+                auto_ack_oldest_chunked_message_on_queue_full=auto_ack_oldest_chunked_message_on_queue_full,
+                start_message_id_inclusive=start_message_id_inclusive, key_shared_policy=key_shared_policy,
+                batch_index_ack_enabled=batch_index_ack_enabled, regex_subscription_mode=regex_subscription_mode,
+                dead_letter_policy=dead_letter_policy)
+        except official.Unsupported as exc:
+            raise OperationNotSupported(str(exc)) from exc
+        native = self._run(self._client.subscribe(topics, subscription_name, **options))
+        policy = batch_receive_policy.policy() if batch_receive_policy is not None else BatchReceivePolicy()
+        consumer = Consumer(self, native, ConsumerType(consumer_type), policy)
+        self._handles.append(consumer)
+        if message_listener is not None:
+            consumer._listen(message_listener)
+        return consumer
 
-    def create_reader(self, topic: str, start_message_id: MessageId, **options: Any) -> "Reader":
-        return Reader(self._loop, self._loop.run(self._client.create_reader(topic, start_message_id, **options)))
+    def create_reader(self, topic, start_message_id, schema=None, reader_listener=None, receiver_queue_size=1000,
+                      reader_name=None, subscription_role_prefix=None, is_read_compacted=False,
+                      crypto_key_reader=None, start_message_id_inclusive=False,
+                      crypto_failure_action=ConsumerCryptoFailureAction.FAIL) -> "Reader":
+        _checked_topic(topic)
+        start = official.native_id(start_message_id)
+        try:
+            options = official.reader_options(schema=schema, receiver_queue_size=receiver_queue_size,
+                                              reader_name=reader_name,
+                                              subscription_role_prefix=subscription_role_prefix,
+                                              is_read_compacted=is_read_compacted, crypto_key_reader=crypto_key_reader,
+                                              start_message_id_inclusive=start_message_id_inclusive)
+        except official.Unsupported as exc:
+            raise OperationNotSupported(str(exc)) from exc
+        reader = Reader(self, self._run(self._client.create_reader(topic, start, **options)))
+        self._handles.append(reader)
+        if reader_listener is not None:
+            reader._listen(reader_listener)
+        return reader
 
-    def get_topic_partitions(self, topic: str) -> list[str]:
-        return self._loop.run(self._client.get_topic_partitions(topic))
+    def create_table_view(self, topic, subscription_name=None, schema=None) -> "TableView":
+        """The latest value of every key of a topic (from the asyncio client's table view)."""
+        official.check_type(str, topic, "topic")
+        official.check_type_or_none(str, subscription_name, "subscription_name")
+        factory = getattr(self._client, "create_table_view", None)
+        if factory is None:
+            raise OperationNotSupported("Pulsar error: OperationNotSupported: this pulsarwire has no table view")
+        options: dict[str, Any] = {}
+        if subscription_name is not None:
+            options["subscription_name"] = subscription_name
+        if schema is not None and type(schema).__name__ != "BytesSchema":
+            options["schema"] = schema
+        view = TableView(self, self._run(factory(topic, **options)), topic, subscription_name)
+        self._handles.append(view)
+        return view
+
+    def get_topic_partitions(self, topic) -> list[str]:
+        official.check_type(str, topic, "topic")
+        return self._run(self._client.get_topic_partitions(topic))
+
+    def shutdown(self) -> None:
+        """Close at once, without waiting for what is in flight (which fails with AlreadyClosed)."""
+        if self._closed:
+            return
+        self._closed = True
+        for handle in self._handles:
+            handle._closed = True
+
+        def abort():
+            self._client._closed = True
+            self._client._pool.close_all()
+        try:
+            self._loop.call(abort)  # at once when called from a callback on the loop's thread
+        finally:
+            self._listeners.stop()
+            self._loop.stop()
 
     def close(self) -> None:
-        if self._loop.stopped:
-            return
+        """Close every producer, consumer and reader of this client, then the client."""
+        if self._closed:
+            raise AlreadyClosed("Pulsar error: AlreadyClosed")
+        if threading.current_thread() is self._loop.thread:  # before anything is marked closed
+            raise RuntimeError("close() waits for the event loop it was called from: call it from another "
+                               "thread, or shutdown() to close at once")
+        for handle in list(self._handles):
+            handle._stop_listening()
+            handle._closed = True
+        self._closed = True
         try:
-            self._loop.run(self._client.close())
+            self._run(self._client.close(), closed_check=False)
         finally:
+            self._listeners.stop()
             self._loop.stop()
 
     def __enter__(self) -> "Client":
         return self
 
     def __exit__(self, *exc) -> None:
-        self.close()
+        if not self._closed:
+            self.close()
 
 
-class Producer:
-    def __init__(self, loop: _Loop, producer: aio.Producer) -> None:
-        self._loop = loop
+def _checked_topic(topic) -> None:
+    official.check_type(str, topic, "topic")
+    try:
+        official.check_topic(topic)
+    except official.BadTopicName as exc:
+        raise InvalidTopicName(f"Pulsar error: InvalidTopicName: {exc}") from None
+
+
+def _default_message_id() -> MessageId:
+    return MessageId()
+
+
+class Producer(_Facade):
+    """Publishes messages on a topic (all partitions of it when partitioned)."""
+
+    def __init__(self, client: Client, producer: aio.Producer, schema) -> None:
+        self._client = client
+        self._loop = client._loop
         self._producer = producer
+        self._schema = schema
 
-    def send(self, content: bytes, **options: Any) -> MessageId:
-        return self._loop.run(self._producer.send(content, **options))
-
-    def send_async(self, content: bytes, callback: Callable[[Exception | None, MessageId | None], None] | None,
-                   **options: Any) -> None:
-        """Queue a message; callback(error, message_id) runs when the broker answers."""
-        async def queue():
-            future = await self._producer.send_async(content, **options)
-            if callback is not None:
-                def done(f):
-                    error = f.exception()
-                    callback(error, None if error else f.result())
-                future.add_done_callback(done)
-        self._loop.run(queue())
-
-    def flush(self) -> None:
-        self._loop.run(self._producer.flush())
+    def _stop_listening(self) -> None:
+        pass
 
     def topic(self) -> str:
         return self._producer.topic()
@@ -115,38 +387,168 @@ class Producer:
     def last_sequence_id(self) -> int:
         return self._loop.call(self._producer.last_sequence_id)
 
+    def is_connected(self) -> bool:
+        if self._closed:
+            return False
+        return self._loop.call(self._producer.is_connected)
+
+    def send(self, content, properties=None, partition_key=None, ordering_key=None, sequence_id=None,
+             replication_clusters=None, disable_replication=False, event_timestamp=None, deliver_at=None,
+             deliver_after=None) -> MessageId:
+        """Publish one message and wait until the broker has it; returns its id."""
+        official.check_content(content, self._schema)
+        options = official.send_options(properties, partition_key, ordering_key, sequence_id, replication_clusters,
+                                        disable_replication, event_timestamp, deliver_at, deliver_after)
+        return MessageId.wrap(self._run(self._producer.send(content, **options)))
+
+    def send_async(self, content, callback, properties=None, partition_key=None, ordering_key=None,
+                   sequence_id=None, replication_clusters=None, disable_replication=False, event_timestamp=None,
+                   deliver_at=None, deliver_after=None) -> None:
+        """Queue a message; `callback(result, message_id)` runs once the broker has it, or with the
+        error's Result (and MessageId(-1, -1, -1, -1)) when it fails - a full queue included."""
+        official.check_content(content, self._schema)
+        options = official.send_options(properties, partition_key, ordering_key, sequence_id, replication_clusters,
+                                        disable_replication, event_timestamp, deliver_at, deliver_after)
+
+        def report(result, message_id) -> None:
+            if callback is None:
+                return
+            try:
+                callback(result, message_id)
+            except Exception:  # noqa: BLE001 - a callback's error must not break the producer
+                log.exception("send_async callback raised")
+
+        def done(future) -> None:
+            if future.cancelled():
+                report(Result.AlreadyClosed, _default_message_id())
+            elif future.exception() is not None:
+                report(_result_of(future.exception(), self._closed), _default_message_id())
+            else:
+                report(Result.Ok, MessageId.wrap(future.result()))
+
+        async def queue_message():
+            future = await self._producer.send_async(content, **options)
+            future.add_done_callback(done)
+
+        if self._closed:
+            report(Result.AlreadyClosed, _default_message_id())
+            return
+        if threading.current_thread() is self._loop.thread:  # from a callback: queue without waiting
+            def failed(task) -> None:
+                if not task.cancelled() and task.exception() is not None:
+                    report(_result_of(task.exception(), self._closed), _default_message_id())
+            _asyncio.ensure_future(queue_message()).add_done_callback(failed)
+            return
+        try:
+            self._loop.run(queue_message())
+        except (errors.PulsarWireError, _asyncio.CancelledError, RuntimeError) as exc:
+            report(_result_of(exc, self._closed), _default_message_id())
+
+    def flush(self) -> None:
+        """Send what is batched and wait until the broker has every pending message."""
+        self._run(self._producer.flush())
+
     def close(self) -> None:
-        self._loop.run(self._producer.close())
+        """Close the producer once every pending message is acknowledged."""
+        if self._closed:
+            raise AlreadyClosed("Pulsar error: AlreadyClosed")
+        self._closed = True  # first: a call blocked meanwhile reads AlreadyClosed
+        self._run(self._producer.close(), closed_check=False)
 
 
-class Consumer:
-    def __init__(self, loop: _Loop, consumer: aio.Consumer) -> None:
-        self._loop = loop
+def _result_of(exc: BaseException, closed: bool):
+    if isinstance(exc, PulsarException):
+        return exc.result
+    return official.official_result(exc, closed) or Result.UnknownError
+
+
+class _Listening(_Facade):
+    """A consumer or reader whose messages may go to a listener instead of receive()."""
+
+    _listener_task: _asyncio.Task | None = None
+    _resumed: _asyncio.Event | None = None
+
+    def _listen(self, listener: Callable) -> None:
+        work = self._client._listeners.queue_for_next_consumer()
+
+        async def start():
+            self._resumed = _asyncio.Event()
+            self._resumed.set()
+            self._listener_task = _asyncio.ensure_future(self._pump(listener, work))
+        self._loop.run(start())
+
+    async def _pump(self, listener: Callable, work: queue.SimpleQueue) -> None:
+        """Hand each message to the listener thread and wait for the listener to return, so that a
+        slow listener holds back the consumer (its receiver queue) instead of piling up messages."""
+        loop = _asyncio.get_running_loop()
+        while True:
+            await self._resumed.wait()
+            try:
+                native = await self._receive_native()
+            except (errors.ConnectionClosedError, errors.TopicTerminatedError, _asyncio.CancelledError):
+                return
+            except Exception as exc:  # noqa: BLE001 - the consumer failed for good
+                log.warning("listener of %s stops: %s", self.topic(), exc)
+                return
+            await self._resumed.wait()  # paused while this one was on its way: hold it
+            finished = loop.create_future()
+            message = Message(native)
+
+            def call(message=message, finished=finished) -> None:
+                try:
+                    listener(self, message)
+                except Exception:  # noqa: BLE001 - as the official client: log and go on
+                    log.exception("message listener raised")
+                finally:
+                    try:
+                        loop.call_soon_threadsafe(_finish, finished)
+                    except RuntimeError:  # the loop is gone: the client was closed
+                        pass
+            work.put(call)
+            await finished
+
+    def _stop_listening(self) -> None:
+        task = self._listener_task
+        if task is not None and not self._loop.loop.is_closed():
+            self._listener_task = None
+            try:
+                self._loop.call(task.cancel)
+            except RuntimeError:
+                pass
+
+    def _set_listening(self, resumed: bool) -> None:
+        if self._resumed is not None:
+            self._call(self._resumed.set if resumed else self._resumed.clear)
+
+    def _check_no_listener(self) -> None:
+        if self._listener_task is not None:
+            raise InvalidConfiguration("Pulsar error: InvalidConfiguration: messages go to the listener")
+
+
+def _finish(future: _asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class Consumer(_Listening):
+    """Receives messages of a subscription."""
+
+    def __init__(self, client: Client, consumer: aio.Consumer, consumer_type, batch_policy: BatchReceivePolicy):
+        self._client = client
+        self._loop = client._loop
         self._consumer = consumer
+        self._type = consumer_type
+        self._batch_policy = batch_policy
+        # a message batch_receive() took but left for the next call, as the official client
+        # leaves in its queue the message that would take a batch over max_num_bytes
+        self._held: Any = None
 
-    def receive(self, timeout_millis: int | None = None) -> Message:
-        return self._loop.run(self._consumer.receive(timeout_millis))
+    async def _receive_native(self):
+        return await self._consumer.receive()
 
-    def acknowledge(self, message: Message | MessageId) -> None:
-        self._loop.call(self._consumer.acknowledge, message)
-
-    def acknowledge_cumulative(self, message: Message | MessageId) -> None:
-        self._loop.call(self._consumer.acknowledge_cumulative, message)
-
-    def negative_acknowledge(self, message: Message | MessageId) -> None:
-        self._loop.call(self._consumer.negative_acknowledge, message)
-
-    def redeliver_unacknowledged_messages(self) -> None:
-        self._loop.call(self._consumer.redeliver_unacknowledged_messages)
-
-    def seek(self, target: MessageId | int) -> None:
-        self._loop.run(self._consumer.seek(target))
-
-    def get_last_message_id(self) -> MessageId:
-        return self._loop.run(self._consumer.get_last_message_id())
-
-    def unsubscribe(self) -> None:
-        self._loop.run(self._consumer.unsubscribe())
+    async def _next(self, timeout_millis):
+        held, self._held = self._held, None
+        return held if held is not None else await self._consumer.receive(timeout_millis)
 
     def topic(self) -> str:
         return self._consumer.topic()
@@ -154,36 +556,190 @@ class Consumer:
     def subscription_name(self) -> str:
         return self._consumer.subscription_name()
 
-    def close(self) -> None:
-        self._loop.run(self._consumer.close())
+    def consumer_name(self) -> str:
+        return self._consumer.consumer_name()
 
-    def __iter__(self):
-        while True:
+    def receive(self, timeout_millis=None) -> Message:
+        """The next message; raises Timeout when none comes within timeout_millis."""
+        if timeout_millis is not None:
+            official.check_type(int, timeout_millis, "timeout_millis")
+        self._check_no_listener()
+        return Message(self._run(self._next(timeout_millis)))
+
+    def batch_receive(self) -> list[Message]:
+        """Messages up to the batch receive policy's count or bytes, or what came within its timeout."""
+        self._check_no_listener()
+        return [Message(m) for m in self._run(self._batch_receive())]
+
+    async def _batch_receive(self) -> list:
+        policy = self._batch_policy
+        max_messages, max_bytes = policy.getMaxNumMessages(), policy.getMaxNumBytes()
+        timeout_ms = policy.getTimeoutMs()
+        loop = _asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000 if timeout_ms > 0 else None
+        batch: list = []
+        size = 0
+        while (max_messages <= 0 or len(batch) < max_messages) and (max_bytes <= 0 or size < max_bytes):
+            remaining = None if deadline is None else max(0, int((deadline - loop.time()) * 1000))
             try:
-                yield self.receive()
-            except (TopicTerminatedError, ConnectionClosedError):
-                return
+                message = await self._next(remaining)
+            except errors.TimeoutError:
+                break
+            length = len(message.payload_view())
+            if batch and max_bytes > 0 and size + length > max_bytes:
+                self._held = message  # it would cross max_num_bytes: the next call's first
+                break
+            batch.append(message)
+            size += length
+        return batch
 
+    def acknowledge(self, message) -> None:
+        """Acknowledge one message (or message id)."""
+        self._call(self._consumer.acknowledge, _native_target(message))
 
-class Reader:
-    def __init__(self, loop: _Loop, reader: aio.Reader) -> None:
-        self._loop = loop
-        self._reader = reader
+    def acknowledge_cumulative(self, message) -> None:
+        """Acknowledge every message up to and including this one (not on Shared or Key_Shared)."""
+        if self._type in (ConsumerType.Shared, ConsumerType.KeyShared):
+            raise CumulativeAcknowledgementNotAllowedError(
+                "Pulsar error: CumulativeAcknowledgementNotAllowedError")
+        self._call(self._consumer.acknowledge_cumulative, _native_target(message))
 
-    def read_next(self, timeout_millis: int | None = None) -> Message:
-        return self._loop.run(self._reader.read_next(timeout_millis))
+    def negative_acknowledge(self, message) -> None:
+        """Have this message redelivered after negative_ack_redelivery_delay_ms."""
+        self._call(self._consumer.negative_acknowledge, _native_target(message))
 
-    def has_message_available(self) -> bool:
-        return self._loop.run(self._reader.has_message_available())
+    def pause_message_listener(self) -> None:
+        self._set_listening(False)
 
-    def seek(self, target: MessageId | int) -> None:
-        self._loop.run(self._reader.seek(target))
+    def resume_message_listener(self) -> None:
+        self._set_listening(True)
+
+    def redeliver_unacknowledged_messages(self) -> None:
+        self._held = None  # the broker delivers it again
+        self._call(self._consumer.redeliver_unacknowledged_messages)
+
+    def seek(self, messageid) -> None:
+        """Move the subscription to a message id or a publish time (ms)."""
+        self._held = None
+        self._run(self._consumer.seek(official.seek_target(messageid)))
 
     def get_last_message_id(self) -> MessageId:
-        return self._loop.run(self._reader.get_last_message_id())
+        return MessageId.wrap(self._run(self._consumer.get_last_message_id()))
+
+    def is_connected(self) -> bool:
+        if self._closed:
+            return False
+        return self._loop.call(self._consumer.is_connected)
+
+    def unsubscribe(self) -> None:
+        if self._closed:
+            raise AlreadyClosed("Pulsar error: AlreadyClosed")
+        self._stop_listening()
+        self._closed = True
+        self._run(self._consumer.unsubscribe(), closed_check=False)
+
+    def close(self) -> None:
+        if self._closed:
+            raise AlreadyClosed("Pulsar error: AlreadyClosed")
+        self._stop_listening()
+        self._closed = True
+        self._run(self._consumer.close(), closed_check=False)
+
+
+def _native_target(message):
+    if isinstance(message, Message):
+        return message.native
+    return official.native_id(message)
+
+
+class Reader(_Listening):
+    """Reads a topic from a message id, without a durable subscription."""
+
+    def __init__(self, client: Client, reader: aio.Reader) -> None:
+        self._client = client
+        self._loop = client._loop
+        self._reader = reader
+
+    async def _receive_native(self):
+        return await self._reader.read_next()
 
     def topic(self) -> str:
         return self._reader.topic()
 
+    def read_next(self, timeout_millis=None) -> Message:
+        """The next message; raises Timeout when none comes within timeout_millis."""
+        if timeout_millis is not None:
+            official.check_type(int, timeout_millis, "timeout_millis")
+        self._check_no_listener()
+        return Message(self._run(self._reader.read_next(timeout_millis)))
+
+    def has_message_available(self) -> bool:
+        return self._run(self._reader.has_message_available())
+
+    def seek(self, messageid) -> None:
+        self._run(self._reader.seek(official.seek_target(messageid)))
+
+    def is_connected(self) -> bool:
+        if self._closed:
+            return False
+        return self._loop.call(self._reader.is_connected)
+
     def close(self) -> None:
-        self._loop.run(self._reader.close())
+        if self._closed:
+            raise AlreadyClosed("Pulsar error: AlreadyClosed")
+        self._stop_listening()
+        self._closed = True
+        self._run(self._reader.close(), closed_check=False)
+
+
+class TableView(_Facade):
+    """Blocking view over the asyncio client's table view (what it returns awaitable is awaited)."""
+
+    def __init__(self, client: Client, view, topic: str, subscription_name: str | None) -> None:
+        self._client = client
+        self._loop = client._loop
+        self._view = view
+        self._topic = topic
+        self._subscription = subscription_name
+
+    def _stop_listening(self) -> None:
+        pass
+
+    def _blocking(self, method: str, *args):
+        result = self._call(getattr(self._view, method), *args)
+        return self._run(result) if inspect.isawaitable(result) else result
+
+    def get(self, key: str):
+        return self._blocking("get", key)
+
+    def for_each(self, callback: Callable) -> None:
+        self._blocking("for_each", callback)
+
+    def for_each_and_listen(self, callback: Callable) -> None:
+        self._blocking("for_each_and_listen", callback)
+
+    def close(self) -> None:
+        self._blocking("close")
+        self._closed = True  # after: closing goes through the same checked call
+
+    def __len__(self) -> int:
+        return self._blocking("__len__")
+
+    def __str__(self) -> str:
+        if self._subscription is None:
+            return f"TableView(topic={self._topic})"
+        return f"TableView(topic={self._topic}, subscription={self._subscription})"
+
+    __repr__ = __str__
+
+
+def __getattr__(name: str):
+    if name == "asyncio":  # `pulsar.asyncio`, as after `import pulsar.asyncio`
+        from . import asyncio as official_asyncio
+        return official_asyncio
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# the official module's names: its classes and enums, and `schema`
+__all__ = sorted([name for name, value in globals().items() if name[:1].isupper() and isinstance(value, type)
+                  and name not in ("LoopThread", "Any", "Callable")] + ["schema"])

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from pulsarwire import CompressionType, InitialPosition, MessageId, errors, sync
+from pulsarwire import CompressionType, InitialPosition, MessageId, blocking, errors
 
 from .conftest import unique
 
@@ -48,7 +48,7 @@ def official(peer):
 
 @pytest.fixture
 def ours(peer):
-    client = sync.Client(peer.url, operation_timeout_seconds=10)
+    client = blocking.Client(peer.url, operation_timeout_seconds=10)
     yield client
     client.close()
 

@@ -389,12 +389,28 @@ def test_errors_are_typed_as_the_official_ones(embedded):
 
 
 def test_blocking_facade_after_close_raises_already_closed(embedded):
+    from pulsarwire import blocking
+    client = blocking.Client(embedded.url, operation_timeout_seconds=10)
+    producer = client.create_producer(unique("closed"))
+    consumer = client.subscribe(unique("closed"), "s")
+    client.close()
+    client.close()  # closing twice is harmless
+    with pytest.raises(errors.AlreadyClosedError):
+        producer.send(b"late")
+    with pytest.raises(errors.AlreadyClosedError):
+        consumer.receive(100)
+    with pytest.raises(errors.AlreadyClosedError):
+        client.create_producer(unique("closed"))
+
+
+def test_drop_in_facade_after_close_raises_already_closed(embedded):
     from pulsarwire import sync
     client = sync.Client(embedded.url, operation_timeout_seconds=10)
     producer = client.create_producer(unique("closed"))
     consumer = client.subscribe(unique("closed"), "s")
     client.close()
-    client.close()  # closing twice is harmless
+    with pytest.raises(sync.AlreadyClosed):  # as the official client: a second close is refused
+        client.close()
     with pytest.raises(errors.AlreadyClosedError):
         producer.send(b"late")
     with pytest.raises(errors.AlreadyClosedError):

@@ -190,6 +190,49 @@ def test_pulsarwire_producer_access_modes(broker):
     run(main())
 
 
+def test_waiting_producer_that_goes_away_gives_up_its_turn(broker):
+    topic = unique("access-wait-gone")
+
+    async def main():
+        async with pw.Client(broker.url, operation_timeout_seconds=10) as client:
+            holder = await client.create_producer(topic, access_mode=pw.ProducerAccessMode.Exclusive)
+            other = pw.Client(broker.url, operation_timeout_seconds=10)
+            waiting = asyncio.ensure_future(
+                other.create_producer(topic, access_mode=pw.ProducerAccessMode.WaitForExclusive))
+            await asyncio.sleep(0.3)
+            await other.close()  # its connection goes while it waits
+            with pytest.raises(errors.PulsarWireError):
+                await waiting
+            await holder.close()
+            after = await client.create_producer(topic, access_mode=pw.ProducerAccessMode.Exclusive)
+            await after.send(b"x")
+            await after.close()
+    run(main())
+
+
+def test_fenced_producer_stays_fenced_across_a_restart(broker):
+    topic = unique("access-epoch")
+
+    async def holder_client():
+        return pw.Client(broker.url, operation_timeout_seconds=10, initial_backoff_seconds=1.5)
+
+    async def main():
+        first_client = await holder_client()
+        first = await first_client.create_producer(topic, producer_name="first", send_timeout_millis=8000,
+                                                   access_mode=pw.ProducerAccessMode.Exclusive)
+        await first.send(b"before")
+        await asyncio.get_running_loop().run_in_executor(None, broker.restart)
+        # a newer exclusive producer takes the topic before the first one comes back
+        async with pw.Client(broker.url, operation_timeout_seconds=10) as client:
+            second = await client.create_producer(topic, producer_name="second",
+                                                  access_mode=pw.ProducerAccessMode.ExclusiveWithFencing)
+            with pytest.raises(errors.ProducerFencedError):
+                await first.send(b"after")  # comes back with the old epoch: fenced, not busy forever
+            await second.send(b"second")
+        await first_client.close()
+    run(main())
+
+
 # -- ledger ids ----------------------------------------------------------------------------------
 
 def test_message_ids_are_unique_across_topics_partitions_and_restarts(broker, official):
@@ -472,4 +515,58 @@ def test_key_shared_many_interleaved_sticky_ranges(broker):
             for c in (even, odd):
                 await c.close()
             await producer.close()
+    run(main())
+
+
+def test_ledger_allocation_survives_a_lost_allocation_file(tmp_path):
+    from pulsarwire.broker.core import BrokerCore
+    core = BrokerCore(str(tmp_path))
+    core.open()
+    first = core.topic("persistent://public/default/a").ledger_id
+    second = core.topic("persistent://public/default/b").ledger_id
+    core.close()
+    os.remove(tmp_path / "ledger-ids.json")  # what is on disk still tells the highest id given out
+    core = BrokerCore(str(tmp_path))
+    core.open()
+    assert core.topic("persistent://public/default/a").ledger_id == first
+    third = core.topic("persistent://public/default/c").ledger_id
+    assert len({first, second, third}) == 3 and third > max(first, second)
+    core.close()
+
+
+def test_key_shared_sticky_keys_of_a_leaving_consumer_wait_for_a_new_owner(broker):
+    topic = unique("sticky-leave")
+    low = pw.KeySharedPolicy(pw.KeySharedMode.Sticky, sticky_ranges=[(0, 32767)])
+    high = pw.KeySharedPolicy(pw.KeySharedMode.Sticky, sticky_ranges=[(32768, 65535)])
+    keys = [f"key-{i}" for i in range(20)]
+    high_keys = [k for k in keys if _slot(k) >= 32768]
+
+    async def main():
+        async with pw.Client(broker.url, operation_timeout_seconds=10) as client:
+            options = dict(consumer_type=pw.ConsumerType.KeyShared, initial_position=pw.InitialPosition.Earliest)
+            first = await client.subscribe(topic, "ks", key_shared_policy=low, **options)
+            leaving = await client.subscribe(topic, "ks", key_shared_policy=high, **options)
+            producer = await client.create_producer(topic, batching_enabled=False)
+            for i, key in enumerate(keys):
+                await producer.send(b"%d" % i, partition_key=key)
+            unacked = [await leaving.receive(5000) for _ in high_keys]  # received, never acknowledged
+            assert {m.partition_key() for m in unacked} == set(high_keys)
+            await leaving.close()
+            for i, key in enumerate(keys, start=len(keys)):
+                await producer.send(b"%d" % i, partition_key=key)
+            low_count = 2 * (len(keys) - len(high_keys))
+            got_low = [await first.receive(5000) for _ in range(low_count)]
+            assert all(_slot(m.partition_key()) <= 32767 for m in got_low)
+            with pytest.raises(errors.TimeoutError):
+                await first.receive(300)
+            successor = await client.subscribe(topic, "ks", key_shared_policy=high, **options)
+            got = [await successor.receive(5000) for _ in range(2 * len(high_keys))]
+            per_key = {}
+            for m in got:
+                per_key.setdefault(m.partition_key(), []).append(int(m.data()))
+            assert set(per_key) == set(high_keys)
+            assert all(len(v) == 2 and v == sorted(v) for v in per_key.values())  # nothing lost, order kept
+            await producer.close()
+            await first.close()
+            await successor.close()
     run(main())

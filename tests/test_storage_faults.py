@@ -18,12 +18,14 @@ import pytest
 from pulsarwire import Client, InitialPosition, MessageId, codec, errors
 from pulsarwire._proto import PulsarApi_pb2 as pb
 from pulsarwire.broker.core import DUPLICATE, BrokerCore
+from pulsarwire.broker.topics import ProducerLink
 from pulsarwire.broker.storage import HEADER_SIZE, CorruptEntryError, FileOps, FilePool, TopicLog, topic_directory
 
 from .peers import BrokerThread, free_port, terminate, wait_for_port
 from .test_client import run
 
 TOPIC = "persistent://public/default/faults"
+_U64 = 0xFFFFFFFFFFFFFFFF  # a duplicate's receipt carries entry id -1
 
 
 class FillingDisk(FileOps):
@@ -47,6 +49,8 @@ class FillingDisk(FileOps):
     def truncate(self, fd, size):
         if self.truncate_fails:
             raise OSError(errno.EIO, "Input/output error")
+        if self.room is not None:  # a truncated file gives its space back
+            self.room += max(0, os.fstat(fd).st_size - size)
         super().truncate(fd, size)
 
     def replace_file(self, path, data):
@@ -131,6 +135,93 @@ def test_failed_commit_restores_dedup_state_so_a_resend_is_stored(tmp_path):
     core.close()
 
 
+class _Link(ProducerLink):
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.closed = False
+
+    def evict(self) -> None:
+        pass
+
+
+def test_a_producer_with_an_unstored_send_must_resend_it_before_anything_later(tmp_path):
+    """Sends pipelined after a failed one must not be stored after the gap: the resent ones
+    would then be answered as duplicates, acknowledged and never stored."""
+    disk = FillingDisk()
+    core = BrokerCore(str(tmp_path), file_ops=disk)
+    core.open()
+    topic = core.topic(TOPIC)
+    link = _Link("p")
+    topic.producers["p"] = link
+    disk.room = 0
+    core.publish(topic, "p", 0, None, False, _entry(0), None, 1, None, 1)
+    core.commit()
+    assert topic.refuses(link, 1)  # would be stored after the gap
+    assert not topic.refuses(link, 0)  # the resend of the failed one
+    again = _Link("p")  # or the client re-created the producer
+    topic.producers["p"] = again
+    assert not topic.refuses(again, 1)
+    disk.room = None
+    assert core.publish(topic, "p", 0, None, False, _entry(0), None, 1, None, 1) == 0
+    core.commit()
+    core.close()
+
+
+def test_sends_pipelined_after_a_failed_one_are_refused_not_stored_after_the_gap(tmp_path):
+    """On one connection: seq 0 fails (disk full); space returns; seq 1 arrives before the
+    client reacted, then seq 0 is resent. Before: seq 1 was stored and the resent seq 0 answered
+    as a duplicate (acknowledged, never stored). Now seq 1 gets SendError, the resent seq 0 is
+    stored, then seq 1: in order, each once."""
+    disk = FillingDisk()
+    broker = BrokerThread(tmp_path, v1_port=None, file_ops=disk).start()
+    T = pb.BaseCommand
+
+    def send(seq: int) -> bytes:
+        md = pb.MessageMetadata(producer_name="raw", sequence_id=seq, publish_time=1)
+        return codec.encode_payload_frame(T(type=T.SEND, send=pb.CommandSend(
+            producer_id=1, sequence_id=seq, num_messages=1)), codec.encode_metadata_and_payload(md, b"%d" % seq))
+
+    async def main():
+        reader, writer = await asyncio.open_connection("127.0.0.1", broker.broker.port)
+        frames = codec.FrameReader(1 << 20)
+
+        async def answer():
+            while True:
+                frame = frames.next_frame()
+                if frame is not None:
+                    return frame.command
+                frames.feed(await asyncio.wait_for(reader.read(65536), 5))
+
+        async def attach(producer_id_request: int):
+            writer.write(codec.encode_command(T(type=T.PRODUCER, producer=pb.CommandProducer(
+                topic=TOPIC, producer_id=1, request_id=producer_id_request, producer_name="raw"))))
+            return (await answer()).producer_success.last_sequence_id
+
+        writer.write(codec.encode_command(T(type=T.CONNECT, connect=pb.CommandConnect(
+            client_version="raw", protocol_version=19))))
+        assert (await answer()).type == T.CONNECTED
+        assert await attach(1) == -1
+        disk.room = 0
+        writer.write(send(0))
+        assert (await answer()).type == T.SEND_ERROR
+        disk.room = None
+        writer.write(send(1))
+        writer.write(send(0))
+        refused, resent = [(await answer()) for _ in range(2)]
+        assert refused.type == T.SEND_ERROR and refused.send_error.sequence_id == 1
+        assert (resent.send_receipt.sequence_id, resent.send_receipt.message_id.entryId) == (0, 0)
+        writer.write(send(1))
+        receipt = (await answer()).send_receipt
+        assert (receipt.sequence_id, receipt.message_id.entryId) == (1, 1)
+        writer.write(send(0))  # now truly a duplicate
+        assert (await answer()).send_receipt.message_id.entryId == _U64
+        writer.close()
+    try:
+        run(main())
+    finally:
+        broker.stop()
+
+
 def test_disk_full_answers_send_errors_and_the_broker_recovers(tmp_path, caplog):
     """200 sends while the disk fills: each failed commit is answered SendError (the client
     resends), nothing is acknowledged unstored, and once space returns all 200 are stored
@@ -168,6 +259,55 @@ def test_disk_full_answers_send_errors_and_the_broker_recovers(tmp_path, caplog)
                 return stored
         stored = run(read_back())
         assert stored == [b"warm-up"] + [b"payload-%03d" % i for i in range(count)]
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """An 8 MiB tmpfs (root only; skipped where it cannot be mounted)."""
+    mount_point = tmp_path / "tmpfs"
+    mount_point.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount_point)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)
+
+
+def test_real_full_disk_loses_nothing_acknowledged_and_recovers(small_tmpfs):
+    """A real ENOSPC: an 8 MiB tmpfs, 6 MiB of it taken by ballast; 100 sends of 32 KiB. Those
+    that do not fit get errors (the client resends); once the ballast goes all 100 are stored
+    exactly once, in order, also after a restart."""
+    ballast = small_tmpfs / "ballast"
+    ballast.write_bytes(b"\0" * (6 * 1024 * 1024))
+    data_dir = small_tmpfs / "data"
+    broker = BrokerThread(data_dir, v1_port=None).start()
+    payloads = [b"%03d-" % i + b"x" * (32 * 1024) for i in range(100)]
+
+    async def produce():
+        async with Client(broker.url, initial_backoff_seconds=0.05) as client:
+            producer = await client.create_producer(TOPIC, batching_enabled=False, send_timeout_millis=30000)
+            futures = [await producer.send_async(p) for p in payloads]
+            await asyncio.sleep(1.5)
+            assert not all(f.done() for f in futures)  # the disk is full: some wait
+            ballast.unlink()  # space returns
+            await asyncio.wait_for(asyncio.gather(*futures), 30)
+    try:
+        run(produce())
+        assert broker.call(broker.broker.storage_stats)["failed_commits"] >= 1
+        broker.restart()
+
+        async def read_back():
+            async with Client(broker.url) as client:
+                reader = await client.create_reader(TOPIC, MessageId.earliest)
+                stored = []
+                while await reader.has_message_available():
+                    stored.append((await reader.read_next(5000)).data())
+                return stored
+        assert run(read_back()) == payloads
     finally:
         broker.stop()
 
@@ -267,6 +407,44 @@ def test_log_truncated_mid_file_opens(tmp_path, caplog):
     assert any("truncated" in r.getMessage() for r in caplog.records)
     assert topic_log.append(_entry(60), None, 1, 1) == 60
     topic_log.close()
+
+
+def test_log_cut_below_cursor_and_dedup_state_loses_nothing_later(tmp_path, caplog):
+    """A log cut by recovery (a torn tail after power loss, a truncated file) below what the cursor
+    and the dedup snapshot had seen: both move back, so the resent and the new messages are
+    stored and delivered, not skipped as acknowledged or dropped as duplicates."""
+    broker = BrokerThread(tmp_path, v1_port=None).start()
+
+    async def first():
+        async with Client(broker.url) as client:
+            consumer = await client.subscribe(TOPIC, "sub", initial_position=InitialPosition.Earliest,
+                                              ack_group_time_ms=0)
+            producer = await client.create_producer(TOPIC, producer_name="p", batching_enabled=False)
+            for i in range(100):
+                await producer.send(b"%d" % i)
+                consumer.acknowledge(await consumer.receive(5000))
+            await asyncio.sleep(0.6)  # cursor and dedup state persisted
+    try:
+        run(first())
+        broker.stop()
+        directory = topic_directory(str(tmp_path), TOPIC)
+        os.truncate(_log_file(directory), _position(directory, 60) + 5)
+        caplog.set_level(logging.ERROR, logger="pulsarwire.broker")
+        broker.start()
+
+        async def second():
+            async with Client(broker.url) as client:
+                producer = await client.create_producer(TOPIC, producer_name="p", batching_enabled=False)
+                assert producer.last_sequence_id() == 59
+                consumer = await client.subscribe(TOPIC, "sub")
+                await producer.send(b"again-60")
+                assert (await consumer.receive(5000)).data() == b"again-60"
+        run(second())
+        messages = [r.getMessage() for r in caplog.records]
+        assert any("cursor is past the end" in m for m in messages)
+        assert any("deduplication state" in m for m in messages)
+    finally:
+        broker.stop()
 
 
 @pytest.mark.parametrize("where", ["body", "header"])

@@ -132,6 +132,7 @@ class BrokerCore:
             self.create_partitioned_topic(name, self.default_partitions)
         return self._partitioned.get(name, 0)
 
+
     def create_partitioned_topic(self, name: str, partitions: int) -> None:
         if partitions < 1:
             raise ValueError("a partitioned topic needs at least one partition")

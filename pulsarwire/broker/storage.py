@@ -259,7 +259,7 @@ def _record_at(buf, offset: int, end: int) -> int | None:
         return None
     body_size, checksum, _, _ = _HEADER.unpack_from(buf, offset)
     body_end = offset + HEADER_SIZE + body_size
-    if body_end > end:
+    if body_end > end or body_size == 0:  # an entry is never empty; zeros are no record
         return None
     if crc32c(buf[offset + HEADER_SIZE:body_end]) != checksum:
         return None
@@ -571,10 +571,11 @@ class TopicLog:
 
     def _roll_over(self) -> _Segment:
         """Commit and fsync the full segment, then start the next one (StorageError if it cannot)."""
-        self.commit()
+        batch = self.batch
+        if not self.commit():
+            # the entries before this one failed: this one must not be stored after the gap
+            raise StorageError(f"not stored after a failed commit: {batch.error}")
         old = self._segments[-1]
-        if old.size < self.segment_bytes or not old.positions:
-            return old  # the commit failed and was rolled back
         try:
             old.commit(sync=True)
         except StorageError as exc:

@@ -29,6 +29,7 @@ log = logging.getLogger("pulsarwire.broker")
 COUNT_MAX_UNCOMPRESSED = 8 * 1024 * 1024  # a compressed batch larger than this is not counted (CPU bound)
 LEGACY_LEDGER_ID = 0  # the ledger of entries stored before topics had their own ledger ids
 LEDGERS_FILE = "ledgers.json"
+EPOCH_FILE = "producer-epoch.json"
 EARLIEST = -1  # a start position before every entry
 LATEST = 1 << 63  # a start position after every entry
 # A seek closes the consumers so they re-subscribe at the new position; a non-durable
@@ -116,6 +117,14 @@ WAIT_FOR_EXCLUSIVE, EXCLUSIVE_WITH_FENCING = pb.WaitForExclusive, pb.ExclusiveWi
 
 class Subscription:
     def __init__(self, topic: "Topic", name: str, sub_type: int, durable: bool, cursor: Cursor) -> None:
+        end = topic.log.committed_entry_id
+        if cursor.mark_delete >= end or any(e >= end for e in cursor.acked):
+            # recovery cut the log below this persisted cursor: entries appended from now on
+            # must not count as acknowledged
+            log.error("topic %s, subscription %s: the cursor is past the end of the log (%d); moved back "
+                      "to it", topic.name, name, end - 1)
+            cursor = Cursor(min(cursor.mark_delete, end - 1), [e for e in cursor.acked if e < end],
+                            {e: b for e, b in cursor.partial.items() if e < end})
         self.topic = topic
         self.name = name
         self.type = sub_type
@@ -455,15 +464,20 @@ def entry_message_count(body, batch_count: int | None) -> int:
     if batch_count is None or batch_count <= 1:
         return 1
     try:
-        size = int.from_bytes(body[:4], "big")
-        metadata = pb.MessageMetadata.FromString(bytes(body[4:4 + size]))
-        payload = codec.decompress_payload(metadata, memoryview(body)[4 + size:], COUNT_MAX_UNCOMPRESSED)
+        end = 4 + int.from_bytes(body[:4], "big")
+        metadata = _parse_metadata(body[4:end])
+        payload = body[end:]
+        if metadata.compression:
+            payload = codec.decompress_payload(metadata, payload, COUNT_MAX_UNCOMPRESSED)
     except (PulsarWireError, ValueError):  # DecodeError is a ValueError
         return 1
     try:
-        return len(codec.split_messages(metadata, payload))
+        return len(codec.split_messages(metadata, payload)) or 1
     except (PulsarWireError, ValueError) as exc:
         raise MalformedBatchError(f"the batch does not hold the {batch_count} messages it claims: {exc}") from exc
+
+
+_parse_metadata = pb.MessageMetadata.FromString
 
 
 def entry_metadata(entry) -> pb.MessageMetadata:
@@ -490,12 +504,18 @@ class Topic:
         self._open_ledgers(new_ledger_id)
         self._on_append = on_append
         self._dedup_undo: dict[str, int | None] = {}  # producer -> its sequence id before this batch
+        # producers with sends in a failed commit: until they attach again, a send of theirs that
+        # would leave a gap after their last stored sequence id is refused, else the resent ones
+        # (lower ids) would look like duplicates
+        self.fenced: dict[str, ProducerLink] = {}
         self.producers: dict[str, ProducerLink] = {}
         self.exclusive_producer: ProducerLink | None = None
         # WaitForExclusive producers in arrival order, each with its callbacks (granted epoch; error)
         self.waiting_producers: list[tuple[ProducerLink, int | None, Callable[[int], None],
                                            Callable[[Exception], None]]] = []
-        self.epoch = 0  # bumped each time an exclusive producer takes the topic
+        # bumped each time an exclusive producer takes the topic; kept on disk so that a fenced
+        # producer stays fenced across restarts
+        self.epoch = int(read_json(os.path.join(self.directory, EPOCH_FILE), {}).get("epoch", 0))
         self.subscriptions: dict[str, Subscription] = {}
         self.deliver_at: dict[int, int] = {}  # entry -> epoch ms before which Shared subs hold it
         state = read_json(os.path.join(self.directory, "state.json"), {})
@@ -540,6 +560,12 @@ class Topic:
 
     def _recover_dedup(self, upto: int) -> None:
         """Producers' last sequence ids, from the snapshot plus the entries after it."""
+        if upto >= self.log.next_entry_id:
+            # recovery cut the log below what the snapshot counted: rebuilt from the log alone,
+            # else a resend of a lost entry would be answered as a duplicate
+            log.error("topic %s: deduplication state counts entries up to %d but the log ends at %d; "
+                      "rebuilt from the log", self.name, upto, self.log.next_entry_id - 1)
+            self.last_sequence, upto = {}, -1
         for entry_id in range(max(upto + 1, self.log.first_entry_id), self.log.next_entry_id):
             try:
                 md = entry_metadata(self.log.read(entry_id))
@@ -572,6 +598,12 @@ class Topic:
         self._state_dirty = True
         return entry_id
 
+    def refuses(self, producer: ProducerLink, sequence_id: int) -> bool:
+        """Whether this send must be refused: its producer had sends in a failed commit, and this
+        one is not the next after what is stored (the failed ones must be resent first)."""
+        return self.fenced.get(producer.name) is producer and \
+            sequence_id > self.last_sequence.get(producer.name, -1) + 1
+
     def commit(self) -> bool:
         """Hand the appended entries to the OS; then subscriptions may send them. False when
         the file system refused (the log is rolled back, and so is the dedup state)."""
@@ -592,6 +624,16 @@ class Topic:
                 self.last_sequence.pop(producer_name, None)
             else:
                 self.last_sequence[producer_name] = previous
+            link = self.producers.get(producer_name)
+            if link is not None:
+                self.fence(link)
+
+    def fence(self, producer: ProducerLink) -> None:
+        """A send of this producer was not stored: refuse its later ones until it resends that
+        one (or attaches again)."""
+        log.warning("topic %s: producer %s must resend what was not stored before anything later",
+                    self.name, producer.name)
+        self.fenced[producer.name] = producer
         end = self.log.next_entry_id
         for entry_id in [e for e in self.deliver_at if e >= end]:
             del self.deliver_at[entry_id]
@@ -680,8 +722,7 @@ class Topic:
                 other.evict()
             self.producers.clear()
             self.exclusive_producer = None
-            self.epoch = max(self.epoch, epoch or 0) + 1
-            return self._grant(producer, self.epoch)
+            return self._grant(producer, max(self.epoch, epoch or 0) + 1)
         if epoch is not None and epoch < self.epoch:
             raise ProducerFencedError(f"{self.name}: topic epoch moved on to {self.epoch}")
         if self.exclusive_producer is not None or self.producers:
@@ -699,7 +740,9 @@ class Topic:
         return self._grant(producer, self.epoch + 1 if epoch is None else epoch)
 
     def _grant(self, producer: ProducerLink, epoch: int) -> int:
-        self.epoch = epoch
+        if epoch != self.epoch:
+            self.log.pool.write_json(os.path.join(self.directory, EPOCH_FILE), {"epoch": epoch})
+            self.epoch = epoch
         self.exclusive_producer = producer
         self.producers[producer.name] = producer
         return epoch
@@ -715,7 +758,7 @@ class Topic:
             waiting, epoch, granted, refused = self.waiting_producers.pop(0)
             try:
                 granted(self._take_exclusive(waiting, epoch))
-            except ProducerFencedError as exc:
+            except (ProducerFencedError, StorageError) as exc:  # the epoch could not be kept: refused
                 refused(exc)
 
     def evict_all(self) -> int:

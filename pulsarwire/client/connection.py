@@ -222,9 +222,10 @@ class ConnectionPool:
 
     def __init__(self, client: "Client", service: Address, *, connection_timeout: float,
                  tls_trust_certs_file_path: str | None, tls_allow_insecure_connection: bool,
-                 tls_validate_hostname: bool) -> None:
+                 tls_validate_hostname: bool, other_service_hosts: "list[Address] | None" = None) -> None:
         self._client = client
-        self._service = service
+        self._service = service  # the service host in use; lookups and metadata go there
+        self._service_hosts = [service, *(other_service_hosts or [])]
         self._connection_timeout = connection_timeout
         self._tls_trust = tls_trust_certs_file_path
         self._tls_insecure = tls_allow_insecure_connection
@@ -234,6 +235,10 @@ class ConnectionPool:
 
     def __len__(self) -> int:
         return len(self._connections)
+
+    @property
+    def service(self) -> Address:
+        return self._service
 
     def _ssl_context(self, address: Address) -> ssl.SSLContext | None:
         if not address.tls:
@@ -268,7 +273,7 @@ class ConnectionPool:
         client = self._client
         loop = client._loop
         deadline = loop.time() + client._operation_timeout
-        attempt = 0
+        attempt = hosts_tried = 0
         while True:
             remaining = deadline - loop.time()
             try:
@@ -276,6 +281,13 @@ class ConnectionPool:
             except ConnectError as exc:
                 if isinstance(exc.__cause__, ssl.SSLCertVerificationError):
                     raise  # an untrusted certificate does not get better with retries
+                if address == self._service and len(self._service_hosts) > 1:
+                    # a service URL listing several hosts: the next one is tried (and kept)
+                    hosts = self._service_hosts
+                    address = self._service = hosts[(hosts.index(address) + 1) % len(hosts)]
+                    hosts_tried += 1
+                    if hosts_tried % len(hosts):
+                        continue  # the back-off comes once every host was tried
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     raise ConnectTimeoutError(f"could not connect to {address.url()} within "

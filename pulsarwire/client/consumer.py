@@ -125,6 +125,12 @@ class PartitionConsumer(Reconnecting):
 
     async def start(self) -> None:
         await self._connect()
+        if not self.parent._durable and self._start_inclusive and self._start_message_id == MessageId.latest:
+            # a reader from latest, inclusive, reads the topic's last message too (as the
+            # official client: it seeks to the last message id once subscribed)
+            last = await self.get_last_message_id()
+            if last.entry_id >= 0:
+                await self.seek(last, None)
 
     async def _connect(self) -> None:
         parent = self.parent
@@ -139,6 +145,8 @@ class PartitionConsumer(Reconnecting):
             fields["keySharedMeta"] = parent._key_shared_policy.to_proto()
         if parent._properties:
             fields["metadata"] = [pb.KeyValue(key=k, value=v) for k, v in parent._properties.items()]
+        if parent._replicate_subscription_state:
+            fields["replicate_subscription_state"] = True
         if parent._wire_schema is not None:
             fields["schema"] = parent._wire_schema
         if not parent._durable and self._last_message is not None:
@@ -491,6 +499,12 @@ class PartitionConsumer(Reconnecting):
         self._last_message = None
         # Delivery resumes after the sought message (at it with start_message_id_inclusive).
         self._start_message_id, self._start_inclusive = message_id, self.parent._start_inclusive
+        reconnecting = self._reconnecting
+        if reconnecting is not None:
+            # the broker closed this consumer to restart it from the seek position: the seek is
+            # done once it is attached again (as in the official client), so that what follows
+            # (has_message_available, get_last_message_id) does not find it unconnected
+            await asyncio.shield(reconnecting)
 
     async def get_last_message_id(self) -> MessageId:
         conn = self.conn
@@ -540,6 +554,7 @@ class Consumer:
                  start_message_id_inclusive: bool = False,
                  schema: Schema | None = None, dead_letter_policy: Any = None, retry_enable: bool = False,
                  negative_ack_redelivery_backoff: Any = None,
+                 replicate_subscription_state_enabled: bool = False,
                  _durable: bool = True, _start_message_id: MessageId | None = None,
                  _start_inclusive: bool = False) -> None:
         if receiver_queue_size < 1:
@@ -567,6 +582,9 @@ class Consumer:
         self._ack_group_time = ack_group_time_ms / 1000
         self._batch_index_ack = batch_index_ack_enabled
         self._read_compacted = read_compacted
+        # asks a geo-replicated cluster to replicate the subscription's position (the embedded
+        # broker has no other cluster and ignores it)
+        self._replicate_subscription_state = bool(replicate_subscription_state_enabled)
         self._properties = properties or {}
         if max_pending_chunked_message < 0 or expire_time_of_incomplete_chunked_message_ms < 0:
             raise ValueError("max_pending_chunked_message and expire_time_of_incomplete_chunked_message_ms "
@@ -689,6 +707,9 @@ class Consumer:
 
     def subscription_name(self) -> str:
         return self._subscription
+
+    def consumer_name(self) -> str:
+        return self._consumer_name or ""
 
     def _fail(self, error: BaseException) -> None:
         self._error = error

@@ -133,19 +133,35 @@ class Address:
             raise ValueError(f"service URL has no host: {url!r}")
         return cls(parsed.hostname, parsed.port or (DEFAULT_TLS_PORT if tls else DEFAULT_PORT), tls)
 
+    @classmethod
+    def parse_service_url(cls, url: str) -> "list[Address]":
+        """The hosts of a service URL, which may list several (`pulsar://host1:6650,host2:6650`):
+        the client uses the first and moves to the next when it cannot connect."""
+        scheme, separator, rest = url.partition("://")
+        if not separator:
+            return [cls.parse(url)]  # raises: no scheme
+        hosts = rest.split("/", 1)[0]
+        return [cls.parse(f"{scheme}://{host}") for host in hosts.split(",")]
+
     def url(self) -> str:
         return f"{'pulsar+ssl' if self.tls else 'pulsar'}://{self.host}:{self.port}"
 
 
 def topic_name(topic: str) -> str:
-    """Fully qualify a short topic name: `t` -> `persistent://public/default/t`."""
+    """Fully qualify a short topic name: `t` -> `persistent://public/default/t`; ValueError for a
+    name that is not `topic`, `tenant/namespace/topic` or `scheme://tenant/namespace/topic`."""
     if "://" in topic:
-        return topic
-    parts = topic.split("/")
-    if len(parts) == 1:
-        return f"persistent://public/default/{topic}"
-    if len(parts) == 3:
-        return f"persistent://{topic}"
+        scheme, _, rest = topic.partition("://")
+        parts = rest.split("/")
+        # four parts: the older tenant/cluster/namespace/topic form
+        if scheme in ("persistent", "non-persistent") and len(parts) in (3, 4) and all(parts):
+            return topic
+    else:
+        parts = topic.split("/")
+        if len(parts) == 1 and topic:
+            return f"persistent://public/default/{topic}"
+        if len(parts) == 3 and all(parts):
+            return f"persistent://{topic}"
     raise ValueError(f"invalid topic name {topic!r}")
 
 

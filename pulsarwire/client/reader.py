@@ -14,6 +14,9 @@ class Reader:
     def topic(self) -> str:
         return self._consumer.topic()
 
+    def is_connected(self) -> bool:
+        return not self._consumer._closed and self._consumer.is_connected()
+
     async def read_next(self, timeout_millis: int | None = None) -> Message:
         return await self._consumer.receive(timeout_millis)
 

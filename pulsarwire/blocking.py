@@ -1,0 +1,242 @@
+"""Blocking facade over the asyncio client with pulsarwire's own names and types
+(`pulsarwire.MessageId`, `callback(error, message_id)`), for code that is not async;
+the spark source uses it. `pulsarwire.sync` is the official client's surface instead.
+
+A private event loop runs in a daemon thread (`LoopThread`); every call hands a
+coroutine to it and waits. Callbacks (`send_async`) run on that loop's thread.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, Callable
+
+from . import client as aio
+from .errors import AlreadyClosedError, ConnectionClosedError, TopicTerminatedError
+from .messages import Message, MessageId
+
+
+class LoopThread:
+    """An event loop running in a daemon thread; blocking callers hand it coroutines."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._serve, name="pulsarwire-loop", daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        try:
+            self.loop.run_forever()
+        finally:
+            self.loop.close()  # here, so that a loop stopped from its own thread is closed too
+
+    @property
+    def stopped(self) -> bool:
+        return self.loop.is_closed() or not self.thread.is_alive()
+
+    def run(self, coro, timeout: float | None = None):
+        if self.stopped:  # the client was closed: a typed error, not "Event loop is closed"
+            coro.close()
+            raise AlreadyClosedError("client is closed")
+        if threading.current_thread() is self.thread:
+            coro.close()
+            # waiting here would wait for this very thread: a hang, so refuse at once
+            raise RuntimeError("a blocking pulsarwire call was made from a callback on its own event-loop "
+                               "thread; use the asyncio API or hand the work to another thread")
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout)
+        except BaseException:
+            # an interrupted caller (Ctrl-C, a timeout) must not leave the operation running on
+            # the loop: an orphaned receive would take a message that nobody gets
+            future.cancel()
+            raise
+
+    def call(self, fn: Callable, *args):
+        """Run a plain function on the loop's thread (at once when already on it) and return its result."""
+        if self.stopped:
+            raise AlreadyClosedError("client is closed")
+        if threading.current_thread() is self.thread:
+            return fn(*args)
+
+        async def invoke():
+            return fn(*args)
+        return self.run(invoke())
+
+    def stop(self) -> None:
+        """Cancel what still runs on the loop (so that callers blocked on it get an answer), then stop it."""
+        if self.loop.is_closed():
+            return
+
+        async def cancel_the_rest():
+            for _ in range(10):  # a cancelled task's cleanup may start another: a few rounds
+                await asyncio.sleep(0)  # callbacks already scheduled run first (they may start tasks)
+                tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+                if not tasks:
+                    return
+                for task in tasks:
+                    task.cancel()
+                await asyncio.wait(tasks, timeout=1)
+
+        if threading.current_thread() is self.thread:  # cannot wait for itself: stop once the rest is done
+            async def cancel_then_stop():
+                await cancel_the_rest()
+                self.loop.stop()
+            self.loop.create_task(cancel_then_stop())
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(cancel_the_rest(), self.loop).result(5)
+        except Exception:  # noqa: BLE001 - stopping goes on regardless
+            pass
+        try:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        except RuntimeError:  # closed meanwhile: stopped already
+            return
+        self.thread.join(timeout=5)
+
+
+class Client:
+    """Blocking client: `Client("pulsar://127.0.0.1:6650")`; same options as the asyncio one."""
+
+    def __init__(self, service_url: str, **options: Any) -> None:
+        self._loop = LoopThread()
+
+        async def make():
+            return aio.Client(service_url, **options)
+        try:
+            self._client = self._loop.run(make())
+        except BaseException:
+            self._loop.stop()
+            raise
+
+    def create_producer(self, topic: str, **options: Any) -> "Producer":
+        return Producer(self._loop, self._loop.run(self._client.create_producer(topic, **options)))
+
+    def subscribe(self, topic: str | list[str], subscription_name: str, **options: Any) -> "Consumer":
+        return Consumer(self._loop, self._loop.run(self._client.subscribe(topic, subscription_name, **options)))
+
+    def create_reader(self, topic: str, start_message_id: MessageId, **options: Any) -> "Reader":
+        return Reader(self._loop, self._loop.run(self._client.create_reader(topic, start_message_id, **options)))
+
+    def get_topic_partitions(self, topic: str) -> list[str]:
+        return self._loop.run(self._client.get_topic_partitions(topic))
+
+    def close(self) -> None:
+        if self._loop.stopped:
+            return
+        try:
+            self._loop.run(self._client.close())
+        finally:
+            self._loop.stop()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Producer:
+    def __init__(self, loop: LoopThread, producer: aio.Producer) -> None:
+        self._loop = loop
+        self._producer = producer
+
+    def send(self, content: bytes, **options: Any) -> MessageId:
+        return self._loop.run(self._producer.send(content, **options))
+
+    def send_async(self, content: bytes, callback: Callable[[Exception | None, MessageId | None], None] | None,
+                   **options: Any) -> None:
+        """Queue a message; callback(error, message_id) runs when the broker answers."""
+        async def queue():
+            future = await self._producer.send_async(content, **options)
+            if callback is not None:
+                def done(f):
+                    error = f.exception()
+                    callback(error, None if error else f.result())
+                future.add_done_callback(done)
+        self._loop.run(queue())
+
+    def flush(self) -> None:
+        self._loop.run(self._producer.flush())
+
+    def topic(self) -> str:
+        return self._producer.topic()
+
+    def producer_name(self) -> str:
+        return self._loop.call(self._producer.producer_name)
+
+    def last_sequence_id(self) -> int:
+        return self._loop.call(self._producer.last_sequence_id)
+
+    def close(self) -> None:
+        self._loop.run(self._producer.close())
+
+
+class Consumer:
+    def __init__(self, loop: LoopThread, consumer: aio.Consumer) -> None:
+        self._loop = loop
+        self._consumer = consumer
+
+    def receive(self, timeout_millis: int | None = None) -> Message:
+        return self._loop.run(self._consumer.receive(timeout_millis))
+
+    def acknowledge(self, message: Message | MessageId) -> None:
+        self._loop.call(self._consumer.acknowledge, message)
+
+    def acknowledge_cumulative(self, message: Message | MessageId) -> None:
+        self._loop.call(self._consumer.acknowledge_cumulative, message)
+
+    def negative_acknowledge(self, message: Message | MessageId) -> None:
+        self._loop.call(self._consumer.negative_acknowledge, message)
+
+    def redeliver_unacknowledged_messages(self) -> None:
+        self._loop.call(self._consumer.redeliver_unacknowledged_messages)
+
+    def seek(self, target: MessageId | int) -> None:
+        self._loop.run(self._consumer.seek(target))
+
+    def get_last_message_id(self) -> MessageId:
+        return self._loop.run(self._consumer.get_last_message_id())
+
+    def unsubscribe(self) -> None:
+        self._loop.run(self._consumer.unsubscribe())
+
+    def topic(self) -> str:
+        return self._consumer.topic()
+
+    def subscription_name(self) -> str:
+        return self._consumer.subscription_name()
+
+    def close(self) -> None:
+        self._loop.run(self._consumer.close())
+
+    def __iter__(self):
+        while True:
+            try:
+                yield self.receive()
+            except (TopicTerminatedError, ConnectionClosedError):
+                return
+
+
+class Reader:
+    def __init__(self, loop: LoopThread, reader: aio.Reader) -> None:
+        self._loop = loop
+        self._reader = reader
+
+    def read_next(self, timeout_millis: int | None = None) -> Message:
+        return self._loop.run(self._reader.read_next(timeout_millis))
+
+    def has_message_available(self) -> bool:
+        return self._loop.run(self._reader.has_message_available())
+
+    def seek(self, target: MessageId | int) -> None:
+        self._loop.run(self._reader.seek(target))
+
+    def get_last_message_id(self) -> MessageId:
+        return self._loop.run(self._reader.get_last_message_id())
+
+    def topic(self) -> str:
+        return self._reader.topic()
+
+    def close(self) -> None:
+        self._loop.run(self._reader.close())

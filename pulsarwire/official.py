@@ -1,0 +1,823 @@
+"""The official Python client's (`pulsar-client` 3.x) names over pulsarwire's own, shared by
+the two drop-in surfaces: `pulsarwire.sync` (used as `pulsar`) and `pulsarwire.asyncio` (used
+as `pulsar.asyncio`).
+
+It owns: the enums with the official members and values; `Result` and the table from pulsarwire
+errors to official results (each official exception class is also a subclass of the pulsarwire
+error it stands for, so both `except pulsar.Timeout` and `except pulsarwire.TimeoutError` work);
+`MessageId` with the official constructor and accessor methods; `Message`; the consumer policies;
+the authentication classes; and the translation of the official keyword arguments into the
+asyncio client's (`producer_options`, `consumer_options`, `reader_options`, `client_options`).
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import enum
+import json
+import re
+from datetime import timedelta
+from typing import Any, Callable
+
+from . import client as aio
+from . import errors
+from . import messages
+from .routing import HashingScheme, RoutingMode
+
+
+# --- enums -----------------------------------------------------------------------------
+
+class OfficialEnum(enum.IntEnum):
+    """An int enum that prints as the official client's (`Result.Ok`, not `0`)."""
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__}.{self.name}"
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+
+RESULT_NAMES = (
+    "Ok", "UnknownError", "InvalidConfiguration", "Timeout", "LookupError", "ConnectError", "ReadError",
+    "AuthenticationError", "AuthorizationError", "ErrorGettingAuthenticationData", "BrokerMetadataError",
+    "BrokerPersistenceError", "ChecksumError", "ConsumerBusy", "NotConnected", "AlreadyClosed",
+    "InvalidMessage", "ConsumerNotInitialized", "ProducerNotInitialized", "ProducerBusy",
+    "TooManyLookupRequestException", "InvalidTopicName", "InvalidUrl", "ServiceUnitNotReady",
+    "OperationNotSupported", "ProducerBlockedQuotaExceededError", "ProducerBlockedQuotaExceededException",
+    "ProducerQueueIsFull", "MessageTooBig", "TopicNotFound", "SubscriptionNotFound", "ConsumerNotFound",
+    "UnsupportedVersionError", "TopicTerminated", "CryptoError", "IncompatibleSchema", "ConsumerAssignError",
+    "CumulativeAcknowledgementNotAllowedError", "TransactionCoordinatorNotFoundError", "InvalidTxnStatusError",
+    "NotAllowedError", "TransactionConflict", "TransactionNotFound", "ProducerFenced", "MemoryBufferIsFull",
+    "Interrupted",
+)
+Result = OfficialEnum("Result", [(name, value) for value, name in enumerate(RESULT_NAMES)])
+Result.__doc__ = "The outcome of an operation, as the official client numbers it."
+
+CompressionType = OfficialEnum("CompressionType", [("NONE", 0), ("LZ4", 1), ("ZLib", 2), ("ZSTD", 3),
+                                                   ("SNAPPY", 4)])
+ConsumerType = OfficialEnum("ConsumerType", [("Exclusive", 0), ("Shared", 1), ("Failover", 2), ("KeyShared", 3)])
+InitialPosition = OfficialEnum("InitialPosition", [("Latest", 0), ("Earliest", 1)])
+PartitionsRoutingMode = OfficialEnum("PartitionsRoutingMode", [("UseSinglePartition", 0),
+                                                               ("RoundRobinDistribution", 1),
+                                                               ("CustomPartition", 2)])
+BatchingType = OfficialEnum("BatchingType", [("Default", 0), ("KeyBased", 1)])
+KeySharedMode = OfficialEnum("KeySharedMode", [("AutoSplit", 0), ("Sticky", 1)])
+ProducerAccessMode = OfficialEnum("ProducerAccessMode", [("Shared", 0), ("Exclusive", 1), ("WaitForExclusive", 2),
+                                                         ("ExclusiveWithFencing", 3)])
+RegexSubscriptionMode = OfficialEnum("RegexSubscriptionMode", [("PersistentOnly", 0), ("NonPersistentOnly", 1),
+                                                               ("AllTopics", 2)])
+ConsumerCryptoFailureAction = OfficialEnum("ConsumerCryptoFailureAction", [("FAIL", 0), ("DISCARD", 1),
+                                                                           ("CONSUME", 2)])
+LoggerLevel = OfficialEnum("LoggerLevel", [("Debug", 0), ("Info", 1), ("Warn", 2), ("Error", 3)])
+
+
+# --- errors ----------------------------------------------------------------------------
+
+def _pulsarwire_error(*names: str) -> type[BaseException] | None:
+    """The first of `names` that pulsarwire.errors defines (some typed errors may not exist yet)."""
+    for name in names:
+        cls = getattr(errors, name, None)
+        if isinstance(cls, type) and issubclass(cls, BaseException):
+            return cls
+    return None
+
+
+#: official result name -> the pulsarwire error class it stands for (None: pulsarwire has none).
+PULSARWIRE_ERRORS: dict[str, type[BaseException] | None] = {
+    "UnknownError": _pulsarwire_error("UnknownServerError"),
+    "Timeout": _pulsarwire_error("TimeoutError"),
+    "ConnectError": _pulsarwire_error("ConnectError"),
+    "AuthenticationError": _pulsarwire_error("AuthenticationError"),
+    "AuthorizationError": _pulsarwire_error("AuthorizationError"),
+    "BrokerMetadataError": _pulsarwire_error("MetadataError"),
+    "BrokerPersistenceError": _pulsarwire_error("PersistenceError"),
+    "ChecksumError": _pulsarwire_error("ChecksumServerError"),
+    "ConsumerBusy": _pulsarwire_error("ConsumerBusyError"),
+    "NotConnected": _pulsarwire_error("ConnectionClosedError"),
+    "AlreadyClosed": _pulsarwire_error("AlreadyClosedError", "ConnectionClosedError"),
+    "InvalidMessage": _pulsarwire_error("CodecError"),
+    "ProducerBusy": _pulsarwire_error("ProducerBusyError"),
+    "TooManyLookupRequestException": _pulsarwire_error("TooManyRequestsError"),
+    "InvalidTopicName": _pulsarwire_error("InvalidTopicNameError"),
+    "ServiceUnitNotReady": _pulsarwire_error("ServiceNotReadyError"),
+    "ProducerBlockedQuotaExceededError": _pulsarwire_error("ProducerBlockedQuotaExceededError"),
+    "ProducerBlockedQuotaExceededException": _pulsarwire_error("ProducerBlockedQuotaExceededException"),
+    "ProducerQueueIsFull": _pulsarwire_error("ProducerQueueFullError"),
+    "MessageTooBig": _pulsarwire_error("MessageTooBigError"),
+    "TopicNotFound": _pulsarwire_error("TopicNotFoundError"),
+    "SubscriptionNotFound": _pulsarwire_error("SubscriptionNotFoundError"),
+    "ConsumerNotFound": _pulsarwire_error("ConsumerNotFoundError"),
+    "UnsupportedVersionError": _pulsarwire_error("UnsupportedVersionError"),
+    "TopicTerminated": _pulsarwire_error("TopicTerminatedError"),
+    "IncompatibleSchema": _pulsarwire_error("IncompatibleSchemaError"),
+    "ConsumerAssignError": _pulsarwire_error("ConsumerAssignError"),
+    "CumulativeAcknowledgementNotAllowedError": _pulsarwire_error("CumulativeAcknowledgementNotAllowedError"),
+    "TransactionCoordinatorNotFoundError": _pulsarwire_error("TransactionCoordinatorNotFoundError"),
+    "InvalidTxnStatusError": _pulsarwire_error("InvalidTxnStatusError"),
+    "NotAllowedError": _pulsarwire_error("NotAllowedError"),
+    "TransactionConflict": _pulsarwire_error("TransactionConflictError"),
+    "TransactionNotFound": _pulsarwire_error("TransactionNotFoundError"),
+    "ProducerFenced": _pulsarwire_error("ProducerFencedError"),
+}
+
+# pulsarwire error class -> official result; where two results share a class (AlreadyClosed and
+# NotConnected before AlreadyClosedError exists), the connection case is the default and
+# `official_result(..., closed=True)` picks AlreadyClosed.
+_RESULT_OF: dict[type, Result] = {}
+for _name, _cls in PULSARWIRE_ERRORS.items():
+    if _cls is not None and _cls not in _RESULT_OF:
+        _RESULT_OF[_cls] = Result[_name]
+if PULSARWIRE_ERRORS["AlreadyClosed"] is not PULSARWIRE_ERRORS["NotConnected"]:
+    _RESULT_OF[PULSARWIRE_ERRORS["AlreadyClosed"]] = Result.AlreadyClosed
+
+
+def official_result(exc: BaseException, closed: bool = False) -> Result | None:
+    """The official result for an error pulsarwire raised; None for errors that stay as they are
+    (ValueError, TypeError and the like, which the official client raises too)."""
+    cancelled = isinstance(exc, (asyncio.CancelledError, concurrent.futures.CancelledError))
+    if closed and (cancelled or isinstance(exc, errors.ConnectionClosedError)):
+        return Result.AlreadyClosed
+    for cls in type(exc).__mro__:
+        result = _RESULT_OF.get(cls)
+        if result is not None:
+            return result
+    if isinstance(exc, errors.PulsarWireError):
+        return Result.UnknownError
+    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+        return Result.Timeout
+    if isinstance(exc, (ConnectionError, OSError)):
+        return Result.ConnectError
+    if cancelled:
+        return Result.Interrupted
+    if isinstance(exc, RuntimeError) and "closed" in str(exc):  # a stopped event loop
+        return Result.AlreadyClosed
+    return None
+
+
+def exception_classes(base: type[BaseException], named_as_base: bool = False) -> dict[Result, type[BaseException]]:
+    """One exception class per official result (Ok excepted), each a subclass of `base` and of
+    the pulsarwire error the result stands for, named as the official client names it (or as
+    `base`, where the official client raises `base` itself for every result)."""
+    classes = {}
+    for name in RESULT_NAMES[1:]:
+        pulsarwire_cls = PULSARWIRE_ERRORS.get(name)
+        bases = (base,) if pulsarwire_cls is None else (base, pulsarwire_cls)
+        classes[Result[name]] = type(base.__name__ if named_as_base else name, bases,
+                                     {"result": Result[name], "__module__": base.__module__,
+                                      "__qualname__": f"{base.__name__}[{name}]" if named_as_base else name,
+                                      "__doc__": f"Result.{name} as an exception."})
+    return classes
+
+
+# --- message ids and messages ------------------------------------------------------------
+
+class MessageId:
+    """A message's position, with the official constructor and accessors:
+    `MessageId(partition=-1, ledger_id=-1, entry_id=-1, batch_index=-1)`, `ledger_id()`, ...;
+    `MessageId.earliest` and `MessageId.latest` are the two ends of a topic."""
+
+    __slots__ = ("_msg_id",)
+    earliest: "MessageId"
+    latest: "MessageId"
+
+    def __init__(self, partition: int = -1, ledger_id: int = -1, entry_id: int = -1, batch_index: int = -1) -> None:
+        self._msg_id = messages.MessageId(ledger_id, entry_id, partition, batch_index)
+
+    @classmethod
+    def wrap(cls, msg_id: "messages.MessageId | MessageId") -> "MessageId":
+        """The official-style id of a pulsarwire MessageId (an official-style one is kept)."""
+        if isinstance(msg_id, MessageId):
+            return msg_id
+        self = cls.__new__(cls)
+        self._msg_id = msg_id
+        return self
+
+    @property
+    def native(self) -> messages.MessageId:
+        """The `pulsarwire.MessageId` behind this id (a pulsarwire extension)."""
+        return self._msg_id
+
+    def ledger_id(self) -> int:
+        return self._msg_id.ledger_id
+
+    def entry_id(self) -> int:
+        return self._msg_id.entry_id
+
+    def batch_index(self) -> int:
+        return self._msg_id.batch_index
+
+    def partition(self) -> int:
+        return self._msg_id.partition
+
+    def serialize(self) -> bytes:
+        return self._msg_id.serialize()
+
+    @staticmethod
+    def deserialize(message_id_bytes: bytes, topic: str | None = None) -> "MessageId":
+        native = messages.MessageId.deserialize(message_id_bytes)
+        if topic is not None:
+            native = messages.MessageId(native.ledger_id, native.entry_id, native.partition, native.batch_index,
+                                        native.batch_size, aio.topic_name(topic))
+        return MessageId.wrap(native)
+
+    def __str__(self) -> str:
+        return str(self._msg_id)
+
+    __repr__ = __str__
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, MessageId) and self._msg_id == other._msg_id
+
+    def __ne__(self, other) -> bool:
+        return not self == other
+
+    def __lt__(self, other: "MessageId") -> bool:
+        return self._msg_id < other._msg_id
+
+    def __le__(self, other: "MessageId") -> bool:
+        return self._msg_id < other._msg_id or self == other
+
+    def __gt__(self, other: "MessageId") -> bool:
+        return other._msg_id < self._msg_id
+
+    def __ge__(self, other: "MessageId") -> bool:
+        return other._msg_id < self._msg_id or self == other
+
+    def __hash__(self) -> int:
+        return hash(self._msg_id)
+
+
+MessageId.earliest = MessageId.wrap(messages.MessageId.earliest)
+MessageId.latest = MessageId.wrap(messages.MessageId.latest)
+
+
+def native_id(message_id) -> messages.MessageId:
+    """A pulsarwire MessageId from an official-style one (or a pulsarwire one, kept as is)."""
+    if isinstance(message_id, MessageId):
+        return message_id._msg_id
+    if isinstance(message_id, messages.MessageId):
+        return message_id
+    raise ValueError(f"expected a MessageId, got {type(message_id).__name__}")
+
+
+def seek_target(target) -> messages.MessageId | int:
+    """What seek() takes: a message id, or a publish time in ms."""
+    if isinstance(target, bool):
+        raise ValueError(f"invalid seek_arg type {type(target)}")
+    if isinstance(target, int):
+        return target
+    try:
+        return native_id(target)
+    except ValueError:
+        raise ValueError(f"invalid seek_arg type {type(target)}") from None
+
+
+class Message:
+    """A received message, with the official accessors."""
+
+    __slots__ = ("_message", "_id")
+
+    def __init__(self, message: messages.Message) -> None:
+        self._message = message
+        self._id: MessageId | None = None
+
+    @property
+    def native(self) -> messages.Message:
+        """The `pulsarwire.Message` behind this message (a pulsarwire extension)."""
+        return self._message
+
+    def data(self) -> bytes:
+        return self._message.data()
+
+    def value(self) -> Any:
+        """The payload decoded by the schema given when subscribing (bytes without one); the
+        asyncio client, which received the schema, decodes."""
+        return self._message.value()
+
+    def properties(self) -> dict:
+        return dict(self._message.properties())
+
+    def partition_key(self) -> str:
+        return self._message.partition_key() or ""
+
+    def ordering_key(self) -> str:
+        key = self._message.ordering_key()
+        if not key:
+            return ""
+        return key.decode("utf-8", "replace") if isinstance(key, (bytes, bytearray)) else key
+
+    def publish_timestamp(self) -> int:
+        return self._message.publish_timestamp()
+
+    def event_timestamp(self) -> int:
+        return self._message.event_timestamp() or 0
+
+    def message_id(self) -> MessageId:
+        if self._id is None:
+            self._id = MessageId.wrap(self._message.message_id())
+        return self._id
+
+    def topic_name(self) -> str:
+        return self._message.topic_name()
+
+    def redelivery_count(self) -> int:
+        return self._message.redelivery_count()
+
+    def schema_version(self) -> str | bytes:
+        version = getattr(self._message, "schema_version", None)
+        value = version() if callable(version) else getattr(getattr(self._message, "_metadata", None),
+                                                              "schema_version", b"")
+        return value or ""
+
+    def producer_name(self) -> str:
+        return self._message.producer_name()
+
+    def has_null_value(self) -> bool:
+        check = getattr(self._message, "has_null_value", None)
+        return bool(check()) if callable(check) else False
+
+    def encryption_context(self) -> None:
+        return None  # pulsarwire neither encrypts nor decrypts
+
+    def __repr__(self) -> str:
+        return f"<Message {self.message_id()} {len(self._message.data())} bytes>"
+
+
+# --- policies ----------------------------------------------------------------------------
+
+class BatchReceivePolicy:
+    """Limits of one `batch_receive()`: messages, bytes, wait (each <= 0 or < 0: no limit)."""
+
+    def __init__(self, max_num_message: int = -1, max_num_bytes: int = 10 * 1024 * 1024,
+                 timeout_ms: int = 100) -> None:
+        if max_num_message <= 0 and max_num_bytes <= 0 and timeout_ms <= 0:
+            raise ValueError("At least one of maxNumMessages, maxNumBytes and timeoutMs must be specified.")
+        self._max_num_messages = int(max_num_message)
+        self._max_num_bytes = int(max_num_bytes)
+        self._timeout_ms = int(timeout_ms)
+
+    def getMaxNumMessages(self) -> int:  # noqa: N802 - the official name
+        return self._max_num_messages
+
+    def getMaxNumBytes(self) -> int:  # noqa: N802
+        return self._max_num_bytes
+
+    def getTimeoutMs(self) -> int:  # noqa: N802
+        return self._timeout_ms
+
+
+class ConsumerBatchReceivePolicy:
+    """The official wrapper that `subscribe(batch_receive_policy=...)` takes."""
+
+    def __init__(self, max_num_message: int, max_num_bytes: int, timeout_ms: int) -> None:
+        self._policy = BatchReceivePolicy(max_num_message, max_num_bytes, timeout_ms)
+
+    def policy(self) -> BatchReceivePolicy:
+        return self._policy
+
+
+class KeySharedPolicy:
+    """Key_Shared settings with the official setters and getters."""
+
+    def __init__(self) -> None:
+        self._mode = KeySharedMode.AutoSplit
+        self._allow_out_of_order = False
+        self._sticky_ranges: list[tuple[int, int]] = []
+
+    def set_key_shared_mode(self, mode) -> None:
+        self._mode = KeySharedMode(mode)
+
+    def get_key_shared_mode(self):
+        return self._mode
+
+    def set_allow_out_of_order_delivery(self, allow: bool) -> None:
+        self._allow_out_of_order = bool(allow)
+
+    def is_allow_out_of_order_delivery(self) -> bool:
+        return self._allow_out_of_order
+
+    def set_sticky_ranges(self, ranges) -> None:
+        for start, end in ranges:
+            if not 0 <= start <= end < 65536:
+                raise ValueError(f"sticky range ({start}, {end}) must lie within 0..65535, start <= end")
+        self._sticky_ranges = [(int(s), int(e)) for s, e in ranges]
+
+    def get_sticky_ranges(self) -> list[tuple[int, int]]:
+        return list(self._sticky_ranges)
+
+
+class ConsumerKeySharedPolicy:
+    """The official wrapper that `subscribe(key_shared_policy=...)` takes; the asyncio client
+    receives it as is (`key_shared_mode`, `allow_out_of_order_delivery`, `sticky_ranges`)."""
+
+    def __init__(self, key_shared_mode=KeySharedMode.AutoSplit, allow_out_of_order_delivery: bool = False,
+                 sticky_ranges: list[tuple[int, int]] | None = None) -> None:
+        if key_shared_mode == KeySharedMode.Sticky and sticky_ranges is None:
+            raise ValueError("When using key_shared_mode = KeySharedMode.Sticky you must also provide sticky_ranges")
+        self._policy = KeySharedPolicy()
+        self._policy.set_key_shared_mode(key_shared_mode)
+        self._policy.set_allow_out_of_order_delivery(allow_out_of_order_delivery)
+        if sticky_ranges is not None:
+            self._policy.set_sticky_ranges(sticky_ranges)
+
+    @property
+    def key_shared_mode(self):
+        return self._policy.get_key_shared_mode()
+
+    @property
+    def allow_out_of_order_delivery(self) -> bool:
+        return self._policy.is_allow_out_of_order_delivery()
+
+    @property
+    def sticky_ranges(self) -> list[tuple[int, int]]:
+        return self._policy.get_sticky_ranges()
+
+    def policy(self) -> KeySharedPolicy:
+        return self._policy
+
+
+class ConsumerDeadLetterPolicy:
+    """Dead letter settings; the asyncio client receives the object as is (`max_redeliver_count`,
+    `dead_letter_topic` ("" for the default `<topic>-<subscription>-DLQ`),
+    `initial_subscription_name` ("" for none))."""
+
+    def __init__(self, max_redeliver_count: int, dead_letter_topic: str | None = None,
+                 initial_subscription_name: str | None = None) -> None:
+        if max_redeliver_count is None or max_redeliver_count < 1:
+            raise ValueError("max_redeliver_count must be greater than 0")
+        self._max_redeliver_count = int(max_redeliver_count)
+        self._dead_letter_topic = dead_letter_topic or ""
+        self._initial_subscription_name = initial_subscription_name or ""
+
+    @property
+    def dead_letter_topic(self) -> str:
+        return self._dead_letter_topic
+
+    @property
+    def max_redeliver_count(self) -> int:
+        return self._max_redeliver_count
+
+    @property
+    def initial_subscription_name(self) -> str:
+        return self._initial_subscription_name
+
+    def policy(self) -> "ConsumerDeadLetterPolicy":
+        return self
+
+
+# --- authentication ----------------------------------------------------------------------
+
+def _native_auth(name: str, feature: str):
+    cls = getattr(aio, name, None)
+    if cls is None:
+        raise NotImplementedError(f"{name} needs pulsarwire's {feature} support, which this build lacks")
+    return cls
+
+
+class Authentication:
+    """Base of the authentication providers; `auth` is the pulsarwire provider behind it.
+    The official constructor loads a C++ plugin library, which pulsarwire cannot do."""
+
+    auth: Any
+
+    def __init__(self, dynamicLibPath: str, authParamsString: str) -> None:  # noqa: N803 - official names
+        raise NotImplementedError("pulsarwire cannot load C++ authentication plugins; use AuthenticationToken, "
+                                  "AuthenticationBasic, AuthenticationOauth2 or AuthenticationTLS")
+
+
+def _check_str(value, name: str) -> None:
+    if not isinstance(value, str):
+        raise ValueError(f"Argument {name} is expected to be of type 'str' and not '{type(value).__name__}'")
+
+
+class AuthenticationToken(Authentication):
+    def __init__(self, token: str | Callable[[], str]) -> None:
+        if not (isinstance(token, str) or callable(token)):
+            raise ValueError("Argument token is expected to be of type 'str' or a function returning 'str'")
+        self.auth = aio.AuthenticationToken(token)
+
+
+class AuthenticationBasic(Authentication):
+    def __init__(self, username: str | None = None, password: str | None = None, method: str = "basic",
+                 auth_params_string: str | None = None) -> None:
+        if auth_params_string is not None:
+            _check_str(auth_params_string, "auth_params_string")
+            params = json.loads(auth_params_string)
+            username, password = params.get("username"), params.get("password")
+            method = params.get("method", "basic")
+        _check_str(username, "username")
+        _check_str(password, "password")
+        _check_str(method, "method")
+        self.auth = _native_auth("AuthenticationBasic", "Basic authentication")(username, password, method)
+
+
+class AuthenticationOauth2(Authentication):
+    def __init__(self, auth_params_string: str) -> None:
+        _check_str(auth_params_string, "auth_params_string")
+        self.auth = _native_auth("AuthenticationOauth2", "OAuth2")(auth_params_string)
+
+
+class AuthenticationTLS(Authentication):
+    def __init__(self, certificate_path: str, private_key_path: str) -> None:
+        _check_str(certificate_path, "certificate_path")
+        _check_str(private_key_path, "private_key_path")
+        self.auth = _native_auth("AuthenticationTLS", "TLS client certificate")(certificate_path, private_key_path)
+
+
+class AuthenticationAthenz(Authentication):
+    def __init__(self, auth_params_string: str) -> None:
+        raise NotImplementedError("pulsarwire has no Athenz authentication")
+
+
+class CryptoKeyReader:
+    """Accepted so programs construct it; passing it anywhere fails, as pulsarwire cannot encrypt."""
+
+    def __init__(self, public_key_path: str, private_key_path: str) -> None:
+        _check_str(public_key_path, "public_key_path")
+        _check_str(private_key_path, "private_key_path")
+        self.public_key_path, self.private_key_path = public_key_path, private_key_path
+
+
+class ConsoleLogger:
+    """Accepted as `Client(logger=...)` and ignored: pulsarwire logs to the `pulsarwire` logging logger."""
+
+    def __init__(self, log_level=LoggerLevel.Info) -> None:
+        check_type(LoggerLevel, log_level, "log_level")
+        self.log_level = log_level
+
+
+class FileLogger:
+    """Accepted as `Client(logger=...)` and ignored: pulsarwire logs to the `pulsarwire` logging logger."""
+
+    def __init__(self, log_level, log_file: str) -> None:
+        check_type(LoggerLevel, log_level, "log_level")
+        _check_str(log_file, "log_file")
+        self.log_level, self.log_file = log_level, log_file
+
+
+# --- official keyword arguments -> the asyncio client's ------------------------------------
+
+def check_type(var_type, var, name: str) -> None:
+    if not isinstance(var, var_type):
+        raise ValueError(f"Argument {name} is expected to be of type '{var_type.__name__}' and not "
+                         f"'{type(var).__name__}'")
+
+
+def check_type_or_none(var_type, var, name: str) -> None:
+    if var is not None and not isinstance(var, var_type):
+        raise ValueError(f"Argument {name} is expected to be either None or of type '{var_type.__name__}'")
+
+
+class Unsupported(ValueError):
+    """An option pulsarwire cannot honour (end-to-end encryption); raised as OperationNotSupported."""
+
+
+def client_options(authentication, operation_timeout_seconds, connection_timeout_ms, tls_trust_certs_file_path,
+                   tls_allow_insecure_connection, tls_validate_hostname, listener_name,
+                   tls_private_key_file_path, tls_certificate_file_path) -> dict:
+    check_type_or_none(Authentication, authentication, "authentication")
+    check_type(int, operation_timeout_seconds, "operation_timeout_seconds")
+    check_type(int, connection_timeout_ms, "connection_timeout_ms")
+    check_type_or_none(str, tls_trust_certs_file_path, "tls_trust_certs_file_path")
+    check_type(bool, tls_allow_insecure_connection, "tls_allow_insecure_connection")
+    check_type(bool, tls_validate_hostname, "tls_validate_hostname")
+    check_type_or_none(str, listener_name, "listener_name")
+    check_type_or_none(str, tls_private_key_file_path, "tls_private_key_file_path")
+    check_type_or_none(str, tls_certificate_file_path, "tls_certificate_file_path")
+    options: dict[str, Any] = dict(
+        authentication=authentication.auth if authentication is not None else None,
+        operation_timeout_seconds=operation_timeout_seconds, connection_timeout_ms=connection_timeout_ms,
+        tls_trust_certs_file_path=tls_trust_certs_file_path,
+        tls_allow_insecure_connection=tls_allow_insecure_connection, tls_validate_hostname=tls_validate_hostname)
+    # features the asyncio client may not have yet: passed only when asked for, so that a
+    # missing one fails loudly instead of being dropped
+    for name, value in (("listener_name", listener_name), ("tls_private_key_file_path", tls_private_key_file_path),
+                        ("tls_certificate_file_path", tls_certificate_file_path)):
+        if value:
+            options[name] = value
+    return options
+
+
+def _is_default_schema(schema) -> bool:
+    return schema is None or type(schema).__name__ == "BytesSchema"
+
+
+def producer_options(*, producer_name, schema, initial_sequence_id, send_timeout_millis, compression_type,
+                     max_pending_messages, max_pending_messages_across_partitions, block_if_queue_full,
+                     batching_enabled, batching_max_messages, batching_max_allowed_size_in_bytes,
+                     batching_max_publish_delay_ms, chunking_enabled, message_routing_mode,
+                     lazy_start_partitioned_producers, properties, batching_type, encryption_key,
+                     crypto_key_reader, access_mode, message_router) -> dict:
+    check_type_or_none(str, producer_name, "producer_name")
+    check_type_or_none(int, initial_sequence_id, "initial_sequence_id")
+    check_type(int, send_timeout_millis, "send_timeout_millis")
+    check_type(int, max_pending_messages, "max_pending_messages")
+    check_type(int, max_pending_messages_across_partitions, "max_pending_messages_across_partitions")
+    check_type(bool, block_if_queue_full, "block_if_queue_full")
+    check_type(bool, batching_enabled, "batching_enabled")
+    check_type(int, batching_max_messages, "batching_max_messages")
+    check_type(int, batching_max_allowed_size_in_bytes, "batching_max_allowed_size_in_bytes")
+    check_type(int, batching_max_publish_delay_ms, "batching_max_publish_delay_ms")
+    check_type(bool, chunking_enabled, "chunking_enabled")
+    check_type_or_none(dict, properties, "properties")
+    check_type(bool, lazy_start_partitioned_producers, "lazy_start_partitioned_producers")
+    check_type(CompressionType, compression_type, "compression_type")
+    check_type(PartitionsRoutingMode, message_routing_mode, "message_routing_mode")
+    check_type(BatchingType, batching_type, "batching_type")
+    check_type(ProducerAccessMode, access_mode, "access_mode")
+    if encryption_key or crypto_key_reader is not None:
+        raise Unsupported("pulsarwire does not encrypt messages (encryption_key, crypto_key_reader)")
+    if batching_max_messages <= 1:
+        raise ValueError("batchingMaxMessages needs to be greater than 1")
+    if batching_enabled and chunking_enabled:
+        raise ValueError("Batching and chunking of messages can't be enabled together.")
+    options: dict[str, Any] = dict(
+        producer_name=producer_name,
+        # the official client treats 0 as "not set", like None
+        initial_sequence_id=initial_sequence_id or None,
+        send_timeout_millis=max(0, send_timeout_millis),  # 0 (or less): no send timeout
+        compression_type=int(CompressionType(compression_type)),
+        max_pending_messages=max_pending_messages,
+        max_pending_messages_across_partitions=max_pending_messages_across_partitions,
+        block_if_queue_full=block_if_queue_full, batching_enabled=batching_enabled,
+        batching_max_messages=batching_max_messages,
+        batching_max_allowed_size_in_bytes=batching_max_allowed_size_in_bytes,
+        batching_max_publish_delay_ms=batching_max_publish_delay_ms, chunking_enabled=chunking_enabled,
+        message_routing_mode=RoutingMode.SinglePartition
+        if message_routing_mode == PartitionsRoutingMode.UseSinglePartition else RoutingMode.RoundRobinPartition,
+        hashing_scheme=HashingScheme.BoostHash,  # the official client's key hash
+        properties=properties, access_mode=int(ProducerAccessMode(access_mode)))
+    if lazy_start_partitioned_producers:
+        options["lazy_start_partitioned_producers"] = True
+    if message_router is not None:
+        options["message_router"] = message_router
+    if not _is_default_schema(schema):
+        options["schema"] = schema
+    return options
+
+
+_UNBOUNDED_PENDING = 1_000_000  # both official bounds 0 ("no limit"): a million messages
+
+
+async def create_producer(client: aio.Client, topic: str, options: dict) -> aio.Producer:
+    """A producer from `producer_options`. The official bound on pending messages is per partition,
+    capped across all of them; pulsarwire has one bound for the whole producer: the product, capped."""
+    options = dict(options)
+    across = options.pop("max_pending_messages_across_partitions")
+    per_partition = options["max_pending_messages"]
+    partitions = len(await client.get_topic_partitions(topic))
+    # 0 means "no limit" to the official client; pulsarwire keeps a bound: the cap across partitions
+    bounds = [bound for bound in (per_partition * partitions, across) if bound > 0]
+    options["max_pending_messages"] = min(bounds) if bounds else _UNBOUNDED_PENDING
+    return await client.create_producer(topic, **options)
+
+
+def send_options(properties, partition_key, ordering_key, sequence_id, replication_clusters, disable_replication,
+                 event_timestamp, deliver_at, deliver_after) -> dict:
+    """The asyncio client's send keywords; like the official client, empty values mean "not set"."""
+    check_type_or_none(dict, properties, "properties")
+    check_type_or_none(str, partition_key, "partition_key")
+    check_type_or_none(str, ordering_key, "ordering_key")
+    check_type_or_none(int, sequence_id, "sequence_id")
+    check_type_or_none(list, replication_clusters, "replication_clusters")
+    check_type_or_none(int, event_timestamp, "event_timestamp")
+    check_type_or_none(int, deliver_at, "deliver_at")
+    check_type_or_none(timedelta, deliver_after, "deliver_after")
+    options: dict[str, Any] = {}
+    if properties:
+        options["properties"] = properties
+    if partition_key:
+        options["partition_key"] = partition_key
+    if ordering_key:
+        options["ordering_key"] = ordering_key.encode()
+    if sequence_id:
+        options["sequence_id"] = sequence_id
+    if event_timestamp:
+        options["event_timestamp"] = event_timestamp
+    if deliver_at:
+        options["deliver_at"] = deliver_at
+    if deliver_after:
+        options["deliver_after_ms"] = int(deliver_after / timedelta(milliseconds=1))
+    if replication_clusters:
+        options["replication_clusters"] = replication_clusters
+    if disable_replication:
+        options["disable_replication"] = True
+    return options
+
+
+def check_content(content, schema) -> None:
+    """Without a schema the content must be bytes (with one, the asyncio client encodes it)."""
+    if _is_default_schema(schema) and not isinstance(content, (bytes, bytearray, memoryview)):
+        raise TypeError(f"Invalid record obj of type {type(content)} - expected type is {bytes}")
+
+
+def consumer_options(*, topic, consumer_type, schema, receiver_queue_size,
+                     max_total_receiver_queue_size_across_partitions, consumer_name,
+                     unacked_messages_timeout_ms, broker_consumer_stats_cache_time_ms,
+                     negative_ack_redelivery_delay_ms, is_read_compacted, properties, pattern_auto_discovery_period,
+                     initial_position, crypto_key_reader, replicate_subscription_state_enabled,
+                     max_pending_chunked_message, auto_ack_oldest_chunked_message_on_queue_full,
+                     start_message_id_inclusive, key_shared_policy, batch_index_ack_enabled,
+                     regex_subscription_mode, dead_letter_policy) -> dict:
+    check_type(ConsumerType, consumer_type, "consumer_type")
+    check_type(InitialPosition, initial_position, "initial_position")
+    check_type(RegexSubscriptionMode, regex_subscription_mode, "regex_subscription_mode")
+    check_type(int, receiver_queue_size, "receiver_queue_size")
+    check_type(int, max_total_receiver_queue_size_across_partitions,
+               "max_total_receiver_queue_size_across_partitions")
+    check_type_or_none(str, consumer_name, "consumer_name")
+    check_type_or_none(int, unacked_messages_timeout_ms, "unacked_messages_timeout_ms")
+    check_type(int, broker_consumer_stats_cache_time_ms, "broker_consumer_stats_cache_time_ms")
+    check_type(int, negative_ack_redelivery_delay_ms, "negative_ack_redelivery_delay_ms")
+    check_type(int, pattern_auto_discovery_period, "pattern_auto_discovery_period")
+    check_type(bool, is_read_compacted, "is_read_compacted")
+    check_type_or_none(dict, properties, "properties")
+    check_type(int, max_pending_chunked_message, "max_pending_chunked_message")
+    check_type(bool, auto_ack_oldest_chunked_message_on_queue_full, "auto_ack_oldest_chunked_message_on_queue_full")
+    check_type(bool, start_message_id_inclusive, "start_message_id_inclusive")
+    check_type_or_none(ConsumerKeySharedPolicy, key_shared_policy, "key_shared_policy")
+    check_type(bool, batch_index_ack_enabled, "batch_index_ack_enabled")
+    check_type_or_none(ConsumerDeadLetterPolicy, dead_letter_policy, "dead_letter_policy")
+    if unacked_messages_timeout_ms and unacked_messages_timeout_ms < 10_000:
+        raise ValueError("Consumer Config Exception: Unacknowledged message timeout should be greater than "
+                         "10 seconds.")
+    if crypto_key_reader is not None:
+        raise Unsupported("pulsarwire does not decrypt messages (crypto_key_reader)")
+    import uuid
+    options: dict[str, Any] = dict(
+        consumer_type=int(ConsumerType(consumer_type)), initial_position=int(InitialPosition(initial_position)),
+        # a zero queue (one message at a time) becomes a queue of one: the nearest pulsarwire has
+        receiver_queue_size=max(1, receiver_queue_size),
+        # the official client names an unnamed consumer itself, and consumer_name() returns it
+        consumer_name=consumer_name or uuid.uuid4().hex[:10],
+        unacked_messages_timeout_ms=unacked_messages_timeout_ms or None,
+        negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms, read_compacted=is_read_compacted,
+        properties=properties, max_pending_chunked_message=max_pending_chunked_message,
+        batch_index_ack_enabled=batch_index_ack_enabled)
+    optional = (("auto_ack_oldest_chunked_message_on_queue_full", auto_ack_oldest_chunked_message_on_queue_full),
+                ("start_message_id_inclusive", start_message_id_inclusive),
+                ("replicate_subscription_state_enabled", replicate_subscription_state_enabled))
+    for name, value in optional:
+        if value:
+            options[name] = value
+    if key_shared_policy is not None:
+        options["key_shared_policy"] = aio.KeySharedPolicy(
+            aio.KeySharedMode(int(key_shared_policy.key_shared_mode)),
+            allow_out_of_order_delivery=key_shared_policy.allow_out_of_order_delivery,
+            sticky_ranges=key_shared_policy.sticky_ranges or None)
+    if dead_letter_policy is not None:
+        options["dead_letter_policy"] = aio.DeadLetterPolicy(
+            dead_letter_policy.max_redeliver_count, dead_letter_topic=dead_letter_policy.dead_letter_topic or None,
+            initial_subscription_name=dead_letter_policy.initial_subscription_name or None)
+    if isinstance(topic, re.Pattern):
+        options["pattern_auto_discovery_period"] = pattern_auto_discovery_period
+        options["regex_subscription_mode"] = int(RegexSubscriptionMode(regex_subscription_mode))
+    if not _is_default_schema(schema):
+        options["schema"] = schema
+    return options
+
+
+class BadTopicName(ValueError):
+    """A topic name the official client refuses; raised as InvalidTopicName."""
+
+
+def check_topic(topic: str) -> str:
+    try:
+        return aio.topic_name(topic)
+    except ValueError as exc:
+        raise BadTopicName(str(exc)) from None
+
+
+def subscribe_topic(topic):
+    """The topic argument as the asyncio client takes it: a name, a list, or a compiled regex."""
+    if isinstance(topic, str):
+        check_topic(topic)
+        return topic
+    if isinstance(topic, list):
+        for name in topic:
+            check_type(str, name, "topic")
+            check_topic(name)
+        return topic
+    if isinstance(topic, re.Pattern):
+        return topic
+    raise ValueError("Argument 'topic' is expected to be of a type between (str, list, re.pattern)")
+
+
+def reader_options(*, schema, receiver_queue_size, reader_name, subscription_role_prefix, is_read_compacted,
+                   crypto_key_reader, start_message_id_inclusive) -> dict:
+    check_type(int, receiver_queue_size, "receiver_queue_size")
+    check_type_or_none(str, reader_name, "reader_name")
+    check_type_or_none(str, subscription_role_prefix, "subscription_role_prefix")
+    check_type(bool, is_read_compacted, "is_read_compacted")
+    check_type(bool, start_message_id_inclusive, "start_message_id_inclusive")
+    if crypto_key_reader is not None:
+        raise Unsupported("pulsarwire does not decrypt messages (crypto_key_reader)")
+    options: dict[str, Any] = dict(receiver_queue_size=max(1, receiver_queue_size), reader_name=reader_name,
+                                   start_message_id_inclusive=start_message_id_inclusive)
+    if subscription_role_prefix:
+        options["subscription_role_prefix"] = subscription_role_prefix
+    if is_read_compacted:
+        options["read_compacted"] = True
+    if not _is_default_schema(schema):
+        options["schema"] = schema
+    return options
