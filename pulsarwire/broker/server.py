@@ -24,6 +24,23 @@ from .v1 import DEFAULT_CONSUME_MAX_BYTES, V1Server
 
 log = logging.getLogger("pulsarwire.broker")
 
+# descriptors kept free beyond connections and segment files: listeners, state files being
+# replaced, V1 connections, and the one a refused connection needs to be told why
+RESERVED_DESCRIPTORS = 64
+
+
+def connection_room(max_open_files: int) -> int | None:
+    """How many connections the process's descriptor limit leaves room for once the segment files
+    have theirs (None: no limit). More are refused with an error instead of left unaccepted."""
+    try:
+        import resource
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return None
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        return None
+    return max(1, soft - max_open_files - min(RESERVED_DESCRIPTORS, soft // 8))
+
 
 def tls_context(cert_file: str, key_file: str, trust_certs_file: str | None = None) -> ssl.SSLContext:
     """A server TLS context; with `trust_certs_file`, client certificates are verified against it
@@ -63,6 +80,11 @@ class Broker:
                                     max_output_bytes=max_output_bytes, handshake_timeout=handshake_timeout,
                                     max_frame_before_connect=max_frame_before_connect,
                                     frame_timeout=frame_timeout, max_input_bytes=max_input_bytes)
+        room = connection_room(self.core.files.max_open_files)
+        if room is not None and room < max_connections:
+            log.warning("the descriptor limit leaves room for %d connections (not %d): more are refused",
+                        room, max_connections)
+            self.pulsar.max_connections = room
         self.data_dir = self.core.data_dir
         self.host = host
         self.port = port
