@@ -201,10 +201,11 @@ cdef class SendFrame:
     cdef readonly object publish_time
     cdef readonly object deliver_at_time
     cdef readonly object chunk_id
-    cdef readonly object num_messages_in_batch
     cdef readonly object metadata_and_payload
     cdef readonly object checksum
     cdef readonly Py_ssize_t size
+    cdef readonly object num_messages_in_batch  # from the metadata; None: not a batch
+    cdef readonly int compression
 
     @property
     def type(self):
@@ -262,8 +263,9 @@ cdef object _fast_send(object owner, const uint8_t* base, Py_ssize_t start, Py_s
     cdef uint64_t value
     cdef uint64_t send_values[9]
     cdef bint send_has[9]
-    cdef uint64_t publish_time = 0, deliver_at = 0, chunk_id = 0, batch_count = 0
-    cdef bint has_name = False, has_sequence = False, has_publish = False, has_deliver = False, has_chunk = False, has_batch = False
+    cdef uint64_t publish_time = 0, deliver_at = 0, chunk_id = 0, batch_count = 0, compression = 0
+    cdef bint has_name = False, has_sequence = False, has_publish = False, has_deliver = False, has_chunk = False
+    cdef bint has_batch = False
     cdef int i
     if end - start < 10 or base[start + 8] != 0x08 or base[start + 9] != 0x06:
         return None
@@ -318,10 +320,12 @@ cdef object _fast_send(object owner, const uint8_t* base, Py_ssize_t start, Py_s
             elif field == 29:
                 chunk_id = value
                 has_chunk = True
+            elif field == 8:
+                compression = value
             elif field == 11:
                 batch_count = value
                 has_batch = True
-            elif not (field in (8, 9, 11, 12, 17, 24, 25, 27, 28, 30)):
+            elif not (field in (9, 12, 17, 24, 25, 27, 28, 30)):
                 return None
         else:
             if field == 1:
@@ -342,10 +346,11 @@ cdef object _fast_send(object owner, const uint8_t* base, Py_ssize_t start, Py_s
     frame.publish_time = publish_time
     frame.deliver_at_time = <int64_t>deliver_at if has_deliver else None
     frame.chunk_id = _int32(chunk_id) if has_chunk else None
-    frame.num_messages_in_batch = _int32(batch_count) if has_batch else None
     frame.metadata_and_payload = owner[pos:end]
     frame.checksum = checksum
     frame.size = end - start
+    frame.num_messages_in_batch = _int32(batch_count) if has_batch else None
+    frame.compression = <int>_int32(compression)
     return frame
 
 
@@ -1056,6 +1061,23 @@ cdef int _check_batch_end(Py_ssize_t pos, Py_ssize_t end, long count) except -1:
     if pos != end:
         raise BadBatchError(f"{end - pos} bytes left over after {count} batch entries")
     return 0
+
+
+def count_batch(payload, long count):
+    """`count` when the uncompressed batch payload holds exactly that many messages, checked as
+    split_messages checks them (the same BadBatchError otherwise), without making the messages."""
+    cdef _HeldBuffer held = _HeldBuffer(payload)
+    cdef Py_ssize_t pos = 0, end = held.size, smm_end, index
+    cdef int status
+    cdef SmmFields fields
+    _check_batch_count(count, end)
+    for index in range(count):
+        status = _batch_entry(held.ptr, pos, end, False, &fields, &smm_end)
+        if status != SCAN_OK:
+            _raise_entry(status, held.ptr, pos, end, index, count, &fields)
+        pos = smm_end + <Py_ssize_t>fields.payload_size
+    _check_batch_end(pos, end, count)
+    return count
 
 
 def split_messages(metadata, payload):

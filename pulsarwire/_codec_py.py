@@ -183,10 +183,12 @@ class SendFrame:
     metadata_and_payload: memoryview
     checksum: int
     size: int
+    num_messages_in_batch: int | None  # from the metadata; None: not a batch
+    compression: int
 
     __slots__ = ("producer_id", "sequence_id", "num_messages", "highest_sequence_id", "is_chunk",
-                 "publish_time", "deliver_at_time", "chunk_id", "num_messages_in_batch", "metadata_and_payload",
-                 "checksum", "size")
+                 "publish_time", "deliver_at_time", "chunk_id", "metadata_and_payload", "checksum", "size",
+                 "num_messages_in_batch", "compression")
 
     type = 6  # BaseCommand.SEND
 
@@ -288,10 +290,11 @@ def _fast_send(view, start, end):
     frame.publish_time = found[3]
     frame.deliver_at_time = _signed(found[19]) if 19 in found else None
     frame.chunk_id = _int32(found[29]) if 29 in found else None
-    frame.num_messages_in_batch = _int32(found[11]) if 11 in found else None
     frame.metadata_and_payload = view[pos:end]
     frame.checksum = checksum
     frame.size = end - start
+    frame.num_messages_in_batch = _int32(found[11]) if 11 in found else None
+    frame.compression = _int32(found.get(8, 0))
     return frame
 
 
@@ -684,6 +687,18 @@ def _batch_entry(view, pos, index, count, check_utf8):
 def _check_batch_end(view, pos, count):
     if pos != len(view):
         raise BadBatchError(f"{len(view) - pos} bytes left over after {count} batch entries")
+
+
+def count_batch(payload, count):
+    """`count` when the uncompressed batch payload holds exactly that many messages, checked as
+    split_messages checks them (the same BadBatchError otherwise), without making the messages."""
+    view = _stable_view(payload)
+    _check_batch_count(count, len(view))
+    pos = 0
+    for index in range(count):
+        _, _, _, pos = _batch_entry(view, pos, index, count, check_utf8=False)
+    _check_batch_end(view, pos, count)
+    return count
 
 
 def split_messages(metadata, payload):

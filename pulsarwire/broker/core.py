@@ -195,15 +195,17 @@ class BrokerCore:
 
     def publish(self, topic: Topic, producer_name: str, sequence_id: int, highest_sequence_id: int | None,
                 continuation_chunk: bool, body, checksum: int | None, publish_time: int,
-                deliver_at_time: int | None, batch_count: int | None) -> int:
+                deliver_at_time: int | None, batch_count: int | None, compression: int | None = None) -> int:
         """Append one entry unless the producer sent it before; returns its entry id or DUPLICATE.
+        `batch`: (num_messages_in_batch or None, compression) when the front end read them.
 
         A later chunk of a chunked message shares its sequence id with the first, so it is
         never a duplicate by sequence id."""
         highest = highest_sequence(sequence_id, highest_sequence_id)
         if not continuation_chunk and highest <= topic.last_sequence.get(producer_name, -1):
             return DUPLICATE
-        return topic.append(body, checksum, publish_time, deliver_at_time, batch_count, producer_name, highest)
+        return topic.append(body, checksum, publish_time, deliver_at_time, batch_count, producer_name, highest,
+                            compression)
 
     # persistence
 

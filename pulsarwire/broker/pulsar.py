@@ -11,6 +11,7 @@ import hmac
 import logging
 import re
 import struct
+import select
 import time
 from typing import Any, Callable
 
@@ -244,6 +245,7 @@ class BrokerConnection(asyncio.Protocol):
         self._keepalive: asyncio.Task | None = None
         self._out: list[bytes] = []
         self._out_bytes = 0
+        self._transport_bytes = 0  # the transport's buffer at the last flush: it only drains until the next
         self._flush_scheduled = False
         # receipts in _out wait on their group commit: (index in _out, batch, producer, sequence id)
         self._sends: list[tuple] = []
@@ -288,6 +290,7 @@ class BrokerConnection(asyncio.Protocol):
 
     def _process(self) -> None:
         """Handle the complete frames the reader holds, stopping while output is over budget."""
+        completed = False
         try:
             while self.writable and not self.closed:
                 try:
@@ -301,7 +304,7 @@ class BrokerConnection(asyncio.Protocol):
                     raise
                 if frame is None:
                     break
-                self._partial_since = time.monotonic() if self.reader.buffered else None
+                completed = True
                 self._handle(frame)
         except PulsarWireError as exc:
             if isinstance(exc, FrameTooLargeError) and not self.connected:
@@ -310,14 +313,29 @@ class BrokerConnection(asyncio.Protocol):
             self.close()
         if not self.reader.buffered:
             self._partial_since = None
+        elif completed:  # the unfinished frame began after the last complete one
+            self._partial_since = time.monotonic()
         if not self.closed:
             self._account_input()
         self.flush()
 
+    def _peer_closed(self) -> bool:
+        """Whether the peer has shut down its side: asyncio cannot see that while reading is paused."""
+        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
+        if sock is None or not hasattr(select, "POLLRDHUP"):
+            return False  # the frame timeout still bounds what it holds
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLRDHUP)
+        return any(events & (select.POLLRDHUP | select.POLLHUP | select.POLLERR)
+                   for _, events in poller.poll(0))
+
     def check_deadlines(self, now: float) -> None:
-        """Close a connection that has not completed its handshake, or whose frame is too slow."""
+        """Close a connection that has not completed its handshake, or whose frame is too slow;
+        and one paused for reading whose peer has gone, so what it holds is freed at once."""
         service = self.service
-        if (not self.connected or self.refused) and now - self.accepted_at > service.handshake_timeout:
+        if not self._reading and self._peer_closed():
+            self.close(abort=True)
+        elif (not self.connected or self.refused) and now - self.accepted_at > service.handshake_timeout:
             service.counters["handshake_timeouts"] += 1
             log.warning("closing a connection %s after %.0fs", "refused authentication" if self.refused
                         else "that did not CONNECT", service.handshake_timeout)
@@ -406,8 +424,10 @@ class BrokerConnection(asyncio.Protocol):
             return
         self._out.append(data)
         self._out_bytes += len(data)
-        if self.writable and self.output_bytes > self.service.max_output_bytes:
-            self._pause()
+        if self.writable and self._out_bytes + self._transport_bytes > self.service.max_output_bytes:
+            self._transport_bytes = self.transport.get_write_buffer_size() if self.transport is not None else 0
+            if self._out_bytes + self._transport_bytes > self.service.max_output_bytes:
+                self._pause()
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
@@ -420,7 +440,7 @@ class BrokerConnection(asyncio.Protocol):
                 self._fail_uncommitted_sends()
             self.transport.writelines(self._out)
             self._out_bytes = 0
-            output = self.output_bytes
+            self._transport_bytes = output = self.transport.get_write_buffer_size()
             if output > self.service.counters["peak_connection_output_bytes"]:
                 self.service.counters["peak_connection_output_bytes"] = output
         self._out.clear()
@@ -723,15 +743,15 @@ class BrokerConnection(asyncio.Protocol):
                    md.num_messages_in_batch if md.HasField("num_messages_in_batch") else None,
                    s.is_chunk, md.chunk_id if md.HasField("chunk_id") else None, md.publish_time,
                    md.deliver_at_time if md.HasField("deliver_at_time") else None,
-                   frame.metadata_and_payload, frame.checksum)
+                   frame.metadata_and_payload, frame.checksum, md.compression)
 
     def on_send_fast(self, f) -> None:
         """A plain Send frame read by the codec's fast path."""
         self.store(f.producer_id, f.sequence_id, f.highest_sequence_id, f.num_messages_in_batch, f.is_chunk, f.chunk_id,
-                   f.publish_time, f.deliver_at_time, f.metadata_and_payload, f.checksum)
+                   f.publish_time, f.deliver_at_time, f.metadata_and_payload, f.checksum, f.compression)
 
     def store(self, producer_id, sequence_id, highest_sequence_id, batch_count, is_chunk, chunk_id,
-              publish_time, deliver_at_time, body, checksum) -> None:
+              publish_time, deliver_at_time, body, checksum, compression: int | None = None) -> None:
         """Append one entry (unless it is a duplicate) and answer with its receipt. `batch_count` is
         the metadata's num_messages_in_batch (None: not a batch); CommandSend's num_messages is not
         trusted."""
@@ -750,7 +770,7 @@ class BrokerConnection(asyncio.Protocol):
         try:
             entry_id = self.core.publish(topic, producer.name, sequence_id, highest_sequence_id,
                                          bool(is_chunk and chunk_id), body, checksum, publish_time,
-                                         deliver_at_time, batch_count)
+                                         deliver_at_time, batch_count, compression)
         except StorageError as exc:
             topic.fence(producer)
             self._send_error(producer_id, sequence_id, pb.PersistenceError, f"not stored: {exc}")

@@ -456,23 +456,27 @@ class MalformedBatchError(ValueError):
     would make consumers read past its end (the official client crashes on it)."""
 
 
-def entry_message_count(body, batch_count: int | None) -> int:
+def entry_message_count(body, batch_count: int | None, compression: int | None = None) -> int:
     """How many messages an entry holds, which consumers' permits are charged. `batch_count` is
     the metadata's num_messages_in_batch (None: not a batch, one message whatever CommandSend
     claims). A claim above 1 is checked against what the payload really splits into
-    (MalformedBatchError when it differs); a batch too big to decompress cheaply counts as 1."""
+    (MalformedBatchError when it differs); a batch too big to decompress cheaply counts as 1.
+    `compression` from the metadata, when the caller has read it, spares parsing it again."""
     if batch_count is None or batch_count <= 1:
         return 1
     try:
         end = 4 + int.from_bytes(body[:4], "big")
-        metadata = _parse_metadata(body[4:end])
-        payload = body[end:]
-        if metadata.compression:
-            payload = codec.decompress_payload(metadata, payload, COUNT_MAX_UNCOMPRESSED)
+        if compression == 0:
+            payload = body[end:]
+        else:
+            metadata = _parse_metadata(body[4:end])
+            payload = body[end:]
+            if metadata.compression:
+                payload = codec.decompress_payload(metadata, payload, COUNT_MAX_UNCOMPRESSED)
     except (PulsarWireError, ValueError):  # DecodeError is a ValueError
         return 1
     try:
-        return len(codec.split_messages(metadata, payload)) or 1
+        return codec.count_batch(payload, batch_count)
     except (PulsarWireError, ValueError) as exc:
         raise MalformedBatchError(f"the batch does not hold the {batch_count} messages it claims: {exc}") from exc
 
@@ -578,13 +582,14 @@ class Topic:
                 self.last_sequence[md.producer_name] = highest
 
     def append(self, body, checksum: int | None, publish_time: int, deliver_at_time: int | None,
-               batch_count: int | None, producer_name: str, highest_sequence_id: int) -> int:
+               batch_count: int | None, producer_name: str, highest_sequence_id: int,
+               compression: int | None = None) -> int:
         """Store an entry, remember the producer's sequence id, and dispatch it. `batch_count`: the
         metadata's num_messages_in_batch (None: not a batch); MalformedBatchError, before anything
         changes, when the payload does not hold that many."""
         batch = self.log.batch
         try:
-            entry_id = self.log.append(body, checksum, publish_time, entry_message_count(body, batch_count))
+            entry_id = self.log.append(body, checksum, publish_time, entry_message_count(body, batch_count, compression))
         finally:
             if self.log.batch is not batch:  # starting a new segment committed the batch before
                 self._settled(batch.error is None)
