@@ -117,7 +117,7 @@ def topic_name(prefix="repro") -> str:
     return f"persistent://public/default/{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-def read_all(url, topic, *, timeout_ms=1500, limit=None) -> list[bytes]:
+def read_all(url, topic, *, timeout_ms=600, limit=None) -> list[bytes]:
     """Everything a fresh official consumer receives from the start of the topic."""
     client = official(url)
     try:
@@ -388,7 +388,7 @@ def test_1_disk_full_cursors_persist_again_once_space_returns(tmp_path):
         disk.grow()
         for _ in range(10):
             consumer.acknowledge(consumer.receive(timeout_millis=5000))
-        time.sleep(2.0)  # the broker persists cursors in the background
+        time.sleep(1.0)  # the broker persists cursors in the background
         broker.kill()
         client.close()
         broker.start()
@@ -447,7 +447,7 @@ def test_3_cumulative_ack_beyond_the_end_skips_nothing(broker_factory):
     got = []
     while True:
         try:
-            got.append(consumer.receive(timeout_millis=1500).data())
+            got.append(consumer.receive(timeout_millis=600).data())
         except pulsar.Timeout:
             break
     client.close()
@@ -660,13 +660,20 @@ def open_fds(pid) -> int:
 def test_6_600_topics_under_a_1024_descriptor_limit(broker_factory):
     broker = broker_factory(limits={resource.RLIMIT_NOFILE: (1024, 1024)})
     prefix = f"fd-{uuid.uuid4().hex[:6]}"
-    client = official(broker.url)
-    for i in range(600):
-        producer = client.create_producer(f"persistent://public/default/{prefix}-{i}", batching_enabled=False)
-        producer.send(b"t%d" % i)
-        producer.close()
-    client.close()
-    assert open_fds(broker.process.pid) < 900
+
+    async def open_600():
+        import asyncio
+
+        from pulsarwire import Client
+        async with Client(broker.url, operation_timeout_seconds=30) as client:
+            async def one(i):
+                producer = await client.create_producer(f"persistent://public/default/{prefix}-{i}")
+                await producer.send(b"t%d" % i)
+            await asyncio.gather(*(one(i) for i in range(600)))  # all 600 stay open meanwhile
+            assert open_fds(broker.process.pid) < 900
+
+    import asyncio
+    asyncio.run(open_600())
     for i in (0, 299, 599):  # every topic still readable, new clients still served
         assert read_all(broker.url, f"persistent://public/default/{prefix}-{i}") == [b"t%d" % i]
     produce(broker.url, topic_name("fd-after"), [b"ok"])
@@ -812,7 +819,7 @@ def test_7_unread_ping_flood_is_bounded(broker_factory):
     before = broker.rss_mb()
     ping = frame(pb.BaseCommand(type=pb.BaseCommand.PING, ping=pb.CommandPing()))
     block = ping * 100_000
-    sock.settimeout(2.0)
+    sock.settimeout(1.0)
     sent = 0
     try:
         for _ in range(20):  # 2 M pings, the replies never read
@@ -832,11 +839,11 @@ def test_7_connection_limit_answers_an_error(broker_factory):
         r = Raw(broker.port)
         r.handshake()
         held.append(r)
-    client = official(broker.url, operation_timeout_seconds=5)
+    client = official(broker.url, operation_timeout_seconds=2)
     started = time.monotonic()
     with pytest.raises(pulsar.PulsarException):
         client.create_producer(topic_name("limit"))
-    assert time.monotonic() - started < 8
+    assert time.monotonic() - started < 5
     client.close()
     for r in held:
         r.close()
@@ -862,15 +869,33 @@ def test_8_wrong_token_is_an_authentication_error_quickly(broker_factory):
     good.close()
 
 
+def refused_everything(raw: Raw) -> bool:
+    """After a CONNECT without valid credentials: the broker refused it, or refuses every request."""
+    try:
+        if raw.command().type != pb.BaseCommand.CONNECTED:
+            return True
+        topic = topic_name("sneak")
+        raw.send(producer_frame(topic, request_id=1))
+        if raw.command().type != pb.BaseCommand.ERROR:
+            return False
+        raw.send(frame(pb.BaseCommand(type=pb.BaseCommand.LOOKUP, lookupTopic=pb.CommandLookupTopic(
+            topic=topic, request_id=2))))
+        answer = raw.command()
+        if answer.type == pb.BaseCommand.LOOKUP_RESPONSE:
+            return answer.lookupTopicResponse.response == pb.CommandLookupTopicResponse.Failed
+        return answer.type == pb.BaseCommand.ERROR
+    except ConnectionError:
+        return True
+
+
 def test_8_no_token_is_refused(broker_factory):
     broker = broker_factory("--auth-token", "right-token")
-    raw = Raw(broker.port)
-    raw.send(connect_frame())
-    try:
-        answer = raw.command()
-        assert answer.type != pb.BaseCommand.CONNECTED, answer
-    except ConnectionError:
-        pass
+    for auth in ({}, {"auth_method_name": "token", "auth_data": b""},
+                 {"auth_method_name": "token", "auth_data": b"wrong"}):
+        raw = Raw(broker.port)
+        raw.send(connect_frame(**auth))
+        assert refused_everything(raw), auth
+        raw.close()
 
 
 def test_8_empty_auth_token_never_admits_a_tokenless_connect(tmp_path):
@@ -885,11 +910,7 @@ def test_8_empty_auth_token_never_admits_a_tokenless_connect(tmp_path):
         for auth in ({}, {"auth_method_name": "token", "auth_data": b""}):
             raw = Raw(broker.port)
             raw.send(connect_frame(**auth))
-            try:
-                answer = raw.command()
-                assert answer.type != pb.BaseCommand.CONNECTED, (auth, answer)
-            except ConnectionError:
-                pass
+            assert refused_everything(raw), auth
             raw.close()
     finally:
         broker.stop()
@@ -989,11 +1010,11 @@ def test_9_invalid_topic_names_get_an_error_reply_and_store_nothing_outside(brok
 
 def test_9_official_client_gets_an_error_for_a_long_name(broker_factory):
     broker = broker_factory()
-    client = official(broker.url, operation_timeout_seconds=5)
+    client = official(broker.url, operation_timeout_seconds=2)
     started = time.monotonic()
     with pytest.raises(pulsar.PulsarException):
         client.create_producer("persistent://public/default/" + "y" * 300)
-    assert time.monotonic() - started < 8
+    assert time.monotonic() - started < 5
     client.create_producer(topic_name("fine")).send(b"ok")
     client.close()
 
@@ -1003,15 +1024,19 @@ def test_9_official_client_gets_an_error_for_a_long_name(broker_factory):
 def test_10_official_reader_seek(broker_factory):
     broker = broker_factory()
     topic = topic_name("seek")
-    ids = produce(broker.url, topic, [b"m%d" % i for i in range(10)])
     client = official(broker.url)
+    producer = client.create_producer(topic, batching_enabled=False)
+    ids = []
+    for i in range(10):
+        ids.append(producer.send(b"m%d" % i))
+        time.sleep(0.003)  # distinct publish times, for the seek by time
     reader = client.create_reader(topic, pulsar.MessageId.earliest)
     first = [reader.read_next(5000) for _ in range(10)]
     assert [m.data() for m in first] == [b"m%d" % i for i in range(10)]
     reader.seek(ids[3])
     assert reader.read_next(5000).data() in (b"m3", b"m4")
     reader.seek(first[6].publish_timestamp())
-    assert reader.read_next(5000).data() in (b"m5", b"m6")
+    assert reader.read_next(5000).data() == b"m6"
     reader.seek(pulsar.MessageId.earliest)
     assert reader.read_next(5000).data() == b"m0"
     client.close()
