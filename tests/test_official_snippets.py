@@ -2015,3 +2015,27 @@ def test_replicate_subscription_state_goes_on_the_subscribe_command(brokers):
         await client.close()
     asyncio.run(asyncio.wait_for(main(), 30))
     assert sent == [True]
+
+
+def test_wrongly_typed_send_options_raise_type_error(brokers):
+    """The pure-Python codec raised AttributeError for `properties={'a': 1}` where the Cython one
+    raised TypeError, and the Cython one took `ordering_key=5` as five zero bytes: the producer
+    now refuses them itself, with the same TypeError under either twin."""
+    import asyncio
+    from pulsarwire import client as aio
+
+    plain, _ = brokers
+
+    async def main():
+        client = aio.Client(plain.url)
+        producer = await client.create_producer("typed-send-options")
+        for bad in (dict(properties={"a": 1}), dict(properties={1: "a"}), dict(properties=[("a", "b")]),
+                    dict(partition_key=5), dict(ordering_key="k"), dict(ordering_key=5),
+                    dict(event_timestamp="now"), dict(sequence_id=1.5), dict(deliver_at="x"),
+                    dict(deliver_after_ms="1")):
+            with pytest.raises(TypeError):
+                await producer.send(b"x", **bad)
+        message_id = await producer.send(b"fine", properties={"a": "b"}, ordering_key=b"k", partition_key="p")
+        await client.close()
+        return message_id
+    assert asyncio.run(asyncio.wait_for(main(), 30)).entry_id == 0
