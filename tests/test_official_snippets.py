@@ -415,7 +415,9 @@ program("delayed_delivery")("""
     order = []
     for _ in range(3):
         msg = consumer.receive(5000)
-        order.append((msg.data(), time.time() - start >= 0.25))
+        order.append(msg.data())
+        if msg.data() != b'now':
+            print(msg.data(), 'held back:', time.time() - start >= 0.25)
         consumer.acknowledge(msg)
     print(order)
     client.close()
@@ -736,15 +738,21 @@ program("pause_resume_listener")("""
     client = pulsar.Client('pulsar://localhost:6650')
     consumer = client.subscribe('my-topic', 'my-subscription', message_listener=listener)
     producer = client.create_producer('my-topic')
+
+    def wait_for(count):
+        deadline = time.time() + 5
+        while time.time() < deadline and len(got) < count:
+            time.sleep(0.02)
+
     producer.send(b'one')
-    time.sleep(0.5)
+    wait_for(1)
     consumer.pause_message_listener()
     producer.send(b'two')
     time.sleep(0.5)
     with lock:
         print(list(got))
     consumer.resume_message_listener()
-    time.sleep(0.5)
+    wait_for(2)
     with lock:
         print(list(got))
     client.close()
