@@ -1853,6 +1853,36 @@ program("resume_from_stored_position")("""
     client.close()
 """)
 
+program("table_view_listen")("""
+    import threading
+    import time
+    import pulsar
+    from pulsar.schema import StringSchema
+
+    client = pulsar.Client('pulsar://localhost:6650')
+    producer = client.create_producer('my-topic', schema=StringSchema())
+    producer.send('red', partition_key='color')
+    view = client.create_table_view('my-topic', schema=StringSchema())
+    updates = []
+    seen = threading.Event()
+
+    def on_update(key, value):
+        updates.append((key, value))
+        if value == 'blue':
+            seen.set()
+
+    view.for_each_and_listen(on_update)
+    producer.send('blue', partition_key='color')
+    producer.send('1', partition_key='size')
+    print(seen.wait(5))
+    deadline = time.time() + 5
+    while len(view) < 2 and time.time() < deadline:
+        time.sleep(0.02)
+    print(updates[:2], view.get('color'), len(view))
+    view.close()
+    client.close()
+""")
+
 
 # --- the runner -----------------------------------------------------------------------------
 
