@@ -27,9 +27,10 @@ def percentile(values, q: float) -> float:
 class BrokerUnderTest:
     """The embedded broker or pulsar-lite, in a separate process on 127.0.0.1."""
 
-    def __init__(self, kind: str, data_dir: str) -> None:
+    def __init__(self, kind: str, data_dir: str, extra: list[str] | None = None) -> None:
         self.kind = kind
         self.data_dir = data_dir
+        self.extra = list(extra or [])  # more command-line arguments (the embedded broker's)
         self.port = free_port()
         self.process: subprocess.Popen | None = None
 
@@ -40,7 +41,7 @@ class BrokerUnderTest:
     def __enter__(self) -> "BrokerUnderTest":
         if self.kind == "embedded":
             command = [sys.executable, "-m", "pulsarwire", "broker", "--data-dir", self.data_dir,
-                       "--port", str(self.port), "--v1-port", "-1"]
+                       "--port", str(self.port), "--v1-port", "-1", *self.extra]
         elif self.kind == "pulsar-lite":
             import pulsar_lite
             binary = pathlib.Path(pulsar_lite.__file__).parent / "bin" / "pulsar-lite"

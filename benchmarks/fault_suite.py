@@ -5,7 +5,8 @@ the injected damage itself; it must be 0 in every row.
 
     python benchmarks/fault_suite.py [--only disk_full,kill9,...] [--kill-runs 5] [--json out.json]
 
-Scenarios: disk_full (the disk fills mid-stream, then space returns), corrupt_entry (one
+Scenarios: disk_full (the disk fills mid-stream, then space returns), disk_full_tmpfs (a real
+ENOSPC on an 8 MiB tmpfs, the official client; root only), corrupt_entry (one
 flipped byte in entry 1000 of 2000), truncated_file (the log cut mid-record),
 index_deleted_bad_byte (no index and a damaged record header), damaged_segment (a middle
 segment cut in half, its index gone), fd_limit (600 topics under a 256-descriptor limit),
@@ -60,13 +61,20 @@ def _wait_for_port(port: int, process: subprocess.Popen, timeout: float = 20.0) 
     raise RuntimeError("broker did not start")
 
 
+BROKER_TREE: str | None = None  # --broker-tree: broker subprocesses run from this source tree
+
+
 def _start_process(data_dir: str, port: int, limit: int | None = None, extra=()) -> subprocess.Popen:
     def lower_limit():
         if limit is not None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+    env = dict(os.environ)
+    if BROKER_TREE:
+        env["PYTHONPATH"] = BROKER_TREE
     process = subprocess.Popen([sys.executable, "-m", "pulsarwire", "broker", "--data-dir", data_dir,
                                 "--port", str(port), "--v1-port", "-1", *extra],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=lower_limit)
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=lower_limit,
+                               cwd=BROKER_TREE or None, env=env)
     _wait_for_port(port, process)
     return process
 
@@ -162,6 +170,52 @@ async def disk_full(work: str) -> dict:
     await broker.stop()
     return _row("disk_full", acknowledged, [], readable, stats["failed_commits"],
                 f"{failed} sends failed (SendError, then send timeout); 50 sent after space returned")
+
+
+async def disk_full_tmpfs(work: str, counter: _ErrorCounter) -> dict:
+    """A real ENOSPC: the broker (a subprocess) on an 8 MiB tmpfs, the official client sending
+    200 messages of 64 KiB (12.5 MiB). Needs root to mount; skipped otherwise."""
+    import pulsar
+    mount_point = os.path.join(work, "tmpfs")
+    os.makedirs(mount_point)
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", mount_point],
+                                           capture_output=True).returncode != 0:
+        return dict(scenario="disk_full_tmpfs", acknowledged="-", damaged="-", readable="-", lost=0,
+                    errors_surfaced="-", note="skipped: cannot mount a tmpfs (needs root)")
+    try:
+        data_dir = os.path.join(mount_point, "data")
+        port = free_port()
+        url = f"pulsar://127.0.0.1:{port}"
+        process = _start_process(data_dir, port)
+        payloads = [b"%03d-" % i + b"x" * (64 * 1024) for i in range(200)]
+        acknowledged, failed = [], []
+        client = pulsar.Client(url, operation_timeout_seconds=5,
+                               logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+        try:
+            producer = client.create_producer(TOPIC, batching_enabled=False, send_timeout_millis=5000,
+                                              block_if_queue_full=True)
+            for payload in payloads:
+                producer.send_async(payload, lambda result, _id, p=payload:
+                                    (acknowledged if result == pulsar.Result.Ok else failed).append(p))
+            deadline = time.monotonic() + 30
+            while len(acknowledged) + len(failed) < len(payloads) and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+        finally:
+            try:
+                client.close()
+            except pulsar.PulsarException:
+                pass  # the producer is still retrying its unstored messages on the full disk
+        stderr = _stop_process(process)
+        process = _start_process(data_dir, port)
+        try:
+            readable = set(await _read_all(url))
+        finally:
+            _stop_process(process)
+        errors = stderr.count("group commit")
+        return _row("disk_full_tmpfs", list(acknowledged), [], readable, errors,
+                    f"official client, 200 x 64 KiB on 8 MiB; {len(failed)} sends failed")
+    finally:
+        subprocess.run(["umount", "-l", mount_point], capture_output=True)
 
 
 def _write_topic(root: str, count: int, segment_bytes: int = 64 * 1024 * 1024) -> tuple[str, list[bytes]]:
@@ -366,7 +420,8 @@ async def kill9(work: str, counter: _ErrorCounter, runs: int) -> dict:
     return _row("kill9", acknowledged, [], readable, 0, f"{runs} runs, kill -9 after 1500 sends each")
 
 
-SCENARIOS = ["disk_full", "corrupt_entry", "truncated_file", "index_deleted_bad_byte", "damaged_segment",
+SCENARIOS = ["disk_full", "disk_full_tmpfs", "corrupt_entry", "truncated_file", "index_deleted_bad_byte",
+             "damaged_segment",
              "fd_limit", "fd_exhausted", "kill9"]
 
 
@@ -396,7 +451,8 @@ async def main_async(only: list[str], kill_runs: int) -> list[dict]:
 
 
 def _format(row: dict) -> str:
-    return "{scenario:<24} {acknowledged:>12} {damaged:>8} {readable:>9} {lost:>5} {errors_surfaced:>7}  {note}".format(**row)
+    return ("{scenario:<24} {acknowledged:>12} {damaged:>8} {readable:>9} {lost:>5} {errors_surfaced:>7}  "
+            "{note}").format(**row)
 
 
 def main() -> int:
@@ -404,7 +460,11 @@ def main() -> int:
     parser.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated scenarios")
     parser.add_argument("--kill-runs", type=int, default=5, help="kill -9 runs")
     parser.add_argument("--json", help="write the rows as JSON here")
+    parser.add_argument("--broker-tree", help="run the broker subprocesses (kill9, fd_*, disk_full_tmpfs) "
+                                              "from this source tree, e.g. an older checkout to compare")
     args = parser.parse_args()
+    global BROKER_TREE
+    BROKER_TREE = args.broker_tree
     only = [s for s in args.only.split(",") if s]
     unknown = set(only) - set(SCENARIOS)
     if unknown:

@@ -201,6 +201,7 @@ cdef class SendFrame:
     cdef readonly object publish_time
     cdef readonly object deliver_at_time
     cdef readonly object chunk_id
+    cdef readonly object num_messages_in_batch
     cdef readonly object metadata_and_payload
     cdef readonly object checksum
     cdef readonly Py_ssize_t size
@@ -261,8 +262,8 @@ cdef object _fast_send(object owner, const uint8_t* base, Py_ssize_t start, Py_s
     cdef uint64_t value
     cdef uint64_t send_values[9]
     cdef bint send_has[9]
-    cdef uint64_t publish_time = 0, deliver_at = 0, chunk_id = 0
-    cdef bint has_name = False, has_sequence = False, has_publish = False, has_deliver = False, has_chunk = False
+    cdef uint64_t publish_time = 0, deliver_at = 0, chunk_id = 0, batch_count = 0
+    cdef bint has_name = False, has_sequence = False, has_publish = False, has_deliver = False, has_chunk = False, has_batch = False
     cdef int i
     if end - start < 10 or base[start + 8] != 0x08 or base[start + 9] != 0x06:
         return None
@@ -317,6 +318,9 @@ cdef object _fast_send(object owner, const uint8_t* base, Py_ssize_t start, Py_s
             elif field == 29:
                 chunk_id = value
                 has_chunk = True
+            elif field == 11:
+                batch_count = value
+                has_batch = True
             elif not (field in (8, 9, 11, 12, 17, 24, 25, 27, 28, 30)):
                 return None
         else:
@@ -338,6 +342,7 @@ cdef object _fast_send(object owner, const uint8_t* base, Py_ssize_t start, Py_s
     frame.publish_time = publish_time
     frame.deliver_at_time = <int64_t>deliver_at if has_deliver else None
     frame.chunk_id = _int32(chunk_id) if has_chunk else None
+    frame.num_messages_in_batch = _int32(batch_count) if has_batch else None
     frame.metadata_and_payload = owner[pos:end]
     frame.checksum = checksum
     frame.size = end - start

@@ -179,12 +179,14 @@ class SendFrame:
     publish_time: int
     deliver_at_time: int | None
     chunk_id: int | None
+    num_messages_in_batch: int | None
     metadata_and_payload: memoryview
     checksum: int
     size: int
 
     __slots__ = ("producer_id", "sequence_id", "num_messages", "highest_sequence_id", "is_chunk",
-                 "publish_time", "deliver_at_time", "chunk_id", "metadata_and_payload", "checksum", "size")
+                 "publish_time", "deliver_at_time", "chunk_id", "num_messages_in_batch", "metadata_and_payload",
+                 "checksum", "size")
 
     type = 6  # BaseCommand.SEND
 
@@ -286,6 +288,7 @@ def _fast_send(view, start, end):
     frame.publish_time = found[3]
     frame.deliver_at_time = _signed(found[19]) if 19 in found else None
     frame.chunk_id = _int32(found[29]) if 29 in found else None
+    frame.num_messages_in_batch = _int32(found[11]) if 11 in found else None
     frame.metadata_and_payload = view[pos:end]
     frame.checksum = checksum
     frame.size = end - start

@@ -21,8 +21,14 @@ class LoopThread:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="pulsarwire-loop", daemon=True)
+        self.thread = threading.Thread(target=self._serve, name="pulsarwire-loop", daemon=True)
         self.thread.start()
+
+    def _serve(self) -> None:
+        try:
+            self.loop.run_forever()
+        finally:
+            self.loop.close()  # here, so that a loop stopped from its own thread is closed too
 
     @property
     def stopped(self) -> bool:
@@ -37,7 +43,14 @@ class LoopThread:
             # waiting here would wait for this very thread: a hang, so refuse at once
             raise RuntimeError("a blocking pulsarwire call was made from a callback on its own event-loop "
                                "thread; use the asyncio API or hand the work to another thread")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout)
+        except BaseException:
+            # an interrupted caller (Ctrl-C, a timeout) must not leave the operation running on
+            # the loop: an orphaned receive would take a message that nobody gets
+            future.cancel()
+            raise
 
     def call(self, fn: Callable, *args):
         """Run a plain function on the loop's thread (at once when already on it) and return its result."""
@@ -54,23 +67,32 @@ class LoopThread:
         """Cancel what still runs on the loop (so that callers blocked on it get an answer), then stop it."""
         if self.loop.is_closed():
             return
-        if threading.current_thread() is self.thread:
-            self.loop.stop()  # cannot wait for itself; the thread ends after this callback
-            return
 
         async def cancel_the_rest():
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in tasks:
-                task.cancel()
-            await asyncio.wait(tasks, timeout=2) if tasks else None
+            for _ in range(10):  # a cancelled task's cleanup may start another: a few rounds
+                await asyncio.sleep(0)  # callbacks already scheduled run first (they may start tasks)
+                tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+                if not tasks:
+                    return
+                for task in tasks:
+                    task.cancel()
+                await asyncio.wait(tasks, timeout=1)
+
+        if threading.current_thread() is self.thread:  # cannot wait for itself: stop once the rest is done
+            async def cancel_then_stop():
+                await cancel_the_rest()
+                self.loop.stop()
+            self.loop.create_task(cancel_then_stop())
+            return
         try:
             asyncio.run_coroutine_threadsafe(cancel_the_rest(), self.loop).result(5)
         except Exception:  # noqa: BLE001 - stopping goes on regardless
             pass
-        self.loop.call_soon_threadsafe(self.loop.stop)
+        try:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        except RuntimeError:  # closed meanwhile: stopped already
+            return
         self.thread.join(timeout=5)
-        if not self.loop.is_running():
-            self.loop.close()
 
 
 class Client:

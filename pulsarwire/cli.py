@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a connection without an accepted CONNECT this long is closed (default 10)")
     broker.add_argument("--max-frame-before-connect", type=int, default=64 * 1024, metavar="BYTES",
                         help="largest frame before CONNECT is accepted (default 64 KiB)")
+    broker.add_argument("--max-input-bytes", type=int, default=256 * 1024 * 1024, metavar="BYTES",
+                        help="unfinished frames held across all connections before the broker stops "
+                             "reading from those adding to them (default 256 MiB)")
     broker.add_argument("--frame-timeout", type=float, default=30.0, metavar="SECONDS",
                         help="a frame still incomplete after this long closes its connection (default 30)")
     broker.add_argument("--v1-consume-max-bytes", type=int, default=None, metavar="BYTES",
@@ -193,6 +196,7 @@ async def run_broker(args) -> int:
                     session_timeout=args.session_timeout, max_open_files=args.max_open_files, max_connections=args.max_connections,
                     max_output_bytes=args.max_output_bytes, handshake_timeout=args.handshake_timeout,
                     max_frame_before_connect=args.max_frame_before_connect, frame_timeout=args.frame_timeout,
+                    max_input_bytes=args.max_input_bytes,
                     v1_consume_max_bytes=DEFAULT_CONSUME_MAX_BYTES if args.v1_consume_max_bytes is None
                     else args.v1_consume_max_bytes)
     await broker.start()

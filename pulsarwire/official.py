@@ -351,7 +351,7 @@ class BatchReceivePolicy:
     def __init__(self, max_num_message: int = -1, max_num_bytes: int = 10 * 1024 * 1024,
                  timeout_ms: int = 100) -> None:
         if max_num_message <= 0 and max_num_bytes <= 0 and timeout_ms <= 0:
-            max_num_message, max_num_bytes, timeout_ms = -1, 10 * 1024 * 1024, 100  # no limit at all: the default
+            raise ValueError("At least one of maxNumMessages, maxNumBytes and timeoutMs must be specified.")
         self._max_num_messages = int(max_num_message)
         self._max_num_bytes = int(max_num_bytes)
         self._timeout_ms = int(timeout_ms)
@@ -627,13 +627,16 @@ def producer_options(*, producer_name, schema, initial_sequence_id, send_timeout
     check_type(ProducerAccessMode, access_mode, "access_mode")
     if encryption_key or crypto_key_reader is not None:
         raise Unsupported("pulsarwire does not encrypt messages (encryption_key, crypto_key_reader)")
+    if batching_max_messages <= 1:
+        raise ValueError("batchingMaxMessages needs to be greater than 1")
     if batching_enabled and chunking_enabled:
         raise ValueError("Batching and chunking of messages can't be enabled together.")
     options: dict[str, Any] = dict(
         producer_name=producer_name,
         # the official client treats 0 as "not set", like None
         initial_sequence_id=initial_sequence_id or None,
-        send_timeout_millis=send_timeout_millis, compression_type=int(CompressionType(compression_type)),
+        send_timeout_millis=max(0, send_timeout_millis),  # 0 (or less): no send timeout
+        compression_type=int(CompressionType(compression_type)),
         max_pending_messages=max_pending_messages,
         max_pending_messages_across_partitions=max_pending_messages_across_partitions,
         block_if_queue_full=block_if_queue_full, batching_enabled=batching_enabled,
@@ -653,13 +656,19 @@ def producer_options(*, producer_name, schema, initial_sequence_id, send_timeout
     return options
 
 
+_UNBOUNDED_PENDING = 1_000_000  # both official bounds 0 ("no limit"): a million messages
+
+
 async def create_producer(client: aio.Client, topic: str, options: dict) -> aio.Producer:
     """A producer from `producer_options`. The official bound on pending messages is per partition,
     capped across all of them; pulsarwire has one bound for the whole producer: the product, capped."""
     options = dict(options)
     across = options.pop("max_pending_messages_across_partitions")
+    per_partition = options["max_pending_messages"]
     partitions = len(await client.get_topic_partitions(topic))
-    options["max_pending_messages"] = max(1, min(options["max_pending_messages"] * partitions, across))
+    # 0 means "no limit" to the official client; pulsarwire keeps a bound: the cap across partitions
+    bounds = [bound for bound in (per_partition * partitions, across) if bound > 0]
+    options["max_pending_messages"] = min(bounds) if bounds else _UNBOUNDED_PENDING
     return await client.create_producer(topic, **options)
 
 
@@ -729,6 +738,9 @@ def consumer_options(*, topic, consumer_type, schema, receiver_queue_size,
     check_type_or_none(ConsumerKeySharedPolicy, key_shared_policy, "key_shared_policy")
     check_type(bool, batch_index_ack_enabled, "batch_index_ack_enabled")
     check_type_or_none(ConsumerDeadLetterPolicy, dead_letter_policy, "dead_letter_policy")
+    if unacked_messages_timeout_ms and unacked_messages_timeout_ms < 10_000:
+        raise ValueError("Consumer Config Exception: Unacknowledged message timeout should be greater than "
+                         "10 seconds.")
     if crypto_key_reader is not None:
         raise Unsupported("pulsarwire does not decrypt messages (crypto_key_reader)")
     import uuid
@@ -744,15 +756,19 @@ def consumer_options(*, topic, consumer_type, schema, receiver_queue_size,
         batch_index_ack_enabled=batch_index_ack_enabled)
     optional = (("auto_ack_oldest_chunked_message_on_queue_full", auto_ack_oldest_chunked_message_on_queue_full),
                 ("start_message_id_inclusive", start_message_id_inclusive),
-                ("replicate_subscription_state_enabled", replicate_subscription_state_enabled),
-                ("key_shared_policy", key_shared_policy), ("dead_letter_policy", dead_letter_policy))
+                ("replicate_subscription_state_enabled", replicate_subscription_state_enabled))
     for name, value in optional:
         if value:
             options[name] = value
-    if key_shared_policy is not None:  # the asyncio consumer takes its own policy class
+    if key_shared_policy is not None:
         options["key_shared_policy"] = aio.KeySharedPolicy(
-            aio.KeySharedMode[KeySharedMode(key_shared_policy.key_shared_mode).name],
-            key_shared_policy.allow_out_of_order_delivery, key_shared_policy.sticky_ranges)
+            aio.KeySharedMode(int(key_shared_policy.key_shared_mode)),
+            allow_out_of_order_delivery=key_shared_policy.allow_out_of_order_delivery,
+            sticky_ranges=key_shared_policy.sticky_ranges or None)
+    if dead_letter_policy is not None:
+        options["dead_letter_policy"] = aio.DeadLetterPolicy(
+            dead_letter_policy.max_redeliver_count, dead_letter_topic=dead_letter_policy.dead_letter_topic or None,
+            initial_subscription_name=dead_letter_policy.initial_subscription_name or None)
     if isinstance(topic, re.Pattern):
         options["pattern_auto_discovery_period"] = pattern_auto_discovery_period
         options["regex_subscription_mode"] = int(RegexSubscriptionMode(regex_subscription_mode))

@@ -3,7 +3,9 @@ consumer declares to the broker (CommandProducer.schema / CommandSubscribe.schem
 
 Names follow the official client's `pulsar.schema` (StringSchema, BytesSchema, JsonSchema,
 AvroSchema, ProtobufNativeSchema) and its definitions are the same, so the two clients share
-topics. JSON and Avro take an official `pulsar.schema.Record` subclass or a dataclass.
+topics. JSON and Avro take a dataclass or a record class declared the official way: a
+`pulsar.schema.Record` subclass, or the same with this module's `Record`, `String`, `Integer`, ...
+(from `pulsarwire.records`).
 `KeyValueSchema` follows the Java client's KeyValue layout (INLINE and SEPARATED).
 """
 from __future__ import annotations
@@ -19,6 +21,9 @@ import typing
 from typing import Any, NamedTuple
 
 from ._proto import PulsarApi_pb2 as pb
+from .records import (  # noqa: F401 - offered here, as the official `pulsar.schema` offers them
+    Array, Boolean, Bytes, CustomEnum, Double, Field, Float, Integer, Long, Map, Null, Record, String,
+)
 
 _TYPE = pb.Schema.Type
 
@@ -148,9 +153,10 @@ _RESERVED = ("_default", "_required", "_required_default")
 
 
 def _is_official_record(cls) -> bool:
-    """A subclass of the official client's `pulsar.schema.Record` (recognised without importing it)."""
-    return isinstance(cls, type) and any(base.__name__ == "Record" and base.__module__.startswith("pulsar.schema")
-                                         for base in cls.__mro__)
+    """A record class declared the official client's way: a subclass of `pulsar.schema.Record`
+    (recognised without importing it) or of pulsarwire's own `Record` (`pulsarwire.records`)."""
+    return isinstance(cls, type) and (issubclass(cls, Record) or any(
+        base.__name__ == "Record" and base.__module__.startswith("pulsar.schema") for base in cls.__mro__))
 
 
 _PRIMITIVES = {str: "string", int: "long", float: "double", bool: "boolean", bytes: "bytes"}

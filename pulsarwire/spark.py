@@ -9,18 +9,28 @@ Offsets are boundaries between messages, one per topic-partition, written as
 canonical JSON: `{"<partition topic>": [ledgerId, entryId, batchIndex, side]}`
 where side 1 means "just after that message" and 0 "just before it". A batch
 or micro-batch reads every message strictly between its start and end
-boundaries, so consecutive micro-batches neither overlap nor leave gaps.
+boundaries, so consecutive micro-batches neither overlap nor leave gaps. A
+chunked message belongs to the range that holds its first chunk, and the task
+reading that range reads on past the range's end to its last chunk: no
+boundary can cut one.
 
-Only options cross to executors: every task opens its own pulsarwire client.
+Only options cross to executors: every task opens its own client on a private
+event loop, takes whole entries (`EntryReader`), splits them with the codec's
+columnar split and yields Arrow record batches capped in rows and bytes.
 """
 from __future__ import annotations
 
+import asyncio
+import datetime
 import json
-from dataclasses import dataclass
-from typing import Any, Iterator
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
 
 from pyspark.sql.datasource import (
-    DataSource, DataSourceReader, DataSourceStreamReader, DataSourceStreamWriter, DataSourceWriter,
+    DataSource, DataSourceArrowWriter, DataSourceReader, DataSourceStreamReader, DataSourceStreamWriter,
     InputPartition, WriterCommitMessage,
 )
 from pyspark.sql.streaming.datasource import (
@@ -30,7 +40,14 @@ from pyspark.sql.types import (
     BinaryType, IntegerType, LongType, MapType, StringType, StructField, StructType, TimestampType,
 )
 
+try:  # PySpark 4.1+: the streaming sink takes Arrow batches too
+    from pyspark.sql.datasource import DataSourceStreamArrowWriter
+except ImportError:  # pragma: no cover - older PySpark: rows
+    DataSourceStreamArrowWriter = DataSourceStreamWriter  # type: ignore[misc,assignment]
+
 from .messages import MessageId
+
+log = logging.getLogger("pulsarwire.spark")
 
 SCHEMA = StructType([
     StructField("value", BinaryType()),
@@ -47,12 +64,267 @@ SCHEMA = StructType([
 ])
 
 _WHOLE_ENTRY = 2**31 - 1  # a batch index past every message of an entry
-_ROWS_PER_BATCH = 8192
 
 
 class PulsarSparkError(ValueError):
     """A bad option or offset given to the data source."""
 
+
+class PulsarDataLossError(RuntimeError):
+    """Data a query was due to read is gone (deleted, or the topic re-created); see failOnDataLoss."""
+
+
+# --- options -------------------------------------------------------------------
+
+# pulsar.client.<name> (names as in the Java client's configuration) -> Client keyword, parser
+_CLIENT_OPTIONS: dict[str, tuple[str | None, Callable[[Any], Any]]] = {
+    "authtoken": ("authentication", str),
+    "authparams": ("authentication", str),
+    "authpluginclassname": (None, str),
+    "operationtimeoutms": ("operation_timeout_seconds", lambda v: _positive(v, "operationTimeoutMs") / 1000),
+    "connectiontimeoutms": ("connection_timeout_ms", lambda v: int(_positive(v, "connectionTimeoutMs"))),
+    "keepaliveintervalseconds": ("keep_alive_interval_seconds",
+                                 lambda v: _positive(v, "keepAliveIntervalSeconds")),
+    "tlstrustcertsfilepath": ("tls_trust_certs_file_path", str),
+    "tlsallowinsecureconnection": ("tls_allow_insecure_connection", lambda v: _boolean(v, "tlsAllowInsecureConnection")),
+    "tlshostnameverificationenable": ("tls_validate_hostname",
+                                      lambda v: _boolean(v, "tlsHostnameVerificationEnable")),
+    "maxbackoffintervalnanos": ("max_backoff_seconds", lambda v: _positive(v, "maxBackoffIntervalNanos") / 1e9),
+}
+_COMMON = {"service.url", "connect.timeout.seconds", "operation.timeout.seconds", "auth.token", "path"}
+_SOURCE = _COMMON | {"topic", "topics", "topicspattern", "startingoffsets", "endingoffsets", "startingtime",
+                     "endingtime", "failondataloss", "maxentriespertrigger", "maxrowsperbatch",
+                     "maxbytesperbatch", "read.timeout.seconds", "subscriptionname"}
+_SINK = _COMMON | {"topic", "compression", "checkpointlocation", "maxpendingmessages"}
+_DEFAULT_ROWS_PER_BATCH = 32_768
+_DEFAULT_BYTES_PER_BATCH = 64 << 20  # far below Arrow's 2 GiB per binary column
+
+
+def _positive(value, name: str, integer: bool = False) -> float:
+    try:
+        number = int(value) if integer else float(value)
+    except (TypeError, ValueError):
+        raise PulsarSparkError(f"option {name!r} must be a {'whole ' if integer else ''}number, "
+                               f"got {value!r}") from None
+    if number <= 0:
+        raise PulsarSparkError(f"option {name!r} must be positive, got {value!r}")
+    return number
+
+
+def _boolean(value, name: str) -> bool:
+    text = str(value).strip().lower()
+    if text not in ("true", "false"):
+        raise PulsarSparkError(f"option {name!r} must be true or false, got {value!r}")
+    return text == "true"
+
+
+def _time_ms(value, name: str) -> int:
+    """Milliseconds since the epoch, from an integer or an ISO-8601 time (UTC unless it says)."""
+    text = str(value).strip()
+    if re.fullmatch(r"-?\d+", text):
+        number = int(text)
+    else:
+        try:
+            when = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise PulsarSparkError(f"option {name!r} must be milliseconds since the epoch or an ISO-8601 "
+                                   f"time, got {value!r}") from None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=datetime.timezone.utc)
+        number = int(when.timestamp() * 1000)
+    if number < 0:
+        raise PulsarSparkError(f"option {name!r} must not be before 1970, got {value!r}")
+    return number
+
+
+def _options(options) -> dict:
+    """Spark treats option names case-insensitively (and may lower-case them): so do we."""
+    return {str(k).lower(): v for k, v in dict(options).items()}
+
+
+@dataclass
+class ClientSettings:
+    """How to reach the broker: everything a task needs to open its own client."""
+
+    url: str
+    kwargs: dict = field(default_factory=dict)
+    connect_timeout: float = 30.0
+
+    def client(self):
+        from .client import Client
+        return Client(self.url, **self.kwargs)
+
+
+def _client_settings(options: dict, known: set) -> ClientSettings:
+    from .client import AuthenticationToken
+    unknown = sorted(k for k in options if k not in known and not k.startswith("pulsar.client."))
+    if unknown:
+        raise PulsarSparkError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))} "
+                               "and pulsar.client.*")
+    url = options.get("service.url")
+    if not url:
+        raise PulsarSparkError("option 'service.url' is required (for example pulsar://127.0.0.1:6650)")
+    if not re.match(r"pulsar(\+ssl)?://", url):
+        raise PulsarSparkError(f"option 'service.url' must start with pulsar:// or pulsar+ssl://, got {url!r}")
+    kwargs: dict[str, Any] = {}
+    if "operation.timeout.seconds" in options:
+        kwargs["operation_timeout_seconds"] = _positive(options["operation.timeout.seconds"],
+                                                         "operation.timeout.seconds")
+    token = options.get("auth.token")
+    for key, value in options.items():
+        if not key.startswith("pulsar.client."):
+            continue
+        name = key[len("pulsar.client."):]
+        if name not in _CLIENT_OPTIONS:
+            raise PulsarSparkError(f"unknown client option {key!r}; supported: "
+                                   + ", ".join(f"pulsar.client.{n}" for n in sorted(_CLIENT_OPTIONS)))
+        target, parse = _CLIENT_OPTIONS[name]
+        if target == "authentication":
+            value = str(value)
+            if name == "authparams":
+                if not value.startswith("token:"):
+                    raise PulsarSparkError("pulsar.client.authParams must be 'token:<token>' (token "
+                                           "authentication is the one supported)")
+                value = value[len("token:"):]
+            token = value
+        elif target is not None:
+            kwargs[target] = parse(value)
+        elif "token" not in str(value).lower():
+            raise PulsarSparkError(f"pulsar.client.authPluginClassName {value!r}: only token "
+                                   "authentication is supported")
+    if token:
+        kwargs["authentication"] = AuthenticationToken(token)
+    timeout = _positive(options.get("connect.timeout.seconds", 30), "connect.timeout.seconds")
+    return ClientSettings(url, kwargs, timeout)
+
+
+def _short_pattern(pattern: str) -> tuple[str, re.Pattern]:
+    """topicsPattern as (namespace, regex over the topic's local name)."""
+    body = pattern.split("://", 1)[1] if "://" in pattern else pattern
+    if pattern.startswith("non-persistent://"):
+        raise PulsarSparkError("topicsPattern: only persistent topics can be read")
+    parts = body.split("/", 2)
+    namespace, regex = (f"{parts[0]}/{parts[1]}", parts[2]) if len(parts) == 3 else ("public/default", body)
+    try:
+        return namespace, re.compile(regex)
+    except re.error as exc:
+        raise PulsarSparkError(f"topicsPattern {pattern!r} is not a regular expression: {exc}") from None
+
+
+@dataclass
+class SourceOptions:
+    client: ClientSettings
+    topics: list[str]
+    pattern: tuple[str, Any] | None
+    starting: str | None
+    ending: str | None
+    starting_time: int | None
+    ending_time: int | None
+    fail_on_data_loss: bool
+    max_entries: int | None
+    rows_per_batch: int
+    bytes_per_batch: int
+    read_timeout: float
+    subscription: str | None
+
+
+def source_options(options: dict, streaming: bool) -> SourceOptions:
+    """Every source option checked, with a clear message for each mistake."""
+    from .client import topic_name
+    settings = _client_settings(options, _SOURCE)
+    given = [k for k in ("topic", "topics", "topicspattern") if options.get(k)]
+    if len(given) != 1:
+        raise PulsarSparkError("exactly one of the options 'topic', 'topics' or 'topicsPattern' is required"
+                               + (f" (got {', '.join(given)})" if given else ""))
+    topics: list[str] = []
+    pattern = None
+    if given[0] == "topicspattern":
+        pattern = _short_pattern(options["topicspattern"].strip())
+    else:
+        for raw in str(options[given[0]]).split(","):
+            if not raw.strip():
+                continue
+            try:
+                name = topic_name(raw.strip())
+            except ValueError as exc:
+                raise PulsarSparkError(f"option {given[0]!r}: {exc}") from None
+            if not name.startswith("persistent://"):
+                raise PulsarSparkError(f"option {given[0]!r}: only persistent topics can be read, got {name}")
+            if name in topics:
+                raise PulsarSparkError(f"option {given[0]!r} names topic {name} twice")
+            topics.append(name)
+        if not topics:
+            raise PulsarSparkError(f"option {given[0]!r} names no topic")
+        if given[0] == "topic" and len(topics) > 1:
+            raise PulsarSparkError("option 'topic' takes one topic; use 'topics' for a comma-separated list")
+    stream_only = streaming is False  # None: at load(), batch or stream not known yet
+    if streaming and options.get("endingoffsets"):
+        raise PulsarSparkError("option 'endingOffsets' is for batch queries; a stream has no end")
+    if streaming and options.get("endingtime"):
+        raise PulsarSparkError("option 'endingTime' is for batch queries; a stream has no end")
+    if options.get("startingoffsets") and options.get("startingtime"):
+        raise PulsarSparkError("give 'startingOffsets' or 'startingTime', not both")
+    if options.get("endingoffsets") and options.get("endingtime"):
+        raise PulsarSparkError("give 'endingOffsets' or 'endingTime', not both")
+    starting, ending = options.get("startingoffsets"), options.get("endingoffsets")
+    for name, spec in (("startingOffsets", starting), ("endingOffsets", ending)):
+        if spec is not None:
+            _parse_offsets_spec(spec, name, allow_earliest=name == "startingOffsets")
+    max_entries = options.get("maxentriespertrigger")
+    if max_entries is not None:
+        if stream_only:
+            raise PulsarSparkError("option 'maxEntriesPerTrigger' is for streaming queries")
+        max_entries = int(_positive(max_entries, "maxEntriesPerTrigger", integer=True))
+    subscription = options.get("subscriptionname")
+    if subscription is not None:
+        if stream_only:
+            raise PulsarSparkError("option 'subscriptionName' is for streaming queries (it holds unread data "
+                                   "between micro-batches)")
+        if not str(subscription).strip():
+            raise PulsarSparkError("option 'subscriptionName' is empty")
+    return SourceOptions(
+        settings, topics, pattern, starting, ending,
+        _time_ms(options["startingtime"], "startingTime") if options.get("startingtime") else None,
+        _time_ms(options["endingtime"], "endingTime") if options.get("endingtime") else None,
+        _boolean(options.get("failondataloss", "true"), "failOnDataLoss"), max_entries,
+        int(_positive(options.get("maxrowsperbatch", _DEFAULT_ROWS_PER_BATCH), "maxRowsPerBatch", integer=True)),
+        int(_positive(options.get("maxbytesperbatch", _DEFAULT_BYTES_PER_BATCH), "maxBytesPerBatch",
+                      integer=True)),
+        _positive(options.get("read.timeout.seconds", 30), "read.timeout.seconds"),
+        str(subscription).strip() if subscription else None)
+
+
+def _parse_offsets_spec(spec: str, name: str, allow_earliest: bool):
+    """'earliest', 'latest', or a JSON object of partition topic -> position; checked, not resolved."""
+    from .client import topic_name
+    spec = str(spec).strip()
+    if spec in ("earliest", "latest"):
+        if spec == "earliest" and not allow_earliest:
+            raise PulsarSparkError(f"{name}: 'earliest' cannot end a query")
+        return spec
+    try:
+        given = json.loads(spec)
+    except ValueError:
+        raise PulsarSparkError(f"{name} must be 'earliest', 'latest' or a JSON object, got {spec!r}") from None
+    if not isinstance(given, dict) or not given:
+        raise PulsarSparkError(f"{name}: JSON offsets must be an object mapping partition topics to positions")
+    out = {}
+    for key, value in given.items():
+        try:
+            topic = topic_name(str(key))
+        except ValueError as exc:
+            raise PulsarSparkError(f"{name}: {exc}") from None
+        if topic in out:
+            raise PulsarSparkError(f"{name}: topic {topic} is given twice")
+        if value == "earliest" and not allow_earliest:
+            raise PulsarSparkError(f"{name}: 'earliest' cannot end a query ({topic})")
+        if value not in ("earliest", "latest"):
+            Boundary.from_json(value, name)
+        out[topic] = value
+    return out
+
+
+# --- boundaries ----------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Boundary:
@@ -67,16 +339,12 @@ class Boundary:
     def before_everything(cls) -> "Boundary":
         return cls(-1, -1, -1, True)
 
-    @classmethod
-    def after_message(cls, mid: MessageId) -> "Boundary":
-        return cls(mid.ledger_id, mid.entry_id, mid.batch_index, True)
-
     def key(self) -> tuple:
         return (self.ledger, self.entry, self.batch, 1 if self.after else 0)
 
-    def precedes(self, mid: MessageId) -> bool:
-        """True when message `mid` lies after this boundary."""
-        position = (mid.ledger_id, mid.entry_id, mid.batch_index)
+    def precedes(self, mid) -> bool:
+        """True when message `mid` (a MessageId or a (ledger, entry, batch) tuple) lies after this boundary."""
+        position = mid if isinstance(mid, tuple) else (mid.ledger_id, mid.entry_id, mid.batch_index)
         mine = (self.ledger, self.entry, self.batch)
         return position > mine or (position == mine and not self.after)
 
@@ -84,94 +352,197 @@ class Boundary:
         return [self.ledger, self.entry, self.batch, 1 if self.after else 0]
 
     @classmethod
-    def from_json(cls, value) -> "Boundary":
+    def from_json(cls, value, what: str = "offset") -> "Boundary":
         if value == "earliest":
             return cls.before_everything()
-        if isinstance(value, dict):  # a message id given by a user: start at (before) it
-            return cls(int(value["ledgerId"]), int(value["entryId"]), int(value.get("batchIndex", -1)), False)
-        if isinstance(value, list) and len(value) == 4:
-            return cls(int(value[0]), int(value[1]), int(value[2]), bool(value[3]))
-        raise PulsarSparkError(f"not an offset: {value!r}")
+        try:
+            if isinstance(value, dict):  # a message id given by a user: start at (before) it
+                unknown = set(value) - {"ledgerId", "entryId", "batchIndex"}
+                if unknown or "ledgerId" not in value or "entryId" not in value:
+                    raise ValueError
+                return cls(int(value["ledgerId"]), int(value["entryId"]), int(value.get("batchIndex", -1)), False)
+            if isinstance(value, list) and len(value) == 4 and value[3] in (0, 1):
+                return cls(int(value[0]), int(value[1]), int(value[2]), bool(value[3]))
+        except (TypeError, ValueError):
+            pass
+        raise PulsarSparkError(f"{what}: not a position: {value!r} (use 'earliest', 'latest', "
+                               '{"ledgerId": L, "entryId": E[, "batchIndex": B]} or a checkpointed offset)')
 
-    def start_id(self, partition: int) -> tuple[MessageId, bool]:
-        """Where a reader starts, and whether that message itself is included."""
+    def start_entry(self) -> MessageId:
+        """The entry a reader starts at (inclusive): the boundary's own entry, so that the reader
+        sees that it is still there; or the earliest."""
         if self.ledger < 0:
-            return MessageId.earliest, True
-        return MessageId(self.ledger, self.entry, partition, self.batch), not self.after
+            return MessageId.earliest
+        return MessageId(self.ledger, max(self.entry, 0))
 
 
 def canonical(offsets: dict[str, Boundary]) -> dict:
     return {topic: offsets[topic].to_json() for topic in sorted(offsets)}
 
 
-def _options(options) -> dict:
-    """Spark treats option names case-insensitively (and may lower-case them): so do we."""
-    return {str(k).lower(): v for k, v in dict(options).items()}
+def _partition_index(topic: str) -> int:
+    marker = "-partition-"
+    if marker in topic and topic.rsplit(marker, 1)[1].isdigit():
+        return int(topic.rsplit(marker, 1)[1])
+    return -1
 
 
-def _client(options: dict):
-    from .blocking import Client
-    url = options.get("service.url")
-    if not url:
-        raise PulsarSparkError("option 'service.url' is required")
-    timeout = float(options.get("operation.timeout.seconds", 30))
-    token = options.get("auth.token")
-    from .client import AuthenticationToken
-    return Client(url, operation_timeout_seconds=timeout,
-                  authentication=AuthenticationToken(token) if token else None)
+# --- driver-side broker calls (each on a private event loop) -------------------
+
+def _run(coroutine):
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coroutine)
+    finally:
+        loop.close()
 
 
-def _topics(options: dict) -> list[str]:
-    from .client import topic_name
-    raw = options.get("topics") or options.get("topic")
-    if not raw:
-        raise PulsarSparkError("option 'topic' or 'topics' is required")
-    return [topic_name(t.strip()) for t in raw.split(",") if t.strip()]
+_RETRYABLE: tuple = ()
 
 
-def _partitions(client, options: dict) -> list[tuple[str, int]]:
+def _retryable() -> tuple:
+    global _RETRYABLE
+    if not _RETRYABLE:
+        from .errors import ConnectionClosedError, TimeoutError as PulsarTimeout
+        _RETRYABLE = (ConnectionClosedError, PulsarTimeout, OSError)
+    return _RETRYABLE
+
+
+async def _connected(settings: ClientSettings):
+    """A client whose connection to the broker is up, retried until connect.timeout.seconds
+    have passed (then a clear error). The caller closes it."""
+    deadline = time.monotonic() + settings.connect_timeout
+    delay = 0.1
+    while True:
+        client = settings.client()
+        try:
+            await client.connect()
+            return client
+        except _retryable() as exc:
+            await client.close()
+            if time.monotonic() + delay > deadline:
+                raise ConnectionError(f"cannot reach the Pulsar broker at {settings.url} within "
+                                      f"{settings.connect_timeout:g}s (connect.timeout.seconds): {exc}") from exc
+            log.info("broker at %s not reachable (%s); retrying", settings.url, exc)
+        except BaseException:
+            await client.close()
+            raise
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 2.0)
+
+
+async def _with_client(settings: ClientSettings, work):
+    """Run `work(client)` with a fresh client, retrying a broker that cannot be reached
+    until connect.timeout.seconds have passed; then a clear error."""
+    deadline = time.monotonic() + settings.connect_timeout
+    delay = 0.1
+    while True:
+        client = settings.client()
+        try:
+            return await work(client)
+        except _retryable() as exc:
+            if time.monotonic() + delay > deadline:
+                raise ConnectionError(f"cannot reach the Pulsar broker at {settings.url} within "
+                                      f"{settings.connect_timeout:g}s (connect.timeout.seconds): {exc}") from exc
+            log.info("broker at %s not reachable (%s); retrying", settings.url, exc)
+        finally:
+            await client.close()
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 2.0)
+
+
+async def _topic_partitions(client, opts: SourceOptions) -> list[tuple[str, int]]:
+    """(partition topic, index) of every topic read, discovering a pattern; unknown topics are errors."""
+    namespaces = {t.split("://", 1)[1].rsplit("/", 1)[0] for t in opts.topics}
+    if opts.pattern:
+        namespaces.add(opts.pattern[0])
+    existing: set[str] = set()
+    for namespace in sorted(namespaces):
+        existing.update(await client.get_topics_of_namespace(namespace))
+    if opts.pattern:
+        namespace, regex = opts.pattern
+        prefix = f"persistent://{namespace}/"
+        parents = {re.sub(r"-partition-\d+$", "", t) for t in existing if t.startswith(prefix)}
+        topics = sorted(t for t in parents if regex.fullmatch(t[len(prefix):]))
+    else:
+        topics = opts.topics
     out = []
-    for topic in _topics(options):
-        names = client.get_topic_partitions(topic)
+    for topic in topics:
+        names = await client.get_topic_partitions(topic)
         partitioned = len(names) > 1 or names[0] != topic
+        if not partitioned and topic not in existing:
+            raise PulsarSparkError(f"topic {topic} does not exist (the source does not create topics)")
         out += [(name, index if partitioned else -1) for index, name in enumerate(names)]
     return out
 
 
-def _latest(client, topic: str) -> Boundary:
-    """Just after the last entry of `topic` now (before everything when it is empty).
-
-    The whole last entry is covered whatever batch index the broker reports
-    for it: an entry is written at once, so all of it is there.
-    """
-    reader = client.create_reader(topic, MessageId.latest)
+async def _latest_of(client, topic: str) -> Boundary:
+    """Just after the last entry of `topic` now (before everything when it is empty)."""
+    reader = await client.create_entry_reader(topic, MessageId.latest, receiver_queue_size=2)
     try:
-        mid = reader.get_last_message_id()
+        mid = await reader.get_last_message_id()
     finally:
-        reader.close()
+        await reader.close()
     if mid.entry_id < 0:
         return Boundary.before_everything()
     return Boundary(mid.ledger_id, mid.entry_id, _WHOLE_ENTRY, True)
 
 
-def _resolve(spec: str, client, partitions, default: str) -> dict[str, Boundary]:
-    spec = (spec or default).strip()
-    if spec == "earliest":
-        return {t: Boundary.before_everything() for t, _ in partitions}
-    if spec == "latest":
-        return {t: _latest(client, t) for t, _ in partitions}
+async def _latest_all(client, parts) -> dict[str, Boundary]:
+    found = await asyncio.gather(*(_latest_of(client, t) for t, _ in parts))
+    return dict(zip((t for t, _ in parts), found))
+
+
+async def _at_time(client, topic: str, when_ms: int, latest: Boundary) -> Boundary:
+    """Just before the first message published at or after `when_ms` (or `latest` if none)."""
+    from .client import InitialPosition
+    if latest.ledger < 0:
+        return latest
+    consumer = await client.subscribe(topic, f"pulsarwire-spark-time-{time.time_ns()}",
+                                      initial_position=InitialPosition.Earliest, receiver_queue_size=1)
     try:
-        given = json.loads(spec)
-    except ValueError:
-        raise PulsarSparkError(f"offsets must be 'earliest', 'latest' or JSON, got {spec!r}") from None
-    if not isinstance(given, dict):
-        raise PulsarSparkError("JSON offsets must map partition topics to positions")
+        await consumer.seek(when_ms)
+        try:
+            message = await consumer.receive(2000)
+        except Exception:  # noqa: BLE001 - nothing published since: start at the end
+            return latest
+        mid = message.message_id()
+        if (mid.ledger_id, mid.entry_id) > (latest.ledger, latest.entry):
+            return latest
+        return Boundary(mid.ledger_id, mid.entry_id, -1, False)
+    finally:
+        await consumer.unsubscribe()
+
+
+async def _resolve(client, spec, when_ms, parts, default: str, what: str,
+                   latest: dict[str, Boundary]) -> dict[str, Boundary]:
+    """Per partition topic: the boundary `spec` (or `when_ms`) names."""
+    if when_ms is not None:
+        found = await asyncio.gather(*(_at_time(client, t, when_ms, latest[t]) for t, _ in parts))
+        return dict(zip((t for t, _ in parts), found))
+    parsed = _parse_offsets_spec(spec, what, allow_earliest=what == "startingOffsets") if spec else default
+    if isinstance(parsed, str):
+        given = {t: parsed for t, _ in parts}
+    else:
+        known = {t for t, _ in parts}
+        parents = {re.sub(r"-partition-\d+$", "", t) for t in known if _partition_index(t) >= 0}
+        for topic in parsed:
+            if topic in parents:
+                raise PulsarSparkError(f"{what}: {topic} is partitioned; give a position per partition "
+                                       f"({topic}-partition-N)")
+            if topic not in known:
+                raise PulsarSparkError(f"{what}: {topic} is not one of the topics read ({', '.join(sorted(known))})")
+        given = {t: parsed.get(t, default) for t, _ in parts}
     out = {}
-    for topic, _ in partitions:
-        value = given.get(topic, default)
-        out[topic] = _latest(client, topic) if value == "latest" else Boundary.from_json(value)
+    for topic, value in given.items():
+        if value == "latest":
+            out[topic] = latest[topic]
+        else:
+            out[topic] = Boundary.from_json(value, what)
     return out
 
+
+# --- reading a range: entries -> Arrow ------------------------------------------
 
 class RangePartition(InputPartition):
     """One topic-partition's messages strictly between two boundaries."""
@@ -181,80 +552,402 @@ class RangePartition(InputPartition):
         self.topic, self.partition, self.start, self.end = topic, partition, start, end
 
 
-def _read_range(options: dict, part: RangePartition) -> Iterator[Any]:
-    """Arrow record batches of the messages strictly between part.start and part.end."""
-    import pyarrow as pa
-
-    start, end = Boundary.from_json(part.start), Boundary.from_json(part.end)
-    idle_ms = int(float(options.get("read.timeout.seconds", 10)) * 1000)
-    client = _client(options)
-    try:
-        first, inclusive = start.start_id(part.partition)
-        reader = client.create_reader(part.topic, first, start_message_id_inclusive=inclusive)
-        columns: dict[str, list] = {field.name: [] for field in SCHEMA.fields}
-        while True:
-            try:
-                message = reader.read_next(idle_ms)
-            except Exception as exc:  # noqa: BLE001 - a TimeoutError: the range cannot be completed
-                raise RuntimeError(f"{part.topic}: no message for {idle_ms} ms before reaching the end "
-                                   f"of its range {end.to_json()}") from exc
-            mid = message.message_id()
-            if end.precedes(mid):
-                break  # past the range
-            if start.precedes(mid):
-                _append(columns, message, mid, part)
-            if len(columns["value"]) >= _ROWS_PER_BATCH:
-                yield pa.RecordBatch.from_pydict(columns, schema=_arrow_schema())
-                columns = {name: [] for name in columns}
-            if _is_last_before(end, mid):
-                break  # the range is complete: no need to wait for a message beyond it
-        if columns["value"]:
-            yield pa.RecordBatch.from_pydict(columns, schema=_arrow_schema())
-        reader.close()
-    finally:
-        client.close()
-
-
-def _is_last_before(end: Boundary, mid: MessageId) -> bool:
-    """Whether `mid` is the last message before boundary `end` (so reading can stop)."""
-    if not end.after:
-        return False
-    if (mid.ledger_id, mid.entry_id) != (end.ledger, end.entry):
-        return False
-    return end.batch == _WHOLE_ENTRY and (mid.batch_index < 0 or mid.batch_index == mid.batch_size - 1) \
-        or mid.batch_index == end.batch
-
-
-def _append(columns, message, mid: MessageId, part: RangePartition) -> None:
-    import datetime
-    utc = datetime.timezone.utc
-    columns["value"].append(message.data())
-    columns["__key"].append(message.partition_key())
-    columns["__topic"].append(part.topic)
-    columns["__messageId"].append(mid.serialize())
-    columns["__publishTime"].append(datetime.datetime.fromtimestamp(message.publish_timestamp() / 1000, utc))
-    event = message.event_timestamp()
-    columns["__eventTime"].append(datetime.datetime.fromtimestamp(event / 1000, utc) if event else None)
-    columns["__messageProperties"].append(list(message.properties().items()))
-    columns["__ledgerId"].append(mid.ledger_id)
-    columns["__entryId"].append(mid.entry_id)
-    columns["__batchIndex"].append(mid.batch_index)
-    columns["__partition"].append(part.partition)
+_arrow_schema_cache: list = []
 
 
 def _arrow_schema():
+    if not _arrow_schema_cache:
+        from pyspark.sql.pandas.types import to_arrow_schema
+        _arrow_schema_cache.append(to_arrow_schema(SCHEMA, timezone="UTC"))
+    return _arrow_schema_cache[0]
+
+
+def _varint(value: int) -> bytes:
+    value &= 0xFFFFFFFFFFFFFFFF
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+_TOPIC_FIELD = 100  # an extra field of MessageIdData: parsers that do not know it skip it
+
+
+def message_id_topic(raw: bytes) -> str | None:
+    """The topic carried in a `__messageId` (None when absent)."""
+    from ._proto import PulsarApi_pb2 as pb
+    data = pb.MessageIdData.FromString(raw)
+    for number, _, value in _unknown_fields(data):
+        if number == _TOPIC_FIELD:
+            return bytes(value).decode()
+    return None
+
+
+def _unknown_fields(data):
+    try:
+        from google.protobuf.unknown_fields import UnknownFieldSet
+        return [(f.field_number, f.wire_type, f.data) for f in UnknownFieldSet(data)]
+    except ImportError:  # pragma: no cover - older protobuf
+        return [(f.field_number, f.wire_type, f.data) for f in data.UnknownFields()]
+
+
+class _BatchBuilder:
+    """Rows of whole entries (the codec's Columns, row slices of them) gathered into one Arrow
+    record batch, built with a few array operations per entry and none per row."""
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic, self.partition = topic, partition
+        self._topic_field = _varint((_TOPIC_FIELD << 3) | 2) + _varint(len(topic.encode())) + topic.encode()
+        self._clear()
+
+    def _clear(self) -> None:
+        self.parts: list = []
+        self.ids: list = []  # per part: (the row ids' bytes before the batch index, after it)
+        self.rows = 0
+        self.bytes = 0
+
+    def add(self, columns, lo: int, hi: int, ledger: int, entry: int, publish_ms: int) -> None:
+        import numpy as np
+        if hi <= lo:
+            return
+        count = hi - lo
+        payload_offsets = np.frombuffer(columns.payload_offsets, np.int64)[lo:hi + 1]
+        key_offsets = np.frombuffer(columns.partition_key_offsets, np.int64)[lo:hi + 1]
+        pair_offsets = np.frombuffer(columns.property_offsets, np.int64)[lo:hi + 1]
+        size = int(payload_offsets[-1] - payload_offsets[0]) + int(key_offsets[-1] - key_offsets[0])
+        pairs = int(pair_offsets[-1] - pair_offsets[0])
+        if pairs:
+            pk = np.frombuffer(columns.property_key_offsets, np.int64)
+            pv = np.frombuffer(columns.property_value_offsets, np.int64)
+            size += int(pk[pair_offsets[-1]] - pk[pair_offsets[0]] + pv[pair_offsets[-1]] - pv[pair_offsets[0]])
+        self.parts.append((columns, lo, hi, ledger, entry, publish_ms))
+        batch_indexes = np.frombuffer(columns.batch_indexes, np.int64)
+        prefix = _message_id_prefix(ledger, entry, self.partition)
+        suffix = self._topic_field
+        if batch_indexes[lo] < 0:
+            self.ids.append((prefix + suffix, None))
+        else:
+            self.ids.append((prefix, _varint(0x30) + _varint(columns.count) + suffix))  # batch_size, topic
+        self.rows += count
+        self.bytes += size + count * (64 + len(prefix) + len(suffix))
+
+    def take(self):
+        """The gathered rows as one pyarrow.RecordBatch (and the builder emptied)."""
+        import numpy as np
+        import pyarrow as pa
+
+        parts, ids, rows = self.parts, self.ids, self.rows
+        self._clear()
+        wrap = pa.py_buffer
+
+        def spans(data_of, offsets_of, los, his):
+            """Concatenated spans (data, int32 offsets) of row ranges of several Columns."""
+            offsets = np.empty(sum(h - l for l, h in zip(los, his)) + 1, np.int64)
+            offsets[0] = 0
+            chunks, at, base = [], 1, 0
+            for part, lo, hi in zip(parts_of, los, his):
+                source = np.frombuffer(offsets_of(part), np.int64)
+                first, last = int(source[lo]), int(source[hi])
+                offsets[at:at + hi - lo] = source[lo + 1:hi + 1] - first + base
+                at += hi - lo
+                base += last - first
+                chunks.append(memoryview(data_of(part))[first:last])
+            return b"".join(chunks), offsets.astype(np.int32)
+
+        def bits(bitmap_of, los, his):
+            out = []
+            for part, lo, hi in zip(parts_of, los, his):
+                out.append(np.unpackbits(np.frombuffer(bitmap_of(part), np.uint8), bitorder="little")[lo:hi])
+            return np.concatenate(out).astype(bool)
+
+        parts_of = [p[0] for p in parts]
+        los = [p[1] for p in parts]
+        his = [p[2] for p in parts]
+        counts = np.array([h - l for l, h in zip(los, his)], np.int64)
+        # value (a null value is null), key
+        payloads, payload_offsets = spans(lambda c: c.payloads, lambda c: c.payload_offsets, los, his)
+        null_value = bits(lambda c: c.null_value, los, his)
+        value = pa.Array.from_buffers(pa.binary(), rows, [
+            None if not null_value.any() else wrap(np.packbits(~null_value, bitorder="little")),
+            wrap(payload_offsets), wrap(payloads)])
+        keys, key_offsets = spans(lambda c: c.partition_keys, lambda c: c.partition_key_offsets, los, his)
+        has_key = bits(lambda c: c.has_partition_key, los, his)
+        key = pa.Array.from_buffers(pa.string(), rows, [wrap(np.packbits(has_key, bitorder="little")),
+                                                        wrap(key_offsets), wrap(keys)])
+        # properties: the pairs of the rows, as an Arrow map
+        pair_los = [int(np.frombuffer(c.property_offsets, np.int64)[lo]) for c, lo in zip(parts_of, los)]
+        pair_his = [int(np.frombuffer(c.property_offsets, np.int64)[hi]) for c, hi in zip(parts_of, his)]
+        map_offsets = np.empty(rows + 1, np.int64)
+        map_offsets[0] = 0
+        at, base = 1, 0
+        for c, lo, hi, plo in zip(parts_of, los, his, pair_los):
+            source = np.frombuffer(c.property_offsets, np.int64)
+            map_offsets[at:at + hi - lo] = source[lo + 1:hi + 1] - plo + base
+            at += hi - lo
+            base += int(source[hi]) - plo
+        pairs = base
+        if pairs:
+            pk, pk_offsets = spans(lambda c: c.property_keys, lambda c: c.property_key_offsets, pair_los, pair_his)
+            pv, pv_offsets = spans(lambda c: c.property_values, lambda c: c.property_value_offsets,
+                                   pair_los, pair_his)
+        else:
+            pk = pv = b""
+            pk_offsets = pv_offsets = np.zeros(1, np.int32)
+        map_type = _arrow_schema().field("__messageProperties").type
+        properties = pa.MapArray.from_arrays(
+            pa.Array.from_buffers(pa.int32(), rows + 1, [None, wrap(map_offsets.astype(np.int32))]),
+            pa.Array.from_buffers(pa.string(), pairs, [None, wrap(pk_offsets), wrap(pk)]),
+            pa.Array.from_buffers(pa.string(), pairs, [None, wrap(pv_offsets), wrap(pv)]), type=map_type)
+        # per-entry constants, repeated; per-row times
+        publish = np.repeat(np.array([p[5] for p in parts], np.int64) * 1000, counts)
+        event_ms = np.concatenate([np.frombuffer(c.event_times, np.uint64)[lo:hi]
+                                   for c, lo, hi in zip(parts_of, los, his)]).astype(np.int64)
+        has_event = event_ms != 0
+        ts = pa.timestamp("us", tz="UTC")
+        event = pa.Array.from_buffers(ts, rows, [wrap(np.packbits(has_event, bitorder="little")),
+                                                 wrap(event_ms * 1000)])
+        batch_index = np.concatenate([np.frombuffer(c.batch_indexes, np.int64)[lo:hi]
+                                      for c, lo, hi in zip(parts_of, los, his)]).astype(np.int32)
+        name = self.topic.encode()
+        topic = pa.Array.from_buffers(pa.string(), rows, [
+            None, wrap(np.arange(0, (rows + 1) * len(name), len(name), dtype=np.int32)), wrap(name * rows)])
+        arrays = [
+            value, key, topic, _message_ids(parts, ids, rows),
+            pa.Array.from_buffers(ts, rows, [None, wrap(publish)]), event, properties,
+            pa.array(np.repeat(np.array([p[3] for p in parts], np.int64), counts)),
+            pa.array(np.repeat(np.array([p[4] for p in parts], np.int64), counts)),
+            pa.array(batch_index), pa.array(np.full(rows, self.partition, np.int32)),
+        ]
+        return pa.RecordBatch.from_arrays(arrays, schema=_arrow_schema())
+
+
+def _message_ids(parts, ids, rows: int):
+    """The __messageId column: per row its entry's prefix, its batch index field, the entry's
+    tail; built as fixed-width blocks (one per varint width) rather than one bytes per row."""
+    import numpy as np
     import pyarrow as pa
-    ts = pa.timestamp("us", tz="UTC")
-    return pa.schema([("value", pa.binary()), ("__key", pa.string()), ("__topic", pa.string()),
-                      ("__messageId", pa.binary()), ("__publishTime", ts), ("__eventTime", ts),
-                      ("__messageProperties", pa.map_(pa.string(), pa.string())),
-                      ("__ledgerId", pa.int64()), ("__entryId", pa.int64()), ("__batchIndex", pa.int32()),
-                      ("__partition", pa.int32())])
+
+    pieces, lengths = [], []
+    for (_, lo, hi, *_rest), (head, tail) in zip(parts, ids):
+        if tail is None:  # not a batch: no batch index
+            pieces.append(np.frombuffer(head, np.uint8))
+            lengths.append(np.full(1, len(head), np.int32))
+            continue
+        before, after = np.frombuffer(head, np.uint8), np.frombuffer(tail, np.uint8)
+        for first, last, width in ((lo, min(hi, 1 << 7), 1), (max(lo, 1 << 7), min(hi, 1 << 14), 2),
+                                   (max(lo, 1 << 14), hi, 3)):
+            if first >= last:
+                continue
+            count, at = last - first, len(before)
+            block = np.empty((count, at + 1 + width + len(after)), np.uint8)
+            block[:, :at] = before
+            block[:, at] = 0x20  # field 4 (batch_index), varint
+            index = np.arange(first, last)
+            for byte in range(width):
+                part = (index >> (7 * byte)) & 0x7F
+                block[:, at + 1 + byte] = part | 0x80 if byte < width - 1 else part
+            block[:, at + 1 + width:] = after
+            pieces.append(block.ravel())
+            lengths.append(np.full(count, block.shape[1], np.int32))
+    offsets = np.zeros(rows + 1, np.int32)
+    np.cumsum(np.concatenate(lengths), out=offsets[1:])
+    return pa.Array.from_buffers(pa.binary(), rows, [None, pa.py_buffer(offsets),
+                                                     pa.py_buffer(np.concatenate(pieces))])
 
 
-def _ranges(partitions, start: dict[str, Boundary], end: dict[str, Boundary]) -> list[RangePartition]:
+
+def _message_id_prefix(ledger: int, entry: int, partition: int) -> bytes:
+    """MessageIdData(ledgerId, entryId[, partition]) encoded: the start of every row's __messageId."""
+    out = b"\x08" + _varint(ledger) + b"\x10" + _varint(entry)
+    if partition >= 0:
+        out += b"\x18" + _varint(partition)
+    return out
+
+
+def _row_range(start: Boundary, end: Boundary, ledger: int, entry: int, count: int, batched: bool) -> tuple:
+    """Rows [lo, hi) of an entry's `count` rows that lie between the boundaries."""
+    if not batched:
+        position = (ledger, entry, -1)
+        inside = start.precedes(position) and not end.precedes(position)
+        return (0, 1) if inside else (0, 0)
+    here = (ledger, entry)
+    if here < (start.ledger, start.entry):
+        lo = count
+    elif here == (start.ledger, start.entry):
+        lo = start.batch + 1 if start.after else start.batch
+    else:
+        lo = 0
+    if here > (end.ledger, end.entry):
+        hi = 0
+    elif here == (end.ledger, end.entry):
+        hi = end.batch + 1 if end.after else end.batch
+    else:
+        hi = count
+    lo, hi = min(max(lo, 0), count), min(max(hi, 0), count)
+    return lo, max(lo, hi)
+
+
+class _RangeReader:
+    """Reads one RangePartition on the task's private event loop: whole entries in, Arrow out."""
+
+    def __init__(self, opts: SourceOptions, part: RangePartition) -> None:
+        self.opts = opts
+        self.part = part
+        self.start = Boundary.from_json(part.start)
+        self.end = Boundary.from_json(part.end)
+        self.builder = _BatchBuilder(part.topic, part.partition)
+        self.client: Any = None
+        self.reader: Any = None
+        self.first = True
+        self.reached_end = False
+        self.chunks: dict[str, list] = {}  # uuid -> the entries so far of a chunked message of the range
+        self.chunk_of_producer: dict[str, str] = {}  # producer name -> uuid of its chunked message in progress
+
+    async def open(self) -> None:
+        self.client = await _connected(self.opts.client)
+        self.reader = await self.client.create_entry_reader(
+            self.part.topic, self.start.start_entry(), receiver_queue_size=max(self.opts.rows_per_batch, 10_000),
+            max_queued_bytes=min(2 * self.opts.bytes_per_batch, 256 << 20))
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+
+    @property
+    def done(self) -> bool:
+        return self.reached_end and not self.chunks
+
+    async def next_batch(self):
+        """The next Arrow batch (None when the range is read)."""
+        builder, opts = self.builder, self.opts
+        while not self.done and builder.rows < opts.rows_per_batch and builder.bytes < opts.bytes_per_batch:
+            entries = self.reader.take(1)
+            if entries:
+                self._entry(entries[0])
+            elif not await self.reader.wait(opts.read_timeout):
+                self._stalled()
+        return builder.take() if builder.rows else None
+
+    def _stalled(self) -> None:
+        where = f"{self.part.topic} (range {self.start.to_json()} to {self.end.to_json()})"
+        if self.reader.disconnect is not None:
+            raise ConnectionError(f"{where}: disconnected from the broker at {self.opts.client.url} and not "
+                                  f"reconnected within {self.opts.read_timeout:g}s (read.timeout.seconds): "
+                                  f"{self.reader.disconnect}")
+        if self.reached_end and self.chunks:
+            for uuid in list(self.chunks):
+                self._drop_chunked(uuid, f"incomplete after {self.opts.read_timeout:g}s (read.timeout.seconds)")
+            return
+        raise TimeoutError(f"{where}: no entry for {self.opts.read_timeout:g}s (read.timeout.seconds) before "
+                           "the end of the range")
+
+    def _entry(self, entry) -> None:
+        from . import codec
+        position = (entry.ledger_id, entry.entry_id)
+        if self.first:
+            self.first = False
+            self._check_first(position)
+        if position >= (self.end.ledger, self.end.entry):
+            self.reached_end = True
+        md = entry.metadata
+        if self.chunk_of_producer:
+            self._abandoned(md)
+        if md.HasField("num_chunks_from_msg") and md.num_chunks_from_msg > 1:
+            self._chunk(entry)
+            return
+        lo, hi = _row_range(self.start, self.end, *position, entry.num_messages,
+                            md.HasField("num_messages_in_batch"))
+        if hi <= lo:
+            return
+        columns = codec.split_columns(md, codec.decompress_payload(md, entry.payload))
+        self.builder.add(columns, lo, hi, entry.ledger_id, entry.entry_id, md.publish_time)
+
+    def _abandoned(self, md) -> None:
+        """A producer sends the chunks of a message one after the other: anything else from it
+        means it gave that message up (it never had a receipt for it), as a Pulsar consumer
+        would find when the incomplete message expires."""
+        uuid = self.chunk_of_producer.get(md.producer_name)
+        if uuid is None or (md.HasField("num_chunks_from_msg") and md.uuid == uuid):
+            return
+        self.chunk_of_producer.pop(md.producer_name)
+        if self.chunks.pop(uuid, None) is not None:
+            log.warning("%s: chunked message %s was abandoned by its producer (never acknowledged to it); "
+                        "skipped", self.part.topic, uuid)
+
+    def _drop_chunked(self, uuid: str, why: str) -> None:
+        message = f"{self.part.topic}: chunked message {uuid}: {why}"
+        if self.opts.fail_on_data_loss:
+            raise PulsarDataLossError(message + "; set failOnDataLoss=false to skip it")
+        log.warning("%s; skipped (failOnDataLoss=false)", message)
+        self.chunks.pop(uuid, None)
+
+    def _check_first(self, position: tuple) -> None:
+        """The reader starts at the start boundary's own entry: if that is gone, so is data."""
+        start = self.start
+        if start.ledger < 0 or position == (start.ledger, start.entry):
+            return
+        message = (f"{self.part.topic}: entry {start.ledger}:{start.entry}, where this read starts, is gone "
+                   f"(the first entry there now is {position[0]}:{position[1]}): data was deleted or the "
+                   "topic re-created")
+        if self.opts.fail_on_data_loss:
+            raise PulsarDataLossError(message + "; set failOnDataLoss=false to read on from what is there")
+        log.warning("%s; reading on (failOnDataLoss=false)", message)
+
+    def _chunk(self, entry) -> None:
+        from . import codec
+        md = entry.metadata
+        uuid = md.uuid
+        parts = self.chunks.get(uuid)
+        if md.chunk_id == 0:
+            first = (entry.ledger_id, entry.entry_id, -1)
+            if self.start.precedes(first) and not self.end.precedes(first):
+                self.chunks[uuid] = [entry]
+                self.chunk_of_producer[md.producer_name] = uuid
+            return  # a message that starts past the range belongs to the next one
+        if parts is None:
+            return  # a message that started before the range: the range before read it
+        if md.chunk_id < len(parts):
+            return  # a chunk sent again (the producer resent after a reconnect)
+        if md.chunk_id > len(parts):
+            self._drop_chunked(uuid, f"chunk {md.chunk_id} follows chunk {len(parts) - 1}: chunks are missing")
+            return
+        parts.append(entry)
+        if len(parts) < md.num_chunks_from_msg:
+            return
+        del self.chunks[uuid]
+        self.chunk_of_producer.pop(md.producer_name, None)
+        from ._proto import PulsarApi_pb2 as pb
+        whole = pb.MessageMetadata()
+        whole.CopyFrom(md)
+        whole.ClearField("num_chunks_from_msg")
+        payload = b"".join(bytes(p.payload) for p in parts)
+        columns = codec.split_columns(whole, codec.decompress_payload(whole, payload))
+        self.builder.add(columns, 0, columns.count, entry.ledger_id, entry.entry_id, parts[0].metadata.publish_time)
+
+
+def _read_range(opts: SourceOptions, part: RangePartition) -> Iterator[Any]:
+    """Arrow record batches of the messages strictly between part.start and part.end."""
+    loop = asyncio.new_event_loop()
+    reader = _RangeReader(opts, part)
+    try:
+        loop.run_until_complete(reader.open())
+        while True:
+            batch = loop.run_until_complete(reader.next_batch())
+            if batch is None:
+                return
+            yield batch
+    finally:
+        try:
+            loop.run_until_complete(reader.close())
+        finally:
+            loop.close()
+
+
+def _ranges(parts, start: dict[str, Boundary], end: dict[str, Boundary]) -> list[RangePartition]:
     out = []
-    for topic, index in partitions:
+    for topic, index in parts:
         s, e = start.get(topic, Boundary.before_everything()), end[topic]
         if s.key() < e.key():
             out.append(RangePartition(topic, index, s.to_json(), e.to_json()))
@@ -262,90 +955,29 @@ def _ranges(partitions, start: dict[str, Boundary], end: dict[str, Boundary]) ->
 
 
 class PulsarBatchReader(DataSourceReader):
-    def __init__(self, options: dict) -> None:
-        self.options = options
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
 
     def partitions(self):
-        client = _client(self.options)
-        try:
-            parts = _partitions(client, self.options)
-            start = _resolve(self.options.get("startingoffsets", ""), client, parts, "earliest")
-            end = _resolve(self.options.get("endingoffsets", ""), client, parts, "latest")
-        finally:
-            client.close()
+        opts = self.opts
+
+        async def plan(client):
+            parts = await _topic_partitions(client, opts)
+            latest = await _latest_all(client, parts)
+            start = await _resolve(client, opts.starting, opts.starting_time, parts, "earliest",
+                                   "startingOffsets", latest)
+            end = await _resolve(client, opts.ending, opts.ending_time, parts, "latest", "endingOffsets", latest)
+            return parts, start, end
+        parts, start, end = _run(_with_client(opts.client, plan))
         return _ranges(parts, start, end)
 
     def read(self, partition):
         if not isinstance(partition, RangePartition):
             return iter(())  # Spark's stand-in partition when there is nothing to read
-        return _read_range(self.options, partition)
+        return _read_range(self.opts, partition)
 
 
-class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    def __init__(self, options: dict) -> None:
-        self.options = options
-        self._frozen: dict | None = None  # the target offset of an availableNow query
-        limit = options.get("maxentriespertrigger")
-        self._max_entries = int(limit) if limit else None
-        if self._max_entries is not None and self._max_entries < 1:
-            raise PulsarSparkError("maxEntriesPerTrigger must be at least 1")
-
-    def _now(self) -> tuple[list, dict[str, Boundary]]:
-        client = _client(self.options)
-        try:
-            parts = _partitions(client, self.options)
-            return parts, {t: _latest(client, t) for t, _ in parts}
-        finally:
-            client.close()
-
-    def initialOffset(self) -> dict:
-        client = _client(self.options)
-        try:
-            parts = _partitions(client, self.options)
-            return canonical(_resolve(self.options.get("startingoffsets", ""), client, parts, "latest"))
-        finally:
-            client.close()
-
-    def getDefaultReadLimit(self) -> ReadLimit:
-        return ReadMaxRows(self._max_entries) if self._max_entries else ReadAllAvailable()
-
-    def prepareForTriggerAvailableNow(self) -> None:
-        self._frozen = canonical(self._now()[1])
-
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        if self._frozen is not None:
-            latest = {t: Boundary.from_json(v) for t, v in self._frozen.items()}
-        else:
-            latest = self._now()[1]
-        begin = {t: Boundary.from_json(v) for t, v in (start or {}).items()}
-        budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        out = {}
-        for topic in sorted(latest):
-            s = begin.get(topic, Boundary.before_everything())
-            e = latest[topic]
-            if e.key() <= s.key():
-                out[topic] = s
-                continue
-            if budget is not None:
-                e = _admit(s, e, budget)
-                budget -= _entries_between(s, e)
-            out[topic] = e
-        return canonical(out)
-
-    def partitions(self, start: dict, end: dict):
-        parts = [(t, _partition_index(t)) for t in end]
-        begin = {t: Boundary.from_json(v) for t, v in (start or {}).items()}
-        finish = {t: Boundary.from_json(v) for t, v in end.items()}
-        return _ranges(parts, begin, finish)
-
-    def read(self, partition):
-        if not isinstance(partition, RangePartition):
-            return iter(())
-        return _read_range(self.options, partition)
-
-    def commit(self, end: dict) -> None:
-        pass  # offsets live in Spark's checkpoint; the reader subscriptions are non-durable
-
+# --- streaming -----------------------------------------------------------------
 
 def _first_unread_entry(s: Boundary) -> int:
     """The first entry that still has messages after boundary `s` (entries are counted from 0)."""
@@ -374,11 +1006,136 @@ def _admit(s: Boundary, e: Boundary, budget: int) -> Boundary:
     return Boundary(e.ledger, _first_unread_entry(s) + budget - 1, _WHOLE_ENTRY, True)
 
 
-def _partition_index(topic: str) -> int:
-    marker = "-partition-"
-    if marker in topic and topic.rsplit(marker, 1)[1].isdigit():
-        return int(topic.rsplit(marker, 1)[1])
-    return -1
+def _share(available: dict[str, int], budget: int, turn: int) -> dict[str, int]:
+    """`budget` entries spread over partitions fairly (water-filling); when there are fewer
+    entries to give than partitions with a backlog, the partitions served rotate with `turn`."""
+    grant = {t: 0 for t in available}
+    waiting = sorted(t for t, n in available.items() if n > 0)
+    while budget > 0 and waiting:
+        each = budget // len(waiting)
+        if each == 0:
+            rotated = waiting[turn % len(waiting):] + waiting[:turn % len(waiting)]
+            for topic in rotated[:budget]:
+                grant[topic] += 1
+            break
+        for topic in list(waiting):
+            take = min(each, available[topic] - grant[topic])
+            grant[topic] += take
+            budget -= take
+            if grant[topic] >= available[topic]:
+                waiting.remove(topic)
+    return grant
+
+
+class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+        self._frozen: dict | None = None  # the target offset of an availableNow query
+        self._latest: dict | None = None  # for reportLatestOffset
+        self._turn = 0
+
+    def _now(self) -> tuple[list, dict[str, Boundary]]:
+        async def look(client):
+            parts = await _topic_partitions(client, self.opts)
+            return parts, await _latest_all(client, parts)
+        return _run(_with_client(self.opts.client, look))
+
+    def initialOffset(self) -> dict:
+        opts = self.opts
+
+        async def plan(client):
+            parts = await _topic_partitions(client, opts)
+            latest = await _latest_all(client, parts)
+            start = await _resolve(client, opts.starting, opts.starting_time, parts, "latest",
+                                   "startingOffsets", latest)
+            if opts.subscription:
+                await _hold(client, opts.subscription, start)
+            return start
+        return canonical(_run(_with_client(opts.client, plan)))
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.opts.max_entries) if self.opts.max_entries else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._frozen = canonical(self._now()[1])
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        if self._frozen is not None:
+            latest = {t: Boundary.from_json(v) for t, v in self._frozen.items()}
+        else:
+            latest = self._now()[1]
+        self._latest = canonical(latest)
+        begin = {t: Boundary.from_json(v) for t, v in (start or {}).items()}
+        for topic, s in begin.items():
+            e = latest.get(topic)
+            if e is not None and e.key() < s.key():
+                self._data_lost(f"{topic}: the topic now ends at {e.to_json()}, before the checkpointed "
+                                f"offset {s.to_json()}: data was deleted or the topic re-created")
+                begin[topic] = Boundary.before_everything()
+        budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        out = {}
+        if budget is None:
+            for topic in latest:
+                s = begin.get(topic, Boundary.before_everything())
+                out[topic] = latest[topic] if latest[topic].key() > s.key() else s
+        else:
+            available = {t: _entries_between(begin.get(t, Boundary.before_everything()), e)
+                         for t, e in latest.items()}
+            grant = _share(available, budget, self._turn)
+            self._turn += 1
+            for topic, e in latest.items():
+                s = begin.get(topic, Boundary.before_everything())
+                out[topic] = _admit(s, e, grant[topic]) if e.key() > s.key() else s
+        for topic, s in begin.items():  # a topic no longer read keeps its offset
+            out.setdefault(topic, s)
+        return canonical(out)
+
+    def _data_lost(self, message: str) -> None:
+        if self.opts.fail_on_data_loss:
+            raise PulsarDataLossError(message + "; set failOnDataLoss=false to go on from the earliest data")
+        log.warning("%s; going on from the earliest data (failOnDataLoss=false)", message)
+
+    def reportLatestOffset(self):
+        return self._latest
+
+    def partitions(self, start: dict, end: dict):
+        parts = [(t, _partition_index(t)) for t in sorted(end)]
+        begin = {t: Boundary.from_json(v) for t, v in (start or {}).items()}
+        finish = {t: Boundary.from_json(v) for t, v in end.items()}
+        for topic, s in list(begin.items()):
+            e = finish.get(topic)
+            if e is not None and e.key() < s.key():  # re-created (failOnDataLoss=false): read it anew
+                begin[topic] = Boundary.before_everything()
+        return _ranges(parts, begin, finish)
+
+    def read(self, partition):
+        if not isinstance(partition, RangePartition):
+            return iter(())
+        return _read_range(self.opts, partition)
+
+    def commit(self, end: dict) -> None:
+        if self.opts.subscription:  # move the held subscription up to what is now read
+            done = {t: Boundary.from_json(v) for t, v in end.items()}
+            _run(_with_client(self.opts.client, lambda client: _hold(client, self.opts.subscription, done)))
+
+
+async def _hold(client, subscription: str, offsets: dict[str, Boundary]) -> None:
+    """Make durable subscription `subscription` of every partition hold the data after `offsets`
+    (the broker keeps what a subscription has not acknowledged, whatever retention says)."""
+    from .client import InitialPosition
+
+    async def one(topic: str, boundary: Boundary) -> None:
+        consumer = await client.subscribe(topic, subscription, initial_position=InitialPosition.Earliest,
+                                          receiver_queue_size=1)
+        try:
+            if boundary.ledger >= 0:
+                # everything before the boundary's entry is read: acknowledge up to just before it
+                target = boundary.entry if not (boundary.after and boundary.batch in (_WHOLE_ENTRY, -1)) \
+                    else boundary.entry + 1
+                await consumer.seek(MessageId(boundary.ledger, target))
+        finally:
+            await consumer.close()
+    await asyncio.gather(*(one(t, b) for t, b in offsets.items()))
 
 
 # --- writing -------------------------------------------------------------------
@@ -388,64 +1145,204 @@ class SentMessage(WriterCommitMessage):
     count: int
 
 
-def _write_rows(options: dict, rows) -> SentMessage:
-    """Send every row; return once the broker acknowledged every one (else raise)."""
-    import datetime
-    import threading
+# accepted column -> (the send field it fills, a description of the types accepted)
+_SINK_COLUMNS = {
+    "value": "value", "key": "key", "__key": "key", "properties": "properties",
+    "__messageProperties": "properties", "eventTime": "eventTime", "__eventTime": "eventTime",
+    "topic": "topic", "__topic": "topic",
+}
+# the source's columns that say where a message was: meaningless to a sink, so skipped
+_SOURCE_ONLY = {"__messageId", "__publishTime", "__ledgerId", "__entryId", "__batchIndex", "__partition"}
 
-    topic = _topics(options)[0]
-    client = _client(options)
-    errors: list[BaseException] = []
-    lock = threading.Lock()
 
-    def done(error, message_id):
-        if error is not None:
-            with lock:
-                errors.append(error)
-    count = 0
+def _check_sink_schema(schema: StructType, has_default_topic: bool) -> dict[str, str]:
+    """field -> column, with every column checked (clear errors for the wrong name or type)."""
+    chosen: dict[str, str] = {}
+    for column in schema.fields:
+        name = column.name
+        if name in _SOURCE_ONLY:
+            continue
+        target = _SINK_COLUMNS.get(name)
+        if target is None:
+            raise PulsarSparkError(f"the pulsarwire sink does not take column {name!r}: it takes "
+                                   f"{', '.join(sorted(_SINK_COLUMNS))} (and skips the source's "
+                                   f"{', '.join(sorted(_SOURCE_ONLY))})")
+        if target in chosen:
+            raise PulsarSparkError(f"columns {chosen[target]!r} and {name!r} both give the message's {target}; "
+                                   "keep one")
+        kind = column.dataType
+        ok = {
+            "value": isinstance(kind, (BinaryType, StringType)),
+            "key": isinstance(kind, (BinaryType, StringType)),
+            "properties": isinstance(kind, MapType) and isinstance(kind.keyType, StringType)
+            and isinstance(kind.valueType, StringType),
+            "eventTime": isinstance(kind, (TimestampType, LongType, IntegerType))
+            or type(kind).__name__ == "TimestampNTZType",
+            "topic": isinstance(kind, StringType),
+        }[target]
+        if not ok:
+            wanted = {"value": "binary or string", "key": "string or binary",
+                      "properties": "map<string,string>", "eventTime": "timestamp or long (milliseconds)",
+                      "topic": "string"}[target]
+            raise PulsarSparkError(f"column {name!r} must be {wanted}, not {kind.simpleString()}")
+        chosen[target] = name
+    if "value" not in chosen:
+        raise PulsarSparkError("the pulsarwire sink needs a 'value' column (binary or string)")
+    if "topic" not in chosen and not has_default_topic:
+        raise PulsarSparkError("give option 'topic' or a '__topic' column naming each row's topic")
+    return chosen
+
+
+@dataclass
+class SinkOptions:
+    client: ClientSettings
+    topic: str | None
+    compression: str
+    max_pending: int
+
+
+def sink_options(options: dict) -> SinkOptions:
+    from . import compression
+    from .client import topic_name
+    settings = _client_settings(options, _SINK)
+    if options.get("topics") or options.get("topicspattern"):
+        raise PulsarSparkError("the sink writes to option 'topic' (or a '__topic' column), not 'topics'")
+    topic = options.get("topic")
+    if topic is not None:
+        if "," in topic:
+            raise PulsarSparkError("the sink's option 'topic' takes one topic (or use a '__topic' column)")
+        try:
+            topic = topic_name(topic.strip())
+        except ValueError as exc:
+            raise PulsarSparkError(f"option 'topic': {exc}") from None
+    kind = str(options.get("compression", "NONE")).upper()
     try:
-        producer = client.create_producer(topic, batching_max_publish_delay_ms=5,
-                                          compression_type=options.get("compression", "NONE"))
-        for row in rows:
-            data = row.asDict() if hasattr(row, "asDict") else dict(row)
-            value = data.get("value")
-            if value is None:
-                raise PulsarSparkError("every row needs a non-null 'value' column")
-            if isinstance(value, str):
-                value = value.encode()
-            event = data.get("eventTime")
-            if isinstance(event, datetime.datetime):
-                event = int(event.timestamp() * 1000)
-            properties = data.get("properties")
-            producer.send_async(bytes(value), done, partition_key=data.get("key"),
-                                properties=dict(properties) if properties else None,
-                                event_timestamp=int(event) if event else None)
-            count += 1
-        producer.flush()
-        producer.close()
+        compression.compression_type(kind)
+    except Exception:  # noqa: BLE001 - an unknown name
+        raise PulsarSparkError(f"option 'compression' must be one of NONE, LZ4, ZLIB, ZSTD, SNAPPY; "
+                               f"got {options.get('compression')!r}") from None
+    pending = int(_positive(options.get("maxpendingmessages", 20_000), "maxPendingMessages", integer=True))
+    return SinkOptions(settings, topic, kind, pending)
+
+
+def _event_ms(column) -> list:
+    """An eventTime column as milliseconds (None where null); 0 and negatives kept as given."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    if pa.types.is_timestamp(column.type):
+        column = pc.divide(column.cast(pa.timestamp("us", column.type.tz)).cast(pa.int64()), 1000)
+    return column.cast(pa.int64()).to_pylist()
+
+
+async def _send_batches(opts: SinkOptions, fields: dict[str, str], batches) -> int:
+    """Send every row of `batches`; return once the broker acknowledged every one (else raise)."""
+    client = await _connected(opts.client)  # retried; sending itself is not (no row sent twice)
+    try:
+        return await _send_all(client, opts, fields, batches)
     finally:
-        client.close()
-    if errors:
-        raise RuntimeError(f"{len(errors)} of {count} messages were not acknowledged: {errors[0]}")
-    return SentMessage(count)
+        await client.close()
 
 
-class PulsarBatchWriter(DataSourceWriter):
-    def __init__(self, options: dict) -> None:
-        self.options = options
-        _topics(options)
+async def _send_all(client, opts: SinkOptions, fields: dict[str, str], batches) -> int:
+    import pyarrow as pa
+    producers: dict[str, Any] = {}
+    futures: list = []
+    count = 0
+
+    async def producer_for(topic: str):
+        producer = producers.get(topic)
+        if producer is None:
+            producer = producers[topic] = await client.create_producer(
+                topic, batching_max_publish_delay_ms=5, compression_type=opts.compression,
+                max_pending_messages=opts.max_pending, batching_max_messages=1000)
+        return producer
+
+    from .client import topic_name
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        values = batch.column(fields["value"])
+        if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
+            values = values.cast(pa.binary())
+        if values.null_count:
+            raise PulsarSparkError(f"column {fields['value']!r} has a null: every row needs a value")
+        values = values.to_pylist()
+        keys = _keys(batch.column(fields["key"]), fields["key"]) if "key" in fields else None
+        properties = batch.column(fields["properties"]).to_pylist() if "properties" in fields else None
+        events = _event_ms(batch.column(fields["eventTime"])) if "eventTime" in fields else None
+        # as in Spark's Kafka sink, option 'topic' (when given) overrides a topic column
+        topics = batch.column(fields["topic"]).to_pylist() if "topic" in fields and not opts.topic else None
+        if events is not None:
+            for i, event in enumerate(events):
+                if event is not None and event <= 0:
+                    raise PulsarSparkError(f"row {count + i + 1}: eventTime {event} ms is not after 1970-01-01: "
+                                           "Pulsar cannot carry it (0 means no event time); null it")
+        if properties is not None:
+            properties = [dict(p) if p else None for p in properties]
+        # rows by target topic, each group sent at once
+        groups: dict[str, list[int] | None]
+        if topics is None:
+            groups = {opts.topic or '': None}
+        else:
+            by_topic: dict[str, list[int]] = {}
+            for i, target in enumerate(topics):
+                if target is None:
+                    raise PulsarSparkError(f"row {count + i + 1} has a null {fields['topic']!r} (and there is "
+                                           "no option 'topic')")
+                by_topic.setdefault(topic_name(target), []).append(i)
+            groups = dict(by_topic)
+        for target, rows in groups.items():
+            producer = await producer_for(target)
+
+            def pick(column):
+                return column if column is None or rows is None else [column[i] for i in rows]
+            futures.append(await producer.send_many(pick(values), partition_keys=pick(keys),
+                                                    properties=pick(properties), event_timestamps=pick(events)))
+        count += len(values)
+    for producer in producers.values():
+        await producer.flush()
+    outcomes = await asyncio.gather(*futures, return_exceptions=True)
+    failed = [o for o in outcomes if isinstance(o, BaseException)]
+    if failed:
+        raise RuntimeError(f"{len(failed)} send(s) of this task were not acknowledged by the broker: "
+                           f"{failed[0]}") from failed[0]
+    for producer in producers.values():
+        await producer.close()
+    return count
+
+
+def _keys(column, name: str) -> list:
+    import pyarrow as pa
+    if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
+        out = []
+        for raw in column.to_pylist():
+            try:
+                out.append(None if raw is None else raw.decode())
+            except UnicodeDecodeError:
+                raise PulsarSparkError(f"column {name!r}: a binary key that is not UTF-8 ({raw[:16]!r}...): "
+                                       "Pulsar keys are text") from None
+        return out
+    return column.to_pylist()
+
+
+class PulsarBatchWriter(DataSourceArrowWriter):
+    def __init__(self, opts: SinkOptions, fields: dict[str, str]) -> None:
+        self.opts, self.fields = opts, fields
 
     def write(self, iterator) -> SentMessage:
-        return _write_rows(self.options, iterator)
+        return SentMessage(_run(_send_batches(self.opts, self.fields, iterator)))
 
 
-class PulsarStreamWriter(DataSourceStreamWriter):
-    def __init__(self, options: dict) -> None:
-        self.options = options
-        _topics(options)
+class PulsarStreamWriter(DataSourceStreamArrowWriter):
+    def __init__(self, opts: SinkOptions, fields: dict[str, str]) -> None:
+        self.opts, self.fields = opts, fields
 
     def write(self, iterator) -> SentMessage:
-        return _write_rows(self.options, iterator)
+        if DataSourceStreamArrowWriter is DataSourceStreamWriter:  # pragma: no cover - rows
+            import pyarrow as pa
+            rows = [r.asDict() for r in iterator]
+            iterator = [pa.RecordBatch.from_pylist(rows)] if rows else []
+        return SentMessage(_run(_send_batches(self.opts, self.fields, iterator)))
 
     def commit(self, messages, batchId) -> None:
         pass  # every message was acknowledged before its task finished
@@ -462,19 +1359,28 @@ class PulsarDataSource(DataSource):
         return "pulsarwire"
 
     def schema(self):
+        # called at load() for reads: check every option there (batch or stream is known later)
+        source_options(_options(self.options), streaming=None)
         return SCHEMA
 
     def reader(self, schema):
-        return PulsarBatchReader(_options(self.options))
+        return PulsarBatchReader(source_options(_options(self.options), streaming=False))
 
     def streamReader(self, schema):
-        return PulsarStreamReader(_options(self.options))
+        return PulsarStreamReader(source_options(_options(self.options), streaming=True))
 
     def writer(self, schema, overwrite):
-        return PulsarBatchWriter(_options(self.options))
+        return PulsarBatchWriter(*self._sink(schema, overwrite))
 
     def streamWriter(self, schema, overwrite):
-        return PulsarStreamWriter(_options(self.options))
+        return PulsarStreamWriter(*self._sink(schema, overwrite))
+
+    def _sink(self, schema, overwrite):
+        if overwrite:
+            raise PulsarSparkError("mode 'overwrite' cannot be honoured: a Pulsar topic is append-only "
+                                   "(use mode 'append')")
+        opts = sink_options(_options(self.options))
+        return opts, _check_sink_schema(schema, opts.topic is not None)
 
 
 def register(spark) -> None:
@@ -482,4 +1388,5 @@ def register(spark) -> None:
     spark.dataSource.register(PulsarDataSource)
 
 
-__all__ = ["PulsarDataSource", "register", "SCHEMA", "Boundary", "PulsarSparkError"]
+__all__ = ["PulsarDataSource", "register", "SCHEMA", "Boundary", "PulsarSparkError", "PulsarDataLossError",
+           "message_id_topic"]

@@ -320,11 +320,11 @@ class Client(_Facade):
         for handle in self._handles:
             handle._closed = True
 
-        async def abort():
+        def abort():
             self._client._closed = True
             self._client._pool.close_all()
         try:
-            self._loop.run(abort())
+            self._loop.call(abort)  # at once when called from a callback on the loop's thread
         finally:
             self._listeners.stop()
             self._loop.stop()
@@ -333,6 +333,9 @@ class Client(_Facade):
         """Close every producer, consumer and reader of this client, then the client."""
         if self._closed:
             raise AlreadyClosed("Pulsar error: AlreadyClosed")
+        if threading.current_thread() is self._loop.thread:  # before anything is marked closed
+            raise RuntimeError("close() waits for the event loop it was called from: call it from another "
+                               "thread, or shutdown() to close at once")
         for handle in list(self._handles):
             handle._stop_listening()
             handle._closed = True

@@ -510,3 +510,34 @@ def test_lookup_follows_redirects(embedded):
         finally:
             server.close()
     run(main())
+
+
+def test_send_many_entry_reader_and_topics_of_namespace(embedded):
+    async def main():
+        topic = "persistent://public/default/" + unique("many")
+        async with client_for(embedded) as client:
+            producer = await client.create_producer(topic, batching_max_messages=4)
+            done = await producer.send_many([b"m%d" % i for i in range(10)],
+                                            partition_keys=[f"k{i}" if i % 2 else None for i in range(10)],
+                                            properties=[{"i": str(i)} for i in range(10)],
+                                            event_timestamps=[None] * 9 + [123])
+            await producer.flush()
+            assert await done is None
+            assert await (await producer.send_many([])) is None
+            reader = await client.create_reader(topic, MessageId.earliest)
+            got = [await reader.read_next(5000) for _ in range(10)]
+            assert [m.data() for m in got] == [b"m%d" % i for i in range(10)]
+            assert got[1].partition_key() == "k1" and got[2].partition_key() in (None, "")
+            assert got[9].properties() == {"i": "9"} and got[9].event_timestamp() == 123
+            with pytest.raises(TypeError):
+                await producer.send_many(["text"])
+            # whole entries from entry 1 on (inclusive): 4 + 4 + 2 messages were sent as 3 batches
+            entries_reader = await client.create_entry_reader(topic, MessageId(0, 1))
+            assert await entries_reader.wait(5)
+            entries = entries_reader.take(10)
+            while sum(e.num_messages for e in entries) < 6:
+                assert await entries_reader.wait(5)
+                entries += entries_reader.take(10)
+            assert [(e.entry_id, e.num_messages) for e in entries] == [(1, 4), (2, 2)]
+            assert topic in await client.get_topics_of_namespace("public/default")
+    run(main())

@@ -117,7 +117,11 @@ def test_program_means_the_same_with_pulsarwire(program, brokers, tmp_path):
     official = run_program(program, source, broker, options, tmp_path, official=True)
     ours = run_program(program, swap_imports(source), broker, options, tmp_path, official=False)
     assert official.strip(), f"{program.name} printed nothing with the official client"
-    assert ours.splitlines() == official.splitlines()
+    if ours.splitlines() != official.splitlines():
+        # the reference itself now and then loses or garbles a line (its C++ logger shares stdout,
+        # its shutdown can crash): a second official run decides; pulsarwire's run is not repeated
+        official = run_program(program, source, broker, options, tmp_path, official=True)
+    assert ours.splitlines() == official.splitlines(), f"pulsarwire:\n{ours}\nofficial:\n{official}"
 
 
 def test_swap_covers_every_official_import_form():

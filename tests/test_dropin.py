@@ -165,3 +165,119 @@ def test_keys_hash_as_the_official_client_routes_them():
     assert {key: boost_hash(key) for key in expected} == expected
     assert {key: value % 97 for key, value in expected.items()} == \
         {key: Router(HashingScheme.BoostHash).partition(key, 97) for key in expected}
+
+
+@pytest.mark.parametrize("module", ["official", "sync", "asyncio", "blocking"])
+def test_each_surface_imports_alone_without_starting_threads(module):
+    import subprocess
+    import sys
+    code = (f"import threading, pulsarwire.{module} as m; "
+            "assert threading.active_count() == 1, threading.enumerate(); "
+            "import asyncio; assert asyncio.__file__ != getattr(m, '__file__', None)")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_closing_a_consumer_ends_a_receive_blocked_in_another_thread(embedded):
+    client = pulsar.Client(embedded.url)
+    try:
+        consumer = client.subscribe(unique(), "s")
+        outcome = []
+        waiter = threading.Thread(target=lambda: outcome.append(_error_of(consumer.receive)))
+        waiter.start()
+        time.sleep(0.2)
+        consumer.close()
+        waiter.join(10)
+        assert not waiter.is_alive() and isinstance(outcome[0], pulsar.AlreadyClosed)
+    finally:
+        client.close()
+
+
+def _error_of(call):
+    try:
+        call()
+    except Exception as error:  # noqa: BLE001
+        return error
+    return None
+
+
+def test_async_client_made_outside_a_loop_starts_on_the_first_call(embedded):
+    client = pulsar_asyncio.Client(embedded.url, io_threads=4)  # no running loop yet
+
+    async def main():
+        topic = unique()
+        consumer = await client.subscribe(topic, "s")
+        producer = await client.create_producer(topic, batching_enabled=False)
+        sent = await producer.send(b"hello", deliver_after=None)
+        message = await consumer.receive()
+        assert message.data() == b"hello" and message.message_id() == sent
+        await client.close()
+        with pytest.raises(pulsar_asyncio.PulsarException):
+            await client.create_producer(topic)
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_records_declared_either_way_share_a_topic(embedded):
+    official = pytest.importorskip("pulsar")
+    import pulsar.schema as theirs
+
+    from pulsarwire import records, schema as ours
+
+    def declare(module):
+        class Address(module.Record):
+            street = module.String()
+
+        class Order(module.Record):
+            _avro_namespace = "shop"
+            id = module.String(required=True)
+            quantity = module.Integer(default=1, required_default=True)
+            address = Address()
+            lines = module.Array(module.Double())
+        return Order
+
+    their_order, our_order = declare(theirs), declare(records)
+    assert our_order.schema() == their_order.schema()
+    topic = unique("records")
+    reader_client = pulsar.Client(embedded.url)
+    writer_client = official.Client(embedded.url, logger=official.ConsoleLogger(official.LoggerLevel.Error))
+    try:
+        consumer = reader_client.subscribe(topic, "s", schema=ours.JsonSchema(our_order))
+        producer = writer_client.create_producer(topic, schema=theirs.JsonSchema(their_order))
+        producer.send(their_order(id="o-1", quantity=3, address=their_order._fields["address"].__class__(
+            street="main"), lines=[1.5, 2.0]))
+        got = consumer.receive(5000).value()
+        assert (type(got), got.id, got.quantity, got.address.street, got.lines) == \
+            (our_order, "o-1", 3, "main", [1.5, 2.0])
+    finally:
+        writer_client.close()
+        reader_client.close()
+
+
+def test_an_interrupted_blocking_call_leaves_nothing_running_on_the_loop(embedded):
+    from pulsarwire.blocking import LoopThread
+    loop = LoopThread()
+    try:
+        with pytest.raises(Exception):
+            loop.run(asyncio.sleep(30), timeout=0.05)  # as a Ctrl-C would interrupt a receive
+
+        async def pending():
+            await asyncio.sleep(0.05)
+            return [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        assert loop.run(pending()) == []
+    finally:
+        loop.stop()
+
+
+def test_closing_from_a_send_callback(embedded):
+    client = pulsar.Client(embedded.url)
+    producer = client.create_producer(unique())
+    outcome = []
+    done = threading.Event()
+
+    def callback(result, message_id):
+        outcome.append(_error_of(client.close))  # would wait for this very thread
+        client.shutdown()  # closes at once
+        done.set()
+    producer.send_async(b"x", callback)
+    assert done.wait(10) and isinstance(outcome[0], RuntimeError)
+    with pytest.raises(pulsar.AlreadyClosed):
+        producer.send(b"late")

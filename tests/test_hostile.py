@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from pulsarwire import codec
+from pulsarwire import codec, compression
 from pulsarwire._proto import PulsarApi_pb2 as pb
 
 from .peers import BrokerProcess, BrokerThread, free_port
@@ -25,8 +25,13 @@ def command(kind, field, sub) -> bytes:
 class Raw:
     """A raw Pulsar connection: frames out, decoded frames in."""
 
-    def __init__(self, port: int, *, connect: bool = True, token: str | None = None, timeout: float = 5) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    def __init__(self, port: int, *, connect: bool = True, token: str | None = None, timeout: float = 5,
+                 receive_buffer: int | None = None) -> None:
+        self.sock = socket.socket()
+        if receive_buffer:  # a small TCP window: what the client does not read stays in the broker
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        self.sock.settimeout(timeout)
+        self.sock.connect(("127.0.0.1", port))
         self.reader = codec.FrameReader()
         self.pending: list = []
         self.request_id = 0
@@ -242,15 +247,17 @@ def test_num_messages_claims_cannot_stall_consumers(broker):
         md, payload = _batch(2, sequence_id=1)
         raw.publish(1, 1, payload, num_messages=huge, metadata=md)  # a real batch of 2
         md, payload = _batch(2, claimed_in_batch=huge, sequence_id=2)
-        raw.publish(1, 2, payload, num_messages=huge, metadata=md)  # a batch that does not split
+        # a batch that does not split is refused (consumers would read past its end)
+        refused = raw.publish(1, 2, payload, num_messages=huge, metadata=md).command
+        assert refused.type == T.SEND_ERROR and refused.send_error.error == pb.ChecksumError
         for seq in range(3, 6):
             raw.publish(1, seq, b"plain")
         log = broker.broker.topics[topic].log
-        assert [log.read(e).num_messages for e in range(6)] == [1, 2, 1, 1, 1, 1]
+        assert [log.read(e).num_messages for e in range(5)] == [1, 2, 1, 1, 1]
         assert raw.subscribe(topic).type == T.SUCCESS
         raw.flow(1, 10)
-        got = [raw.next() for _ in range(6)]  # the old broker stalled after the first entry
-        assert [f.command.message.message_id.entryId for f in got] == list(range(6))
+        got = [raw.next() for _ in range(5)]  # the old broker stalled after the first entry
+        assert [f.command.message.message_id.entryId for f in got] == list(range(5))
 
 
 # item 8: authentication and TLS
@@ -280,7 +287,7 @@ def test_official_client_gets_an_authentication_error_promptly(tmp_path):
 
 
 def test_unauthenticated_connection_is_refused_every_request(tmp_path):
-    broker = BrokerThread(tmp_path / "data", v1_port=None, auth_tokens={"secret"}).start()
+    broker = BrokerThread(tmp_path / "data", v1_port=None, auth_tokens={"secret"}, handshake_timeout=2.0).start()
     try:
         for token in ("wrong", None, ""):
             with Raw(broker.broker.port, token=token) as raw:
@@ -296,6 +303,9 @@ def test_unauthenticated_connection_is_refused_every_request(tmp_path):
                 answer = raw.publish(1, 0, b"sneaky")
                 assert answer.type == T.SEND_ERROR and answer.command.send_error.error == pb.AuthenticationError
         assert broker.broker.topics == {}
+        with Raw(broker.broker.port, token="wrong") as raw:  # closed by the handshake timeout
+            assert _closed_by_broker(raw.sock, 6)
+        assert _stats(broker)["handshake_timeouts"] >= 1
     finally:
         broker.stop()
 
@@ -459,17 +469,16 @@ def test_connections_over_the_limit_are_refused_with_an_error(strict):
 def test_ping_flood_that_never_reads_is_bounded(strict):
     ping = command(T.PING, "ping", pb.CommandPing())
     pong = command(T.PONG, "pong", pb.CommandPong())
-    with Raw(strict.broker.port) as raw:
-        raw.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 32 * 1024)
+    with Raw(strict.broker.port, receive_buffer=16 * 1024) as raw:
         raw.sock.settimeout(0.5)
         sent = 0
         try:
-            for _ in range(200):  # up to 2 M pings, until the broker stops reading
-                raw.sock.sendall(ping * 10_000)
+            for _ in range(200):  # up to 2 M pings, until the socket buffers are full and the broker
+                raw.sock.sendall(ping * 10_000)  # stops reading
                 sent += 10_000
         except socket.timeout:
             pass  # part of the last chunk may have gone: count only what is known
-        assert sent < 2_000_000  # the broker stopped reading
+        assert sent < 2_000_000
         stats = _stats(strict)
         budget = 64 * 1024
         assert stats["output_pauses"] >= 1 and stats["paused_connections"] == 1
@@ -489,9 +498,9 @@ def test_consumer_that_never_reads_is_bounded_and_its_memory_freed_on_close(stri
     body = b"p" * 4096
     with Raw(strict.broker.port) as producer:
         producer.producer(topic)
-        for seq in range(1000):  # 4 MB
+        for seq in range(3000):  # 12 MB: more than the kernel's socket buffers take
             producer.publish(1, seq, body)
-    consumer = Raw(strict.broker.port)
+    consumer = Raw(strict.broker.port, receive_buffer=16 * 1024)
     assert consumer.subscribe(topic).type == T.SUCCESS
     consumer.flow(1, 100_000)
     time.sleep(0.5)
@@ -503,9 +512,9 @@ def test_consumer_that_never_reads_is_bounded_and_its_memory_freed_on_close(stri
     assert _stats(strict)["output_bytes"] == 0
     with Raw(strict.broker.port) as again:  # the unread messages go to the next consumer, all of them
         again.subscribe(topic)
-        again.flow(1, 2000)
-        ids = [again.next().command.message.message_id.entryId for _ in range(1000)]
-        assert sorted(ids) == list(range(1000))
+        again.flow(1, 5000)
+        ids = [again.next().command.message.message_id.entryId for _ in range(3000)]
+        assert sorted(ids) == list(range(3000))
 
 
 def test_unfinished_big_frames_are_freed_when_their_connections_close(tmp_path):
@@ -521,3 +530,67 @@ def test_unfinished_big_frames_are_freed_when_their_connections_close(tmp_path):
         assert _stats(broker)["input_bytes"] == 0
     finally:
         broker.stop()
+
+
+def test_unfinished_frames_of_all_connections_share_one_input_budget(tmp_path):
+    import threading
+
+    budget = 6 * 1024 * 1024
+    broker = BrokerThread(tmp_path / "data", v1_port=None, max_input_bytes=budget).start()
+    try:
+        hostile = [Raw(broker.broker.port) for _ in range(3)]
+        for raw in hostile:
+            raw.sock.settimeout(1)
+            try:
+                raw.sock.sendall((5 * 1024 * 1024).to_bytes(4, "big") + b"\0" * (4 * 1024 * 1024))
+            except socket.timeout:
+                pass  # the broker stopped reading this one
+        stats = _eventually(lambda: (lambda s: s if s["input_pauses"] else None)(_stats(broker)))
+        assert stats and stats["input_bytes"] <= budget + 3 * 256 * 1024
+        with Raw(broker.broker.port) as legit:
+            assert legit.ping()  # complete small frames still pass
+            legit.producer("persistent://public/default/budget")
+            threading.Timer(0.5, lambda: [raw.close() for raw in hostile]).start()
+            receipt = legit.publish(1, 0, b"y" * (1024 * 1024))  # waits for the budget, then goes
+            assert receipt.type == T.SEND_RECEIPT
+        assert _eventually(lambda: _stats(broker)["input_bytes"] == 0)
+    finally:
+        broker.stop()
+
+
+def test_cli_limit_flags(tmp_path):
+    import subprocess
+    import sys
+
+    from .peers import terminate, wait_for_port
+
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pulsarwire", "broker", "--data-dir", str(tmp_path / "data"), "--port", str(port),
+         "--v1-port", "-1", "--max-connections", "1", "--handshake-timeout", "0.5",
+         "--max-frame-before-connect", "1024", "--frame-timeout", "1", "--max-output-bytes", "65536",
+         "--max-input-bytes", str(6 * 1024 * 1024)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for_port(port, process=process)
+        first = _eventually(lambda: _connected(port))  # once the broker has seen the probe go
+        with first:
+            with Raw(port, connect=False) as second:
+                answer = second.next()
+                assert answer.type == T.ERROR and answer.command.error.error == pb.ServiceNotReady
+        _eventually(lambda: _connected(port)).close()
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall((2048).to_bytes(4, "big"))  # over --max-frame-before-connect
+            assert _closed_by_broker(s, 3)
+        with socket.create_connection(("127.0.0.1", port)) as idle:
+            assert _closed_by_broker(idle, 3)  # --handshake-timeout
+    finally:
+        terminate(process)
+
+
+def _connected(port: int) -> Raw | None:
+    """A connected Raw, or None (closed) when the broker refused it."""
+    raw = Raw(port)
+    if raw.connected is not None and raw.connected.type == T.CONNECTED:
+        return raw
+    raw.close()
+    return None

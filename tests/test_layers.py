@@ -55,8 +55,9 @@ CLIENT_DEPENDS = {
     "consumer": {"options", "reconnect", "dead_letter"},
     "reader": {"options", "reconnect", "consumer", "dead_letter"},
     "table_view": {"options", "reconnect", "consumer", "dead_letter", "reader"},
+    "entries": {"options", "reconnect"},
     "client": {"options", "reconnect", "connection", "producer", "consumer", "dead_letter", "reader",
-               "table_view"},
+               "table_view", "entries"},
 }
 # Every name `pulsarwire.client` offered when it was one module and that user code may import
 # from it: its own public names, the message and routing types in its signatures, the errors

@@ -179,6 +179,8 @@ def test_send_fast_path_agrees_with_protobuf(send, md, payload, checksum, flip):
         assert fast.publish_time == m.publish_time
         assert fast.deliver_at_time == (m.deliver_at_time if m.HasField("deliver_at_time") else None)
         assert fast.chunk_id == (m.chunk_id if m.HasField("chunk_id") else None)
+        assert fast.num_messages_in_batch == \
+            (m.num_messages_in_batch if m.HasField("num_messages_in_batch") else None)
         assert bytes(fast.metadata_and_payload) == bytes(slow.metadata_and_payload)
         assert fast.checksum == slow.checksum and fast.size == slow.size
 
@@ -195,3 +197,4 @@ def test_send_fast_path_takes_the_common_frame():
         frame = reader.next_frame()
         assert type(frame).__name__ == "SendFrame"
         assert (frame.sequence_id, frame.publish_time, frame.deliver_at_time) == (3, 9, 77)
+        assert frame.num_messages_in_batch == 1  # the broker checks the batch against it

@@ -150,13 +150,17 @@ def test_streaming_write(spark, embedded, tmp_path):
 def test_bad_options_are_reported(spark, embedded):
     with pytest.raises(Exception, match="topic"):
         spark.read.format("pulsarwire").option("service.url", embedded.url).load().collect()
-    with pytest.raises(Exception, match="offsets"):
+    with pytest.raises(Exception, match="startingOffsets"):
         reader(spark, embedded.url, unique("bad"), startingOffsets="yesterday").collect()
 
 
 def test_boundaries_and_admission():
     from pulsarwire.messages import MessageId
-    from pulsarwire.spark import _WHOLE_ENTRY, Boundary, _admit, _entries_between
+    from pulsarwire.spark import _WHOLE_ENTRY, Boundary, _admit, _entries_between, _share
+
+    assert _share({"a": 10, "b": 10, "c": 10}, 3, 0) == {"a": 1, "b": 1, "c": 1}
+    assert _share({"a": 100, "b": 1, "c": 0}, 10, 0) == {"a": 9, "b": 1, "c": 0}
+    assert sum(_share({"a": 5, "b": 5, "c": 5}, 2, 1).values()) == 2
 
     after3 = Boundary(0, 3, _WHOLE_ENTRY, True)
     assert after3.precedes(MessageId(0, 4)) and not after3.precedes(MessageId(0, 3, batch_index=5))
@@ -167,3 +171,420 @@ def test_boundaries_and_admission():
     assert _admit(start, latest, 4) == Boundary(0, 3, _WHOLE_ENTRY, True)
     assert _entries_between(Boundary(0, 3, _WHOLE_ENTRY, True), latest) == 6
     assert Boundary.from_json(after3.to_json()) == after3
+
+
+# --- speed-shaped reading: entries to Arrow, capped in rows and bytes ------------
+
+def test_batches_are_capped_in_rows_and_bytes(embedded):
+    from pulsarwire.spark import RangePartition, _read_range, source_options
+
+    topic = "persistent://public/default/" + unique("spark-cap")
+    client = blocking.Client(embedded.url)
+    try:
+        producer = client.create_producer(topic, batching_max_messages=10)
+        for i in range(60):
+            producer.send_async(bytes([i]) * 20_000, None)
+        producer.flush()
+    finally:
+        client.close()
+    opts = source_options({"service.url": embedded.url, "topic": topic, "maxbytesperbatch": "100000",
+                           "maxrowsperbatch": "25"}, streaming=False)
+    batches = list(_read_range(opts, RangePartition(topic, -1, [-1, -1, -1, 1], _last(embedded, topic))))
+    assert sum(b.num_rows for b in batches) == 60
+    assert all(b.num_rows <= 25 for b in batches)
+    # a batch stops growing once it reaches the byte cap: at most one entry (10 x 20 kB) beyond it
+    assert all(b.column("value").nbytes <= 100_000 + 200_000 for b in batches) and len(batches) >= 3
+    values = [v for b in batches for v in b.column("value").to_pylist()]
+    assert values == [bytes([i]) * 20_000 for i in range(60)]
+
+
+def _last(embedded, topic):
+    from pulsarwire.spark import _latest_of, _run, source_options, _with_client
+    opts = source_options({"service.url": embedded.url, "topic": topic}, streaming=False)
+    return _run(_with_client(opts.client, lambda c: _latest_of(c, topic))).to_json()
+
+
+def test_arrow_batches_never_overflow_2_gib():
+    """2.2 GB of payloads through the builder: each batch stays under the byte cap, far below
+    Arrow's 2 GiB per binary column (8 192 x 262 kB in one partition used to overflow)."""
+    import pyarrow as pa
+
+    from pulsarwire import codec
+    from pulsarwire._proto import PulsarApi_pb2 as pb
+    from pulsarwire.spark import _DEFAULT_BYTES_PER_BATCH, _BatchBuilder
+
+    md = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1)
+    columns = codec.split_columns(md, b"x" * (1 << 20))
+    builder = _BatchBuilder("persistent://public/default/big", 0)
+    total = 0
+    for entry in range(2200):
+        builder.add(columns, 0, 1, 0, entry, 1)
+        if builder.bytes >= _DEFAULT_BYTES_PER_BATCH:
+            batch = builder.take()
+            assert batch.column("value").type == pa.binary() and batch.column("value").nbytes < 2**31 // 16
+            total += batch.num_rows
+    total += builder.take().num_rows
+    assert total == 2200
+
+
+# --- silent loss and wrong results (issue 12) -----------------------------------
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """A broker with an 8 KiB message limit: 20 kB messages go in 3 chunks."""
+    from .peers import BrokerThread
+    broker = BrokerThread(tmp_path_factory.mktemp("small-broker"), max_message_size=8192).start()
+    yield broker
+    broker.stop()
+
+
+def _stream_to_parquet(spark, url, topic, out, checkpoint, **options):
+    stream = spark.readStream.format("pulsarwire").option("service.url", url).option("topic", topic) \
+        .option("startingOffsets", "earliest")
+    for key, value in options.items():
+        stream = stream.option(key, value)
+    query = (stream.load().select("value", "__entryId", "__partition").writeStream.format("parquet")
+             .option("path", out).option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+    try:
+        query.awaitTermination(120)
+    except Exception:  # noqa: BLE001 - the test looks at query.exception()
+        pass
+    return query
+
+
+def test_micro_batch_boundaries_never_cut_a_chunked_message(spark, small, tmp_path):
+    topic = "persistent://public/default/" + unique("spark-chunks")
+    client = blocking.Client(small.url)
+    try:
+        producer = client.create_producer(topic, batching_enabled=False, chunking_enabled=True)
+        for i in range(12):
+            producer.send(bytes([65 + i]) * 20_000)
+    finally:
+        client.close()
+    out = str(tmp_path / "out")
+    query = _stream_to_parquet(spark, small.url, topic, out, str(tmp_path / "cp"), maxEntriesPerTrigger="5")
+    assert query.exception() is None
+    assert len([p for p in query.recentProgress if p["numInputRows"]]) > 2
+    values = sorted(r.value for r in spark.read.parquet(out).collect())
+    assert values == [bytes([65 + i]) * 20_000 for i in range(12)]
+    batch = reader(spark, small.url, topic).collect()
+    assert sorted(r.value for r in batch) == values
+
+
+def test_message_ids_are_unique_across_topics_and_partitions(spark, embedded):
+    from pulsarwire import MessageId
+    from pulsarwire.spark import message_id_topic
+
+    first = "persistent://public/default/" + unique("spark-ids-a")
+    second = "persistent://public/default/" + unique("spark-ids-b")
+    embedded.call(embedded.broker.create_partitioned_topic, first, 2)
+    produce(embedded.url, first, 0, 40, batch=5)
+    produce(embedded.url, second, 0, 40, batch=5)
+    rows = spark.read.format("pulsarwire").option("service.url", embedded.url) \
+        .option("topics", f"{first},{second}").load().select("__messageId", "__topic", "__partition").collect()
+    assert len(rows) == 80
+    assert len({r["__messageId"] for r in rows}) == 80
+    for r in rows[:5]:
+        mid = MessageId.deserialize(r["__messageId"])
+        assert mid.partition == r["__partition"] and message_id_topic(r["__messageId"]) == r["__topic"]
+
+
+def test_topic_recreated_under_a_checkpoint_fails_unless_told(spark, tmp_path):
+    from .peers import BrokerThread
+
+    topic = "persistent://public/default/" + unique("spark-recreated")
+    out, checkpoint = str(tmp_path / "out"), str(tmp_path / "cp")
+    before = BrokerThread(tmp_path / "before").start()
+    try:
+        produce(before.url, topic, 0, 30)
+        assert _stream_to_parquet(spark, before.url, topic, out, checkpoint).exception() is None
+    finally:
+        before.stop()
+    after = BrokerThread(tmp_path / "after").start()  # the topic anew: 3 entries, fewer than before
+    try:
+        produce(after.url, topic, 100, 3, batch=1)
+        query = _stream_to_parquet(spark, after.url, topic, out, checkpoint)
+        assert query.exception() is not None and "failOnDataLoss" in str(query.exception())
+        query = _stream_to_parquet(spark, after.url, topic, out, checkpoint, failOnDataLoss="false")
+        assert query.exception() is None
+        values = sorted(r.value for r in spark.read.parquet(out).collect())
+        assert values == sorted([b"v%d" % i for i in range(30)] + [b"v%d" % i for i in range(100, 103)])
+    finally:
+        after.stop()
+
+
+def test_max_entries_per_trigger_is_spread_over_partitions(spark, embedded, tmp_path):
+    topic = "persistent://public/default/" + unique("spark-spread")
+    embedded.call(embedded.broker.create_partitioned_topic, topic, 3)
+    produce(embedded.url, topic, 0, 60, batch=1)  # 20 entries a partition
+    seen: list = []
+
+    def collect(df, batch_id):
+        seen.append(sorted({r["__partition"] for r in df.select("__partition").collect()}))
+    stream = (spark.readStream.format("pulsarwire").option("service.url", embedded.url).option("topic", topic)
+              .option("startingOffsets", "earliest").option("maxEntriesPerTrigger", "30").load())
+    query = stream.writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "cp")) \
+        .trigger(availableNow=True).start()
+    query.awaitTermination(120)
+    assert query.exception() is None
+    assert seen[0] == [0, 1, 2] and len([s for s in seen if s]) == 2
+
+
+def test_every_option_is_checked_at_load(spark, embedded):
+    topic = "persistent://public/default/" + unique("spark-opts")
+    produce(embedded.url, topic, 0, 10, batch=1)
+    short = topic.rsplit("/", 1)[1]
+
+    def load(**options):
+        r = spark.read.format("pulsarwire").option("service.url", embedded.url)
+        for key, value in options.items():
+            r = r.option(key, value)
+        return r.load()
+
+    for options, message in [
+        ({"topic": topic, "topics": topic}, "exactly one of"),
+        ({"topics": f"{topic},{short}"}, "twice"),
+        ({"topic": topic, "startingOffsets": "{"}, "startingOffsets"),
+        ({"topic": topic, "maxRowsPerBatch": "0"}, "maxRowsPerBatch"),
+        ({"topic": topic, "failOnDataLoss": "maybe"}, "failOnDataLoss"),
+        ({"topic": topic, "startingTime": "yesterday"}, "startingTime"),
+        ({"topic": topic, "pulsar.client.nope": "1"}, "pulsar.client"),
+        ({"topic": topic, "startingOfsets": "earliest"}, "unknown option"),
+    ]:
+        with pytest.raises(Exception, match=message):
+            load(**options)
+    with pytest.raises(Exception, match="endingOffsets"):
+        spark.readStream.format("pulsarwire").option("service.url", embedded.url).option("topic", topic) \
+            .option("endingOffsets", "latest").load().writeStream.format("noop").start().awaitTermination(30)
+    with pytest.raises(Exception, match="does not exist"):
+        load(topic=topic + "-missing").collect()
+    # JSON offsets keyed by a short name mean that topic (not a silent fallback to the default)
+    ledger = load(topic=topic).select("__ledgerId").first()[0]  # each topic has its own ledger id
+    starting = json.dumps({short: {"ledgerId": ledger, "entryId": 7}})
+    assert load(topic=topic, startingOffsets=starting).count() == 3
+    with pytest.raises(Exception, match="not one of the topics"):
+        load(topic=topic, startingOffsets=json.dumps({"other": "earliest"})).collect()
+
+
+def test_sink_takes_the_sources_columns_and_checks_types(spark, embedded):
+    import datetime
+
+    source = "persistent://public/default/" + unique("spark-roundtrip")
+    copy = "persistent://public/default/" + unique("spark-copy")
+    produce(embedded.url, source, 0, 30)
+
+    def write(df, topic=copy, mode="append"):
+        w = df.write.format("pulsarwire").option("service.url", embedded.url).mode(mode)
+        if topic:
+            w = w.option("topic", topic)
+        w.save()
+    write(reader(spark, embedded.url, source))  # every source column, written back as is
+    back = {r.value: r for r in reader(spark, embedded.url, copy).collect()}
+    assert len(back) == 30 and back[b"v4"]["__key"] == "k1" and back[b"v4"]["__messageProperties"] == {"i": "4"}
+    assert back[b"v4"]["__eventTime"].replace(tzinfo=datetime.timezone.utc).timestamp() * 1000 == 1_700_000_000_004
+
+    with pytest.raises(Exception, match="'value' must be binary or string"):
+        write(spark.createDataFrame([(1,)], "value int"))
+    with pytest.raises(Exception, match="overwrite"):
+        write(spark.createDataFrame([(b"x",)], "value binary"), mode="overwrite")
+    with pytest.raises(Exception, match="does not take column 'keys'"):
+        write(spark.createDataFrame([(b"x", "k")], "value binary, keys string"))
+    # Pulsar's event time 0 means "none" (its Java client refuses it): an error, not a silent drop
+    epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+    with pytest.raises(Exception, match="eventTime 0 ms"):
+        write(spark.createDataFrame([(b"x", epoch)], "value binary, eventTime timestamp"))
+    targets = ["persistent://public/default/" + unique("spark-row-a"), unique("spark-row-b")]
+    rows = [(b"r%d" % i, b"bk%d" % i, targets[i % 2]) for i in range(6)]
+    write(spark.createDataFrame(rows, "value binary, key binary, __topic string"), topic=None)
+    got = reader(spark, embedded.url, targets[1]).collect()
+    assert sorted((r.value, r["__key"]) for r in got) == [(b"r1", "bk1"), (b"r3", "bk3"), (b"r5", "bk5")]
+
+
+def test_broker_down_at_task_start_is_retried_and_a_disconnect_is_reported(tmp_path):
+    import threading
+
+    from pulsarwire.spark import RangePartition, _read_range, source_options
+
+    from .peers import BrokerThread
+
+    topic = "persistent://public/default/" + unique("spark-down")
+    broker = BrokerThread(tmp_path / "b").start()
+    produce(broker.url, topic, 0, 20, batch=1)
+    url = broker.url
+    end = _last(broker, topic)
+    broker.stop()
+    opts = source_options({"service.url": url, "topic": topic, "connect.timeout.seconds": "20",
+                           "read.timeout.seconds": "2", "maxrowsperbatch": "5"}, streaming=False)
+    threading.Timer(1.0, broker.start).start()  # the broker comes back a second later
+    rows = sum(b.num_rows for b in _read_range(opts, RangePartition(topic, -1, [-1, -1, -1, 1], end)))
+    assert rows == 20
+    # a range that runs past what is there while the broker goes away: reported as a disconnect
+    far = [end[0], end[1] + 50, end[2], 1]
+    batches = _read_range(opts, RangePartition(topic, -1, [-1, -1, -1, 1], far))
+    next(batches)
+    broker.stop()
+    with pytest.raises(ConnectionError, match="disconnected"):
+        list(batches)
+    quick = source_options({"service.url": url, "topic": topic, "connect.timeout.seconds": "1"}, streaming=False)
+    with pytest.raises(ConnectionError, match="cannot reach"):
+        list(_read_range(quick, RangePartition(topic, -1, [-1, -1, -1, 1], end)))
+
+
+# --- options users expect ------------------------------------------------------
+
+def test_topics_pattern_and_time_bounds(spark, embedded):
+    import time
+
+    tag = unique("pat")
+    first, second = f"persistent://public/default/{tag}-a", f"persistent://public/default/{tag}-b"
+    embedded.call(embedded.broker.create_partitioned_topic, second, 2)
+    produce(embedded.url, first, 0, 5, batch=1)
+    produce(embedded.url, second, 5, 5, batch=1)
+    produce(embedded.url, f"persistent://public/default/{unique('other')}", 0, 3)
+    rows = spark.read.format("pulsarwire").option("service.url", embedded.url) \
+        .option("topicsPattern", f"{tag}-.*").load().collect()
+    assert sorted(r.value for r in rows) == sorted(b"v%d" % i for i in range(10))
+    assert {r["__topic"] for r in rows} == {first, f"{second}-partition-0", f"{second}-partition-1"}
+
+    timed = "persistent://public/default/" + unique("spark-time")
+    produce(embedded.url, timed, 0, 4, batch=1)
+    time.sleep(0.05)
+    begin = int(time.time() * 1000)
+    time.sleep(0.05)
+    produce(embedded.url, timed, 4, 3, batch=1)
+    time.sleep(0.05)
+    end = int(time.time() * 1000)
+    time.sleep(0.05)
+    produce(embedded.url, timed, 7, 2, batch=1)
+    between = reader(spark, embedded.url, timed, startingTime=str(begin), endingTime=str(end)).collect()
+    assert sorted(r.value for r in between) == [b"v4", b"v5", b"v6"]
+    iso = datetime_iso(begin)
+    assert reader(spark, embedded.url, timed, startingTime=iso).count() == 5
+
+
+def datetime_iso(ms):
+    import datetime
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).isoformat()
+
+
+def test_client_options_pass_through(spark, tmp_path):
+    from .peers import BrokerThread
+
+    broker = BrokerThread(tmp_path / "auth", auth_tokens={"s3cret"}).start()
+    try:
+        topic = "persistent://public/default/" + unique("spark-auth")
+        client = blocking.Client(broker.url, authentication=__import__("pulsarwire").client.AuthenticationToken("s3cret"))
+        try:
+            client.create_producer(topic).send(b"secret")
+        finally:
+            client.close()
+        rows = reader(spark, broker.url, topic, **{"pulsar.client.authToken": "s3cret",
+                                                    "pulsar.client.operationTimeoutMs": "5000",
+                                                    "pulsar.client.connectionTimeoutMs": "2000"}).collect()
+        assert [r.value for r in rows] == [b"secret"]
+        with pytest.raises(Exception, match="(?i)auth"):
+            reader(spark, broker.url, topic, **{"pulsar.client.authToken": "wrong",
+                                                "connect.timeout.seconds": "1"}).collect()
+    finally:
+        broker.stop()
+
+
+def test_stream_reports_latest_offset_and_holds_a_durable_subscription(spark, embedded, tmp_path):
+    topic = "persistent://public/default/" + unique("spark-lag")
+    produce(embedded.url, topic, 0, 20, batch=1)
+    stream = (spark.readStream.format("pulsarwire").option("service.url", embedded.url).option("topic", topic)
+              .option("startingOffsets", "earliest").option("maxEntriesPerTrigger", "8")
+              .option("subscriptionName", "spark-holder").load())
+    query = stream.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "cp")) \
+        .trigger(availableNow=True).start()
+    query.awaitTermination(120)
+    assert query.exception() is None
+    progress = [p for p in query.recentProgress if p["numInputRows"]]
+    first = progress[0]["sources"][0]
+    assert json.loads(first["latestOffset"])[topic][1] == 19  # lag: latest 19 while this batch ends at 7
+    assert json.loads(first["endOffset"])[topic][1] == 7
+    subscription = embedded.call(lambda: embedded.broker.core.topic(topic).subscriptions["spark-holder"])
+    # moved up to a committed batch end (Spark commits a batch's source offsets when it plans a later
+    # one, so the last batch's may wait for the next start)
+    assert subscription.durable and subscription.cursor.mark_delete in (7, 15, 19)
+
+
+def test_data_deleted_under_a_checkpoint_fails_unless_told(spark, tmp_path):
+    import pathlib
+
+    from .peers import BrokerThread
+
+    topic = "persistent://public/default/" + unique("spark-deleted")
+    out, checkpoint = str(tmp_path / "out"), str(tmp_path / "cp")
+    broker = BrokerThread(tmp_path / "b", segment_bytes=300).start()  # a few entries a segment
+    try:
+        produce(broker.url, topic, 0, 10, batch=1)
+        assert _stream_to_parquet(spark, broker.url, topic, out, checkpoint).exception() is None
+        produce(broker.url, topic, 10, 20, batch=1)
+        broker.stop()
+        segments = sorted(pathlib.Path(tmp_path / "b").rglob("*.log"), key=lambda p: int(p.stem))
+        deleted = [s for s in segments if int(s.stem) <= 15]
+        for segment in deleted:  # what retention would do: the oldest segments go
+            segment.unlink()
+            segment.with_suffix(".idx").unlink(missing_ok=True)
+        broker.start()
+        query = _stream_to_parquet(spark, broker.url, topic, out, checkpoint)
+        assert query.exception() is not None and "failOnDataLoss" in str(query.exception())
+        query = _stream_to_parquet(spark, broker.url, topic, out, checkpoint, failOnDataLoss="false")
+        assert query.exception() is None
+        first_kept = int(segments[len(deleted)].stem)
+        values = sorted(r.value for r in spark.read.parquet(out).collect())
+        assert values == sorted([b"v%d" % i for i in range(10)] + [b"v%d" % i for i in range(first_kept, 30)])
+    finally:
+        broker.stop()
+
+
+def test_a_chunked_message_its_producer_gave_up_is_skipped(small, monkeypatch):
+    from pulsarwire.client import producer as producer_module
+    from pulsarwire.spark import RangePartition, _read_range, source_options
+
+    topic = "persistent://public/default/" + unique("spark-abandoned")
+    enqueue = producer_module.PartitionProducer._enqueue
+
+    def lose_last_chunk(self, op):
+        if op.first_chunk is not None and op.num_messages == 1 and op.sequence_id == 1:
+            return  # the producer "dies" before the last chunk of message 1
+        enqueue(self, op)
+    client = blocking.Client(small.url)
+    try:
+        producer = client.create_producer(topic, batching_enabled=False, chunking_enabled=True)
+        producer.send(b"A" * 20_000)
+        monkeypatch.setattr(producer_module.PartitionProducer, "_enqueue", lose_last_chunk)
+        producer.send_async(b"B" * 20_000, None)  # never acknowledged: its last chunk is not sent
+        monkeypatch.setattr(producer_module.PartitionProducer, "_enqueue", enqueue)
+        producer.send(b"C")
+    finally:
+        client.close()
+    opts = source_options({"service.url": small.url, "topic": topic, "read.timeout.seconds": "3"}, streaming=False)
+    values = [v for b in _read_range(opts, RangePartition(topic, -1, [-1, -1, -1, 1], _last(small, topic)))
+              for v in b.column("value").to_pylist()]
+    assert values == [b"A" * 20_000, b"C"]
+
+
+def test_message_ids_of_big_batches_and_single_messages():
+    from pulsarwire import MessageId, codec
+    from pulsarwire._proto import PulsarApi_pb2 as pb
+    from pulsarwire.spark import _BatchBuilder, message_id_topic
+
+    builder = codec.BatchBuilder()
+    for i in range(20_000):  # batch indexes of 1, 2 and 3 varint bytes
+        builder.add(b"x", None, None, 0, None, i)
+    batch = codec.split_columns(pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1,
+                                                   num_messages_in_batch=20_000), builder.build())
+    single = codec.split_columns(pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1), b"y")
+    rows = _BatchBuilder("persistent://public/default/t", 3)
+    rows.add(batch, 100, 20_000, 5, 7, 1)
+    rows.add(single, 0, 1, 5, 8, 1)
+    rows.add(batch, 0, 3, 6, 1, 1)
+    ids = rows.take().column("__messageId").to_pylist()
+    assert len(set(ids)) == len(ids) == 19_904
+    for row, index in [(0, 100), (27, 127), (28, 128), (16_284, 16_384), (19_899, 19_999)]:
+        mid = MessageId.deserialize(ids[row])
+        assert (mid.ledger_id, mid.entry_id, mid.partition, mid.batch_index, mid.batch_size) == (5, 7, 3, index, 20_000)
+    assert (MessageId.deserialize(ids[19_900]).entry_id, MessageId.deserialize(ids[19_900]).batch_index) == (8, -1)
+    assert message_id_topic(ids[19_902]) == "persistent://public/default/t"

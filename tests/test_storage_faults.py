@@ -18,12 +18,14 @@ import pytest
 from pulsarwire import Client, InitialPosition, MessageId, codec, errors
 from pulsarwire._proto import PulsarApi_pb2 as pb
 from pulsarwire.broker.core import DUPLICATE, BrokerCore
+from pulsarwire.broker.topics import ProducerLink
 from pulsarwire.broker.storage import HEADER_SIZE, CorruptEntryError, FileOps, FilePool, TopicLog, topic_directory
 
 from .peers import BrokerThread, free_port, terminate, wait_for_port
 from .test_client import run
 
 TOPIC = "persistent://public/default/faults"
+_U64 = 0xFFFFFFFFFFFFFFFF  # a duplicate's receipt carries entry id -1
 
 
 class FillingDisk(FileOps):
@@ -47,6 +49,8 @@ class FillingDisk(FileOps):
     def truncate(self, fd, size):
         if self.truncate_fails:
             raise OSError(errno.EIO, "Input/output error")
+        if self.room is not None:  # a truncated file gives its space back
+            self.room += max(0, os.fstat(fd).st_size - size)
         super().truncate(fd, size)
 
     def replace_file(self, path, data):
@@ -129,6 +133,93 @@ def test_failed_commit_restores_dedup_state_so_a_resend_is_stored(tmp_path):
     core.commit()
     assert topic.log.batch.error is None and topic.last_sequence["p"] == 1
     core.close()
+
+
+class _Link(ProducerLink):
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.closed = False
+
+    def evict(self) -> None:
+        pass
+
+
+def test_a_producer_with_an_unstored_send_must_resend_it_before_anything_later(tmp_path):
+    """Sends pipelined after a failed one must not be stored after the gap: the resent ones
+    would then be answered as duplicates, acknowledged and never stored."""
+    disk = FillingDisk()
+    core = BrokerCore(str(tmp_path), file_ops=disk)
+    core.open()
+    topic = core.topic(TOPIC)
+    link = _Link("p")
+    topic.producers["p"] = link
+    disk.room = 0
+    core.publish(topic, "p", 0, None, False, _entry(0), None, 1, None, 1)
+    core.commit()
+    assert topic.refuses(link, 1)  # would be stored after the gap
+    assert not topic.refuses(link, 0)  # the resend of the failed one
+    again = _Link("p")  # or the client re-created the producer
+    topic.producers["p"] = again
+    assert not topic.refuses(again, 1)
+    disk.room = None
+    assert core.publish(topic, "p", 0, None, False, _entry(0), None, 1, None, 1) == 0
+    core.commit()
+    core.close()
+
+
+def test_sends_pipelined_after_a_failed_one_are_refused_not_stored_after_the_gap(tmp_path):
+    """On one connection: seq 0 fails (disk full); space returns; seq 1 arrives before the
+    client reacted, then seq 0 is resent. Before: seq 1 was stored and the resent seq 0 answered
+    as a duplicate (acknowledged, never stored). Now seq 1 gets SendError, the resent seq 0 is
+    stored, then seq 1: in order, each once."""
+    disk = FillingDisk()
+    broker = BrokerThread(tmp_path, v1_port=None, file_ops=disk).start()
+    T = pb.BaseCommand
+
+    def send(seq: int) -> bytes:
+        md = pb.MessageMetadata(producer_name="raw", sequence_id=seq, publish_time=1)
+        return codec.encode_payload_frame(T(type=T.SEND, send=pb.CommandSend(
+            producer_id=1, sequence_id=seq, num_messages=1)), codec.encode_metadata_and_payload(md, b"%d" % seq))
+
+    async def main():
+        reader, writer = await asyncio.open_connection("127.0.0.1", broker.broker.port)
+        frames = codec.FrameReader(1 << 20)
+
+        async def answer():
+            while True:
+                frame = frames.next_frame()
+                if frame is not None:
+                    return frame.command
+                frames.feed(await asyncio.wait_for(reader.read(65536), 5))
+
+        async def attach(producer_id_request: int):
+            writer.write(codec.encode_command(T(type=T.PRODUCER, producer=pb.CommandProducer(
+                topic=TOPIC, producer_id=1, request_id=producer_id_request, producer_name="raw"))))
+            return (await answer()).producer_success.last_sequence_id
+
+        writer.write(codec.encode_command(T(type=T.CONNECT, connect=pb.CommandConnect(
+            client_version="raw", protocol_version=19))))
+        assert (await answer()).type == T.CONNECTED
+        assert await attach(1) == -1
+        disk.room = 0
+        writer.write(send(0))
+        assert (await answer()).type == T.SEND_ERROR
+        disk.room = None
+        writer.write(send(1))
+        writer.write(send(0))
+        refused, resent = [(await answer()) for _ in range(2)]
+        assert refused.type == T.SEND_ERROR and refused.send_error.sequence_id == 1
+        assert (resent.send_receipt.sequence_id, resent.send_receipt.message_id.entryId) == (0, 0)
+        writer.write(send(1))
+        receipt = (await answer()).send_receipt
+        assert (receipt.sequence_id, receipt.message_id.entryId) == (1, 1)
+        writer.write(send(0))  # now truly a duplicate
+        assert (await answer()).send_receipt.message_id.entryId == _U64
+        writer.close()
+    try:
+        run(main())
+    finally:
+        broker.stop()
 
 
 def test_disk_full_answers_send_errors_and_the_broker_recovers(tmp_path, caplog):

@@ -248,12 +248,19 @@ def test_consume_returns_only_records_below_the_high_watermark(broker):
     topic = unique("committed")
     partition = produced(broker, topic, "k", "a")["partition"]
     produced(broker, topic, "k", "b")
-    # replica 1 joins the ISR having only offset 0: the high watermark is 1
+    # the leader alone is the ISR: both records are committed, and stay so when replica 1
+    # reports holding only offset 0 (behind the high watermark, it is not in sync)
     fetched = ask1(broker, f"V1|1|REPLICA_FETCH|{topic} {partition} 1 1")
-    assert fetched == "V1|1|OK|replica=1 acked_offset=1 hw=1 isr=[0,1] under_replicated=true"
-    assert ask1(broker, f"V1|2|CONSUME|{topic} {partition} 0") == "V1|2|OK|messages=0:a hw=1"
-    ask1(broker, f"V1|3|REPLICA_FETCH|{topic} {partition} 1 2")
-    assert ask1(broker, f"V1|4|CONSUME|{topic} {partition} 0") == "V1|4|OK|messages=0:a,1:b hw=2"
+    assert fetched == "V1|1|OK|replica=1 acked_offset=1 hw=2 isr=[0] under_replicated=true"
+    assert ask1(broker, f"V1|2|CONSUME|{topic} {partition} 0") == "V1|2|OK|messages=0:a,1:b hw=2"
+    assert ask1(broker, f"V1|3|REPLICA_FETCH|{topic} {partition} 1 2") == \
+        "V1|3|OK|replica=1 acked_offset=2 hw=2 isr=[0,1] under_replicated=true"
+    # now in sync, replica 1 holds the high watermark back: offset 2 waits for it
+    assert re.fullmatch(rf"V1\|4\|OK\|partition={partition} offset=2 hw=2",
+                        ask1(broker, f"V1|4|PRODUCE|{topic} k:c"))
+    assert ask1(broker, f"V1|5|CONSUME|{topic} {partition} 0") == "V1|5|OK|messages=0:a,1:b hw=2"
+    ask1(broker, f"V1|6|REPLICA_FETCH|{topic} {partition} 1 3")
+    assert ask1(broker, f"V1|7|CONSUME|{topic} {partition} 0") == "V1|7|OK|messages=0:a,1:b,2:c hw=3"
 
 
 # --- REPLICA_FETCH and SET_PARTITION_ROLE -----------------------------------------------

@@ -132,6 +132,7 @@ class BrokerCore:
             self.create_partitioned_topic(name, self.default_partitions)
         return self._partitioned.get(name, 0)
 
+
     def create_partitioned_topic(self, name: str, partitions: int) -> None:
         if partitions < 1:
             raise ValueError("a partitioned topic needs at least one partition")
@@ -194,7 +195,7 @@ class BrokerCore:
 
     def publish(self, topic: Topic, producer_name: str, sequence_id: int, highest_sequence_id: int | None,
                 continuation_chunk: bool, body, checksum: int | None, publish_time: int,
-                deliver_at_time: int | None, num_messages: int) -> int:
+                deliver_at_time: int | None, batch_count: int | None) -> int:
         """Append one entry unless the producer sent it before; returns its entry id or DUPLICATE.
 
         A later chunk of a chunked message shares its sequence id with the first, so it is
@@ -202,7 +203,7 @@ class BrokerCore:
         highest = highest_sequence(sequence_id, highest_sequence_id)
         if not continuation_chunk and highest <= topic.last_sequence.get(producer_name, -1):
             return DUPLICATE
-        return topic.append(body, checksum, publish_time, deliver_at_time, num_messages, producer_name, highest)
+        return topic.append(body, checksum, publish_time, deliver_at_time, batch_count, producer_name, highest)
 
     # persistence
 

@@ -24,8 +24,8 @@ from ..schema import schema_definitions_match
 from .core import DUPLICATE, BrokerCore, InvalidTopicName, highest_sequence
 from .storage import StorageError
 from .topics import (
-    EARLIEST, LATEST, SHARED, ConsumerLink, ProducerBusyError, ProducerFencedError, ProducerLink, Subscription,
-    Topic, start_entry,
+    EARLIEST, LATEST, SHARED, ConsumerLink, MalformedBatchError, ProducerBusyError, ProducerFencedError,
+    ProducerLink, Subscription, Topic, start_entry,
 )
 
 log = logging.getLogger("pulsarwire.broker")
@@ -39,6 +39,7 @@ DEFAULT_MAX_OUTPUT_BYTES = 4 * 1024 * 1024  # unsent output per connection befor
 DEFAULT_HANDSHAKE_TIMEOUT = 10.0  # seconds from accept to an accepted CONNECT
 DEFAULT_MAX_FRAME_BEFORE_CONNECT = 64 * 1024
 DEFAULT_FRAME_TIMEOUT = 30.0  # seconds one frame may take to arrive in full
+DEFAULT_MAX_INPUT_BYTES = 256 * 1024 * 1024  # unfinished frames held, all connections together
 CLOSE_GRACE = 5.0  # seconds a closing connection may take to send its last bytes before it is aborted
 _U64 = 0xFFFFFFFFFFFFFFFF
 _I64_MAX = 0x7FFFFFFFFFFFFFFF
@@ -67,7 +68,10 @@ class PulsarService:
                  max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
                  handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
                  max_frame_before_connect: int = DEFAULT_MAX_FRAME_BEFORE_CONNECT,
-                 frame_timeout: float = DEFAULT_FRAME_TIMEOUT) -> None:
+                 frame_timeout: float = DEFAULT_FRAME_TIMEOUT,
+                 max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> None:
+        if max_input_bytes < max_message_size + codec.FRAME_PADDING:
+            raise ValueError("max_input_bytes must hold at least one frame of the max message size")
         for name, value in (("max_connections", max_connections), ("max_output_bytes", max_output_bytes),
                             ("handshake_timeout", handshake_timeout), ("frame_timeout", frame_timeout)):
             if value <= 0:
@@ -80,6 +84,9 @@ class PulsarService:
         self.handshake_timeout = handshake_timeout
         self.max_frame_before_connect = max_frame_before_connect
         self.frame_timeout = frame_timeout
+        self.max_input_bytes = max_input_bytes
+        self.input_bytes = 0  # bytes of unfinished frames held by every connection
+        self._input_paused: set[BrokerConnection] = set()
         # what hostile or slow clients cost: refused/closed connections, pauses, peak output held
         self.counters: collections.Counter[str] = collections.Counter()
         self._sweeper: asyncio.Task | None = None
@@ -130,8 +137,15 @@ class PulsarService:
         live = list(self.connections)
         return dict(self.counters, connections=len(live),
                     output_bytes=sum(c.output_bytes for c in live),
-                    input_bytes=sum(c.reader.buffered for c in live),
+                    input_bytes=self.input_bytes,
                     paused_connections=sum(1 for c in live if not c.writable))
+
+    def release_input(self) -> None:
+        """Let connections paused for the input budget read again once half of it is free."""
+        if self._input_paused and self.input_bytes <= self.max_input_bytes // 2:
+            paused, self._input_paused = self._input_paused, set()
+            for conn in paused:
+                conn.set_input_paused(False)
 
     def watch(self) -> None:
         """Start the sweep that closes connections past their handshake or frame deadline."""
@@ -146,6 +160,7 @@ class PulsarService:
                 now = time.monotonic()
                 for conn in list(self.connections):
                     conn.check_deadlines(now)
+                self.release_input()
         except asyncio.CancelledError:
             pass
 
@@ -234,6 +249,9 @@ class BrokerConnection(asyncio.Protocol):
         self._sends: list[tuple] = []
         self._batches: list = []  # the distinct commit batches those receipts belong to
         self._transport_paused = False  # between the transport's pause_writing and resume_writing
+        self._input_paused = False  # while unfinished frames of all connections are over their budget
+        self._input_held = 0  # this connection's share of service.input_bytes
+        self._reading = True
 
     # asyncio.Protocol
 
@@ -292,6 +310,8 @@ class BrokerConnection(asyncio.Protocol):
             self.close()
         if not self.reader.buffered:
             self._partial_since = None
+        if not self.closed:
+            self._account_input()
         self.flush()
 
     def check_deadlines(self, now: float) -> None:
@@ -324,19 +344,48 @@ class BrokerConnection(asyncio.Protocol):
         if not self._transport_paused:
             self._resume()
 
+    def _set_reading(self) -> None:
+        """Read while output is under its budget and the broker-wide input budget allows."""
+        reading = self.writable and not self._input_paused
+        if reading != self._reading and self.transport is not None and not self.closed:
+            self._reading = reading
+            if reading:
+                self.transport.resume_reading()
+            else:
+                self.transport.pause_reading()
+
+    def set_input_paused(self, paused: bool) -> None:
+        self._input_paused = paused
+        if not paused and self._partial_since is not None:
+            self._partial_since = time.monotonic()  # it was waiting for us, not the client for it
+        self._set_reading()
+
+    def _account_input(self) -> None:
+        """Count this connection's unfinished frame in the broker-wide input budget; pause its reading
+        while the budget is spent (complete small frames never hold input, so they still pass)."""
+        service = self.service
+        held = self.reader.buffered
+        service.input_bytes += held - self._input_held
+        freed = held < self._input_held
+        self._input_held = held
+        if held and not self._input_paused and service.input_bytes > service.max_input_bytes:
+            service.counters["input_pauses"] += 1
+            service._input_paused.add(self)
+            self.set_input_paused(True)
+        elif freed:
+            service.release_input()
+
     def _pause(self) -> None:
         if self.writable:
             self.writable = False
             self.service.counters["output_pauses"] += 1
-            if self.transport is not None and not self.closed:
-                self.transport.pause_reading()
+            self._set_reading()
 
     def _resume(self) -> None:
         if self.writable or self.closed:
             return
         self.writable = True
-        if self.transport is not None:
-            self.transport.resume_reading()
+        self._set_reading()
         if self._partial_since is not None:
             self._partial_since = time.monotonic()  # the client may have been stalled by us
         for consumer in list(self.consumers.values()):
@@ -420,6 +469,10 @@ class BrokerConnection(asyncio.Protocol):
         self.writable = False
         # hand back what this connection held: unread input, unsent output
         self.reader = _CLOSED_READER
+        self.service.input_bytes -= self._input_held
+        self._input_held = 0
+        self.service._input_paused.discard(self)
+        self.service.release_input()
         self._out.clear()
         self._out_bytes = 0
         if self._keepalive is not None:
@@ -666,19 +719,22 @@ class BrokerConnection(asyncio.Protocol):
             self._send_error(s.producer_id, s.sequence_id, pb.UnknownError, "SEND without payload")
             return
         self.store(s.producer_id, s.sequence_id,
-                   s.highest_sequence_id if s.HasField("highest_sequence_id") else None, s.num_messages,
+                   s.highest_sequence_id if s.HasField("highest_sequence_id") else None,
+                   md.num_messages_in_batch if md.HasField("num_messages_in_batch") else None,
                    s.is_chunk, md.chunk_id if md.HasField("chunk_id") else None, md.publish_time,
                    md.deliver_at_time if md.HasField("deliver_at_time") else None,
                    frame.metadata_and_payload, frame.checksum)
 
     def on_send_fast(self, f) -> None:
         """A plain Send frame read by the codec's fast path."""
-        self.store(f.producer_id, f.sequence_id, f.highest_sequence_id, f.num_messages, f.is_chunk, f.chunk_id,
+        self.store(f.producer_id, f.sequence_id, f.highest_sequence_id, f.num_messages_in_batch, f.is_chunk, f.chunk_id,
                    f.publish_time, f.deliver_at_time, f.metadata_and_payload, f.checksum)
 
-    def store(self, producer_id, sequence_id, highest_sequence_id, num_messages, is_chunk, chunk_id,
+    def store(self, producer_id, sequence_id, highest_sequence_id, batch_count, is_chunk, chunk_id,
               publish_time, deliver_at_time, body, checksum) -> None:
-        """Append one entry (unless it is a duplicate) and answer with its receipt."""
+        """Append one entry (unless it is a duplicate) and answer with its receipt. `batch_count` is
+        the metadata's num_messages_in_batch (None: not a batch); CommandSend's num_messages is not
+        trusted."""
         producer = self.producers.get(producer_id)
         if producer is None:
             self._send_error(producer_id, sequence_id, pb.NotAllowedError, "unknown producer id")
@@ -687,12 +743,21 @@ class BrokerConnection(asyncio.Protocol):
         if topic.terminated:
             self._send_error(producer_id, sequence_id, pb.TopicTerminatedError, "topic is terminated")
             return
+        if topic.fenced and topic.refuses(producer, sequence_id):
+            self._send_error(producer_id, sequence_id, pb.PersistenceError,
+                             "an earlier send of this producer was not stored: resend it first")
+            return
         try:
             entry_id = self.core.publish(topic, producer.name, sequence_id, highest_sequence_id,
                                          bool(is_chunk and chunk_id), body, checksum, publish_time,
-                                         deliver_at_time, num_messages)
+                                         deliver_at_time, batch_count)
         except StorageError as exc:
+            topic.fence(producer)
             self._send_error(producer_id, sequence_id, pb.PersistenceError, f"not stored: {exc}")
+            return
+        except MalformedBatchError as exc:
+            # ChecksumError: the official client fails that one message and keeps its connection
+            self._send_error(producer_id, sequence_id, pb.ChecksumError, f"not stored: {exc}")
             return
         # the receipt stands only if its group commit succeeds (see flush); a duplicate, judged
         # against pending sends too, waits on the same batch and is answered with the (-1, -1) id

@@ -16,7 +16,8 @@ from typing import Any, Callable
 from .. import codec
 from .core import BrokerCore
 from .pulsar import (DEFAULT_FRAME_TIMEOUT, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
-                     DEFAULT_MAX_FRAME_BEFORE_CONNECT, DEFAULT_MAX_OUTPUT_BYTES, PulsarService)
+                     DEFAULT_MAX_FRAME_BEFORE_CONNECT, DEFAULT_MAX_INPUT_BYTES, DEFAULT_MAX_OUTPUT_BYTES,
+                     PulsarService)
 from .storage import SYNC_INTERVAL, FileOps
 from .topics import Topic
 from .v1 import DEFAULT_CONSUME_MAX_BYTES, V1Server
@@ -52,7 +53,7 @@ class Broker:
                  handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
                  max_frame_before_connect: int = DEFAULT_MAX_FRAME_BEFORE_CONNECT,
                  frame_timeout: float = DEFAULT_FRAME_TIMEOUT, max_open_files: int | None = None,
-                 file_ops: FileOps | None = None) -> None:
+                 file_ops: FileOps | None = None, max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> None:
         self.core = BrokerCore(data_dir, sync_policy=sync_policy, segment_bytes=segment_bytes,
                                default_partitions=default_partitions, max_open_files=max_open_files,
                                file_ops=file_ops)
@@ -61,7 +62,7 @@ class Broker:
                                     keep_alive_interval=keep_alive_interval, max_connections=max_connections,
                                     max_output_bytes=max_output_bytes, handshake_timeout=handshake_timeout,
                                     max_frame_before_connect=max_frame_before_connect,
-                                    frame_timeout=frame_timeout)
+                                    frame_timeout=frame_timeout, max_input_bytes=max_input_bytes)
         self.data_dir = self.core.data_dir
         self.host = host
         self.port = port

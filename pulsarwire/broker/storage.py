@@ -571,10 +571,11 @@ class TopicLog:
 
     def _roll_over(self) -> _Segment:
         """Commit and fsync the full segment, then start the next one (StorageError if it cannot)."""
-        self.commit()
+        batch = self.batch
+        if not self.commit():
+            # the entries before this one failed: this one must not be stored after the gap
+            raise StorageError(f"not stored after a failed commit: {batch.error}")
         old = self._segments[-1]
-        if old.size < self.segment_bytes or not old.positions:
-            return old  # the commit failed and was rolled back
         try:
             old.commit(sync=True)
         except StorageError as exc:

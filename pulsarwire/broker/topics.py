@@ -451,22 +451,33 @@ def _entry_key(entry) -> bytes | None:
     return None
 
 
-def entry_message_count(body, claimed: int) -> int:
-    """How many messages an entry holds, which consumers' permits are charged: 1 unless it is a
-    batch, else the messages its payload really splits into. A producer's claim above 1 is never
-    trusted (10**9 would stall every consumer); a batch that does not split, or is too big to
-    decompress cheaply, counts as 1."""
-    if claimed <= 1:
+class MalformedBatchError(ValueError):
+    """A batch whose payload does not split into the messages its metadata claims: stored, it
+    would make consumers read past its end (the official client crashes on it)."""
+
+
+def entry_message_count(body, batch_count: int | None) -> int:
+    """How many messages an entry holds, which consumers' permits are charged. `batch_count` is
+    the metadata's num_messages_in_batch (None: not a batch, one message whatever CommandSend
+    claims). A claim above 1 is checked against what the payload really splits into
+    (MalformedBatchError when it differs); a batch too big to decompress cheaply counts as 1."""
+    if batch_count is None or batch_count <= 1:
         return 1
     try:
-        size = int.from_bytes(body[:4], "big")
-        metadata = pb.MessageMetadata.FromString(bytes(body[4:4 + size]))
-        if not metadata.HasField("num_messages_in_batch"):
-            return 1
-        payload = codec.decompress_payload(metadata, memoryview(body)[4 + size:], COUNT_MAX_UNCOMPRESSED)
-        return max(1, len(codec.split_messages(metadata, payload)))
+        end = 4 + int.from_bytes(body[:4], "big")
+        metadata = _parse_metadata(body[4:end])
+        payload = body[end:]
+        if metadata.compression:
+            payload = codec.decompress_payload(metadata, payload, COUNT_MAX_UNCOMPRESSED)
     except (PulsarWireError, ValueError):  # DecodeError is a ValueError
         return 1
+    try:
+        return len(codec.split_messages(metadata, payload))
+    except (PulsarWireError, ValueError) as exc:
+        raise MalformedBatchError(f"the batch does not hold the {batch_count} messages it claims: {exc}") from exc
+
+
+_parse_metadata = pb.MessageMetadata.FromString
 
 
 def entry_metadata(entry) -> pb.MessageMetadata:
@@ -493,6 +504,10 @@ class Topic:
         self._open_ledgers(new_ledger_id)
         self._on_append = on_append
         self._dedup_undo: dict[str, int | None] = {}  # producer -> its sequence id before this batch
+        # producers with sends in a failed commit: until they attach again, a send of theirs that
+        # would leave a gap after their last stored sequence id is refused, else the resent ones
+        # (lower ids) would look like duplicates
+        self.fenced: dict[str, ProducerLink] = {}
         self.producers: dict[str, ProducerLink] = {}
         self.exclusive_producer: ProducerLink | None = None
         # WaitForExclusive producers in arrival order, each with its callbacks (granted epoch; error)
@@ -563,11 +578,13 @@ class Topic:
                 self.last_sequence[md.producer_name] = highest
 
     def append(self, body, checksum: int | None, publish_time: int, deliver_at_time: int | None,
-               num_messages: int, producer_name: str, highest_sequence_id: int) -> int:
-        """Store an entry, remember the producer's sequence id, and dispatch it."""
+               batch_count: int | None, producer_name: str, highest_sequence_id: int) -> int:
+        """Store an entry, remember the producer's sequence id, and dispatch it. `batch_count`: the
+        metadata's num_messages_in_batch (None: not a batch); MalformedBatchError, before anything
+        changes, when the payload does not hold that many."""
         batch = self.log.batch
         try:
-            entry_id = self.log.append(body, checksum, publish_time, entry_message_count(body, num_messages))
+            entry_id = self.log.append(body, checksum, publish_time, entry_message_count(body, batch_count))
         finally:
             if self.log.batch is not batch:  # starting a new segment committed the batch before
                 self._settled(batch.error is None)
@@ -580,6 +597,12 @@ class Topic:
         self.last_sequence[producer_name] = highest_sequence_id
         self._state_dirty = True
         return entry_id
+
+    def refuses(self, producer: ProducerLink, sequence_id: int) -> bool:
+        """Whether this send must be refused: its producer had sends in a failed commit, and this
+        one is not the next after what is stored (the failed ones must be resent first)."""
+        return self.fenced.get(producer.name) is producer and \
+            sequence_id > self.last_sequence.get(producer.name, -1) + 1
 
     def commit(self) -> bool:
         """Hand the appended entries to the OS; then subscriptions may send them. False when
@@ -601,6 +624,16 @@ class Topic:
                 self.last_sequence.pop(producer_name, None)
             else:
                 self.last_sequence[producer_name] = previous
+            link = self.producers.get(producer_name)
+            if link is not None:
+                self.fence(link)
+
+    def fence(self, producer: ProducerLink) -> None:
+        """A send of this producer was not stored: refuse its later ones until it resends that
+        one (or attaches again)."""
+        log.warning("topic %s: producer %s must resend what was not stored before anything later",
+                    self.name, producer.name)
+        self.fenced[producer.name] = producer
         end = self.log.next_entry_id
         for entry_id in [e for e in self.deliver_at if e >= end]:
             del self.deliver_at[entry_id]

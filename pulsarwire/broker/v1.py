@@ -12,8 +12,9 @@ A V1 topic `t` with N partitions is the broker's partitioned topic
 offset is an entry id, so Pulsar clients and V1 clients read the same data.
 V1 never writes to a non-partitioned Pulsar topic nor to a single partition by
 its own name. Replicas are the followers 1..replication_factor-1 that
-REPLICA_FETCH; the leader (replica 0) is always in the ISR and the high
-watermark is the lowest offset acknowledged by every ISR member.
+REPLICA_FETCH; the leader (replica 0) is always in the ISR, a replica is in it
+while it fetches and holds everything committed, and the high watermark is the
+lowest offset acknowledged by every ISR member (it never moves back).
 
 Additive to the specification (its compatibility policy allows new commands;
 payloads may grow): the commands PING and AUTH, and the error codes
@@ -199,6 +200,7 @@ def _render(offset: int, metadata: pb.MessageMetadata, payload, room: int) -> li
 class PartitionState:
     role: str = "leader"
     replicas: dict[int, tuple[int, float]] = field(default_factory=dict)  # id -> (acked, fetched at)
+    hw: int = 0  # only moves forward: what was committed stays committed
     waiters: list = field(default_factory=list)  # (offset, future) of acks=all produces
 
 
@@ -406,13 +408,18 @@ class V1Server:
         return state
 
     def _isr(self, state: PartitionState) -> list[int]:
+        """The leader, and the replicas that fetched within replica_lag_time and hold everything
+        below the high watermark (a replica behind it, new or fallen back, is not in sync: counting
+        it would pull the high watermark back under records already committed)."""
         now = time.monotonic()
-        return [0] + sorted(r for r, (_, seen) in state.replicas.items()
-                            if now - seen <= self.replica_lag_time)
+        return [0] + sorted(r for r, (acked, seen) in state.replicas.items()
+                            if now - seen <= self.replica_lag_time and acked >= state.hw)
 
     def _hw(self, state: PartitionState, log_end: int) -> int:
+        """The lowest offset every ISR member acknowledged, never lower than before."""
         acked = [log_end] + [state.replicas[r][0] for r in self._isr(state) if r != 0]
-        return min(acked)
+        state.hw = min(max(state.hw, min(acked)), log_end)
+        return state.hw
 
     def _wake(self, state: PartitionState, log_end: int) -> None:
         hw = self._hw(state, log_end)
@@ -561,8 +568,9 @@ class V1Server:
         acked = min(offset, log_end)
         state.replicas[replica] = (acked, time.monotonic())
         self._wake(state, log_end)
+        hw = self._hw(state, log_end)
         isr = self._isr(state)
-        return (f"replica={replica} acked_offset={acked} hw={self._hw(state, log_end)} isr={_list(isr)} "
+        return (f"replica={replica} acked_offset={acked} hw={hw} isr={_list(isr)} "
                 f"under_replicated={'true' if len(isr) < self.replication_factor else 'false'}")
 
     async def set_partition_role(self, args: list[str]) -> str:

@@ -5,6 +5,7 @@
   that shares connections and looks topics up;
 - `reconnect`: the reconnect loop producers and consumers share;
 - `producer`, `consumer`, `reader`: the per-partition workers and the user-facing objects;
+- `entries`: `EntryReader`, whole entries of one partition for bulk readers (the Spark source);
 - `client`: the `Client` entry point.
 
 Protocol state lives in `pulsarwire.session` (sans-IO). Names follow the official
@@ -17,6 +18,7 @@ from .client import Client
 from .connection import Connection, ConnectionPool
 from .consumer import Consumer
 from .dead_letter import DeadLetterPolicy, NegativeAckRedeliveryBackoff
+from .entries import Entry, EntryReader
 from .options import (
     DEFAULT_PORT, DEFAULT_TLS_PORT, Address, AuthenticationToken, CompressionType, ConsumerKeySharedPolicy,
     ConsumerType, InitialPosition, KeySharedMode, KeySharedPolicy, ProducerAccessMode, RegexSubscriptionMode,
@@ -40,7 +42,7 @@ __all__ = [
     "DEFAULT_PORT", "DEFAULT_TLS_PORT", "Address", "AuthenticationToken", "Client", "CompressionType",
     "AuthenticationBasic", "AuthenticationOauth2", "AuthenticationTLS", "DeadLetterPolicy",
     "NegativeAckRedeliveryBackoff", "TableView",
-    "Connection", "ConnectionPool", "Consumer", "ConsumerKeySharedPolicy", "ConsumerType", "InitialPosition",
+    "Connection", "ConnectionPool", "Consumer", "ConsumerKeySharedPolicy", "ConsumerType", "Entry", "EntryReader", "InitialPosition",
     "KeySharedMode", "KeySharedPolicy", "Producer", "ProducerAccessMode", "RegexSubscriptionMode", "Reader",
     "partition_name", "topic_name",
     "AuthenticationError", "AuthorizationError", "CodecError", "ConnectionClosedError", "HashingScheme",

@@ -12,9 +12,11 @@ from typing import Any
 from .. import codec
 from ..errors import AlreadyClosedError, TopicNotFoundError
 from ..messages import MessageId
+from .._proto import PulsarApi_pb2 as pb
 from ..schema import Schema, SchemaInfo
 from .connection import Connection, ConnectionPool
 from .consumer import Consumer
+from .entries import EntryReader
 from .options import Address, AuthenticationToken, ConsumerType, TopicsPattern, topic_name
 from .producer import Producer
 from .reader import Reader
@@ -68,9 +70,18 @@ class Client:
     async def _lookup(self, topic: str) -> Connection:
         return await self._pool.lookup(topic)
 
+    async def connect(self) -> None:
+        """Open the connection to the service URL now (raising what the first request would)."""
+        await self._pool.connection(self._service)
+
     async def get_topic_partitions(self, topic: str) -> list[str]:
         self._check_open()
         return await self._pool.topic_partitions(topic_name(topic))
+
+    async def get_topics_of_namespace(self, namespace: str) -> list[str]:
+        """The persistent topics of `namespace` ("tenant/namespace"); partitions by partition name."""
+        response = await self._pool.topics_of_namespace(namespace, pb.CommandGetTopicsOfNamespace.PERSISTENT)
+        return list(response.topics)
 
     async def _backoff(self, attempt: int) -> None:
         await asyncio.sleep(min(self._max_backoff, self._initial_backoff * (2 ** min(attempt, 20))))
@@ -154,6 +165,15 @@ class Client:
         except TopicNotFoundError:
             return None
         return SchemaInfo.from_proto(response.schema)
+
+    async def create_entry_reader(self, topic: str, start: MessageId, *, receiver_queue_size: int = 1000,
+                                  max_queued_bytes: int = 64 << 20) -> EntryReader:
+        """Whole entries of one (partition) topic from entry `start` (inclusive), for bulk readers."""
+        reader = EntryReader(self, topic_name(topic), start, receiver_queue_size=receiver_queue_size,
+                             max_queued_bytes=max_queued_bytes)
+        await reader.start()
+        self._handles.add(reader)
+        return reader
 
     async def close(self) -> None:
         if self._closed:

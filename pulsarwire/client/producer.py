@@ -48,6 +48,31 @@ class _OpSend:
         self.batched = batched  # a batch entry, even of one message: ids carry batch indexes
 
 
+class _Tally:
+    """Stands in for the futures of many messages sent at once (`Producer.send_many`): one
+    asyncio future, done when every message is acknowledged or at the first error."""
+
+    __slots__ = ("future", "left")
+
+    def __init__(self, loop, count: int) -> None:
+        self.future = loop.create_future()
+        self.left = count
+        if count == 0:
+            self.future.set_result(None)
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def set_result(self, _value) -> None:
+        self.left -= 1
+        if self.left == 0 and not self.future.done():
+            self.future.set_result(None)
+
+    def set_exception(self, error: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+
+
 class PartitionProducer(Reconnecting):
     """Producer on one (partition) topic."""
 
@@ -68,7 +93,7 @@ class PartitionProducer(Reconnecting):
         self._epoch = 0
         self._topic_epoch: int | None = None  # granted by the broker to an exclusive producer
         self._batch = codec.BatchBuilder()
-        self._batch_futures: list[asyncio.Future] = []
+        self._batch_futures: list[asyncio.Future | _Tally] = []
         self._batch_first_sequence = 0
         self._batch_timer: asyncio.TimerHandle | None = None
         self._reconnecting: asyncio.Task | None = None
@@ -142,7 +167,7 @@ class PartitionProducer(Reconnecting):
         self._next_sequence_id += 1
         return sequence_id
 
-    def send(self, payload: bytes, options: dict, future: asyncio.Future) -> None:
+    def send(self, payload: bytes, options: dict, future: asyncio.Future | _Tally) -> None:
         if self._failed is not None:
             future.set_exception(self._failed)
             return
@@ -282,7 +307,9 @@ class PartitionProducer(Reconnecting):
             mid = receipt.message_id
             ledger, entry = signed64(mid.ledgerId), signed64(mid.entryId)  # a duplicate is (-1, -1)
             for index, future in enumerate(op.futures):
-                if not future.done():
+                if future.__class__ is _Tally:
+                    future.set_result(None)  # no MessageId wanted
+                elif not future.done():
                     if op.batched:
                         future.set_result(MessageId(ledger, entry, self.partition, index,
                                                     len(op.futures), self.topic))
@@ -334,7 +361,10 @@ class PartitionProducer(Reconnecting):
             pass
 
     async def wait_pending(self) -> None:
-        futures = [f for op in self.pending for f in op.futures] + list(self._batch_futures)
+        waiting = {id(f): f.future if f.__class__ is _Tally else f
+                   for op in self.pending for f in op.futures}
+        waiting.update((id(f), f.future if f.__class__ is _Tally else f) for f in self._batch_futures)
+        futures = list(waiting.values())
         if futures:
             await asyncio.gather(*futures, return_exceptions=True)
 
@@ -495,6 +525,40 @@ class Producer:
         if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < count:
             raise ValueError(f"message_router returned {index!r}; expected a partition in 0..{count - 1}")
         return index
+
+    async def send_many(self, contents: list, *, partition_keys: list | None = None,
+                        properties: list | None = None, event_timestamps: list | None = None) -> asyncio.Future:
+        """Queue many messages at once (bytes; the optional lists align with `contents`, None
+        where a message has none). Returns one future: done when the broker acknowledged every
+        message, or failed with the first error. Waits only for queue space, as send_async."""
+        if self._closed:
+            raise ConnectionClosedError("producer is closed")
+        tally = _Tally(self.client._loop, len(contents))
+        partitions = self._partitions
+        single = partitions[0] if len(partitions) == 1 else None
+        route = self._router.partition
+        for index, content in enumerate(contents):
+            if content.__class__ is not bytes:
+                if not isinstance(content, (bytearray, memoryview)):
+                    raise TypeError(f"content must be bytes, not {type(content).__name__}")
+                content = bytes(content)
+            if self._in_flight >= self._max_pending:
+                if not self._block:
+                    raise ProducerQueueFullError(f"{self._max_pending} messages pending")
+                async with self._space:
+                    await self._space.wait_for(lambda: self._in_flight < self._max_pending)
+            key = partition_keys[index] if partition_keys is not None else None
+            options = {"properties": properties[index] if properties is not None else None,
+                       "partition_key": key, "ordering_key": None,
+                       "event_timestamp": event_timestamps[index] if event_timestamps is not None else None,
+                       "sequence_id": None, "deliver_at": None}
+            target = single or partitions[route(key, len(partitions))]
+            self._in_flight += 1
+            target.send(content, options, tally)
+            conn = target.conn
+            if conn is not None and not conn._can_write.is_set():
+                await conn.drain()
+        return tally.future
 
     async def send(self, content: bytes, **options) -> MessageId:
         """Send one message and wait for the broker's receipt."""

@@ -1,5 +1,4 @@
 """A custom message router on a partitioned topic."""
-# corpus: xfail=needs the custom message router (issue 14 features)
 # corpus: partitioned=routed:3
 import sys
 

@@ -1,5 +1,4 @@
 """Dead letter policy: after max_redeliver_count redeliveries the message goes to the DLQ topic."""
-# corpus: xfail=needs the dead letter policy (issue 14 features)
 import sys
 
 import pulsar

@@ -31,6 +31,10 @@ attempt("consumer type not a ConsumerType:", lambda: client.subscribe(prefix + "
 attempt("batching with chunking:", lambda: client.create_producer(prefix + "-errors", batching_enabled=True,
                                                                    chunking_enabled=True))
 attempt("dead letter count 0:", lambda: pulsar.ConsumerDeadLetterPolicy(0))
+attempt("batch receive without limits:", lambda: pulsar.ConsumerBatchReceivePolicy(-1, -1, -1))
+attempt("unacked timeout under 10 s:", lambda: client.subscribe(prefix + "-errors", "s3",
+                                                                 unacked_messages_timeout_ms=5000))
+attempt("one message per batch:", lambda: client.create_producer(prefix + "-errors", batching_max_messages=1))
 attempt("seek with a string:", lambda: consumer.seek("earliest"))
 attempt("topic with two parts:", lambda: client.create_producer("a/b"))
 attempt("topic without a namespace:", lambda: client.subscribe("persistent://x", "s"))

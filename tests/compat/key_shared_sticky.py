@@ -1,5 +1,4 @@
 """Key_Shared with sticky hash ranges given by the consumer."""
-# corpus: xfail=needs Key_Shared sticky ranges (issue 14 features)
 import sys
 
 import pulsar

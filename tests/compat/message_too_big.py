@@ -1,5 +1,4 @@
 """A message over the broker's limit without chunking fails with MessageTooBig."""
-# corpus: xfail=needs issue 14 item 7 (typed MessageTooBigError)
 import sys
 
 import pulsar

@@ -1,5 +1,4 @@
 """redeliver_unacknowledged_messages() sends back what was received and not acknowledged."""
-# corpus: xfail=needs issue 14 item 3 (acknowledgements flushed before a redelivery request)
 import sys
 
 import pulsar

@@ -1,5 +1,4 @@
 """A pattern (regex) subscription over every matching topic of the namespace."""
-# corpus: xfail=needs pattern subscriptions (issue 14 features)
 import re
 import sys
 

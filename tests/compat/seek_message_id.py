@@ -1,5 +1,4 @@
 """Consumer and reader seek to a message id: exclusive by default, as the official client."""
-# corpus: xfail=needs issue 14 item 2 (seek honours start_message_id_inclusive)
 import sys
 
 import pulsar

@@ -1,5 +1,4 @@
 """Sequence ids: initial_sequence_id, custom ids, and last_sequence_id across producer sessions."""
-# corpus: xfail=needs issue 14 item 1 (the first message uses initial_sequence_id + 1)
 import sys
 
 import pulsar

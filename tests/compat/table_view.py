@@ -1,5 +1,4 @@
 """A table view: the latest value of every key of a topic."""
-# corpus: xfail=needs the table view (issue 14 features)
 import sys
 import time
 

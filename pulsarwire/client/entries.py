@@ -1,0 +1,193 @@
+"""EntryReader: whole entries of one topic-partition, as the broker sent them.
+
+No Message object per message: a bulk consumer (the Spark source) takes entries
+and splits them itself (`codec.split_columns`), so its cost per message is the
+codec's. The subscription is non-durable; position checks are the caller's.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import uuid
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from .._proto import PulsarApi_pb2 as pb
+from ..errors import CodecError, ConnectionClosedError, PulsarWireError
+from ..messages import MessageId, signed64
+from .options import ConsumerType, InitialPosition
+from .reconnect import Reconnecting
+
+if TYPE_CHECKING:
+    from .client import Client
+
+log = logging.getLogger("pulsarwire")
+
+
+class Entry(NamedTuple):
+    """One entry: its position, metadata, and payload as carried (still compressed)."""
+
+    ledger_id: int
+    entry_id: int
+    metadata: pb.MessageMetadata
+    payload: memoryview
+    size: int  # the frame's size: what the entry costs in memory
+
+    @property
+    def num_messages(self) -> int:
+        md = self.metadata
+        return md.num_messages_in_batch if md.HasField("num_messages_in_batch") else 1
+
+
+class EntryReader(Reconnecting):
+    """Entries of one (partition) topic from `start` (inclusive), on a non-durable subscription.
+
+    Flow control counts messages as the broker does; permits return as entries
+    are taken, and at most `max_queued_bytes` of entries wait in memory (beyond
+    one entry, which may be larger). After a reconnect, reading resumes just
+    after the last entry received.
+    """
+
+    def __init__(self, client: Client, topic: str, start: MessageId, *, receiver_queue_size: int = 1000,
+                 max_queued_bytes: int = 64 << 20) -> None:
+        self.client = client
+        self.topic = topic
+        self.consumer_id = next(client._ids)
+        self.conn = None
+        self._subscription = f"entries-{uuid.uuid4().hex[:10]}"
+        self._start = start
+        self._last: tuple[int, int] | None = None  # the last entry received
+        self._queue: collections.deque[Entry] = collections.deque()
+        self._queued_bytes = 0
+        self._window = max(2, receiver_queue_size)
+        self._max_queued_bytes = max_queued_bytes
+        self._permits_owed = 0  # messages taken but not yet returned to the broker
+        self._waiter: asyncio.Future | None = None
+        self._error: BaseException | None = None
+        self.disconnect: BaseException | None = None  # why the connection is down, while it is
+        self.end_of_topic = False
+        self.is_active = True
+        self._closed = False
+        self._reconnecting: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        await self._connect()
+
+    async def _connect(self) -> None:
+        conn = await self.client._lookup(self.topic)
+        start = self._start if self._last is None else MessageId(*self._last)
+        fields: dict[str, Any] = dict(topic=self.topic, subscription=self._subscription, subType=int(ConsumerType.Exclusive),
+                      consumer_id=self.consumer_id, durable=False, initialPosition=int(InitialPosition.Earliest),
+                      start_message_id=pb.MessageIdData(ledgerId=start.ledger_id & 0xFFFFFFFFFFFFFFFF,
+                                                        entryId=start.entry_id & 0xFFFFFFFFFFFFFFFF))
+        conn.consumers[self.consumer_id] = self  # type: ignore[assignment]  # dispatched like a consumer
+        try:
+            await conn.request(conn.session.subscribe, **fields)
+        except BaseException:
+            conn.consumers.pop(self.consumer_id, None)
+            raise
+        self.conn = conn
+        self.disconnect = None
+        self._permits_owed = 0
+        room = self._window - sum(e.num_messages for e in self._queue)
+        conn.session.flow(self.consumer_id, max(1, room))
+        conn.flush()
+
+    def _connection_lost(self, conn) -> None:
+        self.disconnect = ConnectionClosedError(f"connection to the broker of {self.topic} lost")
+        super()._connection_lost(conn)
+        self._wake()
+
+    def _give_up(self, error: BaseException) -> None:
+        self._error = error
+        self._wake()
+
+    # incoming (called by the connection)
+
+    def _on_message(self, command: pb.CommandMessage, frame) -> None:
+        mid = command.message_id
+        position = (signed64(mid.ledgerId), signed64(mid.entryId))
+        if self._last is not None and position <= self._last:
+            return  # already received before a reconnect
+        self._last = position
+        entry = Entry(position[0], position[1], frame.metadata, frame.payload, frame.size)
+        self._queue.append(entry)
+        self._queued_bytes += entry.size
+        self._wake()
+
+    def _on_corrupt(self, message_id: pb.MessageIdData, error: CodecError) -> None:
+        self._error = error  # a reader must not skip what it cannot read
+        self._wake()
+
+    def _on_end_of_topic(self) -> None:
+        self.end_of_topic = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    # taking entries
+
+    def take(self, max_entries: int) -> list[Entry]:
+        """Up to `max_entries` entries already received (none waited for)."""
+        out: list[Entry] = []
+        queue = self._queue
+        while queue and len(out) < max_entries:
+            out.append(queue.popleft())
+        if out:
+            self._queued_bytes -= sum(e.size for e in out)
+            self._return_permits(sum(e.num_messages for e in out))
+        return out
+
+    def _return_permits(self, count: int) -> None:
+        self._permits_owed += count
+        if self._queued_bytes >= self._max_queued_bytes:
+            return
+        if self._permits_owed * 2 >= self._window and self.conn is not None:
+            self.conn.session.flow(self.consumer_id, self._permits_owed)
+            self.conn.flush()
+            self._permits_owed = 0
+
+    async def wait(self, timeout: float) -> bool:
+        """Wait until an entry is queued (True) or `timeout` seconds pass (False).
+
+        Raises the error that stopped the reader; a dropped connection is
+        waited out (the reader reconnects) and reported by `disconnect`."""
+        if self._error is not None:
+            raise self._error
+        if self._queue:
+            return True
+        if self._closed:
+            raise ConnectionClosedError("entry reader is closed")
+        self._waiter = self.client._loop.create_future()
+        try:
+            await asyncio.wait_for(self._waiter, timeout)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            self._waiter = None
+        if self._error is not None:
+            raise self._error
+        return bool(self._queue)
+
+    async def get_last_message_id(self) -> MessageId:
+        conn = self.conn
+        if conn is None:
+            raise ConnectionClosedError("entry reader is not connected")
+        response = await conn.request(conn.session.get_last_message_id, self.consumer_id)
+        return MessageId.from_proto(response.last_message_id, self.topic)
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._reconnecting is not None:
+            self._reconnecting.cancel()
+        conn, self.conn = self.conn, None
+        self.client._handles.discard(self)
+        if conn is not None and not conn.closed:
+            try:
+                await conn.request(conn.session.close_consumer, self.consumer_id)
+            except PulsarWireError as exc:
+                log.debug("closing entry reader on %s: %s", self.topic, exc)
+            finally:
+                conn.consumers.pop(self.consumer_id, None)
