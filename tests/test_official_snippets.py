@@ -1936,20 +1936,11 @@ def brokers(tmp_path_factory):
     plain.stop()
 
 
-def _has_record_classes() -> bool:
-    import pulsarwire.schema
-    return hasattr(pulsarwire.schema, "Record")
-
-
 AUTH_PROGRAMS = {"token_auth", "basic_auth"}  # run against the broker that asks for credentials
 RECORD_PROGRAMS = {"json_schema_record", "avro_schema_record", "json_schema_fields"}
-_CASES = [pytest.param(name, marks=pytest.mark.xfail(
-              not _has_record_classes(), strict=True,
-              reason="pulsarwire.schema has no Record field classes yet (`from pulsarwire.schema import Record`)"))
-          if name in RECORD_PROGRAMS else name for name in sorted(PROGRAMS)]
 
 
-@pytest.mark.parametrize("name", _CASES)
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_program_runs_the_same_with_pulsarwire(brokers, name):
     plain, secured = brokers
     broker = secured if name in AUTH_PROGRAMS else plain
