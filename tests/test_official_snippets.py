@@ -2071,3 +2071,23 @@ def test_wrongly_typed_send_options_raise_type_error(brokers):
         await client.close()
         return message_id
     assert asyncio.run(asyncio.wait_for(main(), 30)).entry_id == 0
+
+
+def test_client_connect_reaches_a_listed_host(brokers):
+    """Client.connect() (the Spark sink's first call) after the service URL became a host list:
+    it raised AttributeError ('_service') once both changes met on main."""
+    import asyncio
+    import socket
+    from pulsarwire import client as aio
+
+    plain, _ = brokers
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+
+    async def main():
+        client = aio.Client(f"pulsar://{dead},{plain.url.split('//')[1]}", operation_timeout_seconds=10)
+        await client.connect()
+        assert client._pool.service.port == plain.broker.port
+        await client.close()
+    asyncio.run(asyncio.wait_for(main(), 30))
