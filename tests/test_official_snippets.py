@@ -1883,6 +1883,33 @@ program("table_view_listen")("""
     client.close()
 """)
 
+program("nack_inside_a_batch")("""
+    import pulsar
+
+    client = pulsar.Client('pulsar://localhost:6650')
+    consumer = client.subscribe('my-topic', 'my-subscription', consumer_type=pulsar.ConsumerType.Shared,
+                                negative_ack_redelivery_delay_ms=100)
+    producer = client.create_producer('my-topic', batching_enabled=True, batching_max_messages=3,
+                                      batching_max_publish_delay_ms=1000)
+    for i in range(3):
+        producer.send_async(b'n-%d' % i, None)
+    producer.flush()
+    first = [consumer.receive(2000) for _ in range(3)]
+    consumer.acknowledge(first[0])
+    consumer.negative_acknowledge(first[1])
+    consumer.acknowledge(first[2])
+    again = []
+    while True:
+        try:
+            msg = consumer.receive(1000)
+        except pulsar.Timeout:
+            break
+        again.append((msg.data(), msg.redelivery_count()))
+        consumer.acknowledge(msg)
+    print(again)
+    client.close()
+""")
+
 
 # --- the runner -----------------------------------------------------------------------------
 
