@@ -1910,6 +1910,29 @@ program("nack_inside_a_batch")("""
     client.close()
 """)
 
+program("partitioned_seek_and_reader_end", partitioned={"my-pseek": 2})("""
+    import time
+    import pulsar
+
+    client = pulsar.Client('pulsar://localhost:6650')
+    producer = client.create_producer('my-pseek')
+    ids = [producer.send(b's-%d' % i, partition_key='k%d' % i) for i in range(6)]
+    consumer = client.subscribe('my-pseek', 'my-subscription', initial_position=pulsar.InitialPosition.Earliest)
+    for _ in range(6):
+        consumer.acknowledge(consumer.receive(3000))
+    # (not consumer.seek(ids[2]): the official client refuses a message id on a partitioned
+    # consumer with OperationNotSupported, pulsarwire moves that message's partition)
+    consumer.seek(0)
+    print(sorted(consumer.receive(3000).data() for _ in range(6)))
+    reader = client.create_reader('my-pseek', pulsar.MessageId.earliest)
+    count = 0
+    while reader.has_message_available():
+        reader.read_next(2000)
+        count += 1
+    print(count, reader.has_message_available())
+    client.close()
+""")
+
 
 # --- the runner -----------------------------------------------------------------------------
 
