@@ -1933,6 +1933,42 @@ program("partitioned_seek_and_reader_end", partitioned={"my-pseek": 2})("""
     client.close()
 """)
 
+program("seek_with_a_listener")("""
+    import threading
+    import time
+    import pulsar
+
+    got = []
+    lock = threading.Lock()
+
+    def listener(consumer, msg):
+        with lock:
+            got.append(msg.data())
+        consumer.acknowledge(msg)
+
+    def wait_for(count):
+        deadline = time.time() + 5
+        while time.time() < deadline:
+            with lock:
+                if len(got) >= count:
+                    return
+            time.sleep(0.02)
+
+    client = pulsar.Client('pulsar://localhost:6650')
+    consumer = client.subscribe('my-topic', 'my-subscription', message_listener=listener,
+                                initial_position=pulsar.InitialPosition.Earliest)
+    producer = client.create_producer('my-topic')
+    for i in range(3):
+        producer.send(b'L-%d' % i)
+    wait_for(3)
+    consumer.seek(pulsar.MessageId.earliest)
+    wait_for(6)
+    time.sleep(0.2)
+    with lock:
+        print(sorted(got))
+    client.close()
+""")
+
 
 # --- the runner -----------------------------------------------------------------------------
 
