@@ -1969,6 +1969,28 @@ program("seek_with_a_listener")("""
     client.close()
 """)
 
+program("key_shared_ordering_key")("""
+    import pulsar
+
+    client = pulsar.Client('pulsar://localhost:6650')
+    consumers = [client.subscribe('my-topic', 'my-subscription', consumer_type=pulsar.ConsumerType.KeyShared)
+                 for _ in range(2)]
+    producer = client.create_producer('my-topic')
+    for i in range(30):
+        producer.send(b'%d' % i, partition_key='pk-%d' % i, ordering_key='order-%d' % (i % 3))
+    owners = {}
+    for index, consumer in enumerate(consumers):
+        while True:
+            try:
+                msg = consumer.receive(400)
+            except pulsar.Timeout:
+                break
+            owners.setdefault(msg.ordering_key(), set()).add(index)
+            consumer.acknowledge(msg)
+    print(sorted(owners), all(len(v) == 1 for v in owners.values()))
+    client.close()
+""")
+
 
 # --- the runner -----------------------------------------------------------------------------
 
