@@ -624,6 +624,8 @@ class Producer:
         """Queue a message; returns a future for its MessageId (waits only for queue space)."""
         if self._closed:
             raise AlreadyClosedError("producer is closed")
+        _check_send_options(properties, partition_key, ordering_key, event_timestamp=event_timestamp,
+                            sequence_id=sequence_id, deliver_at=deliver_at, deliver_after_ms=deliver_after_ms)
         b64_key = None
         if self._schema is not None:
             content, b64_key = self._schema.encode_message(content)
@@ -790,3 +792,22 @@ class Producer:
         self._closed = True
         await asyncio.gather(*(p.close() for p in self._partitions), return_exceptions=True)
         self.client._handles.discard(self)
+
+
+def _check_send_options(properties, partition_key, ordering_key, **integers) -> None:
+    """A clear TypeError for a wrongly typed send option, the same with either codec twin (the
+    encoders would fail each its own way, or take an int ordering key as that many zero bytes)."""
+    if properties is not None:
+        if not isinstance(properties, dict):
+            raise TypeError(f"properties must be a dict of str to str, not {type(properties).__name__}")
+        for key, value in properties.items():
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise TypeError(f"properties must map str to str, not {type(key).__name__} to "
+                                f"{type(value).__name__}")
+    if partition_key is not None and not isinstance(partition_key, str):
+        raise TypeError(f"partition_key must be a str, not {type(partition_key).__name__}")
+    if ordering_key is not None and not isinstance(ordering_key, (bytes, bytearray, memoryview)):
+        raise TypeError(f"ordering_key must be bytes, not {type(ordering_key).__name__}")
+    for name, value in integers.items():
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise TypeError(f"{name} must be an int, not {type(value).__name__}")
