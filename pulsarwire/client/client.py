@@ -72,7 +72,7 @@ class Client:
 
     async def connect(self) -> None:
         """Open the connection to the service URL now (raising what the first request would)."""
-        await self._pool.connection(self._service)
+        await self._pool.connection(self._pool.service)
 
     async def get_topic_partitions(self, topic: str) -> list[str]:
         self._check_open()
