@@ -179,7 +179,6 @@ class SendFrame:
     publish_time: int
     deliver_at_time: int | None
     chunk_id: int | None
-    num_messages_in_batch: int | None
     metadata_and_payload: memoryview
     checksum: int
     size: int

@@ -37,39 +37,120 @@ class OfficialEnum(enum.IntEnum):
         return format(str(self), spec)
 
 
-RESULT_NAMES = (
-    "Ok", "UnknownError", "InvalidConfiguration", "Timeout", "LookupError", "ConnectError", "ReadError",
-    "AuthenticationError", "AuthorizationError", "ErrorGettingAuthenticationData", "BrokerMetadataError",
-    "BrokerPersistenceError", "ChecksumError", "ConsumerBusy", "NotConnected", "AlreadyClosed",
-    "InvalidMessage", "ConsumerNotInitialized", "ProducerNotInitialized", "ProducerBusy",
-    "TooManyLookupRequestException", "InvalidTopicName", "InvalidUrl", "ServiceUnitNotReady",
-    "OperationNotSupported", "ProducerBlockedQuotaExceededError", "ProducerBlockedQuotaExceededException",
-    "ProducerQueueIsFull", "MessageTooBig", "TopicNotFound", "SubscriptionNotFound", "ConsumerNotFound",
-    "UnsupportedVersionError", "TopicTerminated", "CryptoError", "IncompatibleSchema", "ConsumerAssignError",
-    "CumulativeAcknowledgementNotAllowedError", "TransactionCoordinatorNotFoundError", "InvalidTxnStatusError",
-    "NotAllowedError", "TransactionConflict", "TransactionNotFound", "ProducerFenced", "MemoryBufferIsFull",
-    "Interrupted",
-)
-Result = OfficialEnum("Result", [(name, value) for value, name in enumerate(RESULT_NAMES)])
-Result.__doc__ = "The outcome of an operation, as the official client numbers it."
+class Result(OfficialEnum):
+    """The outcome of an operation, as the official client numbers it."""
 
-CompressionType = OfficialEnum("CompressionType", [("NONE", 0), ("LZ4", 1), ("ZLib", 2), ("ZSTD", 3),
-                                                   ("SNAPPY", 4)])
-ConsumerType = OfficialEnum("ConsumerType", [("Exclusive", 0), ("Shared", 1), ("Failover", 2), ("KeyShared", 3)])
-InitialPosition = OfficialEnum("InitialPosition", [("Latest", 0), ("Earliest", 1)])
-PartitionsRoutingMode = OfficialEnum("PartitionsRoutingMode", [("UseSinglePartition", 0),
-                                                               ("RoundRobinDistribution", 1),
-                                                               ("CustomPartition", 2)])
-BatchingType = OfficialEnum("BatchingType", [("Default", 0), ("KeyBased", 1)])
-KeySharedMode = OfficialEnum("KeySharedMode", [("AutoSplit", 0), ("Sticky", 1)])
-ProducerAccessMode = OfficialEnum("ProducerAccessMode", [("Shared", 0), ("Exclusive", 1), ("WaitForExclusive", 2),
-                                                         ("ExclusiveWithFencing", 3)])
-RegexSubscriptionMode = OfficialEnum("RegexSubscriptionMode", [("PersistentOnly", 0), ("NonPersistentOnly", 1),
-                                                               ("AllTopics", 2)])
-ConsumerCryptoFailureAction = OfficialEnum("ConsumerCryptoFailureAction", [("FAIL", 0), ("DISCARD", 1),
-                                                                           ("CONSUME", 2)])
-LoggerLevel = OfficialEnum("LoggerLevel", [("Debug", 0), ("Info", 1), ("Warn", 2), ("Error", 3)])
+    Ok = 0
+    UnknownError = 1
+    InvalidConfiguration = 2
+    Timeout = 3
+    LookupError = 4
+    ConnectError = 5
+    ReadError = 6
+    AuthenticationError = 7
+    AuthorizationError = 8
+    ErrorGettingAuthenticationData = 9
+    BrokerMetadataError = 10
+    BrokerPersistenceError = 11
+    ChecksumError = 12
+    ConsumerBusy = 13
+    NotConnected = 14
+    AlreadyClosed = 15
+    InvalidMessage = 16
+    ConsumerNotInitialized = 17
+    ProducerNotInitialized = 18
+    ProducerBusy = 19
+    TooManyLookupRequestException = 20
+    InvalidTopicName = 21
+    InvalidUrl = 22
+    ServiceUnitNotReady = 23
+    OperationNotSupported = 24
+    ProducerBlockedQuotaExceededError = 25
+    ProducerBlockedQuotaExceededException = 26
+    ProducerQueueIsFull = 27
+    MessageTooBig = 28
+    TopicNotFound = 29
+    SubscriptionNotFound = 30
+    ConsumerNotFound = 31
+    UnsupportedVersionError = 32
+    TopicTerminated = 33
+    CryptoError = 34
+    IncompatibleSchema = 35
+    ConsumerAssignError = 36
+    CumulativeAcknowledgementNotAllowedError = 37
+    TransactionCoordinatorNotFoundError = 38
+    InvalidTxnStatusError = 39
+    NotAllowedError = 40
+    TransactionConflict = 41
+    TransactionNotFound = 42
+    ProducerFenced = 43
+    MemoryBufferIsFull = 44
+    Interrupted = 45
 
+
+RESULT_NAMES = tuple(result.name for result in Result)
+
+
+class CompressionType(OfficialEnum):
+    NONE = 0
+    LZ4 = 1
+    ZLib = 2
+    ZSTD = 3
+    SNAPPY = 4
+
+
+class ConsumerType(OfficialEnum):
+    Exclusive = 0
+    Shared = 1
+    Failover = 2
+    KeyShared = 3
+
+
+class InitialPosition(OfficialEnum):
+    Latest = 0
+    Earliest = 1
+
+
+class PartitionsRoutingMode(OfficialEnum):
+    UseSinglePartition = 0
+    RoundRobinDistribution = 1
+    CustomPartition = 2
+
+
+class BatchingType(OfficialEnum):
+    Default = 0
+    KeyBased = 1
+
+
+class KeySharedMode(OfficialEnum):
+    AutoSplit = 0
+    Sticky = 1
+
+
+class ProducerAccessMode(OfficialEnum):
+    Shared = 0
+    Exclusive = 1
+    WaitForExclusive = 2
+    ExclusiveWithFencing = 3
+
+
+class RegexSubscriptionMode(OfficialEnum):
+    PersistentOnly = 0
+    NonPersistentOnly = 1
+    AllTopics = 2
+
+
+class ConsumerCryptoFailureAction(OfficialEnum):
+    FAIL = 0
+    DISCARD = 1
+    CONSUME = 2
+
+
+class LoggerLevel(OfficialEnum):
+    Debug = 0
+    Info = 1
+    Warn = 2
+    Error = 3
 
 # --- errors ----------------------------------------------------------------------------
 
@@ -127,8 +208,9 @@ _RESULT_OF: dict[type, Result] = {}
 for _name, _cls in PULSARWIRE_ERRORS.items():
     if _cls is not None and _cls not in _RESULT_OF:
         _RESULT_OF[_cls] = Result[_name]
-if PULSARWIRE_ERRORS["AlreadyClosed"] is not PULSARWIRE_ERRORS["NotConnected"]:
-    _RESULT_OF[PULSARWIRE_ERRORS["AlreadyClosed"]] = Result.AlreadyClosed
+_ALREADY_CLOSED_ERROR = PULSARWIRE_ERRORS["AlreadyClosed"]
+if _ALREADY_CLOSED_ERROR is not None and _ALREADY_CLOSED_ERROR is not PULSARWIRE_ERRORS["NotConnected"]:
+    _RESULT_OF[_ALREADY_CLOSED_ERROR] = Result.AlreadyClosed
 
 
 def official_result(exc: BaseException, closed: bool = False) -> Result | None:

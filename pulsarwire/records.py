@@ -316,5 +316,5 @@ class Record(metaclass=RecordMeta):
 
 def _record_from_dict(template: Record, values: dict) -> Record:
     record = copy.copy(template)
-    record.__init__(**values)
+    type(record).__init__(record, **values)  # (through the class: mypy refuses instance.__init__)
     return record

@@ -37,29 +37,8 @@ from .official import (  # noqa: F401 - the official names, offered from here
     PartitionsRoutingMode, ProducerAccessMode, RegexSubscriptionMode, Result,
 )
 
-try:  # schemas live in their own module once it exists
-    from . import schema  # type: ignore[attr-defined]  # noqa: F401
-except ImportError:  # pragma: no cover - depends on the build
-    schema = None
-
-
-class BytesSchema:
-    """The default schema: content is bytes, passed as is."""
-
-    def encode(self, data: bytes) -> bytes:
-        if not isinstance(data, bytes):
-            raise TypeError(f"Invalid record obj of type {type(data)} - expected type is {bytes}")
-        return data
-
-    def decode(self, data: bytes) -> bytes:
-        return data
-
-    def __str__(self) -> str:
-        return "BytesSchema"
-
-
-if schema is not None and hasattr(schema, "BytesSchema"):
-    BytesSchema = schema.BytesSchema  # type: ignore[misc]  # noqa: F811
+from . import schema  # noqa: F401 - `pulsar.schema`
+from .schema import BytesSchema  # noqa: F401 - the default schema, offered by the official module too
 
 __version__ = "3.13.0-pulsarwire"  # the official API version this surface follows
 
@@ -465,24 +444,32 @@ def _result_of(exc: BaseException, closed: bool):
 class _Listening(_Facade):
     """A consumer or reader whose messages may go to a listener instead of receive()."""
 
+    _client: Client
     _listener_task: _asyncio.Task | None = None
     _resumed: _asyncio.Event | None = None
+
+    async def _receive_native(self) -> Any:
+        raise NotImplementedError
+
+    def topic(self) -> str:
+        raise NotImplementedError
 
     def _listen(self, listener: Callable) -> None:
         work = self._client._listeners.queue_for_next_consumer()
 
         async def start():
-            self._resumed = _asyncio.Event()
-            self._resumed.set()
-            self._listener_task = _asyncio.ensure_future(self._pump(listener, work))
+            resumed = self._resumed = _asyncio.Event()
+            resumed.set()
+            self._listener_task = _asyncio.ensure_future(self._pump(listener, work, resumed))
         self._loop.run(start())
 
-    async def _pump(self, listener: Callable, work: queue.SimpleQueue) -> None:
+    async def _pump(self, listener: Callable, work: queue.SimpleQueue, resumed: _asyncio.Event) -> None:
         """Hand each message to the listener thread and wait for the listener to return, so that a
-        slow listener holds back the consumer (its receiver queue) instead of piling up messages."""
+        slow listener holds back the consumer (its receiver queue) instead of piling up messages;
+        `resumed` is cleared while the listener is paused."""
         loop = _asyncio.get_running_loop()
         while True:
-            await self._resumed.wait()
+            await resumed.wait()
             try:
                 native = await self._receive_native()
             except (errors.ConnectionClosedError, errors.TopicTerminatedError, _asyncio.CancelledError):
@@ -490,7 +477,7 @@ class _Listening(_Facade):
             except Exception as exc:  # noqa: BLE001 - the consumer failed for good
                 log.warning("listener of %s stops: %s", self.topic(), exc)
                 return
-            await self._resumed.wait()  # paused while this one was on its way: hold it
+            await resumed.wait()  # paused while this one was on its way: hold it
             finished = loop.create_future()
             message = Message(native)
 

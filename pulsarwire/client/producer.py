@@ -100,8 +100,12 @@ class _BulkSend:
     def one_done(self, index: int):
         """A callback for the future of input `index` sent on its own (not batched)."""
         def done(future: asyncio.Future) -> None:
-            if future.cancelled() or future.exception() is not None:
-                self.fail(future.exception() if not future.cancelled() else ConnectionClosedError("cancelled"))
+            if future.cancelled():
+                self.fail(ConnectionClosedError("cancelled"))
+                return
+            error = future.exception()
+            if error is not None:
+                self.fail(error)
                 return
             mid = future.result()
             self.acknowledged(index, 1, mid.ledger_id, mid.entry_id, mid.partition, mid.batch_index,
@@ -299,11 +303,13 @@ class PartitionProducer(Reconnecting):
         while k < stop:
             item = items[k]
             if batching and indexes is None and type(item) is bytes and len(item) < max_bytes:
+                first_sequence_id = self._next_sequence_id
+                assert first_sequence_id is not None, "sequence ids start once the producer is created"
                 if batch.num_messages == 0:
-                    self._batch_first_sequence = self._next_sequence_id
-                added = batch.add_many(items, k, self._next_sequence_id, min(max_messages, batch.num_messages +
-                                                                                stop - k), max_bytes)
-                self._next_sequence_id += added
+                    self._batch_first_sequence = first_sequence_id
+                added = batch.add_many(items, k, first_sequence_id, min(max_messages, batch.num_messages +
+                                                                           stop - k), max_bytes)
+                self._next_sequence_id = first_sequence_id + added
                 self._bulk_span(bulk, k, added)
                 k += added
             else:
