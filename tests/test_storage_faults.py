@@ -539,8 +539,37 @@ def test_600_topics_under_a_256_descriptor_limit(tmp_path):
 
 
 def test_no_descriptors_left_is_answered_with_an_error_not_a_dropped_connection(tmp_path):
-    # connections allowed past the descriptor limit (by default they are kept within it)
+    """With an explicit --max-connections past the descriptor limit, connections take every
+    descriptor: a request that needs a file is answered with an error, the connection stays up,
+    and it works again once descriptors free up."""
     process, url = _limited_broker(tmp_path, 40, "--max-connections", "200")
+
+    async def main():
+        async with Client(url, operation_timeout_seconds=5) as client:
+            await client.create_producer("persistent://public/default/before")
+            hogs = []
+            for _ in range(40):  # take every descriptor the broker has left
+                hogs.append(await asyncio.open_connection("127.0.0.1", int(url.rsplit(":", 1)[1])))
+            await asyncio.sleep(0.3)
+            with pytest.raises(errors.PulsarWireError) as raised:
+                await client.create_producer("persistent://public/default/starved")
+            assert "open" in str(raised.value) or "Persistence" in type(raised.value).__name__
+            for _, writer in hogs:
+                writer.close()
+            await asyncio.sleep(1.5)  # the broker sees them go (and resumes accepting)
+            producer = await client.create_producer("persistent://public/default/starved")
+            await producer.send(b"fine")  # the same connection, still up
+    try:
+        run(main(), timeout=60)
+    finally:
+        terminate(process)
+
+
+def test_connections_past_the_descriptor_room_are_refused_with_an_error(tmp_path):
+    """By default the connection limit fits the descriptor limit: connections past what it leaves
+    room for are refused with an error (ServiceNotReady), so a flood cannot take the descriptors
+    the served clients need."""
+    process, url = _limited_broker(tmp_path, 40)
 
     async def main():
         async with Client(url, operation_timeout_seconds=5) as client:
