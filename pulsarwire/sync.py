@@ -20,7 +20,6 @@ import inspect
 import itertools
 import logging
 import queue
-import re
 import threading
 from datetime import timedelta  # noqa: F401 - the official module offers it
 from typing import Any, Callable

@@ -92,6 +92,26 @@ def test_send_many_partitioned_and_large(embedded, batching):
     run(main())
 
 
+def test_send_many_and_send_columns_follow_the_custom_router_and_start_lazy_partitions(embedded):
+    topic = "persistent://public/default/" + unique("routed")
+    embedded.call(embedded.broker.create_partitioned_topic, topic, 3)
+
+    def last_digit(message, num_partitions):
+        return int(message.data()[-1:]) % num_partitions
+
+    async def main():
+        async with client_for(embedded) as client:
+            producer = await client.create_producer(topic, message_router=last_digit,
+                                                    lazy_start_partitioned_producers=True)
+            ids = await (await producer.send_many([b"m%d" % i for i in range(6)] + [(b"k4", "key", None)]))
+            assert [m.partition for m in ids] == [i % 3 for i in range(6)] + [1]
+            assert await (await producer.send_columns([b"c2", b"c0"])) is None
+            consumer = await client.subscribe(topic, "s", initial_position=EARLIEST)
+            got = {m.data(): m.message_id().partition for m in await drain(consumer, 9)}
+            assert got[b"c2"] == 2 and got[b"c0"] == 0
+    run(main())
+
+
 def test_send_many_bad_items_queue_nothing(embedded):
     async def main():
         topic = unique()

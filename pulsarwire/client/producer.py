@@ -652,15 +652,7 @@ class Producer:
             "properties": properties, "partition_key": partition_key, "ordering_key": ordering_key,
             "event_timestamp": event_timestamp, "sequence_id": sequence_id, "deliver_at": deliver_at,
             "partition_key_b64_encoded": b64_key is not None}
-        partitions = self._partitions
-        if len(partitions) == 1:
-            target = partitions[0]
-        elif self._message_router is not None:
-            target = partitions[self._routed_partition(content, options)]
-        else:
-            target = partitions[self._router.partition(partition_key, len(partitions))]
-        if not target.ready:
-            await target.start()  # a lazy partition producer attaches on its first message
+        target = await self._attached(self._partition_index(content, options))
         future = self.client._loop.create_future()
         self._in_flight += 1
         if plain:
@@ -716,13 +708,16 @@ class Producer:
                 routed: dict[int, tuple[list, list]] = {}
                 for index in range(start, stop):
                     item = items[index]
-                    key = item[1] if type(item) is tuple else None
-                    sub_items, sub_indexes = routed.setdefault(self._router.partition(key, len(partitions)),
-                                                               ([], []))
+                    if type(item) is tuple:
+                        partition = self._partition_index(item[0], {"partition_key": item[1],
+                                                                    "properties": item[2]})
+                    else:
+                        partition = self._partition_index(item, _NO_OPTIONS)
+                    sub_items, sub_indexes = routed.setdefault(partition, ([], []))
                     sub_items.append(item)
                     sub_indexes.append(index)
                 for partition, (sub_items, sub_indexes) in routed.items():
-                    partitions[partition].send_many(sub_items, 0, len(sub_items), sub_indexes, bulk)
+                    (await self._attached(partition)).send_many(sub_items, 0, len(sub_items), sub_indexes, bulk)
                 targets = [partitions[p] for p in routed]
             start = stop
             for target in targets:
@@ -732,14 +727,26 @@ class Producer:
         await asyncio.sleep(0)  # let the loop write what went out and read receipts (bounds latency)
         return future
 
-    def _routed_partition(self, content: bytes, options: dict) -> int:
+    def _partition_index(self, content: bytes, options: dict) -> int:
+        """The partition a message goes to: the custom router's choice, else its key's hash (or
+        round robin); every send path routes through here."""
         count = len(self._partitions)
+        if count == 1:
+            return 0
         router = self._message_router
-        assert router is not None
+        if router is None:
+            return self._router.partition(options.get("partition_key"), count)
         index = router(OutgoingMessage(content, options), count)
         if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < count:
             raise ValueError(f"message_router returned {index!r}; expected a partition in 0..{count - 1}")
         return index
+
+    async def _attached(self, partition: int) -> PartitionProducer:
+        """The producer of `partition`, attached first if it is lazy and has not sent yet."""
+        target = self._partitions[partition]
+        if not target.ready:
+            await target.start()
+        return target
 
     async def send_columns(self, contents: list, *, partition_keys: list | None = None,
                         properties: list | None = None, event_timestamps: list | None = None) -> asyncio.Future:
@@ -749,9 +756,6 @@ class Producer:
         if self._closed:
             raise ConnectionClosedError("producer is closed")
         tally = _Tally(self.client._loop, len(contents))
-        partitions = self._partitions
-        single = partitions[0] if len(partitions) == 1 else None
-        route = self._router.partition
         for index, content in enumerate(contents):
             if content.__class__ is not bytes:
                 if not isinstance(content, (bytearray, memoryview)):
@@ -767,7 +771,7 @@ class Producer:
                        "partition_key": key, "ordering_key": None,
                        "event_timestamp": event_timestamps[index] if event_timestamps is not None else None,
                        "sequence_id": None, "deliver_at": None}
-            target = single or partitions[route(key, len(partitions))]
+            target = await self._attached(self._partition_index(content, options))
             self._in_flight += 1
             target.send(content, options, tally)
             conn = target.conn
