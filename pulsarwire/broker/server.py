@@ -26,6 +26,7 @@ log = logging.getLogger("pulsarwire.broker")
 # descriptors kept out of every budget: listeners, state-file writes, the interpreter's own
 _SPARE_DESCRIPTORS = 32
 
+
 def tls_context(cert_file: str, key_file: str, trust_certs_file: str | None = None) -> ssl.SSLContext:
     """A server TLS context; with `trust_certs_file`, client certificates are verified against it
     (a client may still connect without one, e.g. to use a token)."""

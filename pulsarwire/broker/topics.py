@@ -486,7 +486,7 @@ _parse_metadata = pb.MessageMetadata.FromString
 
 def entry_metadata(entry) -> pb.MessageMetadata:
     size = int.from_bytes(entry.body[:4], "big")
-    return pb.MessageMetadata.FromString(entry.body[4:4 + size])
+    return _parse_metadata(entry.body[4:4 + size])
 
 
 

@@ -38,7 +38,7 @@ from ..errors import CodecError
 from ..routing import murmur3_32
 from .core import PARTITION_MARKER, BrokerCore, InvalidTopicName
 from .storage import StorageError, TopicLog, read_json, write_json
-from .topics import Topic
+from .topics import Topic, entry_metadata
 
 log = logging.getLogger("pulsarwire.broker.v1")
 
@@ -542,7 +542,7 @@ class V1Server:
         entry = topic_log.read(position)
         size = int.from_bytes(entry.body[:4], "big")
         try:
-            metadata = pb.MessageMetadata.FromString(entry.body[4:4 + size])
+            metadata = entry_metadata(entry)
         except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError
             raise CodecError(f"metadata does not parse: {exc}") from None
         payload = memoryview(entry.body)[4 + size:]
