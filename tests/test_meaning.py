@@ -604,3 +604,28 @@ def test_chunked_messages_still_complete(small_frames):
             got = [(await consumer.receive(10_000)).data() for _ in payloads]
             return got == payloads and consumer.dropped_chunked_messages == 0
     assert run(main())
+
+
+def test_message_over_the_batch_byte_limit_is_a_batch_of_one(embedded, official):
+    """The official client still batches it (index 0); a delayed message goes alone (index -1)."""
+    import datetime
+
+    def with_official(topic):
+        consumer = official.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+        producer = official.create_producer(topic, batching_enabled=True, batching_max_allowed_size_in_bytes=1000)
+        sent = [producer.send(b"x" * 5000), producer.send(b"y", deliver_after=datetime.timedelta(milliseconds=1))]
+        received = [consumer.receive(5000).message_id() for _ in range(2)]
+        return [ids_of(m) for m in sent], [ids_of(m) for m in received]
+
+    async def with_ours(topic):
+        async with ours(embedded) as client:
+            consumer = await client.subscribe(topic, "s", initial_position=EARLIEST)
+            producer = await client.create_producer(topic, batching_enabled=True,
+                                                    batching_max_allowed_size_in_bytes=1000)
+            sent = [await producer.send(b"x" * 5000), await producer.send(b"y", deliver_after_ms=1)]
+            received = [(await consumer.receive(5000)).message_id() for _ in range(2)]
+            return [ids_of(m) for m in sent], [ids_of(m) for m in received]
+
+    expected = with_official(unique("bigbatch"))
+    assert expected == ([(0, 0, 0), (0, 1, -1)],) * 2
+    assert run(with_ours(unique("bigbatch"))) == expected
