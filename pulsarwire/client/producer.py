@@ -234,10 +234,14 @@ class PartitionProducer(Reconnecting):
             return
         parent = self.parent
         sequence_id = self._take_sequence_id(options.get("sequence_id"))
+        limit = self.conn.max_message_size if self.conn else codec.DEFAULT_MAX_MESSAGE_SIZE
+        # As the official client, a message over batching_max_allowed_size_in_bytes still goes in
+        # a batch (of one), so its id has batch index 0; only delayed or too-big ones go alone.
         batchable = parent._batching and options.get("deliver_at") is None and \
-            not options.get("partition_key_b64_encoded") and \
-            len(payload) < parent._batching_max_bytes
+            not options.get("partition_key_b64_encoded") and len(payload) <= limit - 1024
         if batchable:
+            if self._batch.num_messages and self._batch.size + len(payload) > parent._batching_max_bytes:
+                self.flush_batch()
             if self._batch.num_messages == 0:
                 self._batch_first_sequence = sequence_id
             self._batch.add(payload, options.get("properties"), options.get("partition_key"),
@@ -256,7 +260,6 @@ class PartitionProducer(Reconnecting):
         if parent._compression:
             metadata.compression = parent._compression
             metadata.uncompressed_size = len(payload)
-        limit = self.conn.max_message_size if self.conn else codec.DEFAULT_MAX_MESSAGE_SIZE
         if len(body) > limit - 1024:
             if not parent._chunking:
                 future.set_exception(MessageTooBigError(
