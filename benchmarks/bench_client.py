@@ -60,13 +60,14 @@ def _grid(**axes):
 
 def produce_grids(quick):
     if quick:
-        official = _grid(callback=["none"], delay_ms=[1, 10], max_messages=[1000], pending=[5000])
-        ours = _grid(api=["send_async", "send_many"], delay_ms=[1, 10], max_messages=[1000], pending=[5000])
+        official = _grid(callback=["none"], delay_ms=[1, 10], max_messages=[1000], pending=[1000, 5000])
+        ours = _grid(api=["send_async", "send_many"], delay_ms=[1, 10], max_messages=[1000], pending=[1000, 5000])
     else:
-        official = _grid(callback=["none"], delay_ms=[1, 10], max_messages=[1000, 5000], pending=[5000, 50000])
+        official = _grid(callback=["none"], delay_ms=[1, 10], max_messages=[1000, 5000],
+                         pending=[1000, 5000, 50000])
         official.append(dict(callback="each", delay_ms=10, max_messages=1000, pending=5000))
         ours = _grid(api=["send_async", "send_many"], delay_ms=[1, 10], max_messages=[1000, 5000],
-                     pending=[5000, 50000])
+                     pending=[1000, 5000, 50000])
     from pulsarwire.client import Producer
     if not hasattr(Producer, "send_many"):
         ours = [c for c in ours if c["api"] != "send_many"]

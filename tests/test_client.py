@@ -522,8 +522,10 @@ def test_send_many_entry_reader_and_topics_of_namespace(embedded):
                                             properties=[{"i": str(i)} for i in range(10)],
                                             event_timestamps=[None] * 9 + [123])
             await producer.flush()
-            assert await done is None
-            assert await (await producer.send_columns([])) is None
+            assert len(await done) == 10
+            assert len(await (await producer.send_columns([]))) == 0
+            with pytest.raises(ValueError):
+                await producer.send_columns([b"a", b"b"], event_timestamps=[1])
             reader = await client.create_reader(topic, MessageId.earliest)
             got = [await reader.read_next(5000) for _ in range(10)]
             assert [m.data() for m in got] == [b"m%d" % i for i in range(10)]

@@ -39,8 +39,8 @@ def test_send_many_order_receipts_and_content(embedded):
             consumer = await client.subscribe(topic, "s", initial_position=EARLIEST)
             producer = await client.create_producer(topic, batching_max_messages=7)
             plain = [b"m%d" % i for i in range(40)]
-            mixed = [(b"k%d" % i, f"key{i % 3}", {"i": str(i)}) if i % 4 else bytearray(b"b%d" % i)
-                     for i in range(20)]
+            mixed = [((b"k%d" % i, f"key{i % 3}", {"i": str(i)}) + ((1000 + i,) if i % 2 else ()))
+                     if i % 4 else bytearray(b"b%d" % i) for i in range(20)]
             first = await producer.send_many(plain)
             second = await producer.send_many(mixed)
             single = await producer.send_async(b"single")
@@ -59,6 +59,7 @@ def test_send_many_order_receipts_and_content(embedded):
             for message, item in zip(messages[40:60], mixed):
                 if isinstance(item, tuple):
                     assert message.partition_key() == item[1] and message.properties() == item[2]
+                    assert message.event_timestamp() == (item[3] if len(item) == 4 else 0)
             assert [m.message_id() for m in messages] == every
             assert [m.sequence_id() for m in messages] == list(range(61))
             assert len(await (await producer.send_many([]))) == 0
@@ -76,9 +77,9 @@ def test_send_many_partitioned_and_large(embedded, batching):
             producer = await client.create_producer(topic, batching_enabled=batching,
                                                     batching_max_allowed_size_in_bytes=1000)
             items = [(b"p%d" % i, f"key{i % 5}", None) if i % 2 else b"r%d" % i for i in range(30)]
-            items.append(b"L" * 5000)  # over the batch size limit: sent on its own
+            items.append(b"L" * 5000)  # over the batch size limit: a batch of one, as the official client
             ids = await (await producer.send_many(items))
-            assert len(ids) == 31 and ids[30].batch_index == -1
+            assert len(ids) == 31 and ids[30].batch_index == (0 if batching else -1)
             by_payload = {m.data(): m for m in await drain(consumer, 31)}
             for index, item in enumerate(items):
                 payload = item[0] if isinstance(item, tuple) else item
@@ -105,7 +106,7 @@ def test_send_many_and_send_columns_follow_the_custom_router_and_start_lazy_part
                                                     lazy_start_partitioned_producers=True)
             ids = await (await producer.send_many([b"m%d" % i for i in range(6)] + [(b"k4", "key", None)]))
             assert [m.partition for m in ids] == [i % 3 for i in range(6)] + [1]
-            assert await (await producer.send_columns([b"c2", b"c0"])) is None
+            assert [m.partition for m in await (await producer.send_columns([b"c2", b"c0"]))] == [2, 0]
             consumer = await client.subscribe(topic, "s", initial_position=EARLIEST)
             got = {m.data(): m.message_id().partition for m in await drain(consumer, 9)}
             assert got[b"c2"] == 2 and got[b"c0"] == 0
@@ -117,7 +118,8 @@ def test_send_many_bad_items_queue_nothing(embedded):
         topic = unique()
         async with client_for(embedded) as client:
             producer = await client.create_producer(topic)
-            for bad in ([b"ok", "text"], [b"ok", (b"p", 5)], [(b"p", None, ["x"])], [(b"a", None, None, 1)]):
+            for bad in ([b"ok", "text"], [b"ok", (b"p", 5)], [(b"p", None, ["x"])], [(b"a", None, None, 1, 2)],
+                    [(b"a", None, None, -1)], [(b"a", None, None, "1")]):
                 with pytest.raises(TypeError):
                     await producer.send_many(bad)
             assert producer._in_flight == 0 and producer._partitions[0]._batch.num_messages == 0

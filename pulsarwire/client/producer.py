@@ -51,31 +51,6 @@ class _OpSend:
         self.bulk = bulk  # send_many spans: [_BulkSend, first input index, first index in the batch, count]
 
 
-class _Tally:
-    """Stands in for the futures of many messages sent at once (`Producer.send_columns`): one
-    asyncio future, done when every message is acknowledged or at the first error."""
-
-    __slots__ = ("future", "left")
-
-    def __init__(self, loop, count: int) -> None:
-        self.future = loop.create_future()
-        self.left = count
-        if count == 0:
-            self.future.set_result(None)
-
-    def done(self) -> bool:
-        return self.future.done()
-
-    def set_result(self, _value) -> None:
-        self.left -= 1
-        if self.left == 0 and not self.future.done():
-            self.future.set_result(None)
-
-    def set_exception(self, error: BaseException) -> None:
-        if not self.future.done():
-            self.future.set_exception(error)
-
-
 class _BulkSend:
     """The receipts of one send_many call: one future for all, resolved when the last is acknowledged."""
 
@@ -117,20 +92,25 @@ _NO_OPTIONS: dict = {}
 
 
 def _message_parts(item) -> tuple:
-    """(payload, key, properties) of a send_many item: a payload, or a (payload, key, properties) tuple."""
+    """(payload, key, properties, event_timestamp) of a send_many item: a payload, or a tuple of
+    (payload, partition_key, properties, event_timestamp), the trailing ones optional."""
     if isinstance(item, tuple):
-        if not 1 <= len(item) <= 3:
-            raise TypeError("a send_many item is a payload or (payload, partition_key, properties)")
-        payload, key, properties = (item + (None, None))[:3]
+        if not 1 <= len(item) <= 4:
+            raise TypeError("a send_many item is a payload or (payload, partition_key, properties, "
+                            "event_timestamp)")
+        payload, key, properties, event_timestamp = (item + (None, None, None))[:4]
     else:
-        payload, key, properties = item, None, None
+        payload, key, properties, event_timestamp = item, None, None, None
     if not isinstance(payload, (bytes, bytearray, memoryview)):
         raise TypeError(f"content must be bytes, not {type(payload).__name__}")
     if key is not None and not isinstance(key, str):
         raise TypeError(f"partition_key must be str, not {type(key).__name__}")
     if properties is not None and not isinstance(properties, dict):
         raise TypeError(f"properties must be a dict, not {type(properties).__name__}")
-    return bytes(payload) if not isinstance(payload, bytes) else payload, key, properties
+    if event_timestamp is not None and (not isinstance(event_timestamp, int) or isinstance(event_timestamp, bool)
+                                        or event_timestamp < 0):
+        raise TypeError(f"event_timestamp must be a non-negative int (ms), not {event_timestamp!r}")
+    return bytes(payload) if not isinstance(payload, bytes) else payload, key, properties, event_timestamp
 
 
 class PartitionProducer(Reconnecting):
@@ -153,7 +133,7 @@ class PartitionProducer(Reconnecting):
         self._epoch = 0
         self._topic_epoch: int | None = None  # granted by the broker to an exclusive producer
         self._batch = codec.BatchBuilder()
-        self._batch_futures: list[asyncio.Future | _Tally | None] = []
+        self._batch_futures: list[asyncio.Future | None] = []
         self._batch_bulk: list[list] = []
         self._batch_first_sequence = 0
         self._batch_timer: asyncio.TimerHandle | None = None
@@ -228,7 +208,7 @@ class PartitionProducer(Reconnecting):
         self._next_sequence_id += 1
         return sequence_id
 
-    def send(self, payload: bytes, options: dict, future: asyncio.Future | _Tally) -> None:
+    def send(self, payload: bytes, options: dict, future: asyncio.Future) -> None:
         if self._failed is not None:
             future.set_exception(self._failed)
             return
@@ -316,18 +296,20 @@ class PartitionProducer(Reconnecting):
                 self._bulk_span(bulk, k, added)
                 k += added
             else:
-                payload, key, properties = item if type(item) is tuple else (item, None, None)
+                payload, key, properties, event_timestamp = item if type(item) is tuple else \
+                    (item, None, None, None)
                 index = k if indexes is None else indexes[k]
                 k += 1
                 if not batching or len(payload) >= max_bytes:
                     future = self.client._loop.create_future()
                     future.add_done_callback(bulk.one_done(index))
-                    self.send(payload, {"partition_key": key, "properties": properties}, future)
+                    self.send(payload, {"partition_key": key, "properties": properties,
+                                        "event_timestamp": event_timestamp}, future)
                     continue
                 sequence_id = self._take_sequence_id(None)
                 if batch.num_messages == 0:
                     self._batch_first_sequence = sequence_id
-                batch.add(payload, properties, key, 0, None, sequence_id)
+                batch.add(payload, properties, key, event_timestamp or 0, None, sequence_id)
                 self._bulk_span(bulk, index, 1)
             if batch.num_messages >= max_messages or batch.size >= max_bytes:
                 self.flush_batch()
@@ -448,9 +430,7 @@ class PartitionProducer(Reconnecting):
             for index, future in enumerate(op.futures):
                 if future is None:
                     continue  # a message of a send_many call: answered through op.bulk
-                if future.__class__ is _Tally:
-                    future.set_result(None)  # no MessageId wanted
-                elif not future.done():
+                if not future.done():
                     if op.batched:
                         future.set_result(MessageId(ledger, entry, self.partition, index,
                                                     len(op.futures), self.topic))
@@ -502,10 +482,8 @@ class PartitionProducer(Reconnecting):
             pass
 
     async def wait_pending(self) -> None:
-        waiting = {id(f): f.future if f.__class__ is _Tally else f
-                   for op in self.pending for f in op.futures if f is not None}
-        waiting.update((id(f), f.future if f.__class__ is _Tally else f) for f in self._batch_futures
-                       if f is not None)
+        waiting = {id(f): f for op in self.pending for f in op.futures if f is not None}
+        waiting.update((id(f), f) for f in self._batch_futures if f is not None)
         waiting.update((id(span[0]), span[0].future) for op in self.pending if op.bulk for span in op.bulk)
         waiting.update((id(span[0]), span[0].future) for span in self._batch_bulk)
         futures = list(waiting.values())
@@ -752,35 +730,20 @@ class Producer:
         return target
 
     async def send_columns(self, contents: list, *, partition_keys: list | None = None,
-                        properties: list | None = None, event_timestamps: list | None = None) -> asyncio.Future:
-        """Queue many messages at once (bytes; the optional lists align with `contents`, None
-        where a message has none). Returns one future: done when the broker acknowledged every
-        message, or failed with the first error. Waits only for queue space, as send_async."""
-        if self._closed:
-            raise ConnectionClosedError("producer is closed")
-        tally = _Tally(self.client._loop, len(contents))
-        for index, content in enumerate(contents):
-            if content.__class__ is not bytes:
-                if not isinstance(content, (bytearray, memoryview)):
-                    raise TypeError(f"content must be bytes, not {type(content).__name__}")
-                content = bytes(content)
-            if self._in_flight >= self._max_pending:
-                if not self._block:
-                    raise ProducerQueueFullError(f"{self._max_pending} messages pending")
-                async with self._space:
-                    await self._space.wait_for(lambda: self._in_flight < self._max_pending)
-            key = partition_keys[index] if partition_keys is not None else None
-            options = {"properties": properties[index] if properties is not None else None,
-                       "partition_key": key, "ordering_key": None,
-                       "event_timestamp": event_timestamps[index] if event_timestamps is not None else None,
-                       "sequence_id": None, "deliver_at": None}
-            target = await self._attached(self._partition_index(content, options))
-            self._in_flight += 1
-            target.send(content, options, tally)
-            conn = target.conn
-            if conn is not None and not conn._can_write.is_set():
-                await conn.drain()
-        return tally.future
+                           properties: list | None = None, event_timestamps: list | None = None) -> asyncio.Future:
+        """send_many of column lists: the optional lists align with `contents`, None where a
+        message has none. Returns send_many's one future for every receipt (a MessageIds)."""
+        if partition_keys is None and properties is None and event_timestamps is None:
+            return await self.send_many(contents)
+        count = len(contents)
+        for name, column in (("partition_keys", partition_keys), ("properties", properties),
+                             ("event_timestamps", event_timestamps)):
+            if column is not None and len(column) != count:
+                raise ValueError(f"{name} has {len(column)} values for {count} contents")
+        def column(values):
+            return itertools.repeat(None, count) if values is None else values
+        return await self.send_many(list(zip(contents, column(partition_keys), column(properties),
+                                             column(event_timestamps))))
 
     async def send(self, content: bytes, **options) -> MessageId:
         """Send one message and wait for the broker's receipt."""
