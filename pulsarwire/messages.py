@@ -77,6 +77,11 @@ def _signed(value: int) -> int:
 signed64 = _signed  # uint64 on the wire -> the signed value Pulsar means (-1 for "none")
 
 
+def entry_id_data(ledger_id: int, entry_id: int) -> pb.MessageIdData:
+    """An entry's id as the wire carries it: signed values as uint64 (-1, "none", as all ones)."""
+    return pb.MessageIdData(ledgerId=ledger_id & 0xFFFFFFFFFFFFFFFF, entryId=entry_id & 0xFFFFFFFFFFFFFFFF)
+
+
 def ack_set_bits(words) -> int:
     """An ack_set (int64 words; a set bit = an index still unacknowledged) as one integer bitmask."""
     bits = 0

@@ -557,6 +557,17 @@ class BrokerConnection(asyncio.Protocol):
     def _error(self, request_id: int, code: Any, message: str) -> None:
         self.command(T.ERROR, "error", pb.CommandError(request_id=request_id, error=code, message=message))
 
+    def _request_topic(self, request_id: int, name: str):
+        """The topic a producer or subscribe request names, or None after answering its error."""
+        try:
+            topic = self.core.topic(name)
+        except InvalidTopicName as exc:
+            self._error(request_id, pb.InvalidTopicName, str(exc))
+            return None
+        if topic is None:
+            self._error(request_id, pb.TopicNotFound, f"{name} is a partitioned topic; use a partition")
+        return topic
+
     def _success(self, request_id: int) -> None:
         self.command(T.SUCCESS, "success", pb.CommandSuccess(request_id=request_id))
 
@@ -654,13 +665,8 @@ class BrokerConnection(asyncio.Protocol):
 
     def on_producer(self, frame) -> None:
         c = frame.command.producer
-        try:
-            topic = self.core.topic(c.topic)
-        except InvalidTopicName as exc:
-            self._error(c.request_id, pb.InvalidTopicName, str(exc))
-            return
+        topic = self._request_topic(c.request_id, c.topic)
         if topic is None:
-            self._error(c.request_id, pb.TopicNotFound, f"{c.topic} is a partitioned topic; use a partition")
             return
         if topic.terminated:
             self._error(c.request_id, pb.TopicTerminatedError, f"{c.topic} is terminated")
@@ -798,13 +804,8 @@ class BrokerConnection(asyncio.Protocol):
 
     def on_subscribe(self, frame) -> None:
         c = frame.command.subscribe
-        try:
-            topic = self.core.topic(c.topic)
-        except InvalidTopicName as exc:
-            self._error(c.request_id, pb.InvalidTopicName, str(exc))
-            return
+        topic = self._request_topic(c.request_id, c.topic)
         if topic is None:
-            self._error(c.request_id, pb.TopicNotFound, f"{c.topic} is a partitioned topic; use a partition")
             return
         if c.consumer_id in self.consumers:
             self._success(c.request_id)  # a retried subscribe

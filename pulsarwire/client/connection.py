@@ -99,6 +99,16 @@ class Connection(asyncio.Protocol):
     async def drain(self) -> None:
         await self._can_write.wait()
 
+    async def subscribe(self, consumer: PartitionConsumer, **fields) -> None:
+        """Subscribe `consumer` (its consumer_id in `fields`): it gets the consumer's events from
+        the moment the request goes out, and none if the broker refuses."""
+        self.consumers[fields["consumer_id"]] = consumer
+        try:
+            await self.request(self.session.subscribe, **fields)
+        except BaseException:
+            self.consumers.pop(fields["consumer_id"], None)
+            raise
+
     async def request(self, start: Callable[..., int], *args, _wait: bool = False, **kwargs):
         """Send a request (a session method returning its request id) and await its answer
         (within the operation timeout, or as long as the connection lives with `_wait`)."""

@@ -15,7 +15,7 @@ from ..errors import (
     AlreadyClosedError, CodecError, ConnectionClosedError, CumulativeAcknowledgementNotAllowedError,
     PulsarWireError, TimeoutError, TopicTerminatedError,
 )
-from ..messages import Message, MessageId, ack_set_bits, ack_set_words, signed64
+from ..messages import Message, MessageId, ack_set_bits, ack_set_words, entry_id_data, signed64
 from ..schema import Schema, as_schema
 from .dead_letter import DeadLetterRouter, backoff_delay_ms
 from .options import (
@@ -47,8 +47,7 @@ class AckUnit:
 
     def ids(self) -> list[pb.MessageIdData]:
         entries = self.chunk_entries or [(self.ledger_id, self.entry_id)]
-        return [pb.MessageIdData(ledgerId=l & 0xFFFFFFFFFFFFFFFF, entryId=e & 0xFFFFFFFFFFFFFFFF)
-                for l, e in entries]
+        return [entry_id_data(ledger, entry) for ledger, entry in entries]
 
 
 class MessageQueue:
@@ -154,14 +153,8 @@ class PartitionConsumer(Reconnecting):
             self._start_message_id, self._start_inclusive = self._last_message.message_id(), False
         start = self._start_message_id
         if not parent._durable and start is not None:
-            fields["start_message_id"] = pb.MessageIdData(
-                ledgerId=start.ledger_id & 0xFFFFFFFFFFFFFFFF, entryId=start.entry_id & 0xFFFFFFFFFFFFFFFF)
-        conn.consumers[self.consumer_id] = self
-        try:
-            await conn.request(conn.session.subscribe, **fields)
-        except BaseException:
-            conn.consumers.pop(self.consumer_id, None)
-            raise
+            fields["start_message_id"] = entry_id_data(start.ledger_id, start.entry_id)
+        await conn.subscribe(self, **fields)
         self.conn = conn
         # A fresh subscription gets a full window; messages still queued locally are dropped
         # (the broker redelivers what was not acknowledged).
@@ -297,8 +290,7 @@ class PartitionConsumer(Reconnecting):
         self.parent.dropped_chunked_messages += 1
         for ledger, entry, _ in parts:
             if acknowledge:
-                self._queue_ack(pb.MessageIdData(ledgerId=ledger & 0xFFFFFFFFFFFFFFFF,
-                                                 entryId=entry & 0xFFFFFFFFFFFFFFFF))
+                self._queue_ack(entry_id_data(ledger, entry))
             else:
                 self._unacked[(ledger, entry)] = AckUnit(self, ledger, entry, 0, 1)
 
@@ -355,8 +347,7 @@ class PartitionConsumer(Reconnecting):
             return
         unit = self._unacked.get((message_id.ledger_id, message_id.entry_id))
         if unit is None:
-            self._queue_ack(pb.MessageIdData(ledgerId=message_id.ledger_id & 0xFFFFFFFFFFFFFFFF,
-                                             entryId=message_id.entry_id & 0xFFFFFFFFFFFFFFFF))
+            self._queue_ack(entry_id_data(message_id.ledger_id, message_id.entry_id))
         else:
             self.ack_in(unit, message_id.batch_index)
 
@@ -382,8 +373,7 @@ class PartitionConsumer(Reconnecting):
     def _ack_cumulative(self, message_id: MessageId) -> None:
         key = (message_id.ledger_id, message_id.entry_id)
         unit = self._unacked.get(key)
-        data: pb.MessageIdData | None = pb.MessageIdData(ledgerId=message_id.ledger_id & 0xFFFFFFFFFFFFFFFF,
-                                                         entryId=message_id.entry_id & 0xFFFFFFFFFFFFFFFF)
+        data: pb.MessageIdData | None = entry_id_data(message_id.ledger_id, message_id.entry_id)
         whole_entry = unit is None or not unit.batch_size or message_id.batch_index == unit.batch_size - 1
         if unit is not None and unit.batch_size and not whole_entry:
             unit.remaining &= ~((1 << (message_id.batch_index + 1)) - 1)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._proto import PulsarApi_pb2 as pb
 from ..errors import CodecError, ConnectionClosedError, PulsarWireError
-from ..messages import MessageId, signed64
+from ..messages import MessageId, entry_id_data, signed64
 from .options import ConsumerType, InitialPosition
 from .reconnect import Reconnecting
 
@@ -78,14 +78,8 @@ class EntryReader(Reconnecting):
         start = self._start if self._last is None else MessageId(*self._last)
         fields: dict[str, Any] = dict(topic=self.topic, subscription=self._subscription, subType=int(ConsumerType.Exclusive),
                       consumer_id=self.consumer_id, durable=False, initialPosition=int(InitialPosition.Earliest),
-                      start_message_id=pb.MessageIdData(ledgerId=start.ledger_id & 0xFFFFFFFFFFFFFFFF,
-                                                        entryId=start.entry_id & 0xFFFFFFFFFFFFFFFF))
-        conn.consumers[self.consumer_id] = self  # type: ignore[assignment]  # dispatched like a consumer
-        try:
-            await conn.request(conn.session.subscribe, **fields)
-        except BaseException:
-            conn.consumers.pop(self.consumer_id, None)
-            raise
+                      start_message_id=entry_id_data(start.ledger_id, start.entry_id))
+        await conn.subscribe(self, **fields)  # type: ignore[arg-type]  # dispatched like a consumer
         self.conn = conn
         self.disconnect = None
         self._permits_owed = 0

@@ -740,10 +740,11 @@ class Producer:
                              ("event_timestamps", event_timestamps)):
             if column is not None and len(column) != count:
                 raise ValueError(f"{name} has {len(column)} values for {count} contents")
-        def column(values):
+
+        def aligned(values):
             return itertools.repeat(None, count) if values is None else values
-        return await self.send_many(list(zip(contents, column(partition_keys), column(properties),
-                                             column(event_timestamps))))
+        return await self.send_many(list(zip(contents, aligned(partition_keys), aligned(properties),
+                                             aligned(event_timestamps))))
 
     async def send(self, content: bytes, **options) -> MessageId:
         """Send one message and wait for the broker's receipt."""
