@@ -68,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument("--max-open-files", type=int, default=None, metavar="N",
                         help="most segment files open at once; idle ones are closed and reopened on "
                              "demand (default: a quarter of the descriptor limit, 16 to 1024)")
+    broker.add_argument("--max-cache-bytes", type=int, default=256 * 1024 * 1024, metavar="BYTES",
+                        help="recently written entries kept in memory, all topics together; past it the "
+                             "least recently used topic's oldest are dropped and read from disk (default 256 MiB)")
     broker.add_argument("--replication-factor", type=int, default=3)
     broker.add_argument("--min-insync-replicas", type=int, default=2)
     broker.add_argument("--v1-partitions", type=int, default=3, help="partitions of a topic V1 creates")
@@ -197,7 +200,7 @@ async def run_broker(args) -> int:
                     session_timeout=args.session_timeout, max_open_files=args.max_open_files, max_connections=args.max_connections,
                     max_output_bytes=args.max_output_bytes, handshake_timeout=args.handshake_timeout,
                     max_frame_before_connect=args.max_frame_before_connect, frame_timeout=args.frame_timeout,
-                    max_input_bytes=args.max_input_bytes,
+                    max_input_bytes=args.max_input_bytes, max_cache_bytes=args.max_cache_bytes,
                     v1_consume_max_bytes=DEFAULT_CONSUME_MAX_BYTES if args.v1_consume_max_bytes is None
                     else args.v1_consume_max_bytes)
     await broker.start()

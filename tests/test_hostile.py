@@ -577,7 +577,7 @@ def test_cli_limit_flags(tmp_path):
         [sys.executable, "-m", "pulsarwire", "broker", "--data-dir", str(tmp_path / "data"), "--port", str(port),
          "--v1-port", "-1", "--max-connections", "1", "--handshake-timeout", "0.5",
          "--max-frame-before-connect", "1024", "--frame-timeout", "1", "--max-output-bytes", "65536",
-         "--max-input-bytes", str(6 * 1024 * 1024)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+         "--max-input-bytes", str(6 * 1024 * 1024), "--max-cache-bytes", str(1024 * 1024)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_for_port(port, process=process)
         first = _eventually(lambda: _connected(port))  # once the broker has seen the probe go
@@ -653,5 +653,56 @@ def test_v1_connections_over_the_limit_are_refused(tmp_path):
             assert extra.recv(100) == b""
         for s in held:
             s.close()
+    finally:
+        broker.stop()
+
+
+# the entry cache: one budget for every open topic
+
+def test_entry_cache_is_one_budget_shared_by_every_topic(tmp_path):
+    from pulsarwire.broker.storage import EntryCache, TopicLog
+
+    cache = EntryCache(64 * 1024)
+    logs = [TopicLog(str(tmp_path / f"t{i}"), cache=cache) for i in range(20)]
+    body = {(i, n): os.urandom(1000) + b"%d-%d" % (i, n) for i in range(20) for n in range(10)}
+    for n in range(10):
+        for i, topic_log in enumerate(logs):
+            topic_log.append(body[i, n], None, 1, 1)
+            assert topic_log.commit()
+            assert cache.bytes <= 64 * 1024  # 20 own budgets of 32 MiB each would hold all 200 KB
+    assert cache.evicted_entries > 0
+    # topic 0 is the least recently used until a cache hit makes it the most recently used
+    logs[0].read(9)
+    kept, oldest_of_next = list(logs[0]._cache), list(logs[2]._cache)
+    logs[1].append(b"x" * 1000, None, 1, 1)  # one entry over the budget: topic 2's oldest goes
+    assert list(logs[0]._cache) == kept and list(logs[2]._cache) == oldest_of_next[1:]
+    for i, topic_log in enumerate(logs):  # evicted entries come back from disk
+        assert [bytes(topic_log.read(n).body) for n in range(10)] == [body[i, n] for n in range(10)]
+    for topic_log in logs:
+        topic_log.close()
+    assert cache.bytes == 0 and cache.log_count == 0
+
+
+def test_many_topics_written_by_a_client_stay_within_max_cache_bytes(tmp_path):
+    budget = 256 * 1024
+    broker = BrokerThread(tmp_path / "data", v1_port=None, max_cache_bytes=budget).start()
+    try:
+        topics = [f"persistent://public/default/cached-{i}" for i in range(40)]
+        payloads = {}
+        with Raw(broker.broker.port) as raw:
+            for i, topic in enumerate(topics):
+                assert raw.producer(topic, producer_id=i).type == T.PRODUCER_SUCCESS
+                for n in range(4):
+                    payloads[i, n] = os.urandom(16 * 1024)
+                    assert raw.publish(i, n, payloads[i, n]).type == T.SEND_RECEIPT
+        stats = broker.call(broker.broker.storage_stats)
+        assert 0 < stats["cache_bytes"] <= budget == stats["max_cache_bytes"]
+        assert stats["cache_evicted_entries"] > 0
+        with Raw(broker.broker.port) as raw:  # the first topic's entries left the cache long ago
+            assert raw.subscribe(topics[0]).type == T.SUCCESS
+            raw.flow(1, 10)
+            got = [raw.next() for _ in range(4)]
+            assert [bytes(f.payload) for f in got] == [payloads[0, n] for n in range(4)]
+        assert broker.call(broker.broker.storage_stats)["cache_bytes"] <= budget
     finally:
         broker.stop()

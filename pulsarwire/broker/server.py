@@ -18,7 +18,7 @@ from .core import BrokerCore
 from .pulsar import (DEFAULT_FRAME_TIMEOUT, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
                      DEFAULT_MAX_FRAME_BEFORE_CONNECT, DEFAULT_MAX_INPUT_BYTES, DEFAULT_MAX_OUTPUT_BYTES,
                      PulsarService)
-from .storage import SYNC_INTERVAL, FileOps, descriptor_limit
+from .storage import DEFAULT_MAX_CACHE_BYTES, SYNC_INTERVAL, FileOps, descriptor_limit
 from .topics import Topic
 from .v1 import DEFAULT_CONSUME_MAX_BYTES, V1Server
 
@@ -55,10 +55,11 @@ class Broker:
                  handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
                  max_frame_before_connect: int = DEFAULT_MAX_FRAME_BEFORE_CONNECT,
                  frame_timeout: float = DEFAULT_FRAME_TIMEOUT, max_open_files: int | None = None,
-                 file_ops: FileOps | None = None, max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> None:
+                 file_ops: FileOps | None = None, max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
+                 max_cache_bytes: int = DEFAULT_MAX_CACHE_BYTES) -> None:
         self.core = BrokerCore(data_dir, sync_policy=sync_policy, segment_bytes=segment_bytes,
                                default_partitions=default_partitions, max_open_files=max_open_files,
-                               file_ops=file_ops)
+                               file_ops=file_ops, max_cache_bytes=max_cache_bytes)
         self.pulsar = PulsarService(self.core, auth_tokens=auth_tokens, auth_basic=auth_basic, auth_tls=auth_tls,
                                     max_message_size=max_message_size,
                                     keep_alive_interval=keep_alive_interval,
@@ -186,7 +187,8 @@ class Broker:
                     log.exception("maintenance: %s failed; trying again", name)
 
     def storage_stats(self) -> dict:
-        """Storage fault counters: corrupt entries skipped, failed commits and syncs, open files."""
+        """Storage fault counters (corrupt entries skipped, failed commits and syncs), open files and
+        the entry cache (`cache_bytes`, `max_cache_bytes`, `cache_evicted_entries`)."""
         return self.core.storage_stats()
 
     # administration
