@@ -85,16 +85,18 @@ def build_parser() -> argparse.ArgumentParser:
                              "1000, lowered to fit the descriptor limit beside --max-open-files)")
     broker.add_argument("--max-output-bytes", type=int, default=4 * 1024 * 1024, metavar="BYTES",
                         help="unsent output per connection before the broker stops dispatching to it and "
-                             "reading from it (default 4 MiB)")
+                             "reading from it (V1: answering it) (default 4 MiB)")
     broker.add_argument("--handshake-timeout", type=float, default=10.0, metavar="SECONDS",
-                        help="a connection without an accepted CONNECT this long is closed (default 10)")
+                        help="a connection without an accepted CONNECT (V1 with --auth-token: AUTH) this "
+                             "long is closed (default 10)")
     broker.add_argument("--max-frame-before-connect", type=int, default=64 * 1024, metavar="BYTES",
                         help="largest frame before CONNECT is accepted (default 64 KiB)")
     broker.add_argument("--max-input-bytes", type=int, default=256 * 1024 * 1024, metavar="BYTES",
                         help="unfinished frames held across all connections before the broker stops "
                              "reading from those adding to them (default 256 MiB)")
     broker.add_argument("--frame-timeout", type=float, default=30.0, metavar="SECONDS",
-                        help="a frame still incomplete after this long closes its connection (default 30)")
+                        help="a frame (V1: a request line) still incomplete after this long closes its "
+                             "connection; so does a V1 client taking none of its replies this long (default 30)")
     broker.add_argument("--v1-consume-max-bytes", type=int, default=None, metavar="BYTES",
                         help="most record bytes in one V1 CONSUME reply (default 8 MiB)")
 

@@ -82,7 +82,9 @@ class Broker:
             min_insync_replicas=min_insync_replicas, replication_timeout=replication_timeout,
             replica_lag_time=replica_lag_time, session_timeout=session_timeout,
             consume_max_bytes=v1_consume_max_bytes, auth_tokens=auth_tokens,  # V1 asks for AUTH too
-            max_connections=DEFAULT_MAX_CONNECTIONS if max_connections is None else max_connections)
+            max_connections=DEFAULT_MAX_CONNECTIONS if max_connections is None else max_connections,
+            # the Pulsar port's limits, a request line standing for a frame and AUTH for CONNECT
+            max_output_bytes=max_output_bytes, handshake_timeout=handshake_timeout, line_timeout=frame_timeout)
         self.v1: V1Server | None = None
         self._servers: list[asyncio.AbstractServer] = []
         self._background: asyncio.Task | None = None
