@@ -679,6 +679,12 @@ def test_entry_cache_is_one_budget_shared_by_every_topic(tmp_path):
     assert list(logs[0]._cache) == kept and list(logs[2]._cache) == oldest_of_next[1:]
     for i, topic_log in enumerate(logs):  # evicted entries come back from disk
         assert [bytes(topic_log.read(n).body) for n in range(10)] == [body[i, n] for n in range(10)]
+    # a body that is a small part of a big receive buffer is copied, so the cache never keeps the
+    # whole buffer alive for it; most of a buffer stays a view (no copy)
+    received = os.urandom(10_000)
+    logs[0].append(memoryview(received)[:1000], None, 1, 1)
+    logs[0].append(memoryview(received)[1000:], None, 1, 1)
+    assert type(logs[0]._cache[10].body) is bytes and logs[0]._cache[11].body.obj is received
     for topic_log in logs:
         topic_log.close()
     assert cache.bytes == 0 and cache.log_count == 0

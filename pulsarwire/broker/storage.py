@@ -222,7 +222,9 @@ class EntryCache:
     """Recently appended entries of every log that shares it, at most `max_bytes` of bodies in
     all. Each log keeps its own dict of entries (oldest first); this keeps the logs in the order
     they were last used (an append or a cache hit) and, over the budget, takes the oldest entries
-    of the least recently used log first."""
+    of the least recently used log first. It counts body bytes; a body is a view only when it is
+    most of the buffer it views (TopicLog.append copies the others), so the memory it keeps alive
+    is at most about twice what it counts."""
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_CACHE_BYTES) -> None:
         if max_bytes < 0:
@@ -630,8 +632,11 @@ class TopicLog:
         segment = self._segments[-1]
         if segment.size >= self.segment_bytes and segment.positions:
             segment = self._roll_over()
-        if type(body) is not bytes and not (type(body) is memoryview and type(body.obj) is bytes):
-            body = bytes(body)  # queued until commit and cached: it must not change meanwhile
+        if type(body) is not bytes and not (type(body) is memoryview and type(body.obj) is bytes
+                                            and 2 * len(body) >= len(body.obj)):
+            # queued until commit and cached: it must not change meanwhile; and a view of a small
+            # part of a big receive buffer would keep all of it alive while cached, uncounted
+            body = bytes(body)
         segment.append(_HEADER.pack(len(body), checksum, publish_time, num_messages), body)
         entry_id = self.next_entry_id
         self.next_entry_id += 1
