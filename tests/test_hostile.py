@@ -869,3 +869,24 @@ def test_v1_pipelined_requests_read_late_are_all_answered_in_order(strict_v1):
         for i in range(count):
             assert reader.readline() == b"V1|%d|OK|" % i + expected
     assert _v1_stats(strict_v1)["output_pauses"] >= 1
+
+
+def test_pulsar_and_v1_connections_share_the_descriptor_room(tmp_path, monkeypatch):
+    from pulsarwire.broker import server
+
+    monkeypatch.setattr(server, "descriptor_limit", lambda: 16 + server._SPARE_DESCRIPTORS + 20)
+    broker = BrokerThread(tmp_path / "data", v1_port=0, max_open_files=16).start()
+    try:
+        assert (broker.broker.pulsar.max_connections, broker.broker.v1.max_connections) == (10, 10)
+        held = [socket.create_connection(("127.0.0.1", broker.v1_port), timeout=5) for _ in range(10)]
+        with socket.create_connection(("127.0.0.1", broker.v1_port), timeout=5) as extra:
+            assert _v1_lines(extra)[0].startswith(b"V1|0|ERR|TOO_MANY_CONNECTIONS|")
+        for s in held:
+            s.close()
+    finally:
+        broker.stop()
+    alone = BrokerThread(tmp_path / "alone", v1_port=None, max_open_files=16).start()
+    try:
+        assert alone.broker.pulsar.max_connections == 20  # without V1 the Pulsar port has all of it
+    finally:
+        alone.stop()

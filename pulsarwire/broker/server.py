@@ -128,19 +128,26 @@ class Broker:
         return self
 
     def _fit_descriptor_limit(self) -> None:
-        """By default connections plus open segment files fit in the descriptor limit: a
-        connection past it is then refused with an error (ServiceNotReady) instead of waiting
-        unaccepted while the OS refuses every accept (EMFILE)."""
-        room = max(descriptor_limit() - self.core.files.max_open_files - _SPARE_DESCRIPTORS, 1)
-        if self.pulsar.max_connections <= room:
+        """By default connections (Pulsar and V1 together) plus open segment files fit in the
+        descriptor limit: a connection past it is then refused with an error (ServiceNotReady,
+        TOO_MANY_CONNECTIONS) instead of waiting unaccepted while the OS refuses every accept
+        (EMFILE). The two protocols share the room in proportion to their limits."""
+        room = max(descriptor_limit() - self.core.files.max_open_files - _SPARE_DESCRIPTORS, 2)
+        pulsar_max = self.pulsar.max_connections
+        v1_max = self.v1_options["max_connections"] if self.v1_port is not None else 0
+        if pulsar_max + v1_max <= room:
             return
         if self._connections_fit_descriptors:
+            v1_room = min(v1_max, max(1, room * v1_max // (pulsar_max + v1_max))) if v1_max else 0
+            self.pulsar.max_connections = min(pulsar_max, room - v1_room)
             log.warning("the descriptor limit (%d) leaves room for %d connections beside %d segment files: "
-                        "serving at most %d", descriptor_limit(), room, self.core.files.max_open_files, room)
-            self.pulsar.max_connections = room
+                        "serving at most %d Pulsar and %d V1 connections", descriptor_limit(), room,
+                        self.core.files.max_open_files, self.pulsar.max_connections, v1_room)
+            if v1_max:
+                self.v1_options["max_connections"] = v1_room
         else:
-            log.warning("max_connections %d and %d segment files exceed the descriptor limit (%d): past it, "
-                        "new connections wait until descriptors free up", self.pulsar.max_connections,
+            log.warning("max_connections %d (Pulsar) and %d (V1) and %d segment files exceed the descriptor "
+                        "limit (%d): past it, new connections wait until descriptors free up", pulsar_max, v1_max,
                         self.core.files.max_open_files, descriptor_limit())
 
     async def stop(self) -> None:
