@@ -854,6 +854,24 @@ def test_v1_pipelined_requests_without_reading_hold_at_most_the_output_budget(st
         hostile.close()
 
 
+def test_v1_slow_reader_that_takes_its_replies_is_not_timed_out(strict_v1):
+    topic = b"slow-reader"
+    partition = _v1_partition_of_30_kb(strict_v1, topic)
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", strict_v1.v1_port))
+    with s:
+        s.sendall(b"".join(b"V1|%d|CONSUME|%s %d 0\n" % (i, topic, partition) for i in range(300)))
+        assert _eventually(lambda: _v1_stats(strict_v1)["paused_connections"] == 1)
+        s.settimeout(5)
+        deadline = time.monotonic() + 2.5  # well past the 1 s frame timeout, reading all along
+        while time.monotonic() < deadline:
+            assert s.recv(16 * 1024)
+            time.sleep(0.1)
+        stats = _v1_stats(strict_v1)
+        assert stats["output_timeouts"] == 0 and stats["connections"] == 1
+
+
 def test_v1_pipelined_requests_read_late_are_all_answered_in_order(strict_v1):
     topic = b"read-late"
     partition = _v1_partition_of_30_kb(strict_v1, topic)

@@ -29,6 +29,7 @@ import hmac
 import logging
 import os
 import re
+import struct
 import time
 import urllib.parse
 from dataclasses import dataclass, field
@@ -50,6 +51,12 @@ DEFAULT_MAX_OUTPUT_BYTES = 4 * 1024 * 1024  # unsent replies per connection befo
 DEFAULT_HANDSHAKE_TIMEOUT = 10.0  # seconds from accept to AUTH, on a broker with tokens
 DEFAULT_LINE_TIMEOUT = 30.0  # seconds a request line may take to arrive, and a reply to be taken
 CLOSE_GRACE = 5.0  # seconds a closing connection may take to send its last bytes before it is aborted
+try:  # bytes a socket's kernel send queue holds (Linux): a client reading behind it makes progress
+    import fcntl
+    import termios
+    _OUTQ: int | None = termios.TIOCOUTQ
+except (ImportError, AttributeError):
+    _OUTQ = None
 DEFAULT_CONSUME_MAX_BYTES = 8 * 1024 * 1024  # record bytes in one CONSUME reply
 MAX_CONSUME_ENTRIES = 1000  # entries one CONSUME reply reads at most
 OFF_LOOP_BYTES = 256 * 1024  # compressed entries larger than this decompress on a worker thread
@@ -229,8 +236,8 @@ class V1Connection(asyncio.Protocol):
     `line_timeout` from its first byte), complete lines waiting (reading stops past
     MAX_QUEUED_LINES_BYTES), unsent replies (answering stops past `max_output_bytes` and the
     connection is closed when the client takes none of them for `line_timeout`), and, on a
-    broker with tokens, the time to AUTH (`handshake_timeout`). Each limit that closes the
-    connection first sends `V1|0|ERR|<code>|<why>`."""
+    broker with tokens, the time to AUTH (`handshake_timeout`). A limit that closes the connection
+    first sends `V1|0|ERR|<code>|<why>`, unless the client reads nothing (then it is aborted)."""
 
     def __init__(self, server: "V1Server") -> None:
         self.server = server
@@ -245,7 +252,8 @@ class V1Connection(asyncio.Protocol):
         self._input_ended = False  # the client shut its side, or a line was too long: answer what is queued, close
         self._reading = True
         self._writable = True
-        self._blocked_since: float | None = None  # since when replies wait for the client to read
+        self._blocked_since: float | None = None  # since when replies over budget wait, the client taking none
+        self._blocked_bytes = 0  # unsent replies then
         self._wakeup: asyncio.Future | None = None  # what the idle worker awaits
         self._worker: asyncio.Task | None = None
 
@@ -307,6 +315,7 @@ class V1Connection(asyncio.Protocol):
     def pause_writing(self) -> None:
         self._writable = False
         self._blocked_since = time.monotonic()
+        self._blocked_bytes = self._unsent()
         self.server.counters["output_pauses"] += 1
 
     def resume_writing(self) -> None:
@@ -388,7 +397,8 @@ class V1Connection(asyncio.Protocol):
             log.warning("closing a V1 connection whose request line took over %.0fs (%d bytes arrived)",
                         server.line_timeout, len(self._unfinished))
             self.close(_error("0", BAD_REQUEST, f"request line not completed within {server.line_timeout:g}s"))
-        elif self._blocked_since is not None and now - self._blocked_since > server.line_timeout:
+        elif self._blocked_since is not None and self._took_nothing_since_blocked(now) and \
+                now - self._blocked_since > server.line_timeout:
             counters["output_timeouts"] += 1
             log.warning("closing a V1 connection that took none of its replies for %.0fs (%d bytes held)",
                         server.line_timeout, self.held_bytes)
@@ -398,6 +408,29 @@ class V1Connection(asyncio.Protocol):
             counters["handshake_timeouts"] += 1
             log.warning("closing a V1 connection that did not AUTH within %.0fs", server.handshake_timeout)
             self.close(_error("0", UNAUTHORIZED, f"no AUTH within {server.handshake_timeout:g}s"))
+
+    def _unsent(self) -> int:
+        """Reply bytes the client has not taken: the transport's buffer and the socket's send queue."""
+        transport = self.transport
+        if transport is None:
+            return 0
+        unsent = transport.get_write_buffer_size()
+        sock = transport.get_extra_info("socket")
+        if _OUTQ is not None and sock is not None:
+            try:
+                unsent += struct.unpack("i", fcntl.ioctl(sock.fileno(), _OUTQ, b"\0\0\0\0"))[0]
+            except OSError:
+                pass
+        return unsent
+
+    def _took_nothing_since_blocked(self, now: float) -> bool:
+        """Whether the client has taken none of its replies since output went over budget (a slow
+        reader that makes progress is not timed out; it holds no more than the budget)."""
+        unsent = self._unsent()
+        if unsent < self._blocked_bytes:
+            self._blocked_since, self._blocked_bytes = now, unsent
+            return False
+        return True
 
     def close(self, last: bytes | None = None, abort: bool = False) -> None:
         """Close after sending what is queued and `last`; `abort` drops them. A peer that does
