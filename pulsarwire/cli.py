@@ -68,9 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument("--max-open-files", type=int, default=None, metavar="N",
                         help="most segment files open at once; idle ones are closed and reopened on "
                              "demand (default: a quarter of the descriptor limit, 16 to 1024)")
-    broker.add_argument("--max-cache-bytes", type=int, default=256 * 1024 * 1024, metavar="BYTES",
+    broker.add_argument("--max-cache-bytes", type=int, default=None, metavar="BYTES",
                         help="recently written entries kept in memory, all topics together; past it the "
-                             "least recently used topic's oldest are dropped and read from disk (default 256 MiB)")
+                             "least recently used topic's oldest are dropped and read from disk (default 64 MiB)")
     broker.add_argument("--replication-factor", type=int, default=3)
     broker.add_argument("--min-insync-replicas", type=int, default=2)
     broker.add_argument("--v1-partitions", type=int, default=3, help="partitions of a topic V1 creates")
@@ -170,6 +170,7 @@ def _write_json(args, results) -> None:
 
 async def run_broker(args) -> int:
     from .broker.server import Broker
+    from .broker.storage import DEFAULT_MAX_CACHE_BYTES
     from .broker.v1 import DEFAULT_CONSUME_MAX_BYTES
     if args.auth_token is not None and not all(args.auth_token):
         print("pulsarwire broker: --auth-token must not be empty", file=sys.stderr)
@@ -202,7 +203,8 @@ async def run_broker(args) -> int:
                     session_timeout=args.session_timeout, max_open_files=args.max_open_files, max_connections=args.max_connections,
                     max_output_bytes=args.max_output_bytes, handshake_timeout=args.handshake_timeout,
                     max_frame_before_connect=args.max_frame_before_connect, frame_timeout=args.frame_timeout,
-                    max_input_bytes=args.max_input_bytes, max_cache_bytes=args.max_cache_bytes,
+                    max_input_bytes=args.max_input_bytes,
+                    max_cache_bytes=DEFAULT_MAX_CACHE_BYTES if args.max_cache_bytes is None else args.max_cache_bytes,
                     v1_consume_max_bytes=DEFAULT_CONSUME_MAX_BYTES if args.v1_consume_max_bytes is None
                     else args.v1_consume_max_bytes)
     await broker.start()

@@ -53,7 +53,7 @@ HEADER_SIZE = _HEADER.size
 SYNC_ALWAYS, SYNC_INTERVAL, SYNC_NEVER = "always", "interval", "never"
 _BIG_ENDIAN = sys.byteorder == "big"
 _OUT_OF_FDS = (errno.EMFILE, errno.ENFILE)
-DEFAULT_MAX_CACHE_BYTES = 256 * 1024 * 1024  # cached entry bodies, all logs of a broker together
+DEFAULT_MAX_CACHE_BYTES = 64 * 1024 * 1024  # cached entry bodies, all logs of a broker together
 
 
 class StorageError(Exception):
