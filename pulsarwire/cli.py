@@ -68,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument("--max-open-files", type=int, default=None, metavar="N",
                         help="most segment files open at once; idle ones are closed and reopened on "
                              "demand (default: a quarter of the descriptor limit, 16 to 1024)")
+    broker.add_argument("--max-cache-bytes", type=int, default=None, metavar="BYTES",
+                        help="recently written entries kept in memory, all topics together; past it the "
+                             "least recently used topic's oldest are dropped and read from disk (default 64 MiB)")
     broker.add_argument("--replication-factor", type=int, default=3)
     broker.add_argument("--min-insync-replicas", type=int, default=2)
     broker.add_argument("--v1-partitions", type=int, default=3, help="partitions of a topic V1 creates")
@@ -82,16 +85,18 @@ def build_parser() -> argparse.ArgumentParser:
                              "1000, lowered to fit the descriptor limit beside --max-open-files)")
     broker.add_argument("--max-output-bytes", type=int, default=4 * 1024 * 1024, metavar="BYTES",
                         help="unsent output per connection before the broker stops dispatching to it and "
-                             "reading from it (default 4 MiB)")
+                             "reading from it (V1: answering it) (default 4 MiB)")
     broker.add_argument("--handshake-timeout", type=float, default=10.0, metavar="SECONDS",
-                        help="a connection without an accepted CONNECT this long is closed (default 10)")
+                        help="a connection without an accepted CONNECT (V1 with --auth-token: AUTH) this "
+                             "long is closed (default 10)")
     broker.add_argument("--max-frame-before-connect", type=int, default=64 * 1024, metavar="BYTES",
                         help="largest frame before CONNECT is accepted (default 64 KiB)")
     broker.add_argument("--max-input-bytes", type=int, default=256 * 1024 * 1024, metavar="BYTES",
                         help="unfinished frames held across all connections before the broker stops "
                              "reading from those adding to them (default 256 MiB)")
     broker.add_argument("--frame-timeout", type=float, default=30.0, metavar="SECONDS",
-                        help="a frame still incomplete after this long closes its connection (default 30)")
+                        help="a frame (V1: a request line) still incomplete after this long closes its "
+                             "connection; so does a V1 client taking none of its replies this long (default 30)")
     broker.add_argument("--v1-consume-max-bytes", type=int, default=None, metavar="BYTES",
                         help="most record bytes in one V1 CONSUME reply (default 8 MiB)")
 
@@ -165,6 +170,7 @@ def _write_json(args, results) -> None:
 
 async def run_broker(args) -> int:
     from .broker.server import Broker
+    from .broker.storage import DEFAULT_MAX_CACHE_BYTES
     from .broker.v1 import DEFAULT_CONSUME_MAX_BYTES
     if args.auth_token is not None and not all(args.auth_token):
         print("pulsarwire broker: --auth-token must not be empty", file=sys.stderr)
@@ -198,6 +204,7 @@ async def run_broker(args) -> int:
                     max_output_bytes=args.max_output_bytes, handshake_timeout=args.handshake_timeout,
                     max_frame_before_connect=args.max_frame_before_connect, frame_timeout=args.frame_timeout,
                     max_input_bytes=args.max_input_bytes,
+                    max_cache_bytes=DEFAULT_MAX_CACHE_BYTES if args.max_cache_bytes is None else args.max_cache_bytes,
                     v1_consume_max_bytes=DEFAULT_CONSUME_MAX_BYTES if args.v1_consume_max_bytes is None
                     else args.v1_consume_max_bytes)
     await broker.start()

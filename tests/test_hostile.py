@@ -577,7 +577,8 @@ def test_cli_limit_flags(tmp_path):
         [sys.executable, "-m", "pulsarwire", "broker", "--data-dir", str(tmp_path / "data"), "--port", str(port),
          "--v1-port", "-1", "--max-connections", "1", "--handshake-timeout", "0.5",
          "--max-frame-before-connect", "1024", "--frame-timeout", "1", "--max-output-bytes", "65536",
-         "--max-input-bytes", str(6 * 1024 * 1024)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+         "--max-input-bytes", str(6 * 1024 * 1024), "--max-cache-bytes", str(1024 * 1024)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_for_port(port, process=process)
         first = _eventually(lambda: _connected(port))  # once the broker has seen the probe go
@@ -655,3 +656,255 @@ def test_v1_connections_over_the_limit_are_refused(tmp_path):
             s.close()
     finally:
         broker.stop()
+
+
+# the entry cache: one budget for every open topic
+
+def test_entry_cache_is_one_budget_shared_by_every_topic(tmp_path):
+    from pulsarwire.broker.storage import EntryCache, TopicLog
+
+    cache = EntryCache(64 * 1024)
+    logs = [TopicLog(str(tmp_path / f"t{i}"), cache=cache) for i in range(20)]
+    body = {(i, n): os.urandom(1000) + b"%d-%d" % (i, n) for i in range(20) for n in range(10)}
+    for n in range(10):
+        for i, topic_log in enumerate(logs):
+            topic_log.append(body[i, n], None, 1, 1)
+            assert topic_log.commit()
+            assert cache.bytes <= 64 * 1024  # 20 own budgets of 32 MiB each would hold all 200 KB
+    assert cache.evicted_entries > 0
+    # topic 0 is the least recently used until a cache hit makes it the most recently used
+    logs[0].read(9)
+    kept, oldest_of_next = list(logs[0]._cache), list(logs[2]._cache)
+    logs[1].append(b"x" * 1000, None, 1, 1)  # one entry over the budget: topic 2's oldest goes
+    assert list(logs[0]._cache) == kept and list(logs[2]._cache) == oldest_of_next[1:]
+    for i, topic_log in enumerate(logs):  # evicted entries come back from disk
+        assert [bytes(topic_log.read(n).body) for n in range(10)] == [body[i, n] for n in range(10)]
+    # a body that is a small part of a big receive buffer is copied, so the cache never keeps the
+    # whole buffer alive for it; most of a buffer stays a view (no copy)
+    received = os.urandom(10_000)
+    logs[0].append(memoryview(received)[:1000], None, 1, 1)
+    logs[0].append(memoryview(received)[1000:], None, 1, 1)
+    assert type(logs[0]._cache[10].body) is bytes and logs[0]._cache[11].body.obj is received
+    for topic_log in logs:
+        topic_log.close()
+    assert cache.bytes == 0 and cache.log_count == 0
+
+
+def test_many_topics_written_by_a_client_stay_within_max_cache_bytes(tmp_path):
+    budget = 256 * 1024
+    broker = BrokerThread(tmp_path / "data", v1_port=None, max_cache_bytes=budget).start()
+    try:
+        topics = [f"persistent://public/default/cached-{i}" for i in range(40)]
+        payloads = {}
+        with Raw(broker.broker.port) as raw:
+            for i, topic in enumerate(topics):
+                assert raw.producer(topic, producer_id=i).type == T.PRODUCER_SUCCESS
+                for n in range(4):
+                    payloads[i, n] = os.urandom(16 * 1024)
+                    assert raw.publish(i, n, payloads[i, n]).type == T.SEND_RECEIPT
+        stats = broker.call(broker.broker.storage_stats)
+        assert 0 < stats["cache_bytes"] <= budget == stats["max_cache_bytes"]
+        assert stats["cache_evicted_entries"] > 0
+        with Raw(broker.broker.port) as raw:  # the first topic's entries left the cache long ago
+            assert raw.subscribe(topics[0]).type == T.SUCCESS
+            raw.flow(1, 10)
+            got = [raw.next() for _ in range(4)]
+            assert [bytes(f.payload) for f in got] == [payloads[0, n] for n in range(4)]
+        assert broker.call(broker.broker.storage_stats)["cache_bytes"] <= budget
+    finally:
+        broker.stop()
+
+
+# the V1 port: deadlines, line length, output budget
+
+def _v1_stats(broker) -> dict:
+    return broker.call(broker.broker.v1.stats)
+
+
+def _v1_lines(sock: socket.socket, timeout: float = 5) -> list[bytes]:
+    """Every line the broker sends until it closes the connection."""
+    sock.settimeout(timeout)
+    data = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    return data.splitlines(keepends=True)
+
+
+@pytest.fixture
+def strict_v1(tmp_path):
+    b = BrokerThread(tmp_path / "data", v1_port=0, handshake_timeout=0.5, frame_timeout=1.0, max_connections=3,
+                     max_output_bytes=64 * 1024).start()
+    yield b
+    b.stop()
+
+
+def test_v1_half_sent_line_is_closed_after_the_frame_timeout(strict_v1):
+    with socket.create_connection(("127.0.0.1", strict_v1.v1_port), timeout=5) as s:
+        s.sendall(b"V1|1|PING|\nV1|PRO")
+        started = time.monotonic()
+        lines = _v1_lines(s)
+        assert time.monotonic() - started < 3
+        assert lines[0] == b"V1|1|OK|PONG\n"
+        assert lines[1].startswith(b"V1|0|ERR|BAD_REQUEST|request line not completed within 1s")
+        assert len(lines) == 2
+    with socket.create_connection(("127.0.0.1", strict_v1.v1_port), timeout=5) as s:
+        for piece in (b"V1|2|", b"PI", b"NG|\n"):  # slow, but each line within the timeout
+            s.sendall(piece)
+            time.sleep(0.4)
+        assert s.makefile("rb").readline() == b"V1|2|OK|PONG\n"
+    assert _v1_stats(strict_v1)["line_timeouts"] == 1
+    assert _eventually(lambda: _v1_stats(strict_v1)["connections"] == 0)
+
+
+def test_v1_idle_connections_hold_a_place_until_the_connection_limit(strict_v1):
+    """Without tokens V1 has no handshake: a silent connection is a legitimate idle client, and
+    the connection limit bounds how many there are."""
+    held = [socket.create_connection(("127.0.0.1", strict_v1.v1_port), timeout=5) for _ in range(3)]
+    try:
+        assert not _closed_by_broker(held[0], 1.5)  # well past the handshake timeout
+        with socket.create_connection(("127.0.0.1", strict_v1.v1_port), timeout=5) as extra:
+            assert _v1_lines(extra)[0].startswith(b"V1|0|ERR|TOO_MANY_CONNECTIONS|")
+        held[1].sendall(b"V1|1|PING|\n")
+        assert held[1].makefile("rb").readline() == b"V1|1|OK|PONG\n"
+    finally:
+        for s in held:
+            s.close()
+    assert _v1_stats(strict_v1)["refused_connections"] == 1
+
+
+def test_v1_connection_without_auth_is_closed_after_the_handshake_timeout(tmp_path):
+    broker = BrokerThread(tmp_path / "data", v1_port=0, auth_tokens={"secret"}, handshake_timeout=0.5).start()
+    try:
+        with socket.create_connection(("127.0.0.1", broker.v1_port), timeout=5) as idle:
+            started = time.monotonic()
+            lines = _v1_lines(idle)
+            assert time.monotonic() - started < 3
+            assert lines == [b"V1|0|ERR|UNAUTHORIZED|no AUTH within 0.5s\n"]
+        with socket.create_connection(("127.0.0.1", broker.v1_port), timeout=5) as authed:
+            authed.sendall(b"V1|1|AUTH|secret\n")
+            assert authed.makefile("rb").readline() == b"V1|1|OK|authenticated=true\n"
+            assert not _closed_by_broker(authed, 1.5)
+        assert _v1_stats(broker)["handshake_timeouts"] == 1
+    finally:
+        broker.stop()
+
+
+def test_v1_line_over_the_limit_is_refused_after_the_lines_before_it(strict_v1):
+    from pulsarwire.broker.v1 import MAX_LINE
+
+    with socket.create_connection(("127.0.0.1", strict_v1.v1_port), timeout=5) as s:
+        s.sendall(b"V1|1|PING|\n" + b"V1|2|PING|" + b"x" * MAX_LINE + b"\nV1|3|PING|\n")
+        lines = _v1_lines(s)
+        assert lines[0] == b"V1|1|OK|PONG\n"
+        assert lines[1] == b"V1|0|ERR|BAD_REQUEST|request line longer than %d bytes\n" % MAX_LINE
+        assert len(lines) == 2  # nothing after it is read
+    with socket.create_connection(("127.0.0.1", strict_v1.v1_port), timeout=5) as s:
+        try:  # no newline at all: refused once it passes the limit, not held until it ends
+            s.sendall(b"V1|1|PING|" + b"x" * (MAX_LINE + 1))
+        except ConnectionError:
+            pass
+        assert _v1_lines(s)[0].startswith(b"V1|0|ERR|BAD_REQUEST|request line longer than")
+    with socket.create_connection(("127.0.0.1", strict_v1.v1_port), timeout=5) as s:
+        s.sendall(b"V1|1|PING|" + b"x" * (MAX_LINE - 10) + b"\n")  # at the limit: answered
+        assert s.makefile("rb").readline().startswith(b"V1|1|ERR|BAD_REQUEST|")
+    assert _v1_stats(strict_v1)["oversized_lines"] == 2
+
+
+def _v1_partition_of_30_kb(broker, topic: bytes) -> int:
+    """Write 30 records of 1000 bytes under one key (so one partition, whose CONSUME reply is
+    about 30 KB); returns the partition."""
+    with socket.create_connection(("127.0.0.1", broker.v1_port), timeout=5) as s, s.makefile("rb") as reader:
+        for i in range(30):
+            s.sendall(b"V1|%d|PRODUCE|%s k:%s acks=1\n" % (i, topic, b"v" * 1000))
+            reply = reader.readline()
+            assert reply.startswith(b"V1|%d|OK|partition=" % i)
+    return int(reply.split(b"partition=")[1].split()[0])
+
+
+def test_v1_pipelined_requests_without_reading_hold_at_most_the_output_budget(strict_v1):
+    topic = b"pipelined"
+    partition = _v1_partition_of_30_kb(strict_v1, topic)
+    requests = b"".join(b"V1|%d|CONSUME|%s %d 0\n" % (i, topic, partition) for i in range(2000))
+    hostile = socket.socket()
+    hostile.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    hostile.connect(("127.0.0.1", strict_v1.v1_port))
+    hostile.settimeout(0.2)
+    try:
+        try:
+            hostile.sendall(requests)  # 60 MB of replies if the broker answered them all
+        except (socket.timeout, ConnectionError):
+            pass
+        time.sleep(0.5)
+        stats = _v1_stats(strict_v1)
+        assert stats["paused_connections"] == 1 and stats["output_pauses"] >= 1
+        # the budget, one reply over it, and the lines waiting for their turn
+        assert stats["held_bytes"] <= 64 * 1024 + 40 * 1024 + len(requests)
+        # it read none of its replies for the frame timeout: aborted, what it held is freed
+        assert _eventually(lambda: _v1_stats(strict_v1)["output_timeouts"] == 1)
+        stats = _v1_stats(strict_v1)
+        assert stats["connections"] == 0 and stats["held_bytes"] == 0
+        assert _closed_by_broker(hostile, 3)
+    finally:
+        hostile.close()
+
+
+def test_v1_slow_reader_that_takes_its_replies_is_not_timed_out(strict_v1):
+    topic = b"slow-reader"
+    partition = _v1_partition_of_30_kb(strict_v1, topic)
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", strict_v1.v1_port))
+    with s:
+        s.sendall(b"".join(b"V1|%d|CONSUME|%s %d 0\n" % (i, topic, partition) for i in range(300)))
+        assert _eventually(lambda: _v1_stats(strict_v1)["paused_connections"] == 1)
+        s.settimeout(5)
+        deadline = time.monotonic() + 2.5  # well past the 1 s frame timeout, reading all along
+        while time.monotonic() < deadline:
+            assert s.recv(16 * 1024)
+            time.sleep(0.1)
+        stats = _v1_stats(strict_v1)
+        assert stats["output_timeouts"] == 0 and stats["connections"] == 1
+
+
+def test_v1_pipelined_requests_read_late_are_all_answered_in_order(strict_v1):
+    topic = b"read-late"
+    partition = _v1_partition_of_30_kb(strict_v1, topic)
+    count = 300  # 9 MB of replies: far over the output budget and the socket buffers
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # what is not read stays in the broker
+    s.connect(("127.0.0.1", strict_v1.v1_port))
+    s.settimeout(5)
+    with s, s.makefile("rb") as reader:
+        s.sendall(b"".join(b"V1|%d|CONSUME|%s %d 0\n" % (i, topic, partition) for i in range(count)))
+        assert _eventually(lambda: _v1_stats(strict_v1)["paused_connections"] == 1)
+        expected = b"messages=" + b",".join(b"%d:%s" % (n, b"v" * 1000) for n in range(30)) + b" hw=30\n"
+        for i in range(count):
+            assert reader.readline() == b"V1|%d|OK|" % i + expected
+    assert _v1_stats(strict_v1)["output_pauses"] >= 1
+
+
+def test_pulsar_and_v1_connections_share_the_descriptor_room(tmp_path, monkeypatch):
+    from pulsarwire.broker import server
+
+    monkeypatch.setattr(server, "descriptor_limit", lambda: 16 + server._SPARE_DESCRIPTORS + 20)
+    broker = BrokerThread(tmp_path / "data", v1_port=0, max_open_files=16).start()
+    try:
+        assert (broker.broker.pulsar.max_connections, broker.broker.v1.max_connections) == (10, 10)
+        held = [socket.create_connection(("127.0.0.1", broker.v1_port), timeout=5) for _ in range(10)]
+        with socket.create_connection(("127.0.0.1", broker.v1_port), timeout=5) as extra:
+            assert _v1_lines(extra)[0].startswith(b"V1|0|ERR|TOO_MANY_CONNECTIONS|")
+        for s in held:
+            s.close()
+    finally:
+        broker.stop()
+    alone = BrokerThread(tmp_path / "alone", v1_port=None, max_open_files=16).start()
+    try:
+        assert alone.broker.pulsar.max_connections == 20  # without V1 the Pulsar port has all of it
+    finally:
+        alone.stop()

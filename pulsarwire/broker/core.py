@@ -9,7 +9,8 @@ import logging
 import os
 import urllib.parse
 
-from .storage import SYNC_INTERVAL, FileOps, FilePool, StorageError, read_json, topic_directory
+from .storage import (DEFAULT_MAX_CACHE_BYTES, SYNC_INTERVAL, EntryCache, FileOps, FilePool, StorageError,
+                      read_json, topic_directory)
 from .topics import LEDGERS_FILE, Topic
 
 log = logging.getLogger("pulsarwire.broker")
@@ -51,7 +52,8 @@ def highest_sequence(sequence_id: int, highest_sequence_id: int | None) -> int:
 class BrokerCore:
     def __init__(self, data_dir: str, *, sync_policy: str = SYNC_INTERVAL,
                  segment_bytes: int = 64 * 1024 * 1024, default_partitions: int = 0,
-                 max_open_files: int | None = None, file_ops: FileOps | None = None) -> None:
+                 max_open_files: int | None = None, file_ops: FileOps | None = None,
+                 max_cache_bytes: int = DEFAULT_MAX_CACHE_BYTES) -> None:
         self.data_dir = os.path.abspath(data_dir)
         self.sync_policy = sync_policy
         self.segment_bytes = segment_bytes
@@ -59,6 +61,7 @@ class BrokerCore:
         self.topics: dict[str, Topic] = {}
         self.uncommitted: set[Topic] = set()  # topics with appends not yet handed to the OS
         self.files = FilePool(max_open_files, file_ops)  # every segment's descriptors, bounded
+        self.cache = EntryCache(max_cache_bytes)  # recent entries of every topic, bounded in all
         self.producer_name_prefix = "pulsarwire"
         self.generation = 0  # counts broker starts on this data dir, so names never repeat across restarts
         self._names = itertools.count()
@@ -167,7 +170,7 @@ class BrokerCore:
             # StorageError (logged) when the file system refuses, e.g. no descriptors left
             topic = Topic(name, topic_directory(self.data_dir, name), segment_bytes=self.segment_bytes,
                           sync_policy=self.sync_policy, on_append=self.uncommitted.add, pool=self.files,
-                          new_ledger_id=self.new_ledger_id)
+                          cache=self.cache, new_ledger_id=self.new_ledger_id)
             self.topics[name] = topic
         return topic
 
@@ -242,6 +245,8 @@ class BrokerCore:
         return synced
 
     def storage_stats(self) -> dict:
-        """Storage fault counters (corrupt entries skipped, failed commits, ...) and open files."""
+        """Storage fault counters (corrupt entries skipped, failed commits, ...), open files and the
+        entry cache (bytes held, its budget, entries evicted)."""
         return dict(self.files.stats.as_dict(), open_files=self.files.open_count,
-                    max_open_files=self.files.max_open_files)
+                    max_open_files=self.files.max_open_files, cache_bytes=self.cache.bytes,
+                    max_cache_bytes=self.cache.max_bytes, cache_evicted_entries=self.cache.evicted_entries)

@@ -18,7 +18,7 @@ from .core import BrokerCore
 from .pulsar import (DEFAULT_FRAME_TIMEOUT, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
                      DEFAULT_MAX_FRAME_BEFORE_CONNECT, DEFAULT_MAX_INPUT_BYTES, DEFAULT_MAX_OUTPUT_BYTES,
                      PulsarService)
-from .storage import SYNC_INTERVAL, FileOps, descriptor_limit
+from .storage import DEFAULT_MAX_CACHE_BYTES, SYNC_INTERVAL, FileOps, descriptor_limit
 from .topics import Topic
 from .v1 import DEFAULT_CONSUME_MAX_BYTES, V1Server
 
@@ -55,10 +55,11 @@ class Broker:
                  handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
                  max_frame_before_connect: int = DEFAULT_MAX_FRAME_BEFORE_CONNECT,
                  frame_timeout: float = DEFAULT_FRAME_TIMEOUT, max_open_files: int | None = None,
-                 file_ops: FileOps | None = None, max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> None:
+                 file_ops: FileOps | None = None, max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
+                 max_cache_bytes: int = DEFAULT_MAX_CACHE_BYTES) -> None:
         self.core = BrokerCore(data_dir, sync_policy=sync_policy, segment_bytes=segment_bytes,
                                default_partitions=default_partitions, max_open_files=max_open_files,
-                               file_ops=file_ops)
+                               file_ops=file_ops, max_cache_bytes=max_cache_bytes)
         self.pulsar = PulsarService(self.core, auth_tokens=auth_tokens, auth_basic=auth_basic, auth_tls=auth_tls,
                                     max_message_size=max_message_size,
                                     keep_alive_interval=keep_alive_interval,
@@ -81,7 +82,9 @@ class Broker:
             min_insync_replicas=min_insync_replicas, replication_timeout=replication_timeout,
             replica_lag_time=replica_lag_time, session_timeout=session_timeout,
             consume_max_bytes=v1_consume_max_bytes, auth_tokens=auth_tokens,  # V1 asks for AUTH too
-            max_connections=DEFAULT_MAX_CONNECTIONS if max_connections is None else max_connections)
+            max_connections=DEFAULT_MAX_CONNECTIONS if max_connections is None else max_connections,
+            # the Pulsar port's limits, a request line standing for a frame and AUTH for CONNECT
+            max_output_bytes=max_output_bytes, handshake_timeout=handshake_timeout, line_timeout=frame_timeout)
         self.v1: V1Server | None = None
         self._servers: list[asyncio.AbstractServer] = []
         self._background: asyncio.Task | None = None
@@ -125,19 +128,26 @@ class Broker:
         return self
 
     def _fit_descriptor_limit(self) -> None:
-        """By default connections plus open segment files fit in the descriptor limit: a
-        connection past it is then refused with an error (ServiceNotReady) instead of waiting
-        unaccepted while the OS refuses every accept (EMFILE)."""
-        room = max(descriptor_limit() - self.core.files.max_open_files - _SPARE_DESCRIPTORS, 1)
-        if self.pulsar.max_connections <= room:
+        """By default connections (Pulsar and V1 together) plus open segment files fit in the
+        descriptor limit: a connection past it is then refused with an error (ServiceNotReady,
+        TOO_MANY_CONNECTIONS) instead of waiting unaccepted while the OS refuses every accept
+        (EMFILE). The two protocols share the room in proportion to their limits."""
+        room = max(descriptor_limit() - self.core.files.max_open_files - _SPARE_DESCRIPTORS, 2)
+        pulsar_max = self.pulsar.max_connections
+        v1_max = self.v1_options["max_connections"] if self.v1_port is not None else 0
+        if pulsar_max + v1_max <= room:
             return
         if self._connections_fit_descriptors:
+            v1_room = min(v1_max, max(1, room * v1_max // (pulsar_max + v1_max))) if v1_max else 0
+            self.pulsar.max_connections = min(pulsar_max, room - v1_room)
             log.warning("the descriptor limit (%d) leaves room for %d connections beside %d segment files: "
-                        "serving at most %d", descriptor_limit(), room, self.core.files.max_open_files, room)
-            self.pulsar.max_connections = room
+                        "serving at most %d Pulsar and %d V1 connections", descriptor_limit(), room,
+                        self.core.files.max_open_files, self.pulsar.max_connections, v1_room)
+            if v1_max:
+                self.v1_options["max_connections"] = v1_room
         else:
-            log.warning("max_connections %d and %d segment files exceed the descriptor limit (%d): past it, "
-                        "new connections wait until descriptors free up", self.pulsar.max_connections,
+            log.warning("max_connections %d (Pulsar) and %d (V1) and %d segment files exceed the descriptor "
+                        "limit (%d): past it, new connections wait until descriptors free up", pulsar_max, v1_max,
                         self.core.files.max_open_files, descriptor_limit())
 
     async def stop(self) -> None:
@@ -186,7 +196,8 @@ class Broker:
                     log.exception("maintenance: %s failed; trying again", name)
 
     def storage_stats(self) -> dict:
-        """Storage fault counters: corrupt entries skipped, failed commits and syncs, open files."""
+        """Storage fault counters (corrupt entries skipped, failed commits and syncs), open files and
+        the entry cache (`cache_bytes`, `max_cache_bytes`, `cache_evicted_entries`)."""
         return self.core.storage_stats()
 
     # administration

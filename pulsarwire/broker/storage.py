@@ -25,6 +25,9 @@ recovery drops or cannot read is logged.
 Every file goes through a `FilePool`: an LRU of open descriptors bounded by
 `max_open_files` (idle segments are closed and reopened on demand), and a
 `FileOps` whose calls tests replace to inject faults (ENOSPC, EIO, EMFILE).
+Recently appended entries stay in memory in one `EntryCache` that every log of a
+broker shares, bounded by `max_cache_bytes` in all: the least recently used log
+gives back its oldest entries first, and a read of an evicted entry goes to disk.
 """
 from __future__ import annotations
 
@@ -50,6 +53,7 @@ HEADER_SIZE = _HEADER.size
 SYNC_ALWAYS, SYNC_INTERVAL, SYNC_NEVER = "always", "interval", "never"
 _BIG_ENDIAN = sys.byteorder == "big"
 _OUT_OF_FDS = (errno.EMFILE, errno.ENFILE)
+DEFAULT_MAX_CACHE_BYTES = 64 * 1024 * 1024  # cached entry bodies, all logs of a broker together
 
 
 class StorageError(Exception):
@@ -212,6 +216,70 @@ class FilePool:
 
     def write_json(self, path: str, data) -> None:
         write_json(path, data, self.ops)
+
+
+class EntryCache:
+    """Recently appended entries of every log that shares it, at most `max_bytes` of bodies in
+    all. Each log keeps its own dict of entries (oldest first); this keeps the logs in the order
+    they were last used (an append or a cache hit) and, over the budget, takes the oldest entries
+    of the least recently used log first. It counts body bytes; a body is a view only when it is
+    most of the buffer it views (TopicLog.append copies the others), so the memory it keeps alive
+    is at most about twice what it counts."""
+
+    def __init__(self, max_bytes: int = DEFAULT_MAX_CACHE_BYTES) -> None:
+        if max_bytes < 0:
+            raise ValueError("max_cache_bytes must not be negative")
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self.evicted_entries = 0
+        self._logs: collections.OrderedDict[object, collections.OrderedDict] = collections.OrderedDict()
+
+    def put(self, owner, entries: collections.OrderedDict, entry: Entry) -> None:
+        """Add `entry` to `entries`, the cache dict of log `owner`, then evict down to the budget."""
+        entries[entry.entry_id] = entry
+        self.bytes += len(entry.body)
+        logs = self._logs
+        try:
+            logs.move_to_end(owner)
+        except KeyError:
+            logs[owner] = entries
+        if self.bytes > self.max_bytes:
+            self._evict()
+
+    def touch(self, owner) -> None:
+        """`owner` was just read from its cache: it is the most recently used log."""
+        try:
+            self._logs.move_to_end(owner)
+        except KeyError:
+            pass
+
+    def _evict(self) -> None:
+        logs = self._logs
+        while self.bytes > self.max_bytes and logs:
+            owner, entries = next(iter(logs.items()))
+            if not entries:
+                del logs[owner]
+                continue
+            _, old = entries.popitem(last=False)
+            self.bytes -= len(old.body)
+            self.evicted_entries += 1
+            if not entries:
+                del logs[owner]
+
+    def discard(self, entries: collections.OrderedDict, entry_id: int) -> None:
+        old = entries.pop(entry_id, None)
+        if old is not None:
+            self.bytes -= len(old.body)
+
+    def drop(self, owner, entries: collections.OrderedDict) -> None:
+        """Forget every entry of log `owner` (it is closing)."""
+        self.bytes -= sum(len(e.body) for e in entries.values())
+        entries.clear()
+        self._logs.pop(owner, None)
+
+    @property
+    def log_count(self) -> int:
+        return len(self._logs)
 
 
 def write_json(path: str, data, ops: FileOps = DEFAULT_OPS) -> None:
@@ -484,11 +552,12 @@ class _Segment:
 
 
 class TopicLog:
-    """Append-only, segmented log of one topic-partition."""
+    """Append-only, segmented log of one topic-partition. Its recent entries live in `cache`,
+    shared with the broker's other logs; without one it gets its own of `cache_bytes`."""
 
     def __init__(self, directory: str, *, segment_bytes: int = 64 * 1024 * 1024,
                  sync_policy: str = SYNC_INTERVAL, cache_bytes: int = 32 * 1024 * 1024,
-                 pool: FilePool | None = None) -> None:
+                 pool: FilePool | None = None, cache: EntryCache | None = None) -> None:
         if sync_policy not in (SYNC_ALWAYS, SYNC_INTERVAL, SYNC_NEVER):
             raise ValueError(f"unknown sync policy {sync_policy!r}")
         self.directory = directory
@@ -526,9 +595,8 @@ class TopicLog:
         self.committed_entry_id = self.next_entry_id  # entries before it are on the OS's side
         self.batch = CommitBatch()
         self._dirty = False
-        self._cache: collections.OrderedDict[int, Entry] = collections.OrderedDict()
-        self._cache_bytes = 0
-        self._cache_limit = cache_bytes
+        self._cache: collections.OrderedDict[int, Entry] = collections.OrderedDict()  # oldest first
+        self._shared_cache = cache if cache is not None else EntryCache(cache_bytes)
 
     @staticmethod
     def _check_count(segment: _Segment, next_base: int) -> None:
@@ -564,8 +632,11 @@ class TopicLog:
         segment = self._segments[-1]
         if segment.size >= self.segment_bytes and segment.positions:
             segment = self._roll_over()
-        if type(body) is not bytes and not (type(body) is memoryview and type(body.obj) is bytes):
-            body = bytes(body)  # queued until commit and cached: it must not change meanwhile
+        if type(body) is not bytes and not (type(body) is memoryview and type(body.obj) is bytes
+                                            and 2 * len(body) >= len(body.obj)):
+            # queued until commit and cached: it must not change meanwhile; and a view of a small
+            # part of a big receive buffer would keep all of it alive while cached, uncounted
+            body = bytes(body)
         segment.append(_HEADER.pack(len(body), checksum, publish_time, num_messages), body)
         entry_id = self.next_entry_id
         self.next_entry_id += 1
@@ -608,9 +679,7 @@ class TopicLog:
             log.error("%s: a group commit of %d entries failed, rolled back to entry %d: %s",
                       self.directory, batch.count, lost_from - 1, exc)
             for entry_id in range(lost_from, self.next_entry_id):
-                old = self._cache.pop(entry_id, None)
-                if old is not None:
-                    self._cache_bytes -= len(old.body)
+                self._shared_cache.discard(self._cache, entry_id)
             self.next_entry_id = lost_from
             self.committed_entry_id = lost_from
             return False
@@ -620,17 +689,14 @@ class TopicLog:
         return True
 
     def _remember(self, entry: Entry) -> None:
-        self._cache[entry.entry_id] = entry
-        self._cache_bytes += len(entry.body)
-        while self._cache_bytes > self._cache_limit and self._cache:
-            _, old = self._cache.popitem(last=False)
-            self._cache_bytes -= len(old.body)
+        self._shared_cache.put(self, self._cache, entry)
 
     def read(self, entry_id: int) -> Entry:
         """The entry; KeyError outside the log, CorruptEntryError (logged) when it is unreadable,
         StorageError when the file system refuses."""
         cached = self._cache.get(entry_id)
         if cached is not None:
+            self._shared_cache.touch(self)
             return cached
         if not self.first_entry_id <= entry_id < self.next_entry_id:
             raise KeyError(entry_id)
@@ -684,6 +750,7 @@ class TopicLog:
                 self.commit()
         except StorageError as exc:
             log.error("%s: closing: %s", self.directory, exc)
+        self._shared_cache.drop(self, self._cache)
         for segment in self._segments:
             segment.close()
 

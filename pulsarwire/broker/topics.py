@@ -22,7 +22,7 @@ from .._proto import PulsarApi_pb2 as pb
 from ..errors import PulsarWireError
 from ..messages import ack_set_words
 from ..routing import murmur3_32
-from .storage import CorruptEntryError, Cursor, FilePool, StorageError, TopicLog, read_json
+from .storage import CorruptEntryError, Cursor, EntryCache, FilePool, StorageError, TopicLog, read_json
 
 log = logging.getLogger("pulsarwire.broker")
 
@@ -500,11 +500,13 @@ class Topic:
 
     def __init__(self, name: str, directory: str, *, segment_bytes: int, sync_policy: str,
                  on_append: Callable[["Topic"], None], pool: FilePool | None = None,
+                 cache: EntryCache | None = None,
                  new_ledger_id: Callable[[], int] = lambda: LEGACY_LEDGER_ID) -> None:
         self.name = name
         self.partition = _partition_index(name)
         self.directory = directory
-        self.log = TopicLog(self.directory, segment_bytes=segment_bytes, sync_policy=sync_policy, pool=pool)
+        self.log = TopicLog(self.directory, segment_bytes=segment_bytes, sync_policy=sync_policy, pool=pool,
+                           cache=cache)
         self._open_ledgers(new_ledger_id)
         self._on_append = on_append
         self._dedup_undo: dict[str, int | None] = {}  # producer -> its sequence id before this batch

@@ -23,11 +23,13 @@ UNAUTHORIZED, RECORD_TOO_LARGE, CORRUPT_RECORD, INTERNAL_ERROR and TOO_MANY_CONN
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import hmac
 import logging
 import os
 import re
+import struct
 import time
 import urllib.parse
 from dataclasses import dataclass, field
@@ -43,6 +45,18 @@ from .topics import Topic, entry_metadata
 log = logging.getLogger("pulsarwire.broker.v1")
 
 MAX_LINE = 1024 * 1024  # longest request line
+MAX_QUEUED_LINES_BYTES = 2 * MAX_LINE  # complete request lines waiting for their answer before reading stops
+# The Broker passes the Pulsar port's values of these (same flags); the defaults are the same.
+DEFAULT_MAX_OUTPUT_BYTES = 4 * 1024 * 1024  # unsent replies per connection before answering stops
+DEFAULT_HANDSHAKE_TIMEOUT = 10.0  # seconds from accept to AUTH, on a broker with tokens
+DEFAULT_LINE_TIMEOUT = 30.0  # seconds a request line may take to arrive, and a reply to be taken
+CLOSE_GRACE = 5.0  # seconds a closing connection may take to send its last bytes before it is aborted
+try:  # bytes a socket's kernel send queue holds (Linux): a client reading behind it makes progress
+    import fcntl
+    import termios
+    _OUTQ: int | None = termios.TIOCOUTQ
+except (ImportError, AttributeError):
+    _OUTQ = None
 DEFAULT_CONSUME_MAX_BYTES = 8 * 1024 * 1024  # record bytes in one CONSUME reply
 MAX_CONSUME_ENTRIES = 1000  # entries one CONSUME reply reads at most
 OFF_LOOP_BYTES = 256 * 1024  # compressed entries larger than this decompress on a worker thread
@@ -215,22 +229,266 @@ class Session:
         self.close = False
 
 
+class V1Connection(asyncio.Protocol):
+    """One V1 client: request lines in, answered one at a time and in order by a worker task.
+
+    What it can make the broker hold is bounded: the unfinished line (MAX_LINE bytes, and
+    `line_timeout` from its first byte), complete lines waiting (reading stops past
+    MAX_QUEUED_LINES_BYTES), unsent replies (answering stops past `max_output_bytes` and the
+    connection is closed when the client takes none of them for `line_timeout`), and, on a
+    broker with tokens, the time to AUTH (`handshake_timeout`). A limit that closes the connection
+    first sends `V1|0|ERR|<code>|<why>`, unless the client reads nothing (then it is aborted)."""
+
+    def __init__(self, server: "V1Server") -> None:
+        self.server = server
+        self.session = Session()
+        self.transport: asyncio.Transport | None = None
+        self.accepted_at = time.monotonic()
+        self.closed = False
+        self._unfinished = bytearray()  # the start of the next line
+        self._partial_since: float | None = None  # when the unfinished line's first byte arrived
+        self._lines: collections.deque = collections.deque()  # complete lines not answered yet (None: too long)
+        self._queued_bytes = 0
+        self._input_ended = False  # the client shut its side, or a line was too long: answer what is queued, close
+        self._reading = True
+        self._writable = True
+        self._blocked_since: float | None = None  # since when replies over budget wait, the client taking none
+        self._blocked_bytes = 0  # unsent replies then
+        self._wakeup: asyncio.Future | None = None  # what the idle worker awaits
+        self._worker: asyncio.Task | None = None
+
+    # asyncio.Protocol
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        server = self.server
+        budget = server.max_output_bytes
+        transport.set_write_buffer_limits(high=budget, low=budget // 2)
+        if len(server.connections) >= server.max_connections:
+            server.counters["refused_connections"] += 1
+            log.warning("refusing a V1 connection: at the limit of %d connections", server.max_connections)
+            self.close(_error("0", TOO_MANY_CONNECTIONS,
+                              f"this broker serves at most {server.max_connections} V1 connections"))
+            return
+        server.connections.add(self)
+        server.watch()
+        self._worker = asyncio.ensure_future(self._answer())
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed or self._input_ended:
+            return
+        unfinished = self._unfinished
+        if b"\n" not in data:
+            unfinished += data
+            if len(unfinished) > MAX_LINE:
+                self._too_long()
+            elif self._partial_since is None:
+                self._partial_since = time.monotonic()
+            return
+        unfinished += data
+        *lines, rest = unfinished.split(b"\n")
+        self._unfinished = bytearray(rest)
+        for line in lines:
+            if len(line) > MAX_LINE:
+                self._too_long()
+                return
+            self._lines.append(line)
+            self._queued_bytes += len(line)
+        self._partial_since = time.monotonic() if rest else None  # the unfinished line began in this data
+        if len(rest) > MAX_LINE:
+            self._too_long()
+        self._wake()
+        self._set_reading()
+
+    def eof_received(self) -> bool:
+        self._input_ended = True
+        if self._unfinished.strip():  # a last request without its newline
+            self._lines.append(bytes(self._unfinished))
+        self._unfinished = bytearray()
+        self._partial_since = None
+        self._wake()
+        return True  # keep the transport open to send the answers
+
+    def connection_lost(self, exc) -> None:
+        self._cleanup()
+
+    def pause_writing(self) -> None:
+        self._writable = False
+        self._blocked_since = time.monotonic()
+        self._blocked_bytes = self._unsent()
+        self.server.counters["output_pauses"] += 1
+
+    def resume_writing(self) -> None:
+        self._writable = True
+        self._blocked_since = None
+        self._wake()
+
+    # answering
+
+    def _too_long(self) -> None:
+        """A line over MAX_LINE: the lines before it are answered, then the error, then close."""
+        self.server.counters["oversized_lines"] += 1
+        self._lines.append(None)
+        self._unfinished = bytearray()
+        self._partial_since = None
+        self._input_ended = True  # nothing after it is read
+        self._wake()
+        self._set_reading()
+
+    def _wake(self) -> None:
+        wakeup = self._wakeup
+        if wakeup is not None and not wakeup.done():
+            wakeup.set_result(None)
+
+    async def _answer(self) -> None:
+        lines = self._lines
+        loop = asyncio.get_running_loop()
+        transport = self.transport
+        assert transport is not None  # started by connection_made
+        try:
+            while not self.closed:
+                if not lines or not self._writable:
+                    if self._input_ended and not lines:
+                        self.close()
+                        return
+                    self._wakeup = loop.create_future()
+                    await self._wakeup
+                    continue
+                line = lines.popleft()
+                if line is None:
+                    self.close(_error("0", BAD_REQUEST, f"request line longer than {MAX_LINE} bytes"))
+                    return
+                self._queued_bytes -= len(line)
+                if not self._reading:
+                    self._set_reading()
+                reply = await self.server.handle_line(line, self.session)
+                if self.closed:
+                    return
+                transport.write(reply)
+                if self.session.close:
+                    self.close()
+                    return
+        except asyncio.CancelledError:
+            pass
+
+    def _set_reading(self) -> None:
+        """Read while the lines waiting for their answers are under their budget."""
+        reading = not self.closed and not self._input_ended and self._queued_bytes <= MAX_QUEUED_LINES_BYTES
+        if reading != self._reading and self.transport is not None and not self.transport.is_closing():
+            self._reading = reading
+            if reading:
+                self.transport.resume_reading()
+                if self._partial_since is not None:
+                    self._partial_since = time.monotonic()  # it was waiting for us, not the client for it
+            else:
+                if not self._input_ended:
+                    self.server.counters["input_pauses"] += 1
+                self.transport.pause_reading()
+
+    # deadlines and closing
+
+    def check_deadlines(self, now: float) -> None:
+        """Close the connection whose line is too slow to arrive, whose replies the client does
+        not take, or that has not authenticated in time on a broker with tokens."""
+        server = self.server
+        counters = server.counters
+        if self._partial_since is not None and self._reading and now - self._partial_since > server.line_timeout:
+            counters["line_timeouts"] += 1
+            log.warning("closing a V1 connection whose request line took over %.0fs (%d bytes arrived)",
+                        server.line_timeout, len(self._unfinished))
+            self.close(_error("0", BAD_REQUEST, f"request line not completed within {server.line_timeout:g}s"))
+        elif self._blocked_since is not None and self._took_nothing_since_blocked(now) and \
+                now - self._blocked_since > server.line_timeout:
+            counters["output_timeouts"] += 1
+            log.warning("closing a V1 connection that took none of its replies for %.0fs (%d bytes held)",
+                        server.line_timeout, self.held_bytes)
+            self.close(abort=True)
+        elif server.auth_tokens is not None and not self.session.authenticated and \
+                now - self.accepted_at > server.handshake_timeout:
+            counters["handshake_timeouts"] += 1
+            log.warning("closing a V1 connection that did not AUTH within %.0fs", server.handshake_timeout)
+            self.close(_error("0", UNAUTHORIZED, f"no AUTH within {server.handshake_timeout:g}s"))
+
+    def _unsent(self) -> int:
+        """Reply bytes the client has not taken: the transport's buffer and the socket's send queue."""
+        transport = self.transport
+        if transport is None:
+            return 0
+        unsent = transport.get_write_buffer_size()
+        sock = transport.get_extra_info("socket")
+        if _OUTQ is not None and sock is not None:
+            try:
+                unsent += struct.unpack("i", fcntl.ioctl(sock.fileno(), _OUTQ, b"\0\0\0\0"))[0]
+            except OSError:
+                pass
+        return unsent
+
+    def _took_nothing_since_blocked(self, now: float) -> bool:
+        """Whether the client has taken none of its replies since output went over budget (a slow
+        reader that makes progress is not timed out; it holds no more than the budget)."""
+        unsent = self._unsent()
+        if unsent < self._blocked_bytes:
+            self._blocked_since, self._blocked_bytes = now, unsent
+            return False
+        return True
+
+    def close(self, last: bytes | None = None, abort: bool = False) -> None:
+        """Close after sending what is queued and `last`; `abort` drops them. A peer that does
+        not read what is left within CLOSE_GRACE is aborted, so its unsent replies are freed."""
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            if abort:
+                transport.abort()
+            else:
+                if last is not None:
+                    transport.write(last)
+                transport.close()
+                if transport.get_write_buffer_size():
+                    asyncio.get_running_loop().call_later(CLOSE_GRACE, transport.abort)
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._lines.clear()
+        self._unfinished = bytearray()
+        self._queued_bytes = 0
+        self._partial_since = self._blocked_since = None
+        self._wake()  # the worker ends (after the request it may be answering)
+        self.server.connections.discard(self)
+
+    @property
+    def held_bytes(self) -> int:
+        """Input held (unfinished and waiting lines) and replies not yet taken by the socket."""
+        output = self.transport.get_write_buffer_size() if self.transport is not None and not self.closed else 0
+        return len(self._unfinished) + self._queued_bytes + output
+
+
 class V1Server:
     """The V1 listener and its state: partition roles and replicas, consumer groups, offsets.
 
     `auth_tokens` (the broker's): when set, a connection must `AUTH <token>` before any
-    other command. `consume_max_bytes`: the most record bytes one CONSUME reply carries."""
+    other command, within `handshake_timeout`. `consume_max_bytes`: the most record bytes one
+    CONSUME reply carries. `max_connections`, `max_output_bytes`, `line_timeout`: see V1Connection."""
 
     def __init__(self, core: BrokerCore, *, partitions: int = 3, replication_factor: int = 3,
                  min_insync_replicas: int = 2, replication_timeout: float = 5.0, replica_lag_time: float = 10.0,
                  session_timeout: float = 10.0, consume_max_bytes: int = DEFAULT_CONSUME_MAX_BYTES,
-                 auth_tokens: set[str] | None = None, max_connections: int = 1000) -> None:
+                 auth_tokens: set[str] | None = None, max_connections: int = 1000,
+                 max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+                 handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+                 line_timeout: float = DEFAULT_LINE_TIMEOUT) -> None:
         if partitions < 1:
             raise ValueError("a V1 topic needs at least one partition")
         if replication_factor < 1:
             raise ValueError("replication_factor must be at least 1")
         if consume_max_bytes < 1:
             raise ValueError("consume_max_bytes must be at least 1")
+        for name, value in (("max_output_bytes", max_output_bytes), ("handshake_timeout", handshake_timeout),
+                            ("line_timeout", line_timeout)):
+            if value <= 0:
+                raise ValueError(f"{name} must be positive")
         self.core = core
         self.partitions = partitions
         self.replication_factor = replication_factor
@@ -240,6 +498,9 @@ class V1Server:
         self.session_timeout = session_timeout
         self.consume_max_bytes = consume_max_bytes
         self.max_connections = max_connections
+        self.max_output_bytes = max_output_bytes
+        self.handshake_timeout = handshake_timeout
+        self.line_timeout = line_timeout
         self.auth_tokens = None if auth_tokens is None else [t.encode() for t in auth_tokens]
         self.state: dict[tuple[str, int], PartitionState] = {}
         self.groups_path = os.path.join(core.data_dir, "groups.json")
@@ -251,7 +512,11 @@ class V1Server:
             group["members"] = {member: {"seen": now} for member in group.get("members", ())}
             group["assignments"] = group.get("assignments", group.pop("assignment", {}))  # older files
         self._server: asyncio.AbstractServer | None = None
-        self._connections: set[asyncio.Task] = set()
+        self.connections: set[V1Connection] = set()
+        self._watcher: asyncio.Task | None = None
+        # what hostile or slow clients cost (stats())
+        self.counters = dict.fromkeys(("refused_connections", "handshake_timeouts", "line_timeouts",
+                                       "output_timeouts", "oversized_lines", "output_pauses", "input_pauses"), 0)
         # One worker: big decompressions run one at a time, off the event loop.
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pulsarwire-v1")
         self._round_robin = 0
@@ -263,16 +528,22 @@ class V1Server:
         }
 
     async def start(self, host: str, port: int) -> int:
-        self._server = await asyncio.start_server(self._serve, host, port, limit=MAX_LINE)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: V1Connection(self), host, port)
         return self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
-        for task in list(self._connections):
-            task.cancel()
-        if self._connections:
-            await asyncio.wait(list(self._connections), timeout=5)
+        if self._watcher is not None:
+            self._watcher.cancel()
+        workers = [c._worker for c in self.connections if c._worker is not None]
+        for connection in list(self.connections):
+            connection.close(abort=True)
+        for worker in workers:
+            worker.cancel()
+        if workers:
+            await asyncio.wait(workers, timeout=5)
         if self._server is not None:
             await self._server.wait_closed()
         self._executor.shutdown(wait=True, cancel_futures=True)
@@ -281,40 +552,27 @@ class V1Server:
 
     # connection
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        session = Session()
-        task = asyncio.current_task()
-        assert task is not None  # a connection callback always runs in a task
-        if len(self._connections) >= self.max_connections:
-            log.warning("refusing a V1 connection: at the limit of %d connections", self.max_connections)
-            writer.write(_error("0", TOO_MANY_CONNECTIONS,
-                                f"this broker serves at most {self.max_connections} V1 connections"))
-            writer.close()
-            return
-        self._connections.add(task)
+    def watch(self) -> None:
+        """Start the sweep that closes connections past their deadlines (while any are open)."""
+        if self._watcher is None or self._watcher.done():
+            self._watcher = asyncio.ensure_future(self._sweep())
+
+    async def _sweep(self) -> None:
+        step = max(0.05, min(1.0, self.handshake_timeout / 4, self.line_timeout / 4))
         try:
-            while not session.close:
-                try:
-                    line = await reader.readuntil(b"\n")
-                except asyncio.IncompleteReadError as exc:
-                    if exc.partial.strip():  # a last request without its newline
-                        writer.write(await self.handle_line(exc.partial, session))
-                        await writer.drain()
-                    break
-                except asyncio.LimitOverrunError:
-                    writer.write(_error("0", BAD_REQUEST, f"request line longer than {MAX_LINE} bytes"))
-                    await writer.drain()
-                    break
-                writer.write(await self.handle_line(line, session))
-                await writer.drain()
-        except (ConnectionError, asyncio.CancelledError):
+            while self.connections:
+                await asyncio.sleep(step)
+                now = time.monotonic()
+                for connection in list(self.connections):
+                    connection.check_deadlines(now)
+        except asyncio.CancelledError:
             pass
-        finally:
-            self._connections.discard(task)
-            try:
-                writer.close()
-            except Exception:  # noqa: BLE001 - already gone
-                pass
+
+    def stats(self) -> dict:
+        """Open connections, what they hold (input and unsent replies), and the counters."""
+        return dict(self.counters, connections=len(self.connections),
+                    held_bytes=sum(c.held_bytes for c in self.connections),
+                    paused_connections=sum(1 for c in self.connections if not c._writable))
 
     async def handle_line(self, raw: bytes, session: Session | None = None) -> bytes:
         """One request line in, one response line out (never raises)."""
