@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from pulsarwire import codec, compression
+from pulsarwire import codec
 from pulsarwire._proto import PulsarApi_pb2 as pb
 
-from .peers import BrokerProcess, BrokerThread, free_port
+from .peers import BrokerThread, free_port
 
 T = pb.BaseCommand
 

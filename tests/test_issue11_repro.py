@@ -741,7 +741,7 @@ def test_7_consumer_that_never_reads_is_bounded(broker_factory):
     producer.flush()
     client.close()
     grown = broker.rss_mb() - before
-    # the entry cache (32 MiB) and one output budget may grow; 150 MB of queued output may not
+    # the entry cache (--max-cache-bytes, 64 MiB) and one output budget may grow; 150 MB of queued output may not
     assert grown < 90, f"broker grew {grown:.0f} MB"
     stuck.close()
     produce(broker.url, topic_name("still-serving"), [b"ok"])
