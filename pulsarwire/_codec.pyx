@@ -1322,10 +1322,9 @@ cdef array.array _INT64 = array.array("q")
 cdef array.array _UINT64 = array.array("Q")
 
 
-# Byte columns other than payloads are allocated at the batch size plus this much: every
-# byte copied out comes from a distinct byte of the batch, so none outgrows the batch, and
-# short spans are copied as one fixed 16-byte move that may write up to 16 bytes past
-# their end (trimmed when the split ends).
+# Byte columns other than payloads keep this much room after what is written: short spans
+# are copied as one fixed 16-byte move that may write up to 16 bytes past their end (trimmed
+# when the split ends).
 cdef enum:
     _SPAN_SLACK = 16
     _FAST_PROPERTIES = 4  # properties an entry may have and still take the keyed fast path
@@ -1399,11 +1398,44 @@ cdef inline bint _ascii(const uint8_t* p, Py_ssize_t size, const uint8_t* limit)
     return (seen & 0x8080808080808080ULL) == 0
 
 
-cdef inline bytearray _byte_column(Py_ssize_t batch_size, char** out):
-    """A byte column able to hold every byte of the batch, plus _SPAN_SLACK."""
-    cdef bytearray column = PyByteArray_FromStringAndSize(NULL, batch_size + _SPAN_SLACK)
-    out[0] = PyByteArray_AS_STRING(column)
+cdef struct _Bytes:
+    # A byte column filled from C: its bytearray holds capacity bytes, the first size written.
+    char* ptr
+    Py_ssize_t size, capacity
+
+
+cdef inline bytearray _byte_column(Py_ssize_t first, Py_ssize_t rows_left, Py_ssize_t batch_size, _Bytes* out):
+    """A byte column for a span of `first` bytes and room for as much again for every row left
+    (no column outgrows the batch: every byte copied out comes from a distinct byte of it).
+    Sized so, rather than at the batch size: large blocks freed again each split make the
+    allocator hand memory back to the system and fault it in again."""
+    cdef Py_ssize_t capacity = _SPAN_SLACK + min(batch_size, 256 + 2 * first * rows_left)
+    cdef bytearray column = PyByteArray_FromStringAndSize(NULL, capacity)
+    out.ptr = PyByteArray_AS_STRING(column)
+    out.size = 0
+    out.capacity = capacity
     return column
+
+
+cdef int _reserve(bytearray column, _Bytes* out, Py_ssize_t extra) except -1:
+    """Room for `extra` more bytes, and _SPAN_SLACK after them."""
+    cdef Py_ssize_t capacity
+    if out.size + extra + _SPAN_SLACK > out.capacity:
+        capacity = max(2 * out.capacity, out.size + extra + _SPAN_SLACK)
+        PyByteArray_Resize(column, capacity)
+        out.ptr = PyByteArray_AS_STRING(column)
+        out.capacity = capacity
+    return 0
+
+
+cdef inline bint _fits(const _Bytes* column, Py_ssize_t extra) noexcept nogil:
+    return column.size + extra + _SPAN_SLACK <= column.capacity
+
+
+cdef inline void _put(_Bytes* column, const uint8_t* src, Py_ssize_t size, const uint8_t* src_end) noexcept nogil:
+    """Append a span; the caller made room (_reserve, _fits)."""
+    _copy_span(column.ptr + column.size, src, size, src_end)
+    column.size += size
 
 
 cdef inline array.array _ends_column(Py_ssize_t rows, long long** out):
@@ -1443,9 +1475,7 @@ cdef inline void _flush_bits(_BitGather* gather, Py_ssize_t rows) noexcept nogil
 
 
 cdef struct _PropertyColumns:
-    char* keys
-    char* values
-    Py_ssize_t keys_size, values_size
+    _Bytes keys, values
     long long* key_ends     # pairs + 1 int64 offsets each, from 0
     long long* value_ends
     Py_ssize_t pairs, capacity  # pairs written; pairs the ends arrays hold, less one
@@ -1454,14 +1484,12 @@ cdef struct _PropertyColumns:
 cdef inline void _write_pair(_PropertyColumns* out, const uint8_t* buf, const uint8_t* buf_end,
                              Py_ssize_t key_start, Py_ssize_t key_size,
                              Py_ssize_t value_start, Py_ssize_t value_size) noexcept nogil:
-    """One property pair; the caller made room for it (_PropertyColumns.capacity)."""
-    _copy_span(out.keys + out.keys_size, buf + key_start, key_size, buf_end)
-    out.keys_size += key_size
-    _copy_span(out.values + out.values_size, buf + value_start, value_size, buf_end)
-    out.values_size += value_size
+    """One property pair; the caller made room for it (_PropertyColumns.capacity, _Bytes)."""
+    _put(&out.keys, buf + key_start, key_size, buf_end)
+    _put(&out.values, buf + value_start, value_size, buf_end)
     out.pairs += 1
-    out.key_ends[out.pairs] = out.keys_size
-    out.value_ends[out.pairs] = out.values_size
+    out.key_ends[out.pairs] = out.keys.size
+    out.value_ends[out.pairs] = out.values.size
 
 
 cdef inline bytearray _empty_bytes():
@@ -1518,10 +1546,9 @@ cdef struct _ColumnsOut:
     char* payloads
     Py_ssize_t payloads_size
     long long* payload_ends
-    char* keys                      # partition keys
-    Py_ssize_t keys_size
+    _Bytes keys                     # partition keys
     long long* key_ends
-    Py_ssize_t ordering_size
+    _Bytes ordering
     long long* ordering_ends
     _PropertyColumns properties
     long long* property_ends
@@ -1534,9 +1561,9 @@ cdef struct _ColumnsOut:
 cdef inline void _end_key_columns(_ColumnsOut* out, Py_ssize_t index) noexcept nogil:
     """Row `index`'s ends in the key and property columns made so far (every row writes them)."""
     if out.key_ends != NULL:
-        out.key_ends[index + 1] = out.keys_size
+        out.key_ends[index + 1] = out.keys.size
     if out.ordering_ends != NULL:
-        out.ordering_ends[index + 1] = out.ordering_size
+        out.ordering_ends[index + 1] = out.ordering.size
     if out.property_ends != NULL:
         out.property_ends[index + 1] = out.properties.pairs
 
@@ -1619,7 +1646,7 @@ cdef Py_ssize_t _keyed_run(const uint8_t* buf, Py_ssize_t end, _ColumnsOut* out,
     the loop, so that it compiles inline."""
     cdef _ColumnsOut o = out[0]  # a local copy: stores through char* cannot alias it
     cdef const uint8_t* buf_end = buf + end
-    cdef Py_ssize_t pos = o.pos, q, smm_end, kv_end, at, pair, pair_count, text_start
+    cdef Py_ssize_t pos = o.pos, q, smm_end, kv_end, at, pair, pair_count, text_start, key_bytes, value_bytes
     cdef Py_ssize_t key_start = 0, key_size, payload_size
     cdef Py_ssize_t pairs[_FAST_PROPERTIES][4]  # key start, key size, value start, value size
     cdef Py_ssize_t* span
@@ -1636,6 +1663,7 @@ cdef Py_ssize_t _keyed_run(const uint8_t* buf, Py_ssize_t end, _ColumnsOut* out,
         smm_end = q + smm_size
         text_start = q
         pair_count = 0
+        key_bytes = value_bytes = 0
         while q < smm_end and buf[q] == 0x0A:
             # 0x0a kv_size 0x0a key_size key 0x12 value_size value: six bytes at least. A size
             # byte of 0x80 or more (a longer varint) cannot make the ends meet, but kv_size's
@@ -1651,6 +1679,8 @@ cdef Py_ssize_t _keyed_run(const uint8_t* buf, Py_ssize_t end, _ColumnsOut* out,
             span[1] = at - q - 4
             span[2] = at + 2
             span[3] = kv_end - at - 2
+            key_bytes += span[1]
+            value_bytes += span[3]
             pair_count += 1
             q = kv_end
         key_size = -1
@@ -1688,10 +1718,12 @@ cdef Py_ssize_t _keyed_run(const uint8_t* buf, Py_ssize_t end, _ColumnsOut* out,
         if q != smm_end:
             break
         # The columns this row fills must be made (the general path makes them).
-        if pair_count and (o.property_ends == NULL or o.properties.pairs + pair_count > o.properties.capacity):
+        if pair_count and (o.property_ends == NULL or o.properties.pairs + pair_count > o.properties.capacity
+                           or not _fits(&o.properties.keys, key_bytes)
+                           or not _fits(&o.properties.values, value_bytes)):
             break
-        if ((key_size >= 0 and o.key_ends == NULL) or (event_time and o.event_times == NULL)
-                or (has_sequence_id and o.sequence_ids == NULL)):
+        if ((key_size >= 0 and (o.key_ends == NULL or not _fits(&o.keys, key_size)))
+                or (event_time and o.event_times == NULL) or (has_sequence_id and o.sequence_ids == NULL)):
             break
 
         _copy(o.payloads + o.payloads_size, buf + smm_end, payload_size)
@@ -1701,8 +1733,7 @@ cdef Py_ssize_t _keyed_run(const uint8_t* buf, Py_ssize_t end, _ColumnsOut* out,
             span = &pairs[pair][0]
             _write_pair(&o.properties, buf, buf_end, span[0], span[1], span[2], span[3])
         if key_size >= 0:
-            _copy_span(o.keys + o.keys_size, buf + key_start, key_size, buf_end)
-            o.keys_size += key_size
+            _put(&o.keys, buf + key_start, key_size, buf_end)
             _gather_bit(&o.has_key, rows, index)
         if o.any_key_column:
             _end_key_columns(&o, index)
@@ -1719,9 +1750,9 @@ cdef Py_ssize_t _keyed_run(const uint8_t* buf, Py_ssize_t end, _ColumnsOut* out,
 
 
 cdef Columns _split_batch_columns(const uint8_t* buf, Py_ssize_t end, long count):
-    # Every byte copied out comes from a distinct byte of buf[:end], so no byte column
-    # (allocated at `end` bytes and a little slack, trimmed at the end) ever grows.
-    # Rows go through the fast runs while they take them, else one by one the general way.
+    # Every byte copied out comes from a distinct byte of buf[:end], so payloads (allocated
+    # at `end` bytes, trimmed at the end) never grows. Rows go through the fast runs while
+    # they take them, else one by one the general way.
     cdef Py_ssize_t index = 0, start, smm_end, size, property_pos, pair, pos
     cdef const uint8_t* buf_end = buf + end
     cdef Py_ssize_t spans[4]
@@ -1746,7 +1777,6 @@ cdef Columns _split_batch_columns(const uint8_t* buf, Py_ssize_t end, long count
     cdef array.array partition_key_offsets = None, ordering_key_offsets = None, property_offsets = None
     cdef array.array property_key_offsets = None, property_value_offsets = None
     cdef array.array event_times = None, sequence_ids = None
-    cdef char* ordering_out = NULL
     cdef bytearray has_partition_key = None, has_ordering_key = None
     cdef bytearray has_sequence_id = None, compacted_out = None
     cdef bytearray null_value = None, null_partition_key = None
@@ -1775,28 +1805,28 @@ cdef Columns _split_batch_columns(const uint8_t* buf, Py_ssize_t end, long count
         out.payload_ends[index + 1] = out.payloads_size
         if fields.key_size >= 0:
             if out.key_ends == NULL:
-                partition_keys = _byte_column(end, &out.keys)
+                partition_keys = _byte_column(fields.key_size, rows - index, end, &out.keys)
                 partition_key_offsets = _ends_column(rows, &out.key_ends)
                 has_partition_key = _bitmap_column(rows, &out.has_key)
                 out.any_key_column = True
-            _copy_span(out.keys + out.keys_size, buf + fields.key_start, fields.key_size, buf_end)
-            out.keys_size += fields.key_size
+            _reserve(partition_keys, &out.keys, fields.key_size)
+            _put(&out.keys, buf + fields.key_start, fields.key_size, buf_end)
             _gather_bit(&out.has_key, rows, index)
         if fields.ordering_key_size >= 0:
             if out.ordering_ends == NULL:
-                ordering_keys = _byte_column(end, &ordering_out)
+                ordering_keys = _byte_column(fields.ordering_key_size, rows - index, end, &out.ordering)
                 ordering_key_offsets = _ends_column(rows, &out.ordering_ends)
                 has_ordering_key = _bitmap(rows)
                 has_ordering_bits = <uint8_t*>PyByteArray_AS_STRING(has_ordering_key)
                 out.any_key_column = True
-            _copy_span(ordering_out + out.ordering_size, buf + fields.ordering_key_start,
-                       fields.ordering_key_size, buf_end)
-            out.ordering_size += fields.ordering_key_size
+            _reserve(ordering_keys, &out.ordering, fields.ordering_key_size)
+            _put(&out.ordering, buf + fields.ordering_key_start, fields.ordering_key_size, buf_end)
             _set_bit(has_ordering_bits, index)
         if fields.property_count:
             if out.property_ends == NULL:
-                property_keys = _byte_column(end, &out.properties.keys)
-                property_values = _byte_column(end, &out.properties.values)
+                property_keys = _byte_column(fields.property_spans[0][1], rows - index, end, &out.properties.keys)
+                property_values = _byte_column(fields.property_spans[0][3], rows - index, end,
+                                               &out.properties.values)
                 property_offsets = _ends_column(rows, &out.property_ends)
                 out.properties.capacity = rows
                 property_key_offsets = _ends_column(rows, &out.properties.key_ends)
@@ -1807,10 +1837,14 @@ cdef Columns _split_batch_columns(const uint8_t* buf, Py_ssize_t end, long count
             if fields.property_count <= SMM_KEPT_PROPERTIES:
                 for pair in range(fields.property_count):
                     span = &fields.property_spans[pair][0]
+                    _reserve(property_keys, &out.properties.keys, span[1])
+                    _reserve(property_values, &out.properties.values, span[3])
                     _write_pair(&out.properties, buf, buf_end, span[0], span[1], span[2], span[3])
             else:
                 property_pos = pos + 4
                 while _next_property(buf, &property_pos, smm_end, spans):
+                    _reserve(property_keys, &out.properties.keys, spans[1])
+                    _reserve(property_values, &out.properties.values, spans[3])
                     _write_pair(&out.properties, buf, buf_end, spans[0], spans[1], spans[2], spans[3])
         if out.any_key_column:
             _end_key_columns(&out, index)
@@ -1855,12 +1889,12 @@ cdef Columns _split_batch_columns(const uint8_t* buf, Py_ssize_t end, long count
 
     PyByteArray_Resize(payloads, out.payloads_size)
     if partition_keys is not None:
-        PyByteArray_Resize(partition_keys, out.keys_size)
+        PyByteArray_Resize(partition_keys, out.keys.size)
     if ordering_keys is not None:
-        PyByteArray_Resize(ordering_keys, out.ordering_size)
+        PyByteArray_Resize(ordering_keys, out.ordering.size)
     if property_keys is not None:
-        PyByteArray_Resize(property_keys, out.properties.keys_size)
-        PyByteArray_Resize(property_values, out.properties.values_size)
+        PyByteArray_Resize(property_keys, out.properties.keys.size)
+        PyByteArray_Resize(property_values, out.properties.values.size)
         array.resize(property_key_offsets, out.properties.pairs + 1)
         array.resize(property_value_offsets, out.properties.pairs + 1)
     cdef Columns columns = Columns.__new__(Columns)

@@ -340,6 +340,9 @@ def test_fast_layout_edges():
         "sequence id before event time": [(_sized(0x12, b"k") + b"\x18\x00\x40\x07\x28\x05", b"")],
         "partition key twice": [(_sized(0x12, b"a") + _sized(0x12, b"b") + b"\x18\x00", b"")],
         "text at the very end": [(b"\x18\x00", b"")] * 3 + [(_pair(b"k", b"v") + _sized(0x12, b"pk") + b"\x18\x00", b"")],
+        "columns outgrow their first size": [(_pair(b"", b"") + _sized(0x12, b"") + b"\x18\x00", b"")]
+        + [(_pair(b"k" * 50, b"v" * 60) + _sized(0x12, b"p" * 100) + b"\x18\x00", b"")] * 40
+        + [(_sized(0x12, b"q" * 200) + b"\x3a\x01o\x18\x00", b"")] * 5,
         "keyed rows after plain ones": [(b"\x18\x01\x40\x01", b"a")] * 70 + [(_pair(b"k", b"v") + b"\x18\x00", b"")] * 70,
         "mixed rows": [(b"\x18\x01", b"a"), (_pair(b"k", b"v") + b"\x18\x00", b""), (b"\x3a\x01o\x18\x00", b""),
                        (_sized(0x12, b"pk") + b"\x18\x01\x28\x09", b"b"), (b"\x18\x00\x40\x03", b"")] * 30,
