@@ -1330,43 +1330,14 @@ cdef enum:
     _FAST_PROPERTIES = 4  # properties an entry may have and still take the keyed fast path
 
 
-cdef inline void _copy(char* out, const void* data, Py_ssize_t size) noexcept nogil:
-    """memcpy, for the short spans of a batch: libc's memcpy has a call and a dispatch to pay
-    on every span (about 10 ns a 100-byte span on some CPUs), fixed-size moves inline."""
-    cdef const char* src = <const char*>data
-    if size > 512:
-        memcpy(out, src, size)
-    elif size > 32:
-        while size > 32:
-            memcpy(out, src, 32)
-            out += 32
-            src += 32
-            size -= 32
-        memcpy(out + size - 32, src + size - 32, 32)  # the last 32 bytes, overlapping what is copied
-    elif size >= 16:
-        memcpy(out, src, 16)
-        memcpy(out + size - 16, src + size - 16, 16)
-    elif size >= 8:
-        memcpy(out, src, 8)
-        memcpy(out + size - 8, src + size - 8, 8)
-    elif size >= 4:
-        memcpy(out, src, 4)
-        memcpy(out + size - 4, src + size - 4, 4)
-    else:
-        while size > 0:
-            out[0] = src[0]
-            out += 1
-            src += 1
-            size -= 1
-
-
 cdef inline void _copy_span(char* out, const uint8_t* src, Py_ssize_t size, const uint8_t* src_end) noexcept nogil:
-    """_copy into a column allocated with _SPAN_SLACK spare bytes: a span of up to 16 bytes
-    is one 16-byte move when 16 bytes can be read at src (src_end: the end of the batch)."""
+    """memcpy into a column kept _SPAN_SLACK bytes roomier than what is written: a span of up to
+    16 bytes is one inline 16-byte move when 16 bytes can be read at src (src_end: the end of
+    the batch), rather than a call."""
     if size <= 16 and src_end - src >= 16:
         memcpy(out, src, 16)
     else:
-        _copy(out, src, size)
+        memcpy(out, src, size)
 
 
 cdef inline uint64_t _le64(const uint8_t* p) noexcept nogil:
@@ -1620,7 +1591,7 @@ cdef Py_ssize_t _plain_run(const uint8_t* buf, Py_ssize_t end, _ColumnsOut* out,
                 break
             o.sequence_ids[index] = value
             _gather_bit(&o.has_sequence, rows, index)
-        _copy(o.payloads + o.payloads_size, buf + smm_end, size)
+        memcpy(o.payloads + o.payloads_size, buf + smm_end, size)
         o.payloads_size += size
         o.payload_ends[index + 1] = o.payloads_size
         if o.any_key_column:
@@ -1726,7 +1697,7 @@ cdef Py_ssize_t _keyed_run(const uint8_t* buf, Py_ssize_t end, _ColumnsOut* out,
                 or (event_time and o.event_times == NULL) or (has_sequence_id and o.sequence_ids == NULL)):
             break
 
-        _copy(o.payloads + o.payloads_size, buf + smm_end, payload_size)
+        memcpy(o.payloads + o.payloads_size, buf + smm_end, payload_size)
         o.payloads_size += payload_size
         o.payload_ends[index + 1] = o.payloads_size
         for pair in range(pair_count):
@@ -1800,7 +1771,7 @@ cdef Columns _split_batch_columns(const uint8_t* buf, Py_ssize_t end, long count
         if status != SCAN_OK:
             _raise_entry(status, buf, pos, end, index, count, &fields)
         size = <Py_ssize_t>fields.payload_size
-        _copy(out.payloads + out.payloads_size, buf + smm_end, size)
+        memcpy(out.payloads + out.payloads_size, buf + smm_end, size)
         out.payloads_size += size
         out.payload_ends[index + 1] = out.payloads_size
         if fields.key_size >= 0:
