@@ -1376,10 +1376,10 @@ cdef struct _Bytes:
 
 
 cdef inline bytearray _byte_column(Py_ssize_t first, Py_ssize_t rows_left, Py_ssize_t batch_size, _Bytes* out):
-    """A byte column for a span of `first` bytes and room for as much again for every row left
-    (no column outgrows the batch: every byte copied out comes from a distinct byte of it).
-    Sized so, rather than at the batch size: large blocks freed again each split make the
-    allocator hand memory back to the system and fault it in again."""
+    """A byte column for a span of `first` bytes and room for as much again for every row left,
+    and never more than the batch (every byte copied out comes from a distinct byte of it).
+    Sized so, rather than at the batch size for each column, a split of small keys asks the
+    allocator for a few KiB per column, not a batch-sized block it mostly trims again."""
     cdef Py_ssize_t capacity = _SPAN_SLACK + min(batch_size, 256 + 2 * first * rows_left)
     cdef bytearray column = PyByteArray_FromStringAndSize(NULL, capacity)
     out.ptr = PyByteArray_AS_STRING(column)
