@@ -8,6 +8,8 @@ A second table times split_columns on one uncompressed batch payload, beside
 a plain copy of the same number of payload bytes (bytes(memoryview(...)),
 timed the same way, in alternate samples): "of memcpy" is the copy's best time
 over split_columns' best time; "(median)" the median of the per-sample ratios.
+"of batch copy" is the same ratio for a copy of the whole batch payload (its
+SingleMessageMetadata and size fields too: what the split reads), for context.
 
     python benchmarks/bench_codec.py [--seconds 0.5] [--json out.json] [--columns-only]
 """
@@ -147,22 +149,28 @@ def make_columns_batch(message_size, shape, seed=2):
     return md, builder.build(), per_batch, per_batch * message_size
 
 
-def paired_times(split, copy, seconds, split_calls):
-    """Alternate samples of `split` (split_calls calls) and `copy` (20 calls) for about `seconds`.
+def paired_times(split, copy, seconds, split_calls, batch_copy=None):
+    """Alternate samples of `split` (split_calls calls), `copy` and `batch_copy` (20 calls each)
+    for about `seconds`.
 
-    Returns the best time of one call of each and the median of the per-pair ratios
-    copy/split: pairs see the same machine, which matters where other work comes and goes.
+    Returns the best time of one call of each (None for a batch_copy not given) and the median
+    of the per-sample ratios copy/split: samples taken together see the same machine, which
+    matters where other work comes and goes.
     """
-    split_times, copy_times = [], []
+    split_times, copy_times, batch_copy_times = [], [], []
+    calls_made = [(split, split_times, split_calls), (copy, copy_times, 20)]
+    if batch_copy is not None:
+        calls_made.append((batch_copy, batch_copy_times, 20))
     deadline = time.perf_counter() + seconds
     while len(split_times) < 5 or time.perf_counter() < deadline:
-        for call, times, calls in ((split, split_times, split_calls), (copy, copy_times, 20)):
+        for call, times, calls in calls_made:
             start = time.perf_counter()
             for _ in range(calls):
                 call()
             times.append((time.perf_counter() - start) / calls)
     ratios = sorted(c / s for s, c in zip(split_times, copy_times))
-    return min(split_times), min(copy_times), ratios[len(ratios) // 2]
+    return (min(split_times), min(copy_times), ratios[len(ratios) // 2],
+            min(batch_copy_times) if batch_copy_times else None)
 
 
 def columns_main(args):
@@ -175,7 +183,7 @@ def columns_main(args):
         impls.append(("cython split_messages", _codec.split_messages))  # reference: an object per message
     rows = []
     header = (f"{'columnar split, one batch':<28} {'impl':<22} {'messages/s':>12} {'payload GB/s':>13} "
-              f"{'memcpy GB/s':>12} {'of memcpy':>10} {'(median)':>9}")
+              f"{'memcpy GB/s':>12} {'of memcpy':>10} {'(median)':>9} {'of batch copy':>14}")
     print(header)
     print("-" * len(header))
     for size, shape in ((100, "payload"), (100, "sequence"), (100, "keyed"), (1024, "payload"), (1024, "keyed")):
@@ -186,16 +194,18 @@ def columns_main(args):
             if impl_name == "cython":
                 check = split(md, raw)
                 assert len(check) == messages and len(check.payloads) == payload_bytes, name
-            split_time, copy_time, median_ratio = paired_times(
+            split_time, copy_time, median_ratio, batch_copy_time = paired_times(
                 lambda: split(md, raw), lambda: bytes(memoryview(plain)), args.seconds,
-                1 if impl_name == "python" else 20)
+                1 if impl_name == "python" else 20, lambda: bytes(memoryview(raw)))
             row = {"case": name, "impl": impl_name, "messages_per_s": messages / split_time,
                    "payload_gb_per_s": payload_bytes / split_time / 1e9,
                    "memcpy_gb_per_s": payload_bytes / copy_time / 1e9, "fraction_of_memcpy": copy_time / split_time,
-                   "fraction_of_memcpy_median": median_ratio}
+                   "fraction_of_memcpy_median": median_ratio, "batch_bytes": len(raw),
+                   "fraction_of_batch_copy": batch_copy_time / split_time}
             rows.append(row)
             print(f"{name:<28} {impl_name:<22} {row['messages_per_s']:>12,.0f} {row['payload_gb_per_s']:>13.2f} "
-                  f"{row['memcpy_gb_per_s']:>12.2f} {row['fraction_of_memcpy']:>10.3f} {median_ratio:>9.3f}")
+                  f"{row['memcpy_gb_per_s']:>12.2f} {row['fraction_of_memcpy']:>10.3f} {median_ratio:>9.3f} "
+                  f"{row['fraction_of_batch_copy']:>14.3f}")
     return rows
 
 

@@ -1322,103 +1322,145 @@ cdef array.array _INT64 = array.array("q")
 cdef array.array _UINT64 = array.array("Q")
 
 
-cdef struct _Sink:
-    # A bytearray filled from C, owned by a local variable of the caller: grows by doubling.
-    PyObject* data
+# Byte columns other than payloads keep this much room after what is written: short spans
+# are copied as one fixed 16-byte move that may write up to 16 bytes past their end (trimmed
+# when the split ends).
+cdef enum:
+    _SPAN_SLACK = 16
+    _FAST_PROPERTIES = 4  # properties an entry may have and still take the keyed fast path
+
+
+cdef inline void _copy_span(char* out, const uint8_t* src, Py_ssize_t size, const uint8_t* src_end) noexcept nogil:
+    """memcpy into a column kept _SPAN_SLACK bytes roomier than what is written: a span of up to
+    16 bytes is one inline 16-byte move when 16 bytes can be read at src (src_end: the end of
+    the batch), rather than a call."""
+    if size <= 16 and src_end - src >= 16:
+        memcpy(out, src, 16)
+    else:
+        memcpy(out, src, size)
+
+
+cdef inline uint64_t _le64(const uint8_t* p) noexcept nogil:
+    """8 bytes at p as a little-endian word (one load on little-endian machines)."""
+    cdef uint64_t value, out = 0
+    cdef const uint8_t* b = <const uint8_t*>&value
+    cdef int i
+    memcpy(&value, p, 8)
+    for i in range(8):
+        out |= (<uint64_t>b[i]) << (8 * i)
+    return out
+
+
+cdef inline bint _ascii(const uint8_t* p, Py_ssize_t size, const uint8_t* limit) noexcept nogil:
+    """No byte of p[:size] is above 0x7F; reads 8-byte words, never at or past limit."""
+    cdef uint64_t seen = 0
+    while size >= 8:
+        seen |= _le64(p)
+        p += 8
+        size -= 8
+    if size > 0:
+        if limit - p >= 8:
+            seen |= _le64(p) & (((<uint64_t>1) << (8 * size)) - 1)
+        else:
+            while size > 0:
+                seen |= p[0]
+                p += 1
+                size -= 1
+    return (seen & 0x8080808080808080ULL) == 0
+
+
+cdef struct _Bytes:
+    # A byte column filled from C: its bytearray holds capacity bytes, the first size written.
     char* ptr
     Py_ssize_t size, capacity
 
 
-cdef inline int _sink_open(_Sink* sink, bytearray data) except -1:
-    sink.data = <PyObject*>data
-    sink.ptr = PyByteArray_AS_STRING(data)
-    sink.size = 0
-    sink.capacity = PyByteArray_GET_SIZE(data)
+cdef inline bytearray _byte_column(Py_ssize_t first, Py_ssize_t rows_left, Py_ssize_t batch_size, _Bytes* out):
+    """A byte column for a span of `first` bytes and room for as much again for every row left,
+    and never more than the batch (every byte copied out comes from a distinct byte of it).
+    Sized so, rather than at the batch size for each column, a split of small keys asks the
+    allocator for a few KiB per column, not a batch-sized block it mostly trims again."""
+    cdef Py_ssize_t capacity = _SPAN_SLACK + min(batch_size, 256 + 2 * first * rows_left)
+    cdef bytearray column = PyByteArray_FromStringAndSize(NULL, capacity)
+    out.ptr = PyByteArray_AS_STRING(column)
+    out.size = 0
+    out.capacity = capacity
+    return column
+
+
+cdef int _reserve(bytearray column, _Bytes* out, Py_ssize_t extra) except -1:
+    """Room for `extra` more bytes, and _SPAN_SLACK after them."""
+    cdef Py_ssize_t capacity
+    if out.size + extra + _SPAN_SLACK > out.capacity:
+        capacity = max(2 * out.capacity, out.size + extra + _SPAN_SLACK)
+        PyByteArray_Resize(column, capacity)
+        out.ptr = PyByteArray_AS_STRING(column)
+        out.capacity = capacity
     return 0
 
 
-cdef int _sink_grow(_Sink* sink, Py_ssize_t extra) except -1:
-    cdef Py_ssize_t capacity = max(2 * sink.capacity, sink.size + extra, 256)
-    PyByteArray_Resize(<object>sink.data, capacity)
-    sink.ptr = PyByteArray_AS_STRING(<object>sink.data)
-    sink.capacity = capacity
-    return 0
+cdef inline bint _fits(const _Bytes* column, Py_ssize_t extra) noexcept nogil:
+    return column.size + extra + _SPAN_SLACK <= column.capacity
 
 
-cdef inline void _copy(char* out, const void* data, Py_ssize_t size) noexcept nogil:
-    """memcpy, for the short spans of a batch: libc's memcpy has a call and a dispatch to pay
-    on every span (about 10 ns a 100-byte span on some CPUs), fixed-size moves inline."""
-    cdef const char* src = <const char*>data
-    if size > 512:
-        memcpy(out, src, size)
-    elif size > 32:
-        while size > 32:
-            memcpy(out, src, 32)
-            out += 32
-            src += 32
-            size -= 32
-        memcpy(out + size - 32, src + size - 32, 32)  # the last 32 bytes, overlapping what is copied
-    elif size >= 16:
-        memcpy(out, src, 16)
-        memcpy(out + size - 16, src + size - 16, 16)
-    elif size >= 8:
-        memcpy(out, src, 8)
-        memcpy(out + size - 8, src + size - 8, 8)
-    elif size >= 4:
-        memcpy(out, src, 4)
-        memcpy(out + size - 4, src + size - 4, 4)
-    else:
-        while size > 0:
-            out[0] = src[0]
-            out += 1
-            src += 1
-            size -= 1
+cdef inline void _put(_Bytes* column, const uint8_t* src, Py_ssize_t size, const uint8_t* src_end) noexcept nogil:
+    """Append a span; the caller made room (_reserve, _fits)."""
+    _copy_span(column.ptr + column.size, src, size, src_end)
+    column.size += size
 
 
-cdef inline int _sink_write(_Sink* sink, const void* data, Py_ssize_t size) except -1:
-    if size > sink.capacity - sink.size:
-        _sink_grow(sink, size)
-    _copy(sink.ptr + sink.size, data, size)
-    sink.size += size
-    return 0
+cdef inline array.array _ends_column(Py_ssize_t rows, long long** out):
+    """Offsets for `rows` rows, zeroed: the rows before the first that fills it are empty at 0."""
+    cdef array.array column = array.clone(_INT64, rows + 1, True)
+    out[0] = column.data.as_longlongs
+    return column
 
 
-cdef int _sink_close(_Sink* sink) except -1:
-    PyByteArray_Resize(<object>sink.data, sink.size)
-    return 0
+cdef struct _BitGather:
+    # A bitmap column's bits for rows word * 64 to word * 64 + 63, ORed in when the word changes:
+    # no read-modify-write of memory per row.
+    uint8_t* bitmap
+    uint64_t bits
+    Py_ssize_t word
 
 
-cdef struct _PropertySinks:
-    _Sink keys, values, key_ends, value_ends  # key_ends, value_ends: int64 offsets, from 0
+cdef inline bytearray _bitmap_column(Py_ssize_t rows, _BitGather* gather):
+    cdef bytearray column = _bitmap(rows)
+    gather.bitmap = <uint8_t*>PyByteArray_AS_STRING(column)
+    gather.bits = 0
+    gather.word = 0
+    return column
 
 
-cdef inline int _write_property(_PropertySinks* out, const uint8_t* buf, const Py_ssize_t* span) except -1:
-    cdef int64_t end
-    _sink_write(&out.keys, buf + span[0], span[1])
-    _sink_write(&out.values, buf + span[2], span[3])
-    end = out.keys.size
-    _sink_write(&out.key_ends, &end, 8)
-    end = out.values.size
-    _sink_write(&out.value_ends, &end, 8)
-    return 0
+cdef inline void _gather_bit(_BitGather* gather, Py_ssize_t rows, Py_ssize_t index) noexcept nogil:
+    if (index >> 6) != gather.word:
+        _or_word(gather.bitmap, rows, gather.word, gather.bits)
+        gather.word = index >> 6
+        gather.bits = 0
+    gather.bits |= (<uint64_t>1) << (index & 63)
 
 
-cdef array.array _int64s_from(_Sink* sink):
-    """The int64 values written to a sink, as array('q')."""
-    cdef array.array out = array.clone(_INT64, sink.size // 8, False)
-    memcpy(out.data.as_chars, sink.ptr, sink.size)
-    return out
+cdef inline void _flush_bits(_BitGather* gather, Py_ssize_t rows) noexcept nogil:
+    if gather.bitmap != NULL:
+        _or_word(gather.bitmap, rows, gather.word, gather.bits)
 
 
-cdef inline void _end_row(long long* ends, Py_ssize_t* filled, Py_ssize_t row, int64_t start,
-                          int64_t end) noexcept nogil:
-    """Offsets of a column most rows leave empty: row `row` spans start:end, and each row
-    since the last one written (ends[:filled + 1] are) spans nothing, at start."""
-    cdef Py_ssize_t i
-    for i in range(filled[0] + 1, row + 1):
-        ends[i] = start
-    ends[row + 1] = end
-    filled[0] = row + 1
+cdef struct _PropertyColumns:
+    _Bytes keys, values
+    long long* key_ends     # pairs + 1 int64 offsets each, from 0
+    long long* value_ends
+    Py_ssize_t pairs, capacity  # pairs written; pairs the ends arrays hold, less one
+
+
+cdef inline void _write_pair(_PropertyColumns* out, const uint8_t* buf, const uint8_t* buf_end,
+                             Py_ssize_t key_start, Py_ssize_t key_size,
+                             Py_ssize_t value_start, Py_ssize_t value_size) noexcept nogil:
+    """One property pair; the caller made room for it (_PropertyColumns.capacity, _Bytes)."""
+    _put(&out.keys, buf + key_start, key_size, buf_end)
+    _put(&out.values, buf + value_start, value_size, buf_end)
+    out.pairs += 1
+    out.key_ends[out.pairs] = out.keys.size
+    out.value_ends[out.pairs] = out.values.size
 
 
 cdef inline bytearray _empty_bytes():
@@ -1467,177 +1509,329 @@ def split_columns(metadata, payload):
         PyBuffer_Release(&view)
 
 
+cdef struct _ColumnsOut:
+    # Where _split_batch_columns writes, shared by its fast runs and its general path. A column
+    # not made yet has a NULL pointer: the runs leave a row that needs one to the general path,
+    # which makes it.
+    Py_ssize_t pos                  # where the next entry starts
+    char* payloads
+    Py_ssize_t payloads_size
+    long long* payload_ends
+    _Bytes keys                     # partition keys
+    long long* key_ends
+    _Bytes ordering
+    long long* ordering_ends
+    _PropertyColumns properties
+    long long* property_ends
+    bint any_key_column             # key_ends, ordering_ends or property_ends is made
+    unsigned long long* event_times
+    unsigned long long* sequence_ids
+    _BitGather has_key, has_sequence
+
+
+cdef inline void _end_key_columns(_ColumnsOut* out, Py_ssize_t index) noexcept nogil:
+    """Row `index`'s ends in the key and property columns made so far (every row writes them)."""
+    if out.key_ends != NULL:
+        out.key_ends[index + 1] = out.keys.size
+    if out.ordering_ends != NULL:
+        out.ordering_ends[index + 1] = out.ordering.size
+    if out.property_ends != NULL:
+        out.property_ends[index + 1] = out.properties.pairs
+
+
+cdef inline bint _fast_varint(const uint8_t* buf, Py_ssize_t* pos, Py_ssize_t end, uint64_t* out) noexcept nogil:
+    """A varint of at most 9 bytes in buf[pos[0]:end], read as _varint reads it; False for
+    anything else (a longer one too), left to the general path."""
+    cdef Py_ssize_t p = pos[0]
+    cdef uint64_t result = 0
+    cdef int shift = 0
+    cdef uint8_t byte
+    while p < end and shift < 63:
+        byte = buf[p]
+        p += 1
+        result |= (<uint64_t>(byte & 0x7F)) << shift
+        if byte < 0x80:
+            pos[0] = p
+            out[0] = result
+            return True
+        shift += 7
+    return False
+
+
+cdef Py_ssize_t _plain_run(const uint8_t* buf, Py_ssize_t end, _ColumnsOut* out, Py_ssize_t index,
+                           Py_ssize_t rows) noexcept nogil:
+    """Split rows from `index` on while each SingleMessageMetadata is payload_size and at most a
+    sequence_id after it (as the official clients write it); the index of the first row left."""
+    cdef _ColumnsOut o = out[0]  # a local copy: stores through char* cannot alias it
+    cdef Py_ssize_t pos = o.pos, smm_end, size, p
+    cdef uint64_t head, value
+    while index < rows and end - pos >= 8:
+        # The next entry's place depends only on smm_size and payload_size, which one 8-byte
+        # load holds; the rest is checked off that chain of dependent loads.
+        memcpy(&head, buf + pos, 8)
+        head = _be64(head)
+        smm_end = pos + 4 + <Py_ssize_t>(head >> 32)
+        if ((head >> 24) & 0xFF) != 0x18:
+            break
+        if ((head >> 16) & 0x80) == 0:
+            size = <Py_ssize_t>((head >> 16) & 0x7F)
+            p = pos + 6
+        elif ((head >> 8) & 0x80) == 0:
+            size = <Py_ssize_t>(((head >> 16) & 0x7F) | ((head >> 1) & 0x3F80))
+            p = pos + 7
+        else:
+            break
+        if p > smm_end or smm_end > end or size > end - smm_end:
+            break
+        if p != smm_end:
+            if buf[p] != 0x40 or o.sequence_ids == NULL:
+                break
+            p += 1
+            if _varint2(buf, &p, smm_end, &value) != SCAN_OK or p != smm_end:
+                break
+            o.sequence_ids[index] = value
+            _gather_bit(&o.has_sequence, rows, index)
+        memcpy(o.payloads + o.payloads_size, buf + smm_end, size)
+        o.payloads_size += size
+        o.payload_ends[index + 1] = o.payloads_size
+        if o.any_key_column:
+            _end_key_columns(&o, index)
+        pos = smm_end + size
+        index += 1
+    o.pos = pos
+    out[0] = o
+    return index
+
+
+cdef Py_ssize_t _keyed_run(const uint8_t* buf, Py_ssize_t end, _ColumnsOut* out, Py_ssize_t index,
+                           Py_ssize_t rows) noexcept nogil:
+    """Split rows from `index` on while each SingleMessageMetadata is, in this order, up to
+    _FAST_PROPERTIES properties (each exactly {0x0a key, 0x12 value}), a partition_key,
+    payload_size, event_time and sequence_id, any but payload_size left out, with one-byte
+    sizes, all of it in bounds and every string UTF-8, and the columns it fills are made;
+    the index of the first row left.
+
+    Anything else (errors too) is left to the general path, which reports what is wrong as
+    split_messages does: a row is checked in full before anything of it is written, and only
+    a layout _parse_smm reads to the same fields is taken. The parse is written out here, in
+    the loop, so that it compiles inline."""
+    cdef _ColumnsOut o = out[0]  # a local copy: stores through char* cannot alias it
+    cdef const uint8_t* buf_end = buf + end
+    cdef Py_ssize_t pos = o.pos, q, smm_end, kv_end, at, pair, pair_count, text_start, key_bytes, value_bytes
+    cdef Py_ssize_t key_start = 0, key_size, payload_size
+    cdef Py_ssize_t pairs[_FAST_PROPERTIES][4]  # key start, key size, value start, value size
+    cdef Py_ssize_t* span
+    cdef uint64_t value, event_time, sequence_id = 0
+    cdef uint32_t smm_size
+    cdef bint has_sequence_id, text_ok
+    while index < rows:
+        if end - pos < 4:
+            break
+        smm_size = _u32(buf + pos)
+        q = pos + 4
+        if smm_size > end - q:
+            break
+        smm_end = q + smm_size
+        text_start = q
+        pair_count = 0
+        key_bytes = value_bytes = 0
+        while q < smm_end and buf[q] == 0x0A:
+            # 0x0a kv_size 0x0a key_size key 0x12 value_size value: six bytes at least. A size
+            # byte of 0x80 or more (a longer varint) cannot make the ends meet, but kv_size's
+            # is checked.
+            if pair_count == _FAST_PROPERTIES or smm_end - q < 6 or buf[q + 1] >= 0x80 or buf[q + 2] != 0x0A:
+                break
+            kv_end = q + 2 + buf[q + 1]
+            at = q + 4 + buf[q + 3]
+            if kv_end > smm_end or kv_end - at < 2 or buf[at] != 0x12 or at + 2 + buf[at + 1] != kv_end:
+                break
+            span = &pairs[pair_count][0]
+            span[0] = q + 4
+            span[1] = at - q - 4
+            span[2] = at + 2
+            span[3] = kv_end - at - 2
+            key_bytes += span[1]
+            value_bytes += span[3]
+            pair_count += 1
+            q = kv_end
+        key_size = -1
+        if q < smm_end and buf[q] == 0x12:
+            if smm_end - q < 2 or buf[q + 1] > smm_end - q - 2:  # a size byte of 0x80 or more is past the end
+                break
+            key_start = q + 2
+            key_size = buf[q + 1]
+            q += 2 + key_size
+        if q >= smm_end or buf[q] != 0x18:  # also where a property above was not taken
+            break
+        # Tags and sizes (all under 0x80) and strings so far: one ASCII check covers the strings.
+        if not _ascii(buf + text_start, q - text_start, buf_end):
+            text_ok = True
+            for pair in range(pair_count):
+                span = &pairs[pair][0]
+                text_ok = text_ok and _utf8_ok(buf + span[0], span[1]) and _utf8_ok(buf + span[2], span[3])
+            if not (text_ok and (key_size < 0 or _utf8_ok(buf + key_start, key_size))):
+                break
+        q += 1
+        if _varint2(buf, &q, smm_end, &value) != SCAN_OK or value > <uint64_t>(end - smm_end):
+            break
+        payload_size = <Py_ssize_t>value
+        event_time = 0
+        if q < smm_end and buf[q] == 0x28:
+            q += 1
+            if not _fast_varint(buf, &q, smm_end, &event_time):
+                break
+        has_sequence_id = False
+        if q < smm_end and buf[q] == 0x40:
+            q += 1
+            if not _fast_varint(buf, &q, smm_end, &sequence_id):
+                break
+            has_sequence_id = True
+        if q != smm_end:
+            break
+        # The columns this row fills must be made (the general path makes them).
+        if pair_count and (o.property_ends == NULL or o.properties.pairs + pair_count > o.properties.capacity
+                           or not _fits(&o.properties.keys, key_bytes)
+                           or not _fits(&o.properties.values, value_bytes)):
+            break
+        if ((key_size >= 0 and (o.key_ends == NULL or not _fits(&o.keys, key_size)))
+                or (event_time and o.event_times == NULL) or (has_sequence_id and o.sequence_ids == NULL)):
+            break
+
+        memcpy(o.payloads + o.payloads_size, buf + smm_end, payload_size)
+        o.payloads_size += payload_size
+        o.payload_ends[index + 1] = o.payloads_size
+        for pair in range(pair_count):
+            span = &pairs[pair][0]
+            _write_pair(&o.properties, buf, buf_end, span[0], span[1], span[2], span[3])
+        if key_size >= 0:
+            _put(&o.keys, buf + key_start, key_size, buf_end)
+            _gather_bit(&o.has_key, rows, index)
+        if o.any_key_column:
+            _end_key_columns(&o, index)
+        if event_time:
+            o.event_times[index] = event_time
+        if has_sequence_id:
+            o.sequence_ids[index] = sequence_id
+            _gather_bit(&o.has_sequence, rows, index)
+        pos = smm_end + payload_size
+        index += 1
+    o.pos = pos
+    out[0] = o
+    return index
+
+
 cdef Columns _split_batch_columns(const uint8_t* buf, Py_ssize_t end, long count):
-    # Every byte copied out comes from a distinct byte of buf[:end], so payloads
-    # (allocated at `end` bytes, trimmed at the end) never grows; the other byte
-    # columns start empty and grow by doubling.
-    cdef Py_ssize_t index, pos = 0, smm_end, size, pairs = 0, property_pos, p
+    # Every byte copied out comes from a distinct byte of buf[:end], so payloads (allocated
+    # at `end` bytes, trimmed at the end) never grows. Rows go through the fast runs while
+    # they take them, else one by one the general way.
+    cdef Py_ssize_t index = 0, start, smm_end, size, property_pos, pair, pos
+    cdef const uint8_t* buf_end = buf + end
     cdef Py_ssize_t spans[4]
-    cdef uint64_t value, head, sequence_bits = 0
-    cdef Py_ssize_t sequence_word = 0
-    cdef int64_t at
+    cdef Py_ssize_t* span
     cdef int status
     cdef SmmFields fields
     _check_batch_count(count, end)
     cdef Py_ssize_t rows = count
+    cdef _ColumnsOut out
+    memset(&out, 0, sizeof(_ColumnsOut))
     cdef bytearray payloads = PyByteArray_FromStringAndSize(NULL, end)
-    cdef char* payload_out = PyByteArray_AS_STRING(payloads)
-    cdef Py_ssize_t payload_size = 0
-    # The sinks and bitmaps below are opened on the first row that needs them.
+    out.payloads = PyByteArray_AS_STRING(payloads)
+    cdef array.array payload_offsets = array.clone(_INT64, rows + 1, False)
+    out.payload_ends = payload_offsets.data.as_longlongs
+    out.payload_ends[0] = 0
+
+    # Every other column is made on the first row that needs it, else left to Columns to
+    # make when read. From then on each row writes its offsets (the rows before are empty,
+    # at 0, as made).
     cdef bytearray partition_keys = None, ordering_keys = None
     cdef bytearray property_keys = None, property_values = None
-    cdef bytearray property_key_ends = None, property_value_ends = None
-    cdef _Sink keys_out, ordering_out
-    cdef _PropertySinks properties_out
-    memset(&keys_out, 0, sizeof(_Sink))
-    memset(&ordering_out, 0, sizeof(_Sink))
-    memset(&properties_out, 0, sizeof(_PropertySinks))
-
-    cdef array.array payload_offsets = array.clone(_INT64, rows + 1, False)
-    # Made on the first row that needs them (zeroed), else left to Columns to make when read.
     cdef array.array partition_key_offsets = None, ordering_key_offsets = None, property_offsets = None
+    cdef array.array property_key_offsets = None, property_value_offsets = None
     cdef array.array event_times = None, sequence_ids = None
-    cdef long long* payload_ends = payload_offsets.data.as_longlongs
-    cdef long long* key_ends = NULL
-    cdef long long* ordering_ends = NULL
-    cdef long long* property_ends = NULL
-    cdef unsigned long long* event_time_out = NULL
-    cdef unsigned long long* sequence_id_out = NULL
     cdef bytearray has_partition_key = None, has_ordering_key = None
     cdef bytearray has_sequence_id = None, compacted_out = None
     cdef bytearray null_value = None, null_partition_key = None
     cdef bytearray partition_key_b64_encoded = None
-    cdef uint8_t* has_key_bits = NULL
     cdef uint8_t* has_ordering_bits = NULL
-    cdef uint8_t* has_sequence_bits = NULL
     cdef uint8_t* compacted_bits = NULL
     cdef uint8_t* null_value_bits = NULL
     cdef uint8_t* null_key_bits = NULL
     cdef uint8_t* b64_bits = NULL
-    payload_ends[0] = 0
-    # Most batches carry no keys or properties: those columns' offsets are written
-    # when a row has one, and for the rows before it then (and at the end).
-    cdef Py_ssize_t keys_filled = 0, ordering_filled = 0, properties_filled = 0
 
-    for index in range(rows):
-        # Fast path: a SingleMessageMetadata of payload_size and at most a sequence_id after it,
-        # as the official clients write it; anything else (errors too) goes the general way.
-        # The next entry's place depends only on smm_size and payload_size, which one 8-byte
-        # load holds; the rest is checked off that chain of dependent loads.
-        if end - pos >= 8:
-            memcpy(&head, buf + pos, 8)
-            head = _be64(head)
-            smm_end = pos + 4 + <Py_ssize_t>(head >> 32)
-            size = -1
-            if ((head >> 24) & 0xFF) == 0x18:
-                if ((head >> 16) & 0x80) == 0:
-                    size = <Py_ssize_t>((head >> 16) & 0x7F)
-                    p = pos + 6
-                elif ((head >> 8) & 0x80) == 0:
-                    size = <Py_ssize_t>(((head >> 16) & 0x7F) | ((head >> 1) & 0x3F80))
-                    p = pos + 7
-            if size >= 0 and p <= smm_end and smm_end <= end and size <= end - smm_end:
-                if True:
-                    if p != smm_end:
-                        if buf[p] == 0x40:
-                            p += 1
-                            if _varint2(buf, &p, smm_end, &value) != SCAN_OK or p != smm_end:
-                                size = -1
-                            else:
-                                if sequence_id_out == NULL:
-                                    sequence_ids = array.clone(_UINT64, rows, True)
-                                    sequence_id_out = sequence_ids.data.as_ulonglongs
-                                sequence_id_out[index] = value
-                                if has_sequence_bits == NULL:
-                                    has_sequence_id = _bitmap(rows)
-                                    has_sequence_bits = <uint8_t*>PyByteArray_AS_STRING(has_sequence_id)
-                                # bits gathered 64 rows at a time: no read-modify-write of memory per row
-                                if (index >> 6) != sequence_word:
-                                    _or_word(has_sequence_bits, rows, sequence_word, sequence_bits)
-                                    sequence_word = index >> 6
-                                    sequence_bits = 0
-                                sequence_bits |= (<uint64_t>1) << (index & 63)
-                        else:
-                            size = -1
-                    if size >= 0:
-                        _copy(payload_out + payload_size, buf + smm_end, size)
-                        payload_size += size
-                        payload_ends[index + 1] = payload_size
-                        pos = smm_end + size
-                        continue
+    while index < rows:
+        start = index
+        index = _plain_run(buf, end, &out, index, rows)
+        if index < rows:
+            index = _keyed_run(buf, end, &out, index, rows)
+        if index != start:
+            continue
+        # General path: any SingleMessageMetadata, the first row to fill a column, and every error.
+        pos = out.pos
         status = _batch_entry(buf, pos, end, True, &fields, &smm_end)
         if status != SCAN_OK:
             _raise_entry(status, buf, pos, end, index, count, &fields)
         size = <Py_ssize_t>fields.payload_size
-        _copy(payload_out + payload_size, buf + smm_end, size)
-        payload_size += size
-        payload_ends[index + 1] = payload_size
+        memcpy(out.payloads + out.payloads_size, buf + smm_end, size)
+        out.payloads_size += size
+        out.payload_ends[index + 1] = out.payloads_size
         if fields.key_size >= 0:
-            if partition_keys is None:
-                partition_keys = _empty_bytes()
-                _sink_open(&keys_out, partition_keys)
-            if key_ends == NULL:
-                partition_key_offsets = array.clone(_INT64, rows + 1, True)
-                key_ends = partition_key_offsets.data.as_longlongs
-            at = keys_out.size
-            _sink_write(&keys_out, buf + fields.key_start, fields.key_size)
-            _end_row(key_ends, &keys_filled, index, at, keys_out.size)
-            if has_key_bits == NULL:
-                has_partition_key = _bitmap(rows)
-                has_key_bits = <uint8_t*>PyByteArray_AS_STRING(has_partition_key)
-            _set_bit(has_key_bits, index)
+            if out.key_ends == NULL:
+                partition_keys = _byte_column(fields.key_size, rows - index, end, &out.keys)
+                partition_key_offsets = _ends_column(rows, &out.key_ends)
+                has_partition_key = _bitmap_column(rows, &out.has_key)
+                out.any_key_column = True
+            _reserve(partition_keys, &out.keys, fields.key_size)
+            _put(&out.keys, buf + fields.key_start, fields.key_size, buf_end)
+            _gather_bit(&out.has_key, rows, index)
         if fields.ordering_key_size >= 0:
-            if ordering_keys is None:
-                ordering_keys = _empty_bytes()
-                _sink_open(&ordering_out, ordering_keys)
-            if ordering_ends == NULL:
-                ordering_key_offsets = array.clone(_INT64, rows + 1, True)
-                ordering_ends = ordering_key_offsets.data.as_longlongs
-            at = ordering_out.size
-            _sink_write(&ordering_out, buf + fields.ordering_key_start, fields.ordering_key_size)
-            _end_row(ordering_ends, &ordering_filled, index, at, ordering_out.size)
-            if has_ordering_bits == NULL:
+            if out.ordering_ends == NULL:
+                ordering_keys = _byte_column(fields.ordering_key_size, rows - index, end, &out.ordering)
+                ordering_key_offsets = _ends_column(rows, &out.ordering_ends)
                 has_ordering_key = _bitmap(rows)
                 has_ordering_bits = <uint8_t*>PyByteArray_AS_STRING(has_ordering_key)
+                out.any_key_column = True
+            _reserve(ordering_keys, &out.ordering, fields.ordering_key_size)
+            _put(&out.ordering, buf + fields.ordering_key_start, fields.ordering_key_size, buf_end)
             _set_bit(has_ordering_bits, index)
         if fields.property_count:
-            if property_keys is None:
-                property_keys, property_values = _empty_bytes(), _empty_bytes()
-                property_key_ends, property_value_ends = _empty_bytes(), _empty_bytes()
-                _sink_open(&properties_out.keys, property_keys)
-                _sink_open(&properties_out.values, property_values)
-                _sink_open(&properties_out.key_ends, property_key_ends)
-                _sink_open(&properties_out.value_ends, property_value_ends)
-                at = 0
-                _sink_write(&properties_out.key_ends, &at, 8)
-                _sink_write(&properties_out.value_ends, &at, 8)
-            if property_ends == NULL:
-                property_offsets = array.clone(_INT64, rows + 1, True)
-                property_ends = property_offsets.data.as_longlongs
+            if out.property_ends == NULL:
+                property_keys = _byte_column(fields.property_spans[0][1], rows - index, end, &out.properties.keys)
+                property_values = _byte_column(fields.property_spans[0][3], rows - index, end,
+                                               &out.properties.values)
+                property_offsets = _ends_column(rows, &out.property_ends)
+                out.properties.capacity = rows
+                property_key_offsets = _ends_column(rows, &out.properties.key_ends)
+                property_value_offsets = _ends_column(rows, &out.properties.value_ends)
+                out.any_key_column = True
+            if out.properties.pairs + fields.property_count > out.properties.capacity:
+                _grow_pairs(&out.properties, property_key_offsets, property_value_offsets, fields.property_count)
             if fields.property_count <= SMM_KEPT_PROPERTIES:
                 for pair in range(fields.property_count):
-                    _write_property(&properties_out, buf, &fields.property_spans[pair][0])
+                    span = &fields.property_spans[pair][0]
+                    _reserve(property_keys, &out.properties.keys, span[1])
+                    _reserve(property_values, &out.properties.values, span[3])
+                    _write_pair(&out.properties, buf, buf_end, span[0], span[1], span[2], span[3])
             else:
                 property_pos = pos + 4
                 while _next_property(buf, &property_pos, smm_end, spans):
-                    _write_property(&properties_out, buf, spans)
-            _end_row(property_ends, &properties_filled, index, pairs, pairs + fields.property_count)
-            pairs += fields.property_count
+                    _reserve(property_keys, &out.properties.keys, spans[1])
+                    _reserve(property_values, &out.properties.values, spans[3])
+                    _write_pair(&out.properties, buf, buf_end, spans[0], spans[1], spans[2], spans[3])
+        if out.any_key_column:
+            _end_key_columns(&out, index)
         if fields.event_time:
-            if event_time_out == NULL:
+            if out.event_times == NULL:
                 event_times = array.clone(_UINT64, rows, True)
-                event_time_out = event_times.data.as_ulonglongs
-            event_time_out[index] = fields.event_time
+                out.event_times = event_times.data.as_ulonglongs
+            out.event_times[index] = fields.event_time
         if fields.flags:
             if fields.flags & SMM_HAS_SEQUENCE_ID:
-                if sequence_id_out == NULL:
+                if out.sequence_ids == NULL:
                     sequence_ids = array.clone(_UINT64, rows, True)
-                    sequence_id_out = sequence_ids.data.as_ulonglongs
-                sequence_id_out[index] = fields.sequence_id
-                if has_sequence_bits == NULL:
-                    has_sequence_id = _bitmap(rows)
-                    has_sequence_bits = <uint8_t*>PyByteArray_AS_STRING(has_sequence_id)
-                _set_bit(has_sequence_bits, index)
+                    out.sequence_ids = sequence_ids.data.as_ulonglongs
+                    has_sequence_id = _bitmap_column(rows, &out.has_sequence)
+                out.sequence_ids[index] = fields.sequence_id
+                _gather_bit(&out.has_sequence, rows, index)
             if fields.flags & SMM_COMPACTED_OUT:
                 if compacted_bits == NULL:
                     compacted_out = _bitmap(rows)
@@ -1658,25 +1852,22 @@ cdef Columns _split_batch_columns(const uint8_t* buf, Py_ssize_t end, long count
                     partition_key_b64_encoded = _bitmap(rows)
                     b64_bits = <uint8_t*>PyByteArray_AS_STRING(partition_key_b64_encoded)
                 _set_bit(b64_bits, index)
-        pos = smm_end + size
-    _check_batch_end(pos, end, count)
-    if has_sequence_bits != NULL:
-        _or_word(has_sequence_bits, rows, sequence_word, sequence_bits)
-    if key_ends != NULL:
-        _end_row(key_ends, &keys_filled, rows - 1, keys_out.size, keys_out.size)
-    if ordering_ends != NULL:
-        _end_row(ordering_ends, &ordering_filled, rows - 1, ordering_out.size, ordering_out.size)
-    if property_ends != NULL:
-        _end_row(property_ends, &properties_filled, rows - 1, pairs, pairs)
+        out.pos = smm_end + size
+        index += 1
+    _check_batch_end(out.pos, end, count)
+    _flush_bits(&out.has_key, rows)
+    _flush_bits(&out.has_sequence, rows)
 
-    PyByteArray_Resize(payloads, payload_size)
+    PyByteArray_Resize(payloads, out.payloads_size)
     if partition_keys is not None:
-        _sink_close(&keys_out)
+        PyByteArray_Resize(partition_keys, out.keys.size)
     if ordering_keys is not None:
-        _sink_close(&ordering_out)
+        PyByteArray_Resize(ordering_keys, out.ordering.size)
     if property_keys is not None:
-        _sink_close(&properties_out.keys)
-        _sink_close(&properties_out.values)
+        PyByteArray_Resize(property_keys, out.properties.keys.size)
+        PyByteArray_Resize(property_values, out.properties.values.size)
+        array.resize(property_key_offsets, out.properties.pairs + 1)
+        array.resize(property_value_offsets, out.properties.pairs + 1)
     cdef Columns columns = Columns.__new__(Columns)
     columns.count = rows
     columns.payloads = payloads
@@ -1689,9 +1880,9 @@ cdef Columns _split_batch_columns(const uint8_t* buf, Py_ssize_t end, long count
     columns._has_ordering_key = has_ordering_key
     columns._property_offsets = property_offsets
     columns._property_keys = property_keys
-    columns._property_key_offsets = None if property_keys is None else _int64s_from(&properties_out.key_ends)
+    columns._property_key_offsets = property_key_offsets
     columns._property_values = property_values
-    columns._property_value_offsets = None if property_keys is None else _int64s_from(&properties_out.value_ends)
+    columns._property_value_offsets = property_value_offsets
     columns._event_times = event_times
     columns._sequence_ids = sequence_ids
     columns._has_sequence_id = has_sequence_id
@@ -1701,6 +1892,18 @@ cdef Columns _split_batch_columns(const uint8_t* buf, Py_ssize_t end, long count
     columns._null_partition_key = null_partition_key
     columns._partition_key_b64_encoded = partition_key_b64_encoded
     return columns
+
+
+cdef int _grow_pairs(_PropertyColumns* out, array.array key_ends, array.array value_ends,
+                     Py_ssize_t extra) except -1:
+    """Room for `extra` more property pairs (the ends arrays hold capacity + 1 offsets)."""
+    cdef Py_ssize_t capacity = max(2 * out.capacity, out.pairs + extra, 16)
+    array.resize(key_ends, capacity + 1)
+    array.resize(value_ends, capacity + 1)
+    out.key_ends = key_ends.data.as_longlongs
+    out.value_ends = value_ends.data.as_longlongs
+    out.capacity = capacity
+    return 0
 
 
 # --- batch encoding ---------------------------------------------------------
@@ -1932,3 +2135,4 @@ def encode_send_receipt(producer_id, sequence_id, highest_sequence_id, ledger_id
     frame[6] = <uint8_t>((total - 4) >> 8)
     frame[7] = <uint8_t>(total - 4)
     return PyBytes_FromStringAndSize(<const char*>frame, f)
+

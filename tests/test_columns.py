@@ -244,6 +244,130 @@ def test_payload_of_any_buffer_type(twin):
         twin.split_columns(metadata(count=1), 5)
 
 
+# --- the fast layouts: SingleMessageMetadata as the clients write it, and its near misses ---------
+#
+# The Cython twin splits rows of two common layouts without the general parser: payload_size and
+# a sequence_id; and properties, partition_key, payload_size, event_time, sequence_id in field
+# order with one-byte sizes. Anything else, errors included, goes the general way. These batches
+# mix the layouts with their near misses, so both ways meet in one batch and must agree.
+
+def _varint(value):
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _sized(tag, data):
+    return bytes([tag]) + _varint(len(data)) + data
+
+
+def _pair(key, value):
+    return _sized(0x0A, _sized(0x0A, key) + _sized(0x12, value))
+
+
+TEXTS = [b"", b"k", b"key-1", b"\xc3\xa9", b"\xe2\x82\xac" * 3, b"\xf0\x9f\x98\x80", b"x" * 15, b"y" * 16,
+         b"z" * 17, b"w" * 127, b"v" * 128, b"\xff", b"a\xed\xa0\x80", b"\xc2", b"ok\x80"]
+fast_texts = st.sampled_from(TEXTS) | st.text(max_size=20).map(str.encode)
+big_ints = st.sampled_from([0, 1, 127, 128, 16383, 16384, 2**32, 1_700_000_000_000, 2**63 - 1, 2**63, 2**64 - 1])
+
+
+@st.composite
+def fast_layout_entries(draw):
+    """An entry in (or near) the keyed layout: its fields in field order, or shuffled, cut or
+    bent, with text that is sometimes not UTF-8; payload_size fits its payload (mostly)."""
+    payload = draw(st.sampled_from([b"", b"p", b"x" * 100]) | st.binary(max_size=40))
+    fields = [_pair(draw(fast_texts), draw(fast_texts)) for _ in range(draw(st.integers(0, 7)))]
+    if draw(st.booleans()):
+        fields.append(_sized(0x12, draw(fast_texts)))
+    size = len(payload) if draw(st.integers(0, 9)) else draw(st.integers(0, 2**64 - 1))
+    fields.append(b"\x18" + _varint(size))
+    if draw(st.booleans()):
+        fields.append(b"\x28" + _varint(draw(big_ints | st.integers(0, 2**64 - 1))))
+    if draw(st.booleans()):
+        fields.append(b"\x40" + _varint(draw(big_ints | st.integers(0, 2**64 - 1))))
+    change = draw(st.integers(0, 9))
+    if change == 1:  # a field out of order
+        fields = draw(st.permutations(fields))
+    elif change == 2:  # another field among them: ordering key, a flag, an unknown one
+        extra = draw(st.sampled_from([b"\x3a\x02ok", b"\x48\x01", b"\x20\x00", b"\x30\x01", b"\xa8\x06\x01",
+                                      _sized(0x0A, _sized(0x12, b"v") + _sized(0x0A, b"k")),  # value first
+                                      _sized(0x0A, _sized(0x0A, b"k")),  # no value
+                                      _sized(0x0A, _sized(0x0A, b"k") + _sized(0x12, b"v") + b"\x18\x01")]))
+        fields.insert(draw(st.integers(0, len(fields))), extra)
+    smm = b"".join(fields)
+    if change == 3 and smm:  # cut: varints and sizes run past the end
+        smm = smm[:draw(st.integers(0, len(smm) - 1))]
+    elif change == 4 and smm:  # one byte changed
+        at = draw(st.integers(0, len(smm) - 1))
+        smm = smm[:at] + bytes([draw(st.integers(0, 255))]) + smm[at + 1:]
+    return smm, payload
+
+
+@st.composite
+def fast_layout_batches(draw):
+    """Entries of the keyed layout, the plain one (payload_size, sequence_id) and the general one."""
+    plain_entry = st.builds(lambda payload, sequence, extra: (b"\x18" + _varint(len(payload)) + (
+        b"" if sequence is None else b"\x40" + _varint(sequence)) + extra, payload),
+        st.binary(max_size=300), st.none() | big_ints,
+        st.sampled_from([b""] * 6 + [b"\x48\x01", b"\x40\x05", b"\x12\x01k", b"\x40", b"\x80"]))
+    return draw(st.lists(fast_layout_entries() | plain_entry | entries(), min_size=1, max_size=80))
+
+
+@settings(max_examples=400, deadline=None)
+@given(batch_entries=fast_layout_batches(), count_change=st.sampled_from([0, 0, 0, 0, 0, -1, 1]),
+       tail=st.sampled_from([b"", b"", b"", b"\x00", b"\x00\x00\x00\x05\x18"]))
+def test_fast_layouts_and_their_near_misses_agree(batch_entries, count_change, tail):
+    check_agrees(metadata(count=len(batch_entries) + count_change), batch(batch_entries) + tail)
+
+
+def test_fast_layout_edges():
+    utf8 = "é€😀".encode()
+    cases = {
+        "keyed, every field": [(_pair(b"k", b"1") + _sized(0x12, b"key-1") + b"\x18\x01\x28\x05\x40\x07", b"a")],
+        "empty strings": [(_pair(b"", b"") + _sized(0x12, b"") + b"\x18\x00", b"")],
+        "non-ASCII UTF-8": [(_pair(utf8, utf8) + _sized(0x12, utf8) + b"\x18\x01", b"a")] * 3,
+        "many properties": [(b"".join(_pair(b"k%d" % i, b"v%d" % i) for i in range(n)) + b"\x18\x00", b"")
+                            for n in range(10)],
+        "one-byte sizes at their edge": [(_pair(b"k" * 61, b"v" * 61) + _sized(0x12, b"p" * 127) + b"\x18\x00", b"")],
+        "two-byte sizes": [(_pair(b"k" * 200, b"v") + _sized(0x12, b"p" * 128) + b"\x18\x00", b"")],
+        "ten-byte varints": [(b"\x18\x00\x28" + _varint(2**64 - 1) + b"\x40" + _varint(2**63), b"")],
+        "large payload": [(_sized(0x12, b"k") + b"\x18" + _varint(20000), b"p" * 20000)],
+        "keys after payload_size": [(b"\x18\x00" + _sized(0x12, b"k") + _pair(b"a", b"b"), b"")],
+        "event time before payload_size": [(_sized(0x12, b"k") + b"\x28\x05\x18\x00", b"")],
+        "sequence id before event time": [(_sized(0x12, b"k") + b"\x18\x00\x40\x07\x28\x05", b"")],
+        "partition key twice": [(_sized(0x12, b"a") + _sized(0x12, b"b") + b"\x18\x00", b"")],
+        "text at the very end": [(b"\x18\x00", b"")] * 3 + [(_pair(b"k", b"v") + _sized(0x12, b"pk") + b"\x18\x00", b"")],
+        "columns outgrow their first size": [(_pair(b"", b"") + _sized(0x12, b"") + b"\x18\x00", b"")]
+        + [(_pair(b"k" * 50, b"v" * 60) + _sized(0x12, b"p" * 100) + b"\x18\x00", b"")] * 40
+        + [(_sized(0x12, b"q" * 200) + b"\x3a\x01o\x18\x00", b"")] * 5,
+        "keyed rows after plain ones": [(b"\x18\x01\x40\x01", b"a")] * 70 + [(_pair(b"k", b"v") + b"\x18\x00", b"")] * 70,
+        "mixed rows": [(b"\x18\x01", b"a"), (_pair(b"k", b"v") + b"\x18\x00", b""), (b"\x3a\x01o\x18\x00", b""),
+                       (_sized(0x12, b"pk") + b"\x18\x01\x28\x09", b"b"), (b"\x18\x00\x40\x03", b"")] * 30,
+    }
+    for name, entries_ in cases.items():
+        kind, rows = check_agrees(metadata(count=len(entries_)), batch(entries_))
+        assert kind == "ok", name
+    errors_ = {
+        "event time cut": [(_sized(0x12, b"k") + b"\x18\x00\x28\x80", b"")],
+        "sequence id cut": [(_pair(b"k", b"v") + b"\x18\x00\x40\xff\xff", b"")],
+        "payload size cut": [(_pair(b"k", b"v") + b"\x18\x80", b"")],
+        "key size past the end": [(b"\x12\x7f\x18\x00", b"")],
+        "key size past its KeyValue": [(_sized(0x0A, b"\x0a\x05k\x12\x01v") + b"\x18\x00", b"")],
+        "bad UTF-8 partition key": [(_sized(0x12, b"\xc3") + b"\x18\x00", b"")],
+        "bad UTF-8 property key": [(_pair(b"\xed\xa0\x80", b"v") + b"\x18\x00", b"")],
+        "bad UTF-8 property value, fifth property": [(b"".join(_pair(b"k", b"v") for _ in range(4))
+                                                      + _pair(b"k", b"\xff") + b"\x18\x00", b"")],
+        "payload past the end": [(_pair(b"k", b"v") + b"\x18\x05", b"abc")],
+        "no payload size": [(_pair(b"k", b"v") + _sized(0x12, b"k"), b"")],
+        "bad row after good ones": [(_pair(b"k", b"v") + b"\x18\x00", b"")] * 100 + [(_pair(b"k", b"\xff") + b"\x18\x00", b"")],
+    }
+    for name, entries_ in errors_.items():
+        assert check_agrees(metadata(count=len(entries_)), batch(entries_)) == ("error", "BadBatchError"), name
+
+
 # --- errors: the same as split_messages --------------------------------------------------
 
 BAD_BATCHES = {
