@@ -1087,7 +1087,7 @@ def count_batch(payload, long count):
     """`count` when the uncompressed batch payload holds exactly that many messages, checked as
     split_messages checks them (the same BadBatchError otherwise), without making the messages."""
     cdef _HeldBuffer held = _HeldBuffer(payload)
-    cdef Py_ssize_t pos = 0, end = held.size, smm_end, index
+    cdef Py_ssize_t pos = 0, end = held.size, smm_end = 0, index
     cdef int status
     cdef SmmFields fields
     _check_batch_count(count, end)
@@ -1107,7 +1107,7 @@ def split_messages(metadata, payload):
     (presence, not value, as the reference clients decide).
     """
     cdef _HeldBuffer held
-    cdef Py_ssize_t pos = 0, end, smm_end, index
+    cdef Py_ssize_t pos = 0, end, smm_end = 0, index
     cdef long count
     cdef int status
     cdef SmmFields fields
@@ -1724,7 +1724,7 @@ cdef Columns _split_batch_columns(const uint8_t* buf, Py_ssize_t end, long count
     # Every byte copied out comes from a distinct byte of buf[:end], so payloads (allocated
     # at `end` bytes, trimmed at the end) never grows. Rows go through the fast runs while
     # they take them, else one by one the general way.
-    cdef Py_ssize_t index = 0, start, smm_end, size, property_pos, pair, pos
+    cdef Py_ssize_t index = 0, start, smm_end = 0, size, property_pos, pair, pos
     cdef const uint8_t* buf_end = buf + end
     cdef Py_ssize_t spans[4]
     cdef Py_ssize_t* span
