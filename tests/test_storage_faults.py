@@ -113,6 +113,76 @@ def test_failed_truncate_still_writes_the_next_batch_at_its_position(tmp_path):
     reopened.close()
 
 
+class VectoredDisk(FileOps):
+    """A file system seen through `pwritev` (the group commit's call): each call takes at most
+    `per_call` bytes (a short write), and past `room` bytes it fails with ENOSPC after writing
+    what fits. `pwrite` is the base one, so only the vectored path is under test."""
+
+    def __init__(self, per_call: int | None = None) -> None:
+        self.per_call = per_call
+        self.room: int | None = None
+        self.calls = 0
+
+    def pwritev(self, fd, buffers, offset):
+        self.calls += 1
+        data = b"".join(buffers)
+        limit = len(data) if self.per_call is None else min(len(data), self.per_call)
+        if self.room is not None:
+            if self.room <= 0:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            limit = min(limit, self.room)
+            self.room -= limit
+        return os.pwrite(fd, data[:limit], offset)
+
+
+def test_short_vectored_writes_go_on_from_where_they_stopped(tmp_path):
+    disk = VectoredDisk(per_call=7)  # cuts headers and bodies at every place
+    topic_log = TopicLog(str(tmp_path), pool=FilePool(ops=disk))
+    bodies = [b"entry-%d-" % i * (i % 5 + 1) for i in range(40)]
+    for i, body in enumerate(bodies):
+        topic_log.append(body, None, i, 1)
+    assert topic_log.commit() and disk.calls > 40
+    topic_log.close()
+    reopened = TopicLog(str(tmp_path))
+    assert reopened.next_entry_id == 40 and [reopened.read(i).body for i in range(40)] == bodies
+    reopened.close()
+
+
+def test_a_commit_of_more_buffers_than_iov_max_is_written_whole(tmp_path):
+    disk = VectoredDisk()
+    topic_log = TopicLog(str(tmp_path), pool=FilePool(ops=disk))
+    for i in range(1500):  # 3000 buffers: a header and a body each
+        topic_log.append(b"m-%05d" % i, None, i, 1)
+    assert topic_log.commit() and disk.calls >= 3
+    topic_log.close()
+    reopened = TopicLog(str(tmp_path))
+    assert reopened.next_entry_id == 1500 and reopened.read(1499).body == b"m-01499"
+    reopened.close()
+
+
+def test_disk_full_in_a_vectored_commit_rolls_back_and_recovers(tmp_path):
+    disk = VectoredDisk(per_call=64)
+    topic_log = TopicLog(str(tmp_path), pool=FilePool(ops=disk))
+    for i in range(5):
+        topic_log.append(b"good-%d" % i, None, i, 1)
+    assert topic_log.commit()
+    size = os.path.getsize(_log_file(tmp_path))
+    disk.room = 100  # part of the next batch is written, then the disk is full
+    for i in range(10):
+        topic_log.append(b"lost-%d" % i * 8, None, i, 1)
+    batch = topic_log.batch
+    assert not topic_log.commit()
+    assert "No space" in str(batch.error)
+    assert os.path.getsize(_log_file(tmp_path)) == size
+    assert topic_log.next_entry_id == topic_log.committed_entry_id == 5
+    disk.room = None
+    assert topic_log.append(b"after", None, 9, 1) == 5 and topic_log.commit()
+    topic_log.close()
+    reopened = TopicLog(str(tmp_path))
+    assert reopened.next_entry_id == 6 and [reopened.read(i).body for i in (4, 5)] == [b"good-4", b"after"]
+    reopened.close()
+
+
 def test_failed_commit_restores_dedup_state_so_a_resend_is_stored(tmp_path):
     disk = FillingDisk()
     core = BrokerCore(str(tmp_path), file_ops=disk)
