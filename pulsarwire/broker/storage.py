@@ -416,7 +416,7 @@ class _Segment:
         ops = self.ops
         try:
             fd = self.pool.fd(self.log_path)
-            _write_all(ops, fd, self._pending, self.committed_size)
+            _write_all(ops, fd, self._pending, self.committed_size, self.size - self.committed_size)
             idx_fd = self.pool.fd(self.idx_path)
             index = memoryview(bytes(self._pending_index))
             offset = self.index_bytes_on_disk
@@ -490,15 +490,18 @@ class _Segment:
 _IOV_MAX = min(1024, os.sysconf("SC_IOV_MAX")) if hasattr(os, "sysconf") else 16
 
 
-def _write_all(ops: FileOps, fd: int, buffers: list, offset: int) -> None:
-    """Write `buffers` in order from `offset` with `ops.pwritev` (no joined copy), in calls of at
-    most IOV_MAX buffers, going on after a short write from where it stopped."""
-    while buffers:
-        chunk = buffers[:_IOV_MAX]
+def _write_all(ops: FileOps, fd: int, buffers: list, offset: int, total: int) -> None:
+    """Write `buffers` (`total` bytes) in order from `offset` with `ops.pwritev` (no joined
+    copy), in calls of at most IOV_MAX buffers, going on after a short write from where it stopped."""
+    while True:
+        chunk = buffers if len(buffers) <= _IOV_MAX else buffers[:_IOV_MAX]
         written = ops.pwritev(fd, chunk, offset)
+        if written == total:
+            return
         if written <= 0:
             raise OSError(errno.EIO, "the file system took none of the bytes written")
         offset += written
+        total -= written
         done = 0
         for buffer in chunk:  # what was written in full; a partly written one goes on from its rest
             if written < len(buffer):
