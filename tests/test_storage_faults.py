@@ -5,6 +5,7 @@ subprocess."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import errno
 import json
 import logging
@@ -12,6 +13,7 @@ import os
 import resource
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -181,6 +183,49 @@ def test_disk_full_in_a_vectored_commit_rolls_back_and_recovers(tmp_path):
     reopened = TopicLog(str(tmp_path))
     assert reopened.next_entry_id == 6 and [reopened.read(i).body for i in (4, 5)] == [b"good-4", b"after"]
     reopened.close()
+
+
+class FsyncRecorder(FileOps):
+    """Records the thread of every fsync; the first `failures` of them fail with EIO."""
+
+    def __init__(self, failures: int = 0) -> None:
+        self.threads: list[str] = []
+        self.failures = failures
+
+    def fsync(self, fd):
+        self.threads.append(threading.current_thread().name)
+        if self.failures:
+            self.failures -= 1
+            raise OSError(errno.EIO, "Input/output error")
+        super().fsync(fd)
+
+
+def test_full_segments_are_fsynced_off_the_event_loop_and_a_failed_one_again(tmp_path):
+    ops = FsyncRecorder(failures=1)
+    topic_log = TopicLog(str(tmp_path), segment_bytes=200, sync_policy="interval", pool=FilePool(ops=ops))
+    for i in range(12):  # 70-byte records: a new segment every third one
+        topic_log.append(b"%02d" % i * 25, None, i, 1)
+        assert topic_log.commit()
+    concurrent.futures.wait([future for _, future in topic_log._background_syncs])
+    assert ops.threads and all(name.startswith("pulsarwire-fsync") for name in ops.threads)
+    topic_log.sync()  # sees the failed one, counts it and starts it again
+    assert topic_log.stats.failed_syncs == 1
+    topic_log.close()
+    assert ops.threads.count(threading.current_thread().name) == 2  # the last segment's, at close
+    assert sum(name.startswith("pulsarwire-fsync") for name in ops.threads) == 2 * 3 + 1
+    reopened = TopicLog(str(tmp_path))
+    assert [reopened.read(i).body for i in range(12)] == [b"%02d" % i * 25 for i in range(12)]
+    reopened.close()
+
+
+def test_always_policy_fsyncs_a_full_segment_before_the_next(tmp_path):
+    ops = FsyncRecorder()
+    topic_log = TopicLog(str(tmp_path), segment_bytes=200, sync_policy="always", pool=FilePool(ops=ops))
+    for i in range(6):
+        topic_log.append(b"%02d" % i * 25, None, i, 1)
+        assert topic_log.commit()
+    assert set(ops.threads) == {threading.current_thread().name}
+    topic_log.close()
 
 
 def test_failed_commit_restores_dedup_state_so_a_resend_is_stored(tmp_path):

@@ -101,6 +101,7 @@ class BrokerCore:
         for topic in self.topics.values():
             topic.close()
         self.topics.clear()
+        self.files.stop_syncs()
 
     # topics
 

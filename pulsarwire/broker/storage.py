@@ -32,6 +32,7 @@ from __future__ import annotations
 import array
 import bisect
 import collections
+import concurrent.futures
 import errno
 import json
 import logging
@@ -84,6 +85,10 @@ class FileOps:
 
     def open(self, path: str) -> int:
         return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+
+    def open_existing(self, path: str) -> int:
+        """A descriptor of an existing file, for an fsync (FileNotFoundError if it is gone)."""
+        return os.open(path, os.O_RDONLY)
 
     def close(self, fd: int) -> None:
         os.close(fd)
@@ -174,6 +179,7 @@ class FilePool:
         self.stats = StorageStats()
         self._open: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._ever_opened: set[str] = set()
+        self._syncer: concurrent.futures.ThreadPoolExecutor | None = None  # see sync_later
 
     def fd(self, path: str) -> int:
         fd = self._open.get(path)
@@ -218,6 +224,27 @@ class FilePool:
     @property
     def open_count(self) -> int:
         return len(self._open)
+
+    def sync_later(self, paths: list[str]) -> concurrent.futures.Future:
+        """fsync `paths` on a worker thread, off the event loop; each through a descriptor of its
+        own, so this pool may close its descriptors meanwhile. The future's exception says what failed."""
+        if self._syncer is None:
+            self._syncer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pulsarwire-fsync")
+        return self._syncer.submit(self._sync_paths, list(paths))
+
+    def stop_syncs(self) -> None:
+        """Wait for the fsyncs handed to the worker thread, and end it."""
+        if self._syncer is not None:
+            self._syncer.shutdown(wait=True)
+            self._syncer = None
+
+    def _sync_paths(self, paths: list[str]) -> None:
+        for path in paths:
+            fd = self.ops.open_existing(path)
+            try:
+                self.ops.fsync(fd)
+            finally:
+                self.ops.close(fd)
 
     def write_json(self, path: str, data) -> None:
         write_json(path, data, self.ops)
@@ -392,14 +419,13 @@ class _Segment:
 
     # appends
 
-    def append(self, header: bytes, body) -> None:
-        """Queue one record as its header and body (joined once, at commit)."""
+    def append(self, header: bytes, body, body_size: int) -> None:
+        """Queue one record as its header and body (written together, at commit)."""
         pos = self.size
-        self._pending.append(header)
-        self._pending.append(body)
+        self._pending += (header, body)
         self._pending_index += _POSITION.pack(pos)
         self.positions.append(pos)
-        self.size += HEADER_SIZE + len(body)
+        self.size = pos + HEADER_SIZE + body_size
 
     @property
     def pending(self) -> bool:
@@ -524,6 +550,7 @@ class TopicLog:
         self.directory = directory
         self.segment_bytes = segment_bytes
         self.sync_policy = sync_policy
+        self._own_pool = pool is None
         self.pool = pool or FilePool()
         try:
             os.makedirs(directory, exist_ok=True)
@@ -556,6 +583,7 @@ class TopicLog:
         self.committed_entry_id = self.next_entry_id  # entries before it are on the OS's side
         self.batch = CommitBatch()
         self._dirty = False
+        self._background_syncs: list[tuple[_Segment, concurrent.futures.Future]] = []  # full segments
         self._cache: collections.OrderedDict[int, Entry] = collections.OrderedDict()
         self._cache_bytes = 0
         self._cache_limit = cache_bytes
@@ -594,28 +622,40 @@ class TopicLog:
         segment = self._segments[-1]
         if segment.size >= self.segment_bytes and segment.positions:
             segment = self._roll_over()
-        if type(body) is not bytes and not (type(body) is memoryview and type(body.obj) is bytes):
+        kind = type(body)
+        if kind is not bytes and not (kind is memoryview and type(body.obj) is bytes):
             body = bytes(body)  # queued until commit and cached: it must not change meanwhile
-        segment.append(_HEADER.pack(len(body), checksum, publish_time, num_messages), body)
+        size = len(body)
+        segment.append(_HEADER.pack(size, checksum, publish_time, num_messages), body, size)
         entry_id = self.next_entry_id
-        self.next_entry_id += 1
+        self.next_entry_id = entry_id + 1
         self.batch.count += 1
         self._dirty = True
-        self._remember(Entry(entry_id, body, checksum, publish_time, num_messages))
+        # _remember, inlined: this runs once per entry
+        self._cache[entry_id] = Entry(entry_id, body, checksum, publish_time, num_messages)
+        self._cache_bytes += size
+        if self._cache_bytes > self._cache_limit:
+            self._evict()
         return entry_id
 
     def _roll_over(self) -> _Segment:
-        """Commit and fsync the full segment, then start the next one (StorageError if it cannot)."""
+        """Commit and fsync the full segment, then start the next one (StorageError if it cannot).
+        Under the `always` policy its commits were fsynced already; under the others the fsync of
+        the full segment (tens of MB to the disk) runs on a worker thread, so that the event loop
+        goes on meanwhile: the next sync() checks it and tries a failed one again."""
         batch = self.batch
         if not self.commit():
             # the entries before this one failed: this one must not be stored after the gap
             raise StorageError(f"not stored after a failed commit: {batch.error}")
         old = self._segments[-1]
-        try:
-            old.commit(sync=True)
-        except StorageError as exc:
-            self.stats.failed_syncs += 1
-            log.error("%s: fsync before starting a new segment failed: %s", old.log_path, exc)
+        if self.sync_policy == SYNC_ALWAYS:
+            try:
+                old.commit(sync=True)
+            except StorageError as exc:
+                self.stats.failed_syncs += 1
+                log.error("%s: fsync before starting a new segment failed: %s", old.log_path, exc)
+        else:
+            self._background_syncs.append((old, self.pool.sync_later([old.log_path, old.idx_path])))
         segment = _Segment(self.pool, self.directory, self.next_entry_id)
         self._segments.append(segment)
         self._bases.append(segment.base)
@@ -649,9 +689,7 @@ class TopicLog:
         self.committed_entry_id = self.next_entry_id
         return True
 
-    def _remember(self, entry: Entry) -> None:
-        self._cache[entry.entry_id] = entry
-        self._cache_bytes += len(entry.body)
+    def _evict(self) -> None:
         while self._cache_bytes > self._cache_limit and self._cache:
             _, old = self._cache.popitem(last=False)
             self._cache_bytes -= len(old.body)
@@ -695,8 +733,33 @@ class TopicLog:
                 hi = mid
         return lo
 
+    def _check_background_syncs(self, wait: bool) -> None:
+        """Count and log each failed fsync of a full segment, and start it again; with `wait`,
+        wait for them and retry a failed one here."""
+        running = []
+        for segment, future in self._background_syncs:
+            if not wait and not future.done():
+                running.append((segment, future))
+                continue
+            exc = future.exception()
+            if exc is None:
+                continue
+            self.stats.failed_syncs += 1
+            log.error("%s: fsync of the full segment failed: %s; trying again", segment.log_path, exc)
+            if wait:
+                try:
+                    segment.fsync()
+                except StorageError as again:
+                    self.stats.failed_syncs += 1
+                    log.error("%s: %s", segment.log_path, again)
+            else:
+                running.append((segment, self.pool.sync_later([segment.log_path, segment.idx_path])))
+        self._background_syncs = running
+
     def sync(self) -> None:
         """Commit, then fsync what is not yet (StorageError if the fsync fails; retried next time)."""
+        if self._background_syncs:
+            self._check_background_syncs(wait=False)
         self.commit()
         if self._dirty:
             try:
@@ -714,8 +777,11 @@ class TopicLog:
                 self.commit()
         except StorageError as exc:
             log.error("%s: closing: %s", self.directory, exc)
+        self._check_background_syncs(wait=True)
         for segment in self._segments:
             segment.close()
+        if self._own_pool:
+            self.pool.stop_syncs()
 
 
 class Cursor:
