@@ -5,10 +5,11 @@ For each broker and client: produce N messages (batching on) as fast as the
 client can, then consume them from the backlog; each client at its best settings
 from bench_client.py. The "raw-10" and "raw-100" rows take the client out of the
 way: Send frames of 10 or 100 messages each, pipelined 500 deep, then one consumer
-with a 100k-message window; they measure the broker itself. A raw run sends for at
-least --raw-seconds (and --raw-messages), so that even 100 messages per entry make
-a run long enough for the rates and the CPU clock (10 ms ticks) to mean something;
-each run starts after os.sync(), so the previous run's writeback does not fall into it.
+with a 100k-message window that acknowledges cumulatively as it goes; they measure
+the broker itself. A raw run sends for at least --raw-seconds (and --raw-messages),
+so that even 100 messages per entry make a run long enough for the rates and the
+CPU clock (10 ms ticks) to mean something; each run starts after os.sync(), so the
+previous run's writeback does not fall into it.
 
 The raw driver is kept lighter than either broker, for both alike: it builds each
 Send frame from a template (the batch payload is made once; a frame adds its
@@ -19,12 +20,12 @@ CPU per million messages is printed beside the broker's ("driver CPU"): at 100
 per entry it is a small fraction of the broker's, so the driver is not what limits.
 
 For each row the broker process's CPU time (user + system, from /proc) is reported
-per million messages produced and consumed, and its peak resident memory while
-the consumer reads (VmHWM, reset before the consumer starts). A consumer that
-stops getting messages for --stall seconds is reported as stalled with what it
-got. Rounds are interleaved (the brokers swap order each round, each round on a
-fresh broker and data directory, removed after); medians are reported, and the
-embedded / pulsar-lite produce ratio of every round.
+per million messages produced and consumed, its resident memory as the consumer
+starts and its peak while the consumer reads (VmHWM, reset before the consumer
+starts). A consumer that stops getting messages for --stall seconds is reported
+as stalled with what it got. Rounds are interleaved (the brokers swap order each
+round, each round on a fresh broker and data directory, removed after); medians
+are reported, and the embedded / pulsar-lite produce ratio of every round.
 
     python benchmarks/bench_broker.py [--messages 100000] [--size 100] [--repeat 3]
         [--raw-messages 500000] [--raw-seconds 2] [--clients raw-10,raw-100]
@@ -70,10 +71,11 @@ def reset_peak_rss(pid):
         pass
 
 
-def peak_rss_mb(pid):
+def peak_rss_mb(pid, field="VmHWM"):
+    """The process's peak resident memory since the last reset (field VmRSS: the current one)."""
     with open(f"/proc/{pid}/status") as fh:
         for line in fh:
-            if line.startswith("VmHWM:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -175,6 +177,7 @@ class RawConnection(asyncio.Protocol):
         self._rest = b""
         self.control: asyncio.Queue = asyncio.Queue()
         self.on_counts = None  # (receipts, messages) -> None, once per read that holds any
+        self.last_message_command = b""  # the command of the last Message frame read (for acks)
         self.lost = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport) -> None:
@@ -189,6 +192,7 @@ class RawConnection(asyncio.Protocol):
             data = self._rest + data
         pos, end = 0, len(data)
         receipts = messages = 0
+        last_message = -1
         unpack = _U32.unpack_from
         while end - pos >= 10:
             stop = pos + 4 + unpack(data, pos)[0]
@@ -199,11 +203,14 @@ class RawConnection(asyncio.Protocol):
                 receipts += 1
             elif kind == _MESSAGE:
                 messages += 1
+                last_message = pos
             elif kind == _PING:
                 self.command("PONG", "pong")
             else:
                 self.control.put_nowait(data[pos:stop])
             pos = stop
+        if last_message >= 0:
+            self.last_message_command = data[last_message + 8:last_message + 8 + unpack(data, last_message + 4)[0]]
         self._rest = data[pos:]
         if (receipts or messages) and self.on_counts is not None:
             self.on_counts(receipts, messages)
@@ -290,7 +297,10 @@ async def raw_produce(url, topic, per_entry, size, min_messages, min_seconds, wi
 async def raw_consume(url, topic, expected, per_entry, stall=10.0):
     """Subscribe from the earliest message with a 100k-message window; (messages, messages/s until
     the last). Each Message frame counts as `per_entry` messages (the raw producer's batches).
-    Stops when no message came for `stall` seconds."""
+    Acknowledges cumulatively with each new grant of permits. Stops when no message came for
+    `stall` seconds."""
+    from pulsarwire import codec
+    from pulsarwire._proto import PulsarApi_pb2 as pb
     conn = await _raw_connect(url)
     conn.command("SUBSCRIBE", "subscribe", topic=topic, subscription="raw", subType=0, consumer_id=1,
                  request_id=2, initialPosition=1)  # Exclusive, Earliest
@@ -305,6 +315,14 @@ async def raw_consume(url, topic, expected, per_entry, stall=10.0):
         if state["since_flow"] >= 50_000:
             conn.command("FLOW", "flow", consumer_id=1, messagePermits=state["since_flow"])
             state["since_flow"] = 0
+            ack(pb.BaseCommand.FromString(conn.last_message_command).message.message_id)
+
+    def ack(message_id):  # cumulative, up to the last message read, as a consumer keeping up does
+        cmd = pb.BaseCommand(type=pb.BaseCommand.ACK)
+        cmd.ack.consumer_id = 1
+        cmd.ack.ack_type = pb.CommandAck.Cumulative
+        cmd.ack.message_id.add().CopyFrom(message_id)
+        conn.transport.write(codec.encode_command(cmd))
 
     conn.on_counts = count
     start = time.perf_counter()
@@ -345,6 +363,7 @@ def run(messages, size, stall, repeat, clients=CLIENTS, raw_messages=500_000, ra
                      "driver_cpu_s_per_million": statistics.median(r["driver_cpu_in"] for r in runs),
                      "produce_seconds": statistics.median(r["produce_seconds"] for r in runs),
                      "consume_peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
+                     "consume_start_rss_mb": max(r["rss_before_mb"] for r in runs),
                      "produce_per_round": [r["produced_rate"] for r in runs],
                      "messages": min(r["sent"] for r in runs),
                      "stalled": any(r["got"] < r["sent"] for r in runs)})
@@ -367,6 +386,7 @@ def _measure(broker, client, payloads, messages, size, stall, raw_messages, raw_
         sent, (produced, _) = messages, ours_produce(broker.url, topic, payloads, OURS_PRODUCE)
     cpu_produced, driver_produced, wall_produced = cpu_seconds(pid), time.process_time(), time.perf_counter()
     reset_peak_rss(pid)
+    rss_before = peak_rss_mb(pid, "VmRSS")
     if client.startswith("raw"):
         got, consumed = asyncio.run(raw_consume(broker.url, topic, sent, per_entry, stall))
     elif client == "official":
@@ -378,19 +398,22 @@ def _measure(broker, client, payloads, messages, size, stall, raw_messages, raw_
             "cpu_in": (cpu_produced - cpu_start) / sent * 1e6,
             "cpu_out": (cpu_consumed - cpu_produced) / max(got, 1) * 1e6,
             "driver_cpu_in": (driver_produced - driver_start) / sent * 1e6,
-            "produce_seconds": wall_produced - wall_start, "peak_rss_mb": peak_rss_mb(pid)}
+            "produce_seconds": wall_produced - wall_start, "peak_rss_mb": peak_rss_mb(pid),
+            "rss_before_mb": rss_before}
 
 
 def print_table(rows):
     print(f"{'broker':<13}{'client':<12}{'messages':>11}{'produce msg/s':>15}{'consume msg/s':>15}"
-          f"{'CPU s/M in':>12}{'CPU s/M out':>12}{'peak RSS MB':>12}  note (medians of {rows[0]['runs']} runs)")
+          f"{'CPU s/M in':>12}{'CPU s/M out':>12}{'RSS MB':>8}{'peak RSS MB':>12}"
+          f"  note (medians of {rows[0]['runs']} runs; RSS as the consumer starts, peak while it reads)")
     for r in rows:
         note = f"stalled after {r['consumed']:,} of {r['messages']:,}" if r["stalled"] else ""
         if r["client"].startswith("raw"):
             note = f"driver CPU s/M in {r['driver_cpu_s_per_million']:.2f}; {note}"
         print(f"{r['broker']:<13}{r['client']:<12}{r['messages']:>11,}{r['produce_msg_per_s']:>15,.0f}"
               f"{r['consume_msg_per_s']:>15,.0f}{r['produce_cpu_s_per_million']:>12.3f}"
-              f"{r['consume_cpu_s_per_million']:>12.3f}{r['consume_peak_rss_mb']:>12.0f}  {note}")
+              f"{r['consume_cpu_s_per_million']:>12.3f}{r['consume_start_rss_mb']:>8.0f}{r['consume_peak_rss_mb']:>12.0f}"
+              f"  {note}")
     for client in sorted({r["client"] for r in rows}, key=CLIENTS.index):
         pair = {r["broker"]: r for r in rows if r["client"] == client}
         if len(pair) == 2:
