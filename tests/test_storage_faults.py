@@ -218,6 +218,21 @@ def test_full_segments_are_fsynced_off_the_event_loop_and_a_failed_one_again(tmp
     reopened.close()
 
 
+def test_interval_sync_in_the_background_counts_and_retries_a_failure(tmp_path):
+    ops = FsyncRecorder(failures=1)
+    topic_log = TopicLog(str(tmp_path), sync_policy="interval", pool=FilePool(ops=ops))
+    topic_log.append(b"one", None, 1, 1)
+    topic_log.sync(background=True)  # commits, then hands the fsync to the worker
+    assert topic_log.committed_entry_id == 1
+    concurrent.futures.wait([future for _, future in topic_log._background_syncs])
+    assert ops.threads and all(name.startswith("pulsarwire-fsync") for name in ops.threads)
+    topic_log.sync(background=True)  # sees the failure: counted, logged, started again
+    assert topic_log.stats.failed_syncs == 1
+    concurrent.futures.wait([future for _, future in topic_log._background_syncs])
+    assert len(ops.threads) == 3  # the failed log fsync, then the log and the index again
+    topic_log.close()
+
+
 def test_always_policy_fsyncs_a_full_segment_before_the_next(tmp_path):
     ops = FsyncRecorder()
     topic_log = TopicLog(str(tmp_path), segment_bytes=200, sync_policy="always", pool=FilePool(ops=ops))

@@ -756,11 +756,19 @@ class TopicLog:
                 running.append((segment, self.pool.sync_later([segment.log_path, segment.idx_path])))
         self._background_syncs = running
 
-    def sync(self) -> None:
-        """Commit, then fsync what is not yet (StorageError if the fsync fails; retried next time)."""
+    def sync(self, background: bool = False) -> None:
+        """Commit, then fsync what is not yet (StorageError if the fsync fails; retried next time).
+        With `background` the fsync runs on the worker thread, and a failure is counted, logged
+        and tried again by a later sync()."""
         if self._background_syncs:
             self._check_background_syncs(wait=False)
         self.commit()
+        if self._dirty and background:
+            segment = self._segments[-1]
+            if not any(s is segment for s, _ in self._background_syncs):  # else: next time
+                self._dirty = False
+                self._background_syncs.append((segment, self.pool.sync_later([segment.log_path, segment.idx_path])))
+            return
         if self._dirty:
             try:
                 self._segments[-1].commit(sync=True)
