@@ -631,11 +631,13 @@ class TopicLog:
         self.next_entry_id = entry_id + 1
         self.batch.count += 1
         self._dirty = True
-        # _remember, inlined: this runs once per entry
-        self._cache[entry_id] = Entry(entry_id, body, checksum, publish_time, num_messages)
-        self._cache_bytes += size
-        if self._cache_bytes > self._cache_limit:
-            self._evict()
+        # remembered in the cache, the oldest entries going past its limit (inlined: once per entry)
+        cache = self._cache
+        cache[entry_id] = Entry(entry_id, body, checksum, publish_time, num_messages)
+        cache_bytes = self._cache_bytes + size
+        while cache_bytes > self._cache_limit and cache:
+            cache_bytes -= len(cache.popitem(last=False)[1].body)
+        self._cache_bytes = cache_bytes
         return entry_id
 
     def _roll_over(self) -> _Segment:
@@ -688,11 +690,6 @@ class TopicLog:
             self._dirty = False
         self.committed_entry_id = self.next_entry_id
         return True
-
-    def _evict(self) -> None:
-        while self._cache_bytes > self._cache_limit and self._cache:
-            _, old = self._cache.popitem(last=False)
-            self._cache_bytes -= len(old.body)
 
     def read(self, entry_id: int) -> Entry:
         """The entry; KeyError outside the log, CorruptEntryError (logged) when it is unreadable,
