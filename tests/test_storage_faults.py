@@ -218,6 +218,18 @@ def test_full_segments_are_fsynced_off_the_event_loop_and_a_failed_one_again(tmp
     reopened.close()
 
 
+def test_the_append_cache_keeps_the_newest_entries_within_its_bytes(tmp_path):
+    topic_log = TopicLog(str(tmp_path), cache_bytes=100)
+    for i in range(10):
+        topic_log.append(b"%030d" % i, None, i, 1)
+    assert list(topic_log._cache) == [7, 8, 9] and topic_log._cache_bytes == 90
+    topic_log.append(b"x" * 150, None, 10, 1)  # bigger than the cache: nothing stays
+    assert not topic_log._cache and topic_log._cache_bytes == 0
+    assert topic_log.commit()
+    assert [topic_log.read(i).body for i in (0, 9, 10)] == [b"%030d" % 0, b"%030d" % 9, b"x" * 150]
+    topic_log.close()
+
+
 def test_interval_sync_in_the_background_counts_and_retries_a_failure(tmp_path):
     ops = FsyncRecorder(failures=1)
     topic_log = TopicLog(str(tmp_path), sync_policy="interval", pool=FilePool(ops=ops))
