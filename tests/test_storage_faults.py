@@ -245,6 +245,18 @@ def test_interval_sync_in_the_background_counts_and_retries_a_failure(tmp_path):
     topic_log.close()
 
 
+def test_never_policy_sees_its_background_fsyncs_at_each_new_segment(tmp_path):
+    ops = FsyncRecorder(failures=1)
+    topic_log = TopicLog(str(tmp_path), segment_bytes=200, sync_policy="never", pool=FilePool(ops=ops))
+    for i in range(30):  # ten segments, and no sync() call
+        concurrent.futures.wait([future for _, future in topic_log._background_syncs])
+        topic_log.append(b"%02d" % i * 25, None, i, 1)
+        assert topic_log.commit()
+    assert topic_log.stats.failed_syncs == 1  # seen at the next new segment, and started again
+    assert len(topic_log._background_syncs) == 1  # the finished ones are let go
+    topic_log.close()
+
+
 def test_always_policy_fsyncs_a_full_segment_before_the_next(tmp_path):
     ops = FsyncRecorder()
     topic_log = TopicLog(str(tmp_path), segment_bytes=200, sync_policy="always", pool=FilePool(ops=ops))

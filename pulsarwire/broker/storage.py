@@ -657,6 +657,8 @@ class TopicLog:
                 self.stats.failed_syncs += 1
                 log.error("%s: fsync before starting a new segment failed: %s", old.log_path, exc)
         else:
+            if self._background_syncs:  # also where the never policy, which has no sync(), sees them
+                self._check_background_syncs(wait=False)
             self._background_syncs.append((old, self.pool.sync_later([old.log_path, old.idx_path])))
         segment = _Segment(self.pool, self.directory, self.next_entry_id)
         self._segments.append(segment)
