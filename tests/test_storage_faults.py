@@ -5,6 +5,7 @@ subprocess."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import errno
 import json
 import logging
@@ -12,6 +13,7 @@ import os
 import resource
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -111,6 +113,158 @@ def test_failed_truncate_still_writes_the_next_batch_at_its_position(tmp_path):
     reopened = TopicLog(str(tmp_path))
     assert reopened.next_entry_id == 2 and reopened.read(1).body == b"second"
     reopened.close()
+
+
+class VectoredDisk(FileOps):
+    """A file system seen through `pwritev` (the group commit's call): each call takes at most
+    `per_call` bytes (a short write), and past `room` bytes it fails with ENOSPC after writing
+    what fits. `pwrite` is the base one, so only the vectored path is under test."""
+
+    def __init__(self, per_call: int | None = None) -> None:
+        self.per_call = per_call
+        self.room: int | None = None
+        self.calls = 0
+
+    def pwritev(self, fd, buffers, offset):
+        self.calls += 1
+        data = b"".join(buffers)
+        limit = len(data) if self.per_call is None else min(len(data), self.per_call)
+        if self.room is not None:
+            if self.room <= 0:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            limit = min(limit, self.room)
+            self.room -= limit
+        return os.pwrite(fd, data[:limit], offset)
+
+
+def test_short_vectored_writes_go_on_from_where_they_stopped(tmp_path):
+    disk = VectoredDisk(per_call=7)  # cuts headers and bodies at every place
+    topic_log = TopicLog(str(tmp_path), pool=FilePool(ops=disk))
+    bodies = [b"entry-%d-" % i * (i % 5 + 1) for i in range(40)]
+    for i, body in enumerate(bodies):
+        topic_log.append(body, None, i, 1)
+    assert topic_log.commit() and disk.calls > 40
+    topic_log.close()
+    reopened = TopicLog(str(tmp_path))
+    assert reopened.next_entry_id == 40 and [reopened.read(i).body for i in range(40)] == bodies
+    reopened.close()
+
+
+def test_a_commit_of_more_buffers_than_iov_max_is_written_whole(tmp_path):
+    disk = VectoredDisk()
+    topic_log = TopicLog(str(tmp_path), pool=FilePool(ops=disk))
+    for i in range(1500):  # 3000 buffers: a header and a body each
+        topic_log.append(b"m-%05d" % i, None, i, 1)
+    assert topic_log.commit() and disk.calls >= 3
+    topic_log.close()
+    reopened = TopicLog(str(tmp_path))
+    assert reopened.next_entry_id == 1500 and reopened.read(1499).body == b"m-01499"
+    reopened.close()
+
+
+def test_disk_full_in_a_vectored_commit_rolls_back_and_recovers(tmp_path):
+    disk = VectoredDisk(per_call=64)
+    topic_log = TopicLog(str(tmp_path), pool=FilePool(ops=disk))
+    for i in range(5):
+        topic_log.append(b"good-%d" % i, None, i, 1)
+    assert topic_log.commit()
+    size = os.path.getsize(_log_file(tmp_path))
+    disk.room = 100  # part of the next batch is written, then the disk is full
+    for i in range(10):
+        topic_log.append(b"lost-%d" % i * 8, None, i, 1)
+    batch = topic_log.batch
+    assert not topic_log.commit()
+    assert "No space" in str(batch.error)
+    assert os.path.getsize(_log_file(tmp_path)) == size
+    assert topic_log.next_entry_id == topic_log.committed_entry_id == 5
+    disk.room = None
+    assert topic_log.append(b"after", None, 9, 1) == 5 and topic_log.commit()
+    topic_log.close()
+    reopened = TopicLog(str(tmp_path))
+    assert reopened.next_entry_id == 6 and [reopened.read(i).body for i in (4, 5)] == [b"good-4", b"after"]
+    reopened.close()
+
+
+class FsyncRecorder(FileOps):
+    """Records the thread of every fsync; the first `failures` of them fail with EIO."""
+
+    def __init__(self, failures: int = 0) -> None:
+        self.threads: list[str] = []
+        self.failures = failures
+
+    def fsync(self, fd):
+        self.threads.append(threading.current_thread().name)
+        if self.failures:
+            self.failures -= 1
+            raise OSError(errno.EIO, "Input/output error")
+        super().fsync(fd)
+
+
+def test_full_segments_are_fsynced_off_the_event_loop_and_a_failed_one_again(tmp_path):
+    ops = FsyncRecorder(failures=1)
+    topic_log = TopicLog(str(tmp_path), segment_bytes=200, sync_policy="interval", pool=FilePool(ops=ops))
+    for i in range(12):  # 70-byte records: a new segment every third one
+        topic_log.append(b"%02d" % i * 25, None, i, 1)
+        assert topic_log.commit()
+    concurrent.futures.wait([future for _, future in topic_log._background_syncs])
+    assert ops.threads and all(name.startswith("pulsarwire-fsync") for name in ops.threads)
+    topic_log.sync()  # sees the failed one, counts it and starts it again
+    assert topic_log.stats.failed_syncs == 1
+    topic_log.close()
+    assert ops.threads.count(threading.current_thread().name) == 2  # the last segment's, at close
+    assert sum(name.startswith("pulsarwire-fsync") for name in ops.threads) == 2 * 3 + 1
+    reopened = TopicLog(str(tmp_path))
+    assert [reopened.read(i).body for i in range(12)] == [b"%02d" % i * 25 for i in range(12)]
+    reopened.close()
+
+
+def test_the_append_cache_keeps_the_newest_entries_within_its_bytes(tmp_path):
+    topic_log = TopicLog(str(tmp_path), cache_bytes=100)
+    for i in range(10):
+        topic_log.append(b"%030d" % i, None, i, 1)
+    assert list(topic_log._cache) == [7, 8, 9] and topic_log._shared_cache.bytes == 90
+    topic_log.append(b"x" * 150, None, 10, 1)  # bigger than the cache: nothing stays
+    assert not topic_log._cache and topic_log._shared_cache.bytes == 0
+    assert topic_log.commit()
+    assert [topic_log.read(i).body for i in (0, 9, 10)] == [b"%030d" % 0, b"%030d" % 9, b"x" * 150]
+    topic_log.close()
+
+
+def test_interval_sync_in_the_background_counts_and_retries_a_failure(tmp_path):
+    ops = FsyncRecorder(failures=1)
+    topic_log = TopicLog(str(tmp_path), sync_policy="interval", pool=FilePool(ops=ops))
+    topic_log.append(b"one", None, 1, 1)
+    topic_log.sync(background=True)  # commits, then hands the fsync to the worker
+    assert topic_log.committed_entry_id == 1
+    concurrent.futures.wait([future for _, future in topic_log._background_syncs])
+    assert ops.threads and all(name.startswith("pulsarwire-fsync") for name in ops.threads)
+    topic_log.sync(background=True)  # sees the failure: counted, logged, started again
+    assert topic_log.stats.failed_syncs == 1
+    concurrent.futures.wait([future for _, future in topic_log._background_syncs])
+    assert len(ops.threads) == 3  # the failed log fsync, then the log and the index again
+    topic_log.close()
+
+
+def test_never_policy_sees_its_background_fsyncs_at_each_new_segment(tmp_path):
+    ops = FsyncRecorder(failures=1)
+    topic_log = TopicLog(str(tmp_path), segment_bytes=200, sync_policy="never", pool=FilePool(ops=ops))
+    for i in range(30):  # ten segments, and no sync() call
+        concurrent.futures.wait([future for _, future in topic_log._background_syncs])
+        topic_log.append(b"%02d" % i * 25, None, i, 1)
+        assert topic_log.commit()
+    assert topic_log.stats.failed_syncs == 1  # seen at the next new segment, and started again
+    assert len(topic_log._background_syncs) == 1  # the finished ones are let go
+    topic_log.close()
+
+
+def test_always_policy_fsyncs_a_full_segment_before_the_next(tmp_path):
+    ops = FsyncRecorder()
+    topic_log = TopicLog(str(tmp_path), segment_bytes=200, sync_policy="always", pool=FilePool(ops=ops))
+    for i in range(6):
+        topic_log.append(b"%02d" % i * 25, None, i, 1)
+        assert topic_log.commit()
+    assert set(ops.threads) == {threading.current_thread().name}
+    topic_log.close()
 
 
 def test_failed_commit_restores_dedup_state_so_a_resend_is_stored(tmp_path):

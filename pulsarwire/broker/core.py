@@ -104,6 +104,7 @@ class BrokerCore:
         for topic in self.topics.values():
             topic.close()
         self.topics.clear()
+        self.files.stop_syncs()
 
     # topics
 
@@ -231,14 +232,16 @@ class BrokerCore:
                 saved = False  # logged where it failed; still marked changed
         return saved
 
-    def sync(self) -> bool:
+    def sync(self, background: bool = False) -> bool:
         """fsync every log (the interval sync policy calls this on its cadence); failures are
-        logged and tried again next time. Returns whether every log was synced."""
+        logged and tried again next time. Returns whether every log was synced. With `background`
+        the fsyncs run on the storage's worker thread, so the event loop goes on meanwhile (a
+        failure is then logged and retried by the next sync)."""
         self.commit()
         synced = True
         for topic in list(self.topics.values()):
             try:
-                topic.log.sync()
+                topic.log.sync(background)
             except StorageError as exc:
                 log.error("topic %s: fsync failed: %s", topic.name, exc)
                 synced = False

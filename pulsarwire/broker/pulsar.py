@@ -291,6 +291,7 @@ class BrokerConnection(asyncio.Protocol):
     def _process(self) -> None:
         """Handle the complete frames the reader holds, stopping while output is over budget."""
         completed = False
+        send_frame = codec.SendFrame
         try:
             while self.writable and not self.closed:
                 try:
@@ -305,7 +306,13 @@ class BrokerConnection(asyncio.Protocol):
                 if frame is None:
                     break
                 completed = True
-                self._handle(frame)
+                if type(frame) is send_frame and self.connected and not self.refused:
+                    # on_send_fast, inlined: the hot path, one call per Send frame
+                    self.store(frame.producer_id, frame.sequence_id, frame.highest_sequence_id,
+                               frame.num_messages_in_batch, frame.is_chunk, frame.chunk_id, frame.publish_time,
+                               frame.deliver_at_time, frame.metadata_and_payload, frame.checksum, frame.compression)
+                else:
+                    self._handle(frame)
         except PulsarWireError as exc:
             if isinstance(exc, FrameTooLargeError) and not self.connected:
                 self.service.counters["oversized_frames_before_connect"] += 1

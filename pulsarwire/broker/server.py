@@ -188,7 +188,7 @@ class Broker:
                 jobs.append(("V1 upkeep", self.v1.tick))
             if self.sync_policy == SYNC_INTERVAL and elapsed >= self.sync_interval:
                 elapsed = 0.0
-                jobs.append(("fsync", self.core.sync))
+                jobs.append(("fsync", lambda: self.core.sync(background=True)))  # off the event loop
             for name, job in jobs:
                 try:
                     job()

@@ -10,11 +10,12 @@ stored CRC doubles as the checksum of every Message frame that re-sends it. The
 .idx file holds one u64 file position per entry.
 
 Appends are group-committed: `commit()` hands everything appended since the last
-commit to the OS in one positioned write, and the broker commits before it sends
-any receipt, so a killed process loses nothing acknowledged; fsync (power loss)
-follows the sync policy. A commit that fails (disk full, I/O error) truncates the
-files back to the last good record, forgets the batch and marks its `CommitBatch`
-failed, so that the broker answers an error for every send in it.
+commit to the OS in one positioned, vectored write (`pwritev`, no joined copy), and
+the broker commits before it sends any receipt, so a killed process loses nothing
+acknowledged; fsync (power loss) follows the sync policy. A commit that fails (disk
+full, I/O error) truncates the files back to the last good record, forgets the batch
+and marks its `CommitBatch` failed, so that the broker answers an error for every
+send in it.
 
 Recovery trusts the index only as far as it is consistent, then verifies every
 record after that. A torn tail (a record cut short at the end of the last segment)
@@ -34,6 +35,7 @@ from __future__ import annotations
 import array
 import bisect
 import collections
+import concurrent.futures
 import errno
 import json
 import logging
@@ -88,6 +90,10 @@ class FileOps:
     def open(self, path: str) -> int:
         return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
 
+    def open_existing(self, path: str) -> int:
+        """A descriptor of an existing file, for an fsync (FileNotFoundError if it is gone)."""
+        return os.open(path, os.O_RDONLY)
+
     def close(self, fd: int) -> None:
         os.close(fd)
 
@@ -99,6 +105,14 @@ class FileOps:
 
     def pwrite(self, fd: int, data, offset: int) -> int:
         return os.pwrite(fd, data, offset)
+
+    def pwritev(self, fd: int, buffers: list, offset: int) -> int:
+        """Write `buffers` in order from `offset` in one call, without joining them (at most
+        `IOV_MAX` of them); returns the bytes written, which may be fewer. A subclass that
+        replaces only `pwrite` gets its `pwrite` here too, so the faults it injects still apply."""
+        if type(self).pwrite is not FileOps.pwrite:
+            return self.pwrite(fd, b"".join(buffers), offset)
+        return os.pwritev(fd, buffers, offset)
 
     def truncate(self, fd: int, size: int) -> None:
         os.ftruncate(fd, size)
@@ -169,6 +183,7 @@ class FilePool:
         self.stats = StorageStats()
         self._open: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._ever_opened: set[str] = set()
+        self._syncer: concurrent.futures.ThreadPoolExecutor | None = None  # see sync_later
 
     def fd(self, path: str) -> int:
         fd = self._open.get(path)
@@ -213,6 +228,27 @@ class FilePool:
     @property
     def open_count(self) -> int:
         return len(self._open)
+
+    def sync_later(self, paths: list[str]) -> concurrent.futures.Future:
+        """fsync `paths` on a worker thread, off the event loop; each through a descriptor of its
+        own, so this pool may close its descriptors meanwhile. The future's exception says what failed."""
+        if self._syncer is None:
+            self._syncer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pulsarwire-fsync")
+        return self._syncer.submit(self._sync_paths, list(paths))
+
+    def stop_syncs(self) -> None:
+        """Wait for the fsyncs handed to the worker thread, and end it."""
+        if self._syncer is not None:
+            self._syncer.shutdown(wait=True)
+            self._syncer = None
+
+    def _sync_paths(self, paths: list[str]) -> None:
+        for path in paths:
+            fd = self.ops.open_existing(path)
+            try:
+                self.ops.fsync(fd)
+            finally:
+                self.ops.close(fd)
 
     def write_json(self, path: str, data) -> None:
         write_json(path, data, self.ops)
@@ -451,14 +487,13 @@ class _Segment:
 
     # appends
 
-    def append(self, header: bytes, body) -> None:
-        """Queue one record as its header and body (joined once, at commit)."""
+    def append(self, header: bytes, body, body_size: int) -> None:
+        """Queue one record as its header and body (written together, at commit)."""
         pos = self.size
-        self._pending.append(header)
-        self._pending.append(body)
+        self._pending += (header, body)
         self._pending_index += _POSITION.pack(pos)
         self.positions.append(pos)
-        self.size += HEADER_SIZE + len(body)
+        self.size = pos + HEADER_SIZE + body_size
 
     @property
     def pending(self) -> bool:
@@ -472,16 +507,10 @@ class _Segment:
             if sync:
                 self.fsync()
             return
-        data = b"".join(self._pending) if len(self._pending) > 1 else self._pending[0]
         ops = self.ops
         try:
             fd = self.pool.fd(self.log_path)
-            view = memoryview(data)
-            offset = self.committed_size
-            while view:
-                written = ops.pwrite(fd, view, offset)
-                view = view[written:]
-                offset += written
+            _write_all(ops, fd, self._pending, self.committed_size, self.size - self.committed_size)
             idx_fd = self.pool.fd(self.idx_path)
             index = memoryview(bytes(self._pending_index))
             offset = self.index_bytes_on_disk
@@ -493,8 +522,9 @@ class _Segment:
                 ops.fsync(self.pool.fd(self.log_path))
                 ops.fsync(self.pool.fd(self.idx_path))
         except (OSError, StorageError) as exc:
+            pending_bytes = self.size - self.committed_size
             self._roll_back()
-            raise StorageError(f"{self.log_path}: cannot write {len(data)} bytes: {exc}") from exc
+            raise StorageError(f"{self.log_path}: cannot write {pending_bytes} bytes: {exc}") from exc
         self.committed_size = self.size
         self.committed_count = len(self.positions)
         self.index_bytes_on_disk += len(self._pending_index)
@@ -551,6 +581,32 @@ class _Segment:
         self.pool.release(self.idx_path)
 
 
+_IOV_MAX = min(1024, os.sysconf("SC_IOV_MAX")) if hasattr(os, "sysconf") else 16
+
+
+def _write_all(ops: FileOps, fd: int, buffers: list, offset: int, total: int) -> None:
+    """Write `buffers` (`total` bytes) in order from `offset` with `ops.pwritev` (no joined
+    copy), in calls of at most IOV_MAX buffers, going on after a short write from where it stopped."""
+    while True:
+        chunk = buffers if len(buffers) <= _IOV_MAX else buffers[:_IOV_MAX]
+        written = ops.pwritev(fd, chunk, offset)
+        if written == total:
+            return
+        if written <= 0:
+            raise OSError(errno.EIO, "the file system took none of the bytes written")
+        offset += written
+        total -= written
+        done = 0
+        for buffer in chunk:  # what was written in full; a partly written one goes on from its rest
+            if written < len(buffer):
+                break
+            written -= len(buffer)
+            done += 1
+        buffers = buffers[done:]
+        if written:
+            buffers[0] = memoryview(buffers[0])[written:]
+
+
 class TopicLog:
     """Append-only, segmented log of one topic-partition. Its recent entries live in `cache`,
     shared with the broker's other logs; without one it gets its own of `cache_bytes`."""
@@ -563,6 +619,7 @@ class TopicLog:
         self.directory = directory
         self.segment_bytes = segment_bytes
         self.sync_policy = sync_policy
+        self._own_pool = pool is None
         self.pool = pool or FilePool()
         try:
             os.makedirs(directory, exist_ok=True)
@@ -595,6 +652,7 @@ class TopicLog:
         self.committed_entry_id = self.next_entry_id  # entries before it are on the OS's side
         self.batch = CommitBatch()
         self._dirty = False
+        self._background_syncs: list[tuple[_Segment, concurrent.futures.Future]] = []  # full segments
         self._cache: collections.OrderedDict[int, Entry] = collections.OrderedDict()  # oldest first
         self._shared_cache = cache if cache is not None else EntryCache(cache_bytes)
 
@@ -632,31 +690,41 @@ class TopicLog:
         segment = self._segments[-1]
         if segment.size >= self.segment_bytes and segment.positions:
             segment = self._roll_over()
-        if type(body) is not bytes and not (type(body) is memoryview and type(body.obj) is bytes
-                                            and 2 * len(body) >= len(body.obj)):
+        kind = type(body)
+        if kind is not bytes and not (kind is memoryview and type(body.obj) is bytes
+                                      and 2 * len(body) >= len(body.obj)):
             # queued until commit and cached: it must not change meanwhile; and a view of a small
             # part of a big receive buffer would keep all of it alive while cached, uncounted
             body = bytes(body)
-        segment.append(_HEADER.pack(len(body), checksum, publish_time, num_messages), body)
+        size = len(body)
+        segment.append(_HEADER.pack(size, checksum, publish_time, num_messages), body, size)
         entry_id = self.next_entry_id
-        self.next_entry_id += 1
+        self.next_entry_id = entry_id + 1
         self.batch.count += 1
         self._dirty = True
-        self._remember(Entry(entry_id, body, checksum, publish_time, num_messages))
+        self._shared_cache.put(self, self._cache, Entry(entry_id, body, checksum, publish_time, num_messages))
         return entry_id
 
     def _roll_over(self) -> _Segment:
-        """Commit and fsync the full segment, then start the next one (StorageError if it cannot)."""
+        """Commit and fsync the full segment, then start the next one (StorageError if it cannot).
+        Under the `always` policy its commits were fsynced already; under the others the fsync of
+        the full segment (tens of MB to the disk) runs on a worker thread, so that the event loop
+        goes on meanwhile: the next sync() checks it and tries a failed one again."""
         batch = self.batch
         if not self.commit():
             # the entries before this one failed: this one must not be stored after the gap
             raise StorageError(f"not stored after a failed commit: {batch.error}")
         old = self._segments[-1]
-        try:
-            old.commit(sync=True)
-        except StorageError as exc:
-            self.stats.failed_syncs += 1
-            log.error("%s: fsync before starting a new segment failed: %s", old.log_path, exc)
+        if self.sync_policy == SYNC_ALWAYS:
+            try:
+                old.commit(sync=True)
+            except StorageError as exc:
+                self.stats.failed_syncs += 1
+                log.error("%s: fsync before starting a new segment failed: %s", old.log_path, exc)
+        else:
+            if self._background_syncs:  # also where the never policy, which has no sync(), sees them
+                self._check_background_syncs(wait=False)
+            self._background_syncs.append((old, self.pool.sync_later([old.log_path, old.idx_path])))
         segment = _Segment(self.pool, self.directory, self.next_entry_id)
         self._segments.append(segment)
         self._bases.append(segment.base)
@@ -687,9 +755,6 @@ class TopicLog:
             self._dirty = False
         self.committed_entry_id = self.next_entry_id
         return True
-
-    def _remember(self, entry: Entry) -> None:
-        self._shared_cache.put(self, self._cache, entry)
 
     def read(self, entry_id: int) -> Entry:
         """The entry; KeyError outside the log, CorruptEntryError (logged) when it is unreadable,
@@ -731,9 +796,42 @@ class TopicLog:
                 hi = mid
         return lo
 
-    def sync(self) -> None:
-        """Commit, then fsync what is not yet (StorageError if the fsync fails; retried next time)."""
+    def _check_background_syncs(self, wait: bool) -> None:
+        """Count and log each failed fsync of a full segment, and start it again; with `wait`,
+        wait for them and retry a failed one here."""
+        running = []
+        for segment, future in self._background_syncs:
+            if not wait and not future.done():
+                running.append((segment, future))
+                continue
+            exc = future.exception()
+            if exc is None:
+                continue
+            self.stats.failed_syncs += 1
+            log.error("%s: fsync of the full segment failed: %s; trying again", segment.log_path, exc)
+            if wait:
+                try:
+                    segment.fsync()
+                except StorageError as again:
+                    self.stats.failed_syncs += 1
+                    log.error("%s: %s", segment.log_path, again)
+            else:
+                running.append((segment, self.pool.sync_later([segment.log_path, segment.idx_path])))
+        self._background_syncs = running
+
+    def sync(self, background: bool = False) -> None:
+        """Commit, then fsync what is not yet (StorageError if the fsync fails; retried next time).
+        With `background` the fsync runs on the worker thread, and a failure is counted, logged
+        and tried again by a later sync()."""
+        if self._background_syncs:
+            self._check_background_syncs(wait=False)
         self.commit()
+        if self._dirty and background:
+            segment = self._segments[-1]
+            if not any(s is segment for s, _ in self._background_syncs):  # else: next time
+                self._dirty = False
+                self._background_syncs.append((segment, self.pool.sync_later([segment.log_path, segment.idx_path])))
+            return
         if self._dirty:
             try:
                 self._segments[-1].commit(sync=True)
@@ -750,9 +848,12 @@ class TopicLog:
                 self.commit()
         except StorageError as exc:
             log.error("%s: closing: %s", self.directory, exc)
+        self._check_background_syncs(wait=True)
         self._shared_cache.drop(self, self._cache)
         for segment in self._segments:
             segment.close()
+        if self._own_pool:
+            self.pool.stop_syncs()
 
 
 class Cursor:
