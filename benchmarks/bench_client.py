@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import itertools
 import json
 import os
@@ -96,9 +97,19 @@ async def _ours_produce(url, topic, payloads, config):
             max_pending_messages=config["pending"])
         latencies = []
         clock = time.perf_counter
+        # a failed send (say, a broker out of disk) fails the run with its error, once, instead of
+        # a "Future exception was never retrieved" line for each of 100 000 futures
+        failures = []
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: failures.append(
+            context.get("exception") or context.get("message")))
 
         def sampler(sent):
-            return lambda future: latencies.append(clock() - sent)
+            def done(future):
+                if future.exception() is not None:
+                    failures.append(future.exception())
+                else:
+                    latencies.append(clock() - sent)
+            return done
         start = clock()
         if config["api"] == "send_many":
             for at in range(0, len(payloads), SEND_MANY_CHUNK):
@@ -116,6 +127,9 @@ async def _ours_produce(url, topic, payloads, config):
         await producer.flush()
         elapsed = clock() - start
         await producer.close()
+    gc.collect()  # reports the dropped futures that failed
+    if failures:
+        raise RuntimeError(f"pulsarwire: {len(failures)} sends failed, the first: {failures[0]!r}")
     return len(payloads) / elapsed, latencies
 
 

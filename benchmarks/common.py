@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import socket
 import subprocess
 import sys
@@ -25,7 +26,8 @@ def percentile(values, q: float) -> float:
 
 
 class BrokerUnderTest:
-    """The embedded broker or pulsar-lite, in a separate process on 127.0.0.1."""
+    """The embedded broker or pulsar-lite, in a separate process on 127.0.0.1; its data directory
+    (and pulsar-lite's files beside it) are removed when it stops."""
 
     def __init__(self, kind: str, data_dir: str, extra: list[str] | None = None) -> None:
         self.kind = kind
@@ -68,3 +70,11 @@ class BrokerUnderTest:
                 self.process.wait(10)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+                self.process.wait(10)
+        # the data, and what pulsar-lite writes beside its --db-path: a benchmark writes GBs a run
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+        for sidecar in (self.data_dir + ".rocksdb", self.data_dir + ".metadata.json"):
+            if os.path.isdir(sidecar):
+                shutil.rmtree(sidecar, ignore_errors=True)
+            elif os.path.exists(sidecar):
+                os.remove(sidecar)
