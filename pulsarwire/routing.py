@@ -118,6 +118,11 @@ class Router:
         self._counter = itertools.count(start)
         self._single = start
 
+    @property
+    def single_partition(self) -> bool:
+        """Whether keyless messages all go to one partition (SinglePartition mode)."""
+        return self._mode is RoutingMode.SinglePartition
+
     def partition(self, key: str | None, num_partitions: int) -> int:
         if key is not None:
             return self._hash(key) % num_partitions

@@ -666,7 +666,8 @@ class Producer:
         if count == 0:
             future.set_result(MessageIds([]))
             return future
-        if not (type(items[0]) is bytes and set(map(type, items)) == {bytes}):
+        plain = type(items[0]) is bytes and set(map(type, items)) == {bytes}
+        if not plain:
             items = [item if type(item) is bytes else _message_parts(item) for item in items]
         if not self._block and self._in_flight + count > self._max_pending:
             raise ProducerQueueFullError(f"{self._in_flight} messages pending, {count} more do not fit "
@@ -685,6 +686,19 @@ class Producer:
             if len(partitions) == 1:
                 partitions[0].send_many(items, start, stop, None, bulk)
                 targets = partitions
+            elif plain and self._message_router is None:
+                # keyless payloads, the built-in router: round robin by contiguous slices, one per
+                # partition (as the official client's round robin switches partition per batch,
+                # not per message), so each partition batches its slice in one codec call
+                parts = len(partitions)
+                first = self._router.partition(None, parts)
+                slices = 1 if self._router.single_partition else parts
+                size = -(-(stop - start) // slices)
+                targets = []
+                for j, lo in enumerate(range(start, stop, size)):
+                    target = await self._attached((first + j) % parts)
+                    target.send_many(items, lo, min(stop, lo + size), None, bulk)
+                    targets.append(target)
             else:
                 routed: dict[int, tuple[list, list]] = {}
                 for index in range(start, stop):
