@@ -49,6 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.bench_client import official_client, official_produce, ours_produce, payload_list  # noqa: E402
 from benchmarks.common import BrokerUnderTest  # noqa: E402
+from pulsarwire._codec_py import varint_bytes as _varint  # noqa: E402
 
 # Each client at a configuration bench_client.py finds among its best (no callback, 10 ms delay).
 OFFICIAL_PRODUCE = dict(callback="none", delay_ms=10, max_messages=1000, pending=5000)
@@ -124,13 +125,6 @@ _U32 = struct.Struct(">I")
 _SEND_RECEIPT, _MESSAGE, _PING = 7, 9, 18  # BaseCommand.Type values
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 class SendFrames:

@@ -970,6 +970,13 @@ def _write_varint(out, value):
     out.append(value)
 
 
+def varint_bytes(value: int) -> bytes:
+    """`value` as a protobuf varint (a negative one as its 64-bit two's complement)."""
+    out = bytearray()
+    _write_varint(out, value)
+    return bytes(out)
+
+
 def _write_bytes_field(out, field, data):
     out.append((field << 3) | 2)
     _write_varint(out, len(data))

@@ -45,6 +45,7 @@ try:  # PySpark 4.1+: the streaming sink takes Arrow batches too
 except ImportError:  # pragma: no cover - older PySpark: rows
     DataSourceStreamArrowWriter = DataSourceStreamWriter  # type: ignore[misc,assignment]
 
+from ._codec_py import varint_bytes
 from .messages import MessageId
 
 log = logging.getLogger("pulsarwire.spark")
@@ -562,14 +563,7 @@ def _arrow_schema():
     return _arrow_schema_cache[0]
 
 
-def _varint(value: int) -> bytes:
-    value &= 0xFFFFFFFFFFFFFFFF
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+_varint = varint_bytes
 
 
 _TOPIC_FIELD = 100  # an extra field of MessageIdData: parsers that do not know it skip it

@@ -251,13 +251,7 @@ def test_payload_of_any_buffer_type(twin):
 # order with one-byte sizes. Anything else, errors included, goes the general way. These batches
 # mix the layouts with their near misses, so both ways meet in one batch and must agree.
 
-def _varint(value):
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+_varint = _codec_py.varint_bytes
 
 
 def _sized(tag, data):

@@ -1,9 +1,11 @@
 """The broker core: the topic registry, topic naming, partitioned-topic metadata,
 producer names, deduplication and the group commit. Front ends (Pulsar binary,
-V1 text) call it; it knows no wire protocol and no listener.
+V1 text) call it; it knows no wire protocol and no listener (close_transport is the one
+transport step both front ends share).
 """
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import os
@@ -18,6 +20,7 @@ log = logging.getLogger("pulsarwire.broker")
 PARTITION_MARKER = "-partition-"
 DUPLICATE = -1  # the entry id `publish` answers for a deduplicated send
 MAX_FILE_NAME = 255  # bytes in one file name on common file systems
+CLOSE_GRACE = 5.0  # seconds a closing connection may take to send its last bytes before it is aborted
 
 
 class InvalidTopicName(ValueError):
@@ -253,3 +256,19 @@ class BrokerCore:
         return dict(self.files.stats.as_dict(), open_files=self.files.open_count,
                     max_open_files=self.files.max_open_files, cache_bytes=self.cache.bytes,
                     max_cache_bytes=self.cache.max_bytes, cache_evicted_entries=self.cache.evicted_entries)
+
+
+def close_transport(transport, abort: bool, last_words=None) -> None:
+    """Close a front end's connection: at once with `abort`; else after `last_words()` queued
+    its last output, and a peer that does not read that within CLOSE_GRACE is aborted, so what
+    it holds is freed. Nothing to do for a transport already closing."""
+    if transport is None or transport.is_closing():
+        return
+    if abort:
+        transport.abort()
+        return
+    if last_words is not None:
+        last_words()
+    transport.close()
+    if transport.get_write_buffer_size():
+        asyncio.get_running_loop().call_later(CLOSE_GRACE, transport.abort)

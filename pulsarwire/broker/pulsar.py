@@ -22,7 +22,7 @@ from .._proto import PulsarApi_pb2 as pb
 from ..errors import BadMetadataError, ChecksumMismatchError, FrameTooLargeError, PulsarWireError
 from ..messages import ack_set_bits
 from ..schema import schema_definitions_match
-from .core import DUPLICATE, BrokerCore, InvalidTopicName, highest_sequence
+from .core import DUPLICATE, BrokerCore, InvalidTopicName, close_transport, highest_sequence
 from .storage import StorageError
 from .topics import (
     EARLIEST, LATEST, SHARED, ConsumerLink, MalformedBatchError, ProducerBusyError, ProducerFencedError,
@@ -41,7 +41,6 @@ DEFAULT_HANDSHAKE_TIMEOUT = 10.0  # seconds from accept to an accepted CONNECT
 DEFAULT_MAX_FRAME_BEFORE_CONNECT = 64 * 1024
 DEFAULT_FRAME_TIMEOUT = 30.0  # seconds one frame may take to arrive in full
 DEFAULT_MAX_INPUT_BYTES = 256 * 1024 * 1024  # unfinished frames held, all connections together
-CLOSE_GRACE = 5.0  # seconds a closing connection may take to send its last bytes before it is aborted
 _U64 = 0xFFFFFFFFFFFFFFFF
 _I64_MAX = 0x7FFFFFFFFFFFFFFF
 
@@ -478,15 +477,7 @@ class BrokerConnection(asyncio.Protocol):
     def close(self, abort: bool = False) -> None:
         """Close after sending what is queued; `abort` drops it. A peer that does not read what is
         left within CLOSE_GRACE is aborted, so its unsent output is freed."""
-        transport = self.transport
-        if transport is not None and not transport.is_closing():
-            if abort:
-                transport.abort()
-            else:
-                self.flush()
-                transport.close()
-                if transport.get_write_buffer_size():
-                    asyncio.get_running_loop().call_later(CLOSE_GRACE, transport.abort)
+        close_transport(self.transport, abort, self.flush)
         self._cleanup()
 
     def _cleanup(self) -> None:

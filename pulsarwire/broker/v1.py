@@ -38,7 +38,7 @@ from .. import codec, compression
 from .._proto import PulsarApi_pb2 as pb
 from ..errors import CodecError
 from ..routing import murmur3_32
-from .core import PARTITION_MARKER, BrokerCore, InvalidTopicName
+from .core import PARTITION_MARKER, BrokerCore, InvalidTopicName, close_transport
 from .storage import StorageError, TopicLog, read_json, write_json
 from .topics import Topic, entry_metadata
 
@@ -50,7 +50,6 @@ MAX_QUEUED_LINES_BYTES = 2 * MAX_LINE  # complete request lines waiting for thei
 DEFAULT_MAX_OUTPUT_BYTES = 4 * 1024 * 1024  # unsent replies per connection before answering stops
 DEFAULT_HANDSHAKE_TIMEOUT = 10.0  # seconds from accept to AUTH, on a broker with tokens
 DEFAULT_LINE_TIMEOUT = 30.0  # seconds a request line may take to arrive, and a reply to be taken
-CLOSE_GRACE = 5.0  # seconds a closing connection may take to send its last bytes before it is aborted
 try:  # bytes a socket's kernel send queue holds (Linux): a client reading behind it makes progress
     import fcntl
     import termios
@@ -436,15 +435,8 @@ class V1Connection(asyncio.Protocol):
         """Close after sending what is queued and `last`; `abort` drops them. A peer that does
         not read what is left within CLOSE_GRACE is aborted, so its unsent replies are freed."""
         transport = self.transport
-        if transport is not None and not transport.is_closing():
-            if abort:
-                transport.abort()
-            else:
-                if last is not None:
-                    transport.write(last)
-                transport.close()
-                if transport.get_write_buffer_size():
-                    asyncio.get_running_loop().call_later(CLOSE_GRACE, transport.abort)
+        close_transport(transport, abort, None if last is None or transport is None else
+                        lambda: transport.write(last))
         self._cleanup()
 
     def _cleanup(self) -> None:
