@@ -543,3 +543,33 @@ def test_send_many_entry_reader_and_topics_of_namespace(embedded):
             assert [(e.entry_id, e.num_messages) for e in entries] == [(1, 4), (2, 2)]
             assert topic in await client.get_topics_of_namespace("public/default")
     run(main())
+
+
+def test_consumer_sends_held_acknowledgements_before_the_permits_that_refill_its_queue(embedded):
+    """A broker that dispatches from the acknowledged position when permits arrive (pulsar-lite
+    0.2.0) re-sent most of a backlog while acknowledgements waited for their group's timer."""
+    async def main():
+        topic = unique("ack-order")
+        async with client_for(embedded) as client:
+            producer = await client.create_producer(topic, batching_enabled=False)  # an ack per message
+            await (await producer.send_many([b"m%d" % i for i in range(60)]))
+            consumer = await client.subscribe(topic, "s", initial_position=EARLIEST, receiver_queue_size=10,
+                                              ack_group_time_ms=60_000)
+            session = consumer._partitions[0].conn.session
+            acknowledged, sent, at_flows = [0], [0], []
+            ack, flow = session.ack, session.flow
+
+            def recording_ack(consumer_id, message_ids, *args, **kwargs):
+                sent[0] += len(message_ids)
+                return ack(consumer_id, message_ids, *args, **kwargs)
+
+            def recording_flow(*args, **kwargs):
+                at_flows.append((acknowledged[0], sent[0]))
+                return flow(*args, **kwargs)
+            session.ack, session.flow = recording_ack, recording_flow
+            for _ in range(60):
+                consumer.acknowledge(await consumer.receive(5000))
+                acknowledged[0] += 1
+            # when permits go out, every acknowledgement made before has gone out ahead of them
+            assert len(at_flows) >= 5 and all(made == gone for made, gone in at_flows), at_flows
+    run(main())
