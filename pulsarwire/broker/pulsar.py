@@ -305,8 +305,13 @@ class BrokerConnection(asyncio.Protocol):
                 if frame is None:
                     break
                 completed = True
-                if type(frame) is send_frame and self.connected and not self.refused:
-                    # on_send_fast, inlined: the hot path, one call per Send frame
+                if type(frame) is send_frame:  # a plain Send frame read by the codec's fast path
+                    if not self.connected:
+                        raise PulsarWireError("SEND before CONNECT")
+                    if self.refused:
+                        self._send_error(frame.producer_id, frame.sequence_id, pb.AuthenticationError, self.refused)
+                        continue
+                    # stored here, not through a handler: the hot path, one call per Send frame
                     self.store(frame.producer_id, frame.sequence_id, frame.highest_sequence_id,
                                frame.num_messages_in_batch, frame.is_chunk, frame.chunk_id, frame.publish_time,
                                frame.deliver_at_time, frame.metadata_and_payload, frame.checksum, frame.compression)
@@ -521,14 +526,6 @@ class BrokerConnection(asyncio.Protocol):
     # dispatch by command type; before CONNECTED only CONNECT is allowed
 
     def _handle(self, frame) -> None:
-        if type(frame) is codec.SendFrame:
-            if not self.connected:
-                raise PulsarWireError("SEND before CONNECT")
-            if self.refused:
-                self._send_error(frame.producer_id, frame.sequence_id, pb.AuthenticationError, self.refused)
-                return
-            self.on_send_fast(frame)
-            return
         kind = frame.command.type
         if not self.connected and kind != T.CONNECT:
             raise PulsarWireError(f"command {kind} before CONNECT")
@@ -748,11 +745,6 @@ class BrokerConnection(asyncio.Protocol):
                    s.is_chunk, md.chunk_id if md.HasField("chunk_id") else None, md.publish_time,
                    md.deliver_at_time if md.HasField("deliver_at_time") else None,
                    frame.metadata_and_payload, frame.checksum, md.compression)
-
-    def on_send_fast(self, f) -> None:
-        """A plain Send frame read by the codec's fast path."""
-        self.store(f.producer_id, f.sequence_id, f.highest_sequence_id, f.num_messages_in_batch, f.is_chunk, f.chunk_id,
-                   f.publish_time, f.deliver_at_time, f.metadata_and_payload, f.checksum, f.compression)
 
     def store(self, producer_id, sequence_id, highest_sequence_id, batch_count, is_chunk, chunk_id,
               publish_time, deliver_at_time, body, checksum, compression: int | None = None) -> None:
