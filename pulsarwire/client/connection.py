@@ -14,6 +14,7 @@ from ..errors import (
     AlreadyClosedError, ConnectError, ConnectionClosedError, ConnectTimeoutError, PulsarWireError, ServerError,
     TimeoutError,
 )
+from ..messages import MessageId
 from ..session import (
     ActiveConsumerChanged, ClientSession, Connected, ConnectionFailed, ConsumerClosedByBroker,
     CorruptMessage, EndOfTopic, MessageArrived, ProducerClosedByBroker, RequestDone, RequestFailed,
@@ -108,6 +109,11 @@ class Connection(asyncio.Protocol):
         except BaseException:
             self.consumers.pop(fields["consumer_id"], None)
             raise
+
+    async def last_message_id(self, consumer_id: int, topic: str) -> MessageId:
+        """The id of the last message of the topic that consumer `consumer_id` reads."""
+        response = await self.request(self.session.get_last_message_id, consumer_id)
+        return MessageId.from_proto(response.last_message_id, topic)
 
     async def request(self, start: Callable[..., int], *args, _wait: bool = False, **kwargs):
         """Send a request (a session method returning its request id) and await its answer

@@ -505,8 +505,7 @@ class PartitionConsumer(Reconnecting):
         conn = self.conn
         if conn is None:
             raise ConnectionClosedError("consumer is not connected")
-        response = await conn.request(conn.session.get_last_message_id, self.consumer_id)
-        return MessageId.from_proto(response.last_message_id, self.topic)
+        return await conn.last_message_id(self.consumer_id, self.topic)
 
     async def close(self, unsubscribe: bool = False) -> None:
         self.flush_acks()
