@@ -36,6 +36,7 @@ import asyncio
 import gc
 import itertools
 import json
+import math
 import os
 import statistics
 import sys
@@ -312,7 +313,7 @@ def search(runner, kind, grids):
         fastest = max(rate for _, rate, _ in runs)
         close = [run for run in runs if run[1] >= TIE * fastest]
         if kind == "produce":
-            close.sort(key=lambda run: (run[2] if run[2] == run[2] else float("inf"), -run[1]))
+            close.sort(key=lambda run: (float("inf") if math.isnan(run[2]) else run[2], -run[1]))
         else:
             close.sort(key=lambda run: -run[1])
         best[client] = close[0][0]
