@@ -734,15 +734,36 @@ def test_entry_cache_is_one_budget_shared_by_every_topic(tmp_path):
     assert cache.bytes <= cache.max_bytes - cache.max_bytes // cache.EVICT_STEP
     for i, topic_log in enumerate(logs):  # evicted entries come back from disk
         assert [bytes(topic_log.read(n).body) for n in range(10)] == [body[i, n] for n in range(10)]
-    # a body that is a small part of a big receive buffer is copied, so the cache never keeps the
-    # whole buffer alive for it; most of a buffer stays a view (no copy)
-    received = os.urandom(10_000)
-    logs[0].append(memoryview(received)[:1000], None, 1, 1)
-    logs[0].append(memoryview(received)[1000:], None, 1, 1)
-    assert type(logs[0]._cache[10].body) is bytes and logs[0]._cache[11].body.obj is received
     for topic_log in logs:
         topic_log.close()
     assert cache.bytes == 0 and cache.log_count == 0
+
+
+def test_the_entry_cache_counts_a_viewed_receive_buffer_whole_and_once(tmp_path):
+    """A body that views a receive buffer is kept without a copy; the cache counts the whole
+    buffer, once for all the bodies that view it, until the last of them is evicted."""
+    from pulsarwire.broker.storage import EntryCache, TopicLog
+
+    cache = EntryCache(32 * 1024)
+    viewing, other = (TopicLog(str(tmp_path / name), cache=cache) for name in ("viewing", "other"))
+    received = os.urandom(10_000)
+    viewing.append(memoryview(received)[:1000], None, 1, 1)
+    assert cache.bytes == 10_000
+    viewing.append(memoryview(received)[1000:], None, 1, 1)
+    assert cache.bytes == 10_000
+    assert viewing._cache[0].body.obj is received and viewing._cache[1].body.obj is received
+    viewing.append(bytearray(b"changes"), None, 1, 1)  # not bytes: copied, it must not change while queued
+    assert type(viewing._cache[2].body) is bytes and cache.bytes == 10_007
+    assert viewing.commit()
+    for _ in range(40):  # the buffer is counted until both views are evicted
+        other.append(os.urandom(1000), None, 1, 1)
+        assert other.commit()
+        assert cache.bytes <= cache.max_bytes
+    assert not viewing._cache and not cache._viewed
+    assert [bytes(viewing.read(n).body) for n in range(3)] == [received[:1000], received[1000:], b"changes"]
+    for topic_log in (viewing, other):
+        topic_log.close()
+    assert cache.bytes == 0
 
 
 def test_many_topics_written_by_a_client_stay_within_max_cache_bytes(tmp_path):

@@ -255,12 +255,14 @@ class FilePool:
 
 
 class EntryCache:
-    """Recently appended entries of every log that shares it, at most `max_bytes` of bodies in
-    all. Each log keeps its own dict of entries (oldest first); this keeps the logs in the order
-    they were last used (an append or a cache hit) and, over the budget, takes the oldest entries
-    of the least recently used log first. It counts body bytes; a body is a view only when it is
-    most of the buffer it views (TopicLog.append copies the others), so the memory it keeps alive
-    is at most about twice what it counts.
+    """Recently appended entries of every log that shares it, at most `max_bytes` in all. Each
+    log keeps its own dict of entries (oldest first); this keeps the logs in the order they were
+    last used (an append or a cache hit) and, over the budget, takes the oldest entries of the
+    least recently used log first.
+
+    It counts the memory the cached bodies keep alive: a body that is bytes counts its size; one
+    that is a view of a bytes object (a frame in a receive buffer, kept without a copy) counts
+    that whole object, once however many cached bodies view it, until the last of them goes.
 
     Over the budget it evicts down to `max_bytes - max_bytes // EVICT_STEP`, not just under it:
     a full cache then pays for one eviction pass per few hundred appends, not one per append."""
@@ -275,16 +277,40 @@ class EntryCache:
         self.evicted_entries = 0
         self._logs: collections.OrderedDict[object, collections.OrderedDict] = collections.OrderedDict()
         self._newest = None  # the owner last moved to the end of _logs
+        # id of a bytes object that cached views share -> [that object, how many cached bodies view it]
+        self._viewed: dict[int, list] = {}
 
-    def put(self, owner, entries: collections.OrderedDict, entry: Entry, size: int) -> None:
-        """Add `entry` (its body `size` bytes) to `entries`, the cache dict of log `owner`, then
-        evict down to the budget."""
+    def put(self, owner, entries: collections.OrderedDict, entry: Entry) -> None:
+        """Add `entry` to `entries`, the cache dict of log `owner`, then evict down to the budget.
+        Its body is bytes or a view of bytes (TopicLog.append copies anything else)."""
         entries[entry.entry_id] = entry
-        self.bytes += size
+        body = entry.body
+        if type(body) is memoryview:
+            held = body.obj
+            viewed = self._viewed.get(id(held))
+            if viewed is None:
+                self._viewed[id(held)] = [held, 1]
+                self.bytes += len(held)
+            else:
+                viewed[1] += 1
+        else:
+            self.bytes += len(body)
         if self._newest is not owner:
             self._use(owner, entries)
         if self.bytes > self.max_bytes:
             self._evict()
+
+    def _release(self, body) -> None:
+        """A cached body leaves: what it counted is given back."""
+        if type(body) is memoryview:
+            key = id(body.obj)
+            viewed = self._viewed[key]
+            viewed[1] -= 1
+            if not viewed[1]:
+                del self._viewed[key]
+                self.bytes -= len(viewed[0])
+        else:
+            self.bytes -= len(body)
 
     def _use(self, owner, entries: collections.OrderedDict) -> None:
         logs = self._logs
@@ -302,12 +328,13 @@ class EntryCache:
     def _evict(self) -> None:
         logs = self._logs
         target = self.max_bytes - self.max_bytes // self.EVICT_STEP
+        release = self._release
         evicted = 0
         while self.bytes > target and logs:
             owner, entries = next(iter(logs.items()))
             popitem = entries.popitem
             while entries and self.bytes > target:
-                self.bytes -= len(popitem(last=False)[1].body)
+                release(popitem(last=False)[1].body)
                 evicted += 1
             if not entries:
                 del logs[owner]
@@ -318,11 +345,12 @@ class EntryCache:
     def discard(self, entries: collections.OrderedDict, entry_id: int) -> None:
         old = entries.pop(entry_id, None)
         if old is not None:
-            self.bytes -= len(old.body)
+            self._release(old.body)
 
     def drop(self, owner, entries: collections.OrderedDict) -> None:
         """Forget every entry of log `owner` (it is closing)."""
-        self.bytes -= sum(len(e.body) for e in entries.values())
+        for entry in entries.values():
+            self._release(entry.body)
         entries.clear()
         self._logs.pop(owner, None)
         if owner is self._newest:
@@ -706,10 +734,9 @@ class TopicLog:
         if segment.size >= self.segment_bytes and segment.positions:
             segment = self._roll_over()
         kind = type(body)
-        if kind is not bytes and not (kind is memoryview and type(body.obj) is bytes
-                                      and 2 * len(body) >= len(body.obj)):
-            # queued until commit and cached: it must not change meanwhile; and a view of a small
-            # part of a big receive buffer would keep all of it alive while cached, uncounted
+        if kind is not bytes and not (kind is memoryview and type(body.obj) is bytes and body.c_contiguous):
+            # queued until commit and cached: it must not change meanwhile (a view of bytes is
+            # kept as it is; the cache counts the whole bytes object it views)
             body = bytes(body)
         size = len(body)
         segment.append(_HEADER.pack(size, checksum, publish_time, num_messages), body, size)
@@ -717,7 +744,7 @@ class TopicLog:
         self.next_entry_id = entry_id + 1
         self.batch.count += 1
         self._dirty = True
-        self._shared_cache.put(self, self._cache, Entry(entry_id, body, checksum, publish_time, num_messages), size)
+        self._shared_cache.put(self, self._cache, Entry(entry_id, body, checksum, publish_time, num_messages))
         return entry_id
 
     def _roll_over(self) -> _Segment:
