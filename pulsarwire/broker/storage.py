@@ -49,7 +49,6 @@ from crc32c import crc32c
 log = logging.getLogger("pulsarwire.broker.storage")
 
 _HEADER = struct.Struct(">IIQI")
-_POSITION = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
 HEADER_SIZE = _HEADER.size
 SYNC_ALWAYS, SYNC_INTERVAL, SYNC_NEVER = "always", "interval", "never"
@@ -431,8 +430,7 @@ class _Segment:
         self.committed_count = 0  # entries on the OS's side
         self.index_bytes_on_disk = 0
         self.expected: int | None = None  # entries a non-last segment must hold (from the next base)
-        self._pending: list = []
-        self._pending_index = bytearray()
+        self._pending: list = []  # header, body, ... of the records appended since the last commit
 
     # recovery
 
@@ -534,7 +532,6 @@ class _Segment:
         """Queue one record as its header and body (written together, at commit)."""
         pos = self.size
         self._pending += (header, body)
-        self._pending_index += _POSITION.pack(pos)
         self.positions.append(pos)
         self.size = pos + HEADER_SIZE + body_size
 
@@ -551,11 +548,12 @@ class _Segment:
                 self.fsync()
             return
         ops = self.ops
+        index_bytes = _index_bytes(self.positions[self.committed_count:])  # the pending records' positions
         try:
             fd = self.pool.fd(self.log_path)
             _write_all(ops, fd, self._pending, self.committed_size, self.size - self.committed_size)
             idx_fd = self.pool.fd(self.idx_path)
-            index = memoryview(bytes(self._pending_index))
+            index = memoryview(index_bytes)
             offset = self.index_bytes_on_disk
             while index:
                 written = ops.pwrite(idx_fd, index, offset)
@@ -570,15 +568,13 @@ class _Segment:
             raise StorageError(f"{self.log_path}: cannot write {pending_bytes} bytes: {exc}") from exc
         self.committed_size = self.size
         self.committed_count = len(self.positions)
-        self.index_bytes_on_disk += len(self._pending_index)
+        self.index_bytes_on_disk += len(index_bytes)
         self._pending.clear()
-        self._pending_index.clear()
 
     def _roll_back(self) -> None:
         del self.positions[self.committed_count:]
         self.size = self.committed_size
         self._pending.clear()
-        self._pending_index.clear()
         for path, size in ((self.log_path, self.committed_size), (self.idx_path, self.index_bytes_on_disk)):
             try:
                 self.ops.truncate(self.pool.fd(path), size)
