@@ -285,7 +285,7 @@ class EntryCache:
         entries[entry.entry_id] = entry
         body = entry.body
         if type(body) is memoryview:
-            held = body.obj
+            held: bytes = body.obj  # type: ignore[assignment]  # TopicLog.append keeps only views of bytes
             viewed = self._viewed.get(id(held))
             if viewed is None:
                 self._viewed[id(held)] = [held, 1]
