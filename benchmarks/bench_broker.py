@@ -23,12 +23,18 @@ For each row the broker process's CPU time (user + system, from /proc) is report
 per million messages produced and consumed, its resident memory as the consumer
 starts and its peak while the consumer reads (VmHWM, reset before the consumer
 starts). A consumer that stops getting messages for --stall seconds is reported
-as stalled with what it got. Rounds are interleaved (the brokers swap order each
-round, each round on a fresh broker and data directory, removed after); medians
+as stalled with what it got. Rounds are interleaved (the brokers take turns going
+first, each round on a fresh broker and data directory, removed after); medians
 are reported, and the embedded / pulsar-lite produce ratio of every round.
+
+--brokers may add "embedded-nosync": the embedded broker at pulsar-lite's durability
+(--sync-policy never: each group commit reaches the OS before its receipts, no fsync;
+pulsar-lite 0.2.0 makes no fsync call, as strace shows), beside the default "embedded"
+(an fsync every second).
 
     python benchmarks/bench_broker.py [--messages 100000] [--size 100] [--repeat 3]
         [--raw-messages 500000] [--raw-seconds 2] [--clients raw-10,raw-100]
+        [--brokers embedded,embedded-nosync,pulsar-lite]
 """
 from __future__ import annotations
 
@@ -55,6 +61,12 @@ from pulsarwire._codec_py import varint_bytes as _varint  # noqa: E402
 OFFICIAL_PRODUCE = dict(callback="none", delay_ms=10, max_messages=1000, pending=5000)
 OURS_PRODUCE = dict(api="send_many", delay_ms=10, max_messages=1000, pending=5000)
 CLIENTS = ("official", "pulsarwire", "raw-10", "raw-100")
+# name -> (BrokerUnderTest kind, the embedded broker's extra arguments). "embedded" runs the
+# defaults (an fsync every second); "embedded-nosync" runs pulsar-lite's durability (each write
+# reaches the OS before its receipt, the OS decides when it reaches the disk: pulsar-lite 0.2.0
+# makes no fsync call at all, as strace shows).
+BROKERS = {"embedded": ("embedded", []), "embedded-nosync": ("embedded", ["--sync-policy", "never"]),
+           "pulsar-lite": ("pulsar-lite", [])}
 
 
 def cpu_seconds(pid):
@@ -330,17 +342,19 @@ async def raw_consume(url, topic, expected, per_entry, stall=10.0):
     return got, (got / elapsed if elapsed > 0 else 0.0)
 
 
-def run(messages, size, stall, repeat, clients=CLIENTS, raw_messages=500_000, raw_seconds=2.0):
-    """Each (broker, client) pair is measured `repeat` times, rounds interleaved (the brokers swap
-    order each round, each round on a fresh broker and data directory); medians reported."""
+def run(messages, size, stall, repeat, clients=CLIENTS, raw_messages=500_000, raw_seconds=2.0,
+        brokers=("embedded", "pulsar-lite")):
+    """Each (broker, client) pair is measured `repeat` times, rounds interleaved (the brokers
+    take turns first each round, each round on a fresh broker and data directory); medians reported."""
     samples: dict[tuple, list] = {}
     payloads = payload_list(messages, size)
     for round_index in range(repeat):
-        brokers = ("embedded", "pulsar-lite") if round_index % 2 == 0 else ("pulsar-lite", "embedded")
-        for broker_kind in brokers:
+        shift = round_index % len(brokers)
+        for broker_kind in brokers[shift:] + brokers[:shift]:
+            kind, extra = BROKERS[broker_kind]
             data_dir = tempfile.mkdtemp(prefix=f"bench-{broker_kind}-")
             try:
-                with BrokerUnderTest(broker_kind, data_dir) as broker:
+                with BrokerUnderTest(kind, data_dir, extra) as broker:
                     for client in clients:
                         samples.setdefault((broker_kind, client), []).append(
                             _measure(broker, client, payloads, messages, size, stall, raw_messages, raw_seconds))
@@ -397,24 +411,28 @@ def _measure(broker, client, payloads, messages, size, stall, raw_messages, raw_
 
 
 def print_table(rows):
-    print(f"{'broker':<13}{'client':<12}{'messages':>11}{'produce msg/s':>15}{'consume msg/s':>15}"
+    print(f"{'broker':<17}{'client':<12}{'messages':>11}{'produce msg/s':>15}{'consume msg/s':>15}"
           f"{'CPU s/M in':>12}{'CPU s/M out':>12}{'RSS MB':>8}{'peak RSS MB':>12}"
           f"  note (medians of {rows[0]['runs']} runs; RSS as the consumer starts, peak while it reads)")
     for r in rows:
         note = f"stalled after {r['consumed']:,} of {r['messages']:,}" if r["stalled"] else ""
         if r["client"].startswith("raw"):
             note = f"driver CPU s/M in {r['driver_cpu_s_per_million']:.2f}; {note}"
-        print(f"{r['broker']:<13}{r['client']:<12}{r['messages']:>11,}{r['produce_msg_per_s']:>15,.0f}"
+        print(f"{r['broker']:<17}{r['client']:<12}{r['messages']:>11,}{r['produce_msg_per_s']:>15,.0f}"
               f"{r['consume_msg_per_s']:>15,.0f}{r['produce_cpu_s_per_million']:>12.3f}"
               f"{r['consume_cpu_s_per_million']:>12.3f}{r['consume_start_rss_mb']:>8.0f}{r['consume_peak_rss_mb']:>12.0f}"
               f"  {note}")
     for client in sorted({r["client"] for r in rows}, key=CLIENTS.index):
-        pair = {r["broker"]: r for r in rows if r["client"] == client}
-        if len(pair) == 2:
-            ratios = [a / b for a, b in zip(pair["embedded"]["produce_per_round"],
-                                            pair["pulsar-lite"]["produce_per_round"])]
-            print(f"{client}: produce embedded / pulsar-lite per round: " + ", ".join(f"{x:.2f}" for x in ratios)
-                  + f" (median {statistics.median(ratios):.2f})")
+        by_broker = {r["broker"]: r for r in rows if r["client"] == client}
+        for ours in ("embedded", "embedded-nosync"):
+            if ours in by_broker and "pulsar-lite" in by_broker:
+                ratios = produce_ratios(by_broker[ours], by_broker["pulsar-lite"])
+                print(f"{client}: produce {ours} / pulsar-lite per round: " + ", ".join(f"{x:.2f}" for x in ratios)
+                      + f" (median {statistics.median(ratios):.2f})")
+
+
+def produce_ratios(ours: dict, peer: dict) -> list[float]:
+    return [a / b for a, b in zip(ours["produce_per_round"], peer["produce_per_round"])]
 
 
 def main(argv=None):
@@ -426,10 +444,16 @@ def main(argv=None):
     parser.add_argument("--raw-messages", type=int, default=500_000, help="at least this many messages in each raw run")
     parser.add_argument("--raw-seconds", type=float, default=2.0, help="each raw run sends for at least this long")
     parser.add_argument("--clients", default=",".join(CLIENTS), help="comma-separated: " + ", ".join(CLIENTS))
+    parser.add_argument("--brokers", default="embedded,pulsar-lite",
+                        help="comma-separated: " + ", ".join(BROKERS))
     parser.add_argument("--json", help="write rows as JSON here")
     args = parser.parse_args(argv)
+    brokers = tuple(args.brokers.split(","))
+    for name in brokers:
+        if name not in BROKERS:
+            parser.error(f"unknown broker {name!r}: one of {', '.join(BROKERS)}")
     rows = run(args.messages, args.size, args.stall, args.repeat, tuple(args.clients.split(",")),
-               args.raw_messages, args.raw_seconds)
+               args.raw_messages, args.raw_seconds, brokers)
     print_table(rows)
     if args.json:
         with open(args.json, "w") as fh:

@@ -73,7 +73,7 @@ def plot(results: dict, path: str) -> None:
     axes[1].set_yscale("log")
     axes[1].set_title("client: pulsarwire / official (each at its best; same settings)")
     _produce_consume_bars(axes[2], [f"{r['broker']}\n{r['client']}" for r in results["broker"]],
-                          results["broker"], "broker: embedded vs pulsar-lite")
+                          results["broker"], "broker: embedded (fsync each second; no fsync) vs pulsar-lite")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
 
@@ -96,7 +96,8 @@ def main(argv=None) -> dict:
     client_rows = bench_client.main(["--messages", str(args.messages)] + (["--quick"] if args.quick else []))
     print("\n== broker ==")
     broker_rows = bench_broker.main(["--messages", str(args.messages), "--size", str(args.size),
-                                     "--raw-messages", str(args.raw_messages), "--stall", "3"])
+                                     "--raw-messages", str(args.raw_messages), "--stall", "3",
+                                     "--brokers", "embedded,embedded-nosync,pulsar-lite"])
     results = {"command": " ".join([os.path.basename(sys.executable), "benchmarks/run_all.py", *(argv or sys.argv[1:])]),
                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
                "seconds": round(time.time() - started, 1), "versions": versions(),

@@ -1083,21 +1083,95 @@ cdef int _check_batch_end(Py_ssize_t pos, Py_ssize_t end, long count) except -1:
     return 0
 
 
-def count_batch(payload, long count):
-    """`count` when the uncompressed batch payload holds exactly that many messages, checked as
-    split_messages checks them (the same BadBatchError otherwise), without making the messages."""
-    cdef _HeldBuffer held = _HeldBuffer(payload)
-    cdef Py_ssize_t pos = 0, end = held.size, smm_end = 0, index
+cdef Py_ssize_t _count_plain_run(const uint8_t* buf, Py_ssize_t end, Py_ssize_t* at, Py_ssize_t index,
+                                 Py_ssize_t count) noexcept nogil:
+    """Step over entries from `index` (at buf[at[0]]) while each SingleMessageMetadata is
+    payload_size and at most a sequence_id after it, as _plain_run takes them; the index of the
+    first entry left, with at[0] where it starts. Anything else is left to _batch_entry."""
+    cdef Py_ssize_t pos = at[0], smm_end, size, p
+    cdef uint64_t head, value
+    while index < count and end - pos >= 8:
+        memcpy(&head, buf + pos, 8)
+        head = _be64(head)
+        smm_end = pos + 4 + <Py_ssize_t>(head >> 32)
+        if ((head >> 24) & 0xFF) != 0x18:
+            break
+        if ((head >> 16) & 0x80) == 0:
+            size = <Py_ssize_t>((head >> 16) & 0x7F)
+            p = pos + 6
+        elif ((head >> 8) & 0x80) == 0:
+            size = <Py_ssize_t>(((head >> 16) & 0x7F) | ((head >> 1) & 0x3F80))
+            p = pos + 7
+        else:
+            break
+        if p > smm_end or smm_end > end or size > end - smm_end:
+            break
+        if p != smm_end:
+            if buf[p] != 0x40:
+                break
+            p += 1
+            if _varint2(buf, &p, smm_end, &value) != SCAN_OK or p != smm_end:
+                break
+        pos = smm_end + size
+        index += 1
+    at[0] = pos
+    return index
+
+
+cdef long _count_entries(const uint8_t* buf, Py_ssize_t end, long count) except -1:
+    """count_batch over buf[:end]."""
+    cdef Py_ssize_t pos = 0, smm_end = 0, index = 0
     cdef int status
     cdef SmmFields fields
     _check_batch_count(count, end)
-    for index in range(count):
-        status = _batch_entry(held.ptr, pos, end, False, &fields, &smm_end)
+    while True:
+        index = _count_plain_run(buf, end, &pos, index, count)
+        if index >= count:
+            break
+        status = _batch_entry(buf, pos, end, False, &fields, &smm_end)
         if status != SCAN_OK:
-            _raise_entry(status, held.ptr, pos, end, index, count, &fields)
+            _raise_entry(status, buf, pos, end, index, count, &fields)
         pos = smm_end + <Py_ssize_t>fields.payload_size
+        index += 1
     _check_batch_end(pos, end, count)
     return count
+
+
+def count_batch(payload, long count):
+    """`count` when the uncompressed batch payload holds exactly that many messages, checked as
+    split_messages checks them (the same BadBatchError otherwise), without making the messages."""
+    cdef Py_buffer view
+    try:
+        PyObject_GetBuffer(payload, &view, PyBUF_SIMPLE)
+    except BufferError:  # not contiguous: read a copy
+        payload = bytes(memoryview(payload))
+        PyObject_GetBuffer(payload, &view, PyBUF_SIMPLE)
+    try:
+        return _count_entries(<const uint8_t*>view.buf, view.len, count)
+    finally:
+        PyBuffer_Release(&view)
+
+
+def count_entry_batch(entry, long count):
+    """count_batch of the uncompressed batch payload in `entry`, laid out as a Send frame carries
+    it and the broker stores it: [u32 metadata size][MessageMetadata][payload]. BadBatchError
+    also when the metadata size points past the end."""
+    cdef Py_buffer view
+    cdef uint32_t metadata_size
+    try:
+        PyObject_GetBuffer(entry, &view, PyBUF_SIMPLE)
+    except BufferError:  # not contiguous: read a copy
+        entry = bytes(memoryview(entry))
+        PyObject_GetBuffer(entry, &view, PyBUF_SIMPLE)
+    try:
+        if view.len < 4:
+            raise BadBatchError(f"an entry of {view.len} bytes cannot hold a metadata size")
+        metadata_size = _u32(<const uint8_t*>view.buf)
+        if metadata_size > view.len - 4:
+            raise BadBatchError(f"metadata size {metadata_size} exceeds the {view.len - 4} bytes after it")
+        return _count_entries(<const uint8_t*>view.buf + 4 + metadata_size, view.len - 4 - metadata_size, count)
+    finally:
+        PyBuffer_Release(&view)
 
 
 def split_messages(metadata, payload):

@@ -700,6 +700,19 @@ def count_batch(payload, count):
     return count
 
 
+def count_entry_batch(entry, count):
+    """count_batch of the uncompressed batch payload in `entry`, laid out as a Send frame carries
+    it and the broker stores it: [u32 metadata size][MessageMetadata][payload]. BadBatchError
+    also when the metadata size points past the end."""
+    view = _stable_view(entry)
+    if len(view) < 4:
+        raise BadBatchError(f"an entry of {len(view)} bytes cannot hold a metadata size")
+    metadata_size = int.from_bytes(view[:4], "big")
+    if metadata_size > len(view) - 4:
+        raise BadBatchError(f"metadata size {metadata_size} exceeds the {len(view) - 4} bytes after it")
+    return count_batch(view[4 + metadata_size:], count)
+
+
 def split_messages(metadata, payload):
     """Split an uncompressed payload into its messages.
 

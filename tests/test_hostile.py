@@ -3,6 +3,7 @@ speaks raw frames or raw lines, so nothing a well-behaved client would do hides 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import time
 
@@ -641,6 +642,57 @@ def test_count_batch_and_send_frame_batch_fields_in_both_twins():
     assert all(o == outcomes[0] for o in outcomes)
 
 
+def _smm_entry(smm: bytes, payload: bytes) -> bytes:
+    return len(smm).to_bytes(4, "big") + smm + payload
+
+
+def test_count_entry_batch_steps_over_the_metadata_and_agrees_with_the_general_parse():
+    """count_entry_batch (the broker's per-entry message count) reads [u32 size][metadata][batch];
+    its fast loop over payload_size-and-sequence_id entries gives what count_batch and
+    split_messages give, errors included, in both twins."""
+    from pulsarwire import _codec_py
+    from pulsarwire.errors import BadBatchError
+
+    from .conftest import TWINS
+
+    metadata = b"\x0a\x01p"  # any bytes: only its size is read
+    head = len(metadata).to_bytes(4, "big") + metadata
+    cases = {
+        "plain": b"".join(_smm_entry(b"\x18\x02", b"ab") for _ in range(3)),
+        "sequence ids": b"".join(_smm_entry(b"\x18\x02\x40" + _codec_py.varint_bytes(300 * i), b"ab")
+                                 for i in range(3)),
+        "two-byte size": b"".join(_smm_entry(b"\x18\x90\x01", bytes(144)) for _ in range(3)),
+        "mixed": _smm_entry(b"\x18\x02", b"ab") + _smm_entry(b"\x12\x01k\x18\x01", b"a")
+        + _smm_entry(b"\x18\x00\x40\x05", b""),
+        "payload past the end": _smm_entry(b"\x18\x02", b"ab") * 2 + _smm_entry(b"\x18\x05", b"ab"),
+        "size past the metadata": _smm_entry(b"\x18", b"") * 3,
+        "cut": _smm_entry(b"\x18\x02", b"ab") * 2 + b"\0\0",
+        "left over": _smm_entry(b"\x18\x02", b"ab") * 3 + b"x",
+        "trailing field": _smm_entry(b"\x18\x02\x40\x01\x48\x01", b"ab") * 3,
+    }
+    md = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1, num_messages_in_batch=3)
+    outcomes = []
+    for twin in TWINS:
+        seen = {}
+        for name, batch in cases.items():
+            try:
+                seen[name] = twin.count_entry_batch(head + batch, 3)
+                assert twin.count_batch(batch, 3) == 3 and len(twin.split_messages(md, batch)) == 3
+            except BadBatchError as exc:
+                seen[name] = str(exc)
+                with pytest.raises(BadBatchError, match=re.escape(str(exc))):
+                    twin.count_batch(batch, 3)
+        for bad in (b"\0\0\0", b"\0\0\0\x09abc"):
+            with pytest.raises(BadBatchError):
+                twin.count_entry_batch(bad, 1)
+        outcomes.append(seen)
+    assert outcomes[0]["plain"] == outcomes[0]["sequence ids"] == outcomes[0]["trailing field"] == 3
+    assert outcomes[0]["mixed"] == outcomes[0]["two-byte size"] == 3
+    assert all(isinstance(outcomes[0][name], str) for name in ("payload past the end", "size past the metadata",
+                                                             "cut", "left over"))
+    assert all(o == outcomes[0] for o in outcomes)
+
+
 def test_v1_connections_over_the_limit_are_refused(tmp_path):
     broker = BrokerThread(tmp_path / "data", v1_port=0, max_connections=2).start()
     try:
@@ -675,19 +727,43 @@ def test_entry_cache_is_one_budget_shared_by_every_topic(tmp_path):
     # topic 0 is the least recently used until a cache hit makes it the most recently used
     logs[0].read(9)
     kept, oldest_of_next = list(logs[0]._cache), list(logs[2]._cache)
-    logs[1].append(b"x" * 1000, None, 1, 1)  # one entry over the budget: topic 2's oldest goes
-    assert list(logs[0]._cache) == kept and list(logs[2]._cache) == oldest_of_next[1:]
+    logs[1].append(b"x" * 1000, None, 1, 1)  # over the budget: topic 2's oldest go (an eviction step)
+    assert list(logs[0]._cache) == kept
+    assert len(list(logs[2]._cache)) < len(oldest_of_next) and \
+        list(logs[2]._cache) == oldest_of_next[len(oldest_of_next) - len(logs[2]._cache):]
+    assert cache.bytes <= cache.max_bytes - cache.max_bytes // cache.EVICT_STEP
     for i, topic_log in enumerate(logs):  # evicted entries come back from disk
         assert [bytes(topic_log.read(n).body) for n in range(10)] == [body[i, n] for n in range(10)]
-    # a body that is a small part of a big receive buffer is copied, so the cache never keeps the
-    # whole buffer alive for it; most of a buffer stays a view (no copy)
-    received = os.urandom(10_000)
-    logs[0].append(memoryview(received)[:1000], None, 1, 1)
-    logs[0].append(memoryview(received)[1000:], None, 1, 1)
-    assert type(logs[0]._cache[10].body) is bytes and logs[0]._cache[11].body.obj is received
     for topic_log in logs:
         topic_log.close()
     assert cache.bytes == 0 and cache.log_count == 0
+
+
+def test_the_entry_cache_counts_a_viewed_receive_buffer_whole_and_once(tmp_path):
+    """A body that views a receive buffer is kept without a copy; the cache counts the whole
+    buffer, once for all the bodies that view it, until the last of them is evicted."""
+    from pulsarwire.broker.storage import EntryCache, TopicLog
+
+    cache = EntryCache(32 * 1024)
+    viewing, other = (TopicLog(str(tmp_path / name), cache=cache) for name in ("viewing", "other"))
+    received = os.urandom(10_000)
+    viewing.append(memoryview(received)[:1000], None, 1, 1)
+    assert cache.bytes == 10_000
+    viewing.append(memoryview(received)[1000:], None, 1, 1)
+    assert cache.bytes == 10_000
+    assert viewing._cache[0].body.obj is received and viewing._cache[1].body.obj is received
+    viewing.append(bytearray(b"changes"), None, 1, 1)  # not bytes: copied, it must not change while queued
+    assert type(viewing._cache[2].body) is bytes and cache.bytes == 10_007
+    assert viewing.commit()
+    for _ in range(40):  # the buffer is counted until both views are evicted
+        other.append(os.urandom(1000), None, 1, 1)
+        assert other.commit()
+        assert cache.bytes <= cache.max_bytes
+    assert not viewing._cache and not cache._viewed
+    assert [bytes(viewing.read(n).body) for n in range(3)] == [received[:1000], received[1000:], b"changes"]
+    for topic_log in (viewing, other):
+        topic_log.close()
+    assert cache.bytes == 0
 
 
 def test_many_topics_written_by_a_client_stay_within_max_cache_bytes(tmp_path):

@@ -49,7 +49,6 @@ from crc32c import crc32c
 log = logging.getLogger("pulsarwire.broker.storage")
 
 _HEADER = struct.Struct(">IIQI")
-_POSITION = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
 HEADER_SIZE = _HEADER.size
 SYNC_ALWAYS, SYNC_INTERVAL, SYNC_NEVER = "always", "interval", "never"
@@ -255,12 +254,19 @@ class FilePool:
 
 
 class EntryCache:
-    """Recently appended entries of every log that shares it, at most `max_bytes` of bodies in
-    all. Each log keeps its own dict of entries (oldest first); this keeps the logs in the order
-    they were last used (an append or a cache hit) and, over the budget, takes the oldest entries
-    of the least recently used log first. It counts body bytes; a body is a view only when it is
-    most of the buffer it views (TopicLog.append copies the others), so the memory it keeps alive
-    is at most about twice what it counts."""
+    """Recently appended entries of every log that shares it, at most `max_bytes` in all. Each
+    log keeps its own dict of entries (oldest first); this keeps the logs in the order they were
+    last used (an append or a cache hit) and, over the budget, takes the oldest entries of the
+    least recently used log first.
+
+    It counts the memory the cached bodies keep alive: a body that is bytes counts its size; one
+    that is a view of a bytes object (a frame in a receive buffer, kept without a copy) counts
+    that whole object, once however many cached bodies view it, until the last of them goes.
+
+    Over the budget it evicts down to `max_bytes - max_bytes // EVICT_STEP`, not just under it:
+    a full cache then pays for one eviction pass per few hundred appends, not one per append."""
+
+    EVICT_STEP = 32
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_CACHE_BYTES) -> None:
         if max_bytes < 0:
@@ -269,49 +275,85 @@ class EntryCache:
         self.bytes = 0
         self.evicted_entries = 0
         self._logs: collections.OrderedDict[object, collections.OrderedDict] = collections.OrderedDict()
+        self._newest = None  # the owner last moved to the end of _logs
+        # id of a bytes object that cached views share -> [that object, how many cached bodies view it]
+        self._viewed: dict[int, list] = {}
 
     def put(self, owner, entries: collections.OrderedDict, entry: Entry) -> None:
-        """Add `entry` to `entries`, the cache dict of log `owner`, then evict down to the budget."""
+        """Add `entry` to `entries`, the cache dict of log `owner`, then evict down to the budget.
+        Its body is bytes or a view of bytes (TopicLog.append copies anything else)."""
         entries[entry.entry_id] = entry
-        self.bytes += len(entry.body)
+        body = entry.body
+        if type(body) is memoryview:
+            held: bytes = body.obj  # type: ignore[assignment]  # TopicLog.append keeps only views of bytes
+            viewed = self._viewed.get(id(held))
+            if viewed is None:
+                self._viewed[id(held)] = [held, 1]
+                self.bytes += len(held)
+            else:
+                viewed[1] += 1
+        else:
+            self.bytes += len(body)
+        if self._newest is not owner:
+            self._use(owner, entries)
+        if self.bytes > self.max_bytes:
+            self._evict()
+
+    def _release(self, body) -> None:
+        """A cached body leaves: what it counted is given back."""
+        if type(body) is memoryview:
+            key = id(body.obj)
+            viewed = self._viewed[key]
+            viewed[1] -= 1
+            if not viewed[1]:
+                del self._viewed[key]
+                self.bytes -= len(viewed[0])
+        else:
+            self.bytes -= len(body)
+
+    def _use(self, owner, entries: collections.OrderedDict) -> None:
         logs = self._logs
         try:
             logs.move_to_end(owner)
         except KeyError:
             logs[owner] = entries
-        if self.bytes > self.max_bytes:
-            self._evict()
+        self._newest = owner
 
     def touch(self, owner) -> None:
         """`owner` was just read from its cache: it is the most recently used log."""
-        try:
-            self._logs.move_to_end(owner)
-        except KeyError:
-            pass
+        if self._newest is not owner and owner in self._logs:
+            self._use(owner, self._logs[owner])
 
     def _evict(self) -> None:
         logs = self._logs
-        while self.bytes > self.max_bytes and logs:
+        target = self.max_bytes - self.max_bytes // self.EVICT_STEP
+        release = self._release
+        evicted = 0
+        while self.bytes > target and logs:
             owner, entries = next(iter(logs.items()))
+            popitem = entries.popitem
+            while entries and self.bytes > target:
+                release(popitem(last=False)[1].body)
+                evicted += 1
             if not entries:
                 del logs[owner]
-                continue
-            _, old = entries.popitem(last=False)
-            self.bytes -= len(old.body)
-            self.evicted_entries += 1
-            if not entries:
-                del logs[owner]
+                if owner is self._newest:
+                    self._newest = None
+        self.evicted_entries += evicted
 
     def discard(self, entries: collections.OrderedDict, entry_id: int) -> None:
         old = entries.pop(entry_id, None)
         if old is not None:
-            self.bytes -= len(old.body)
+            self._release(old.body)
 
     def drop(self, owner, entries: collections.OrderedDict) -> None:
         """Forget every entry of log `owner` (it is closing)."""
-        self.bytes -= sum(len(e.body) for e in entries.values())
+        for entry in entries.values():
+            self._release(entry.body)
         entries.clear()
         self._logs.pop(owner, None)
+        if owner is self._newest:
+            self._newest = None
 
     @property
     def log_count(self) -> int:
@@ -388,8 +430,7 @@ class _Segment:
         self.committed_count = 0  # entries on the OS's side
         self.index_bytes_on_disk = 0
         self.expected: int | None = None  # entries a non-last segment must hold (from the next base)
-        self._pending: list = []
-        self._pending_index = bytearray()
+        self._pending: list = []  # header, body, ... of the records appended since the last commit
 
     # recovery
 
@@ -491,7 +532,6 @@ class _Segment:
         """Queue one record as its header and body (written together, at commit)."""
         pos = self.size
         self._pending += (header, body)
-        self._pending_index += _POSITION.pack(pos)
         self.positions.append(pos)
         self.size = pos + HEADER_SIZE + body_size
 
@@ -508,11 +548,12 @@ class _Segment:
                 self.fsync()
             return
         ops = self.ops
+        index_bytes = _index_bytes(self.positions[self.committed_count:])  # the pending records' positions
         try:
             fd = self.pool.fd(self.log_path)
             _write_all(ops, fd, self._pending, self.committed_size, self.size - self.committed_size)
             idx_fd = self.pool.fd(self.idx_path)
-            index = memoryview(bytes(self._pending_index))
+            index = memoryview(index_bytes)
             offset = self.index_bytes_on_disk
             while index:
                 written = ops.pwrite(idx_fd, index, offset)
@@ -527,15 +568,13 @@ class _Segment:
             raise StorageError(f"{self.log_path}: cannot write {pending_bytes} bytes: {exc}") from exc
         self.committed_size = self.size
         self.committed_count = len(self.positions)
-        self.index_bytes_on_disk += len(self._pending_index)
+        self.index_bytes_on_disk += len(index_bytes)
         self._pending.clear()
-        self._pending_index.clear()
 
     def _roll_back(self) -> None:
         del self.positions[self.committed_count:]
         self.size = self.committed_size
         self._pending.clear()
-        self._pending_index.clear()
         for path, size in ((self.log_path, self.committed_size), (self.idx_path, self.index_bytes_on_disk)):
             try:
                 self.ops.truncate(self.pool.fd(path), size)
@@ -691,10 +730,9 @@ class TopicLog:
         if segment.size >= self.segment_bytes and segment.positions:
             segment = self._roll_over()
         kind = type(body)
-        if kind is not bytes and not (kind is memoryview and type(body.obj) is bytes
-                                      and 2 * len(body) >= len(body.obj)):
-            # queued until commit and cached: it must not change meanwhile; and a view of a small
-            # part of a big receive buffer would keep all of it alive while cached, uncounted
+        if kind is not bytes and not (kind is memoryview and type(body.obj) is bytes and body.c_contiguous):
+            # queued until commit and cached: it must not change meanwhile (a view of bytes is
+            # kept as it is; the cache counts the whole bytes object it views)
             body = bytes(body)
         size = len(body)
         segment.append(_HEADER.pack(size, checksum, publish_time, num_messages), body, size)

@@ -465,15 +465,16 @@ def entry_message_count(body, batch_count: int | None, compression: int | None =
     if batch_count is None or batch_count <= 1:
         return 1
     try:
+        if compression == 0:  # the hot path: the codec steps over the metadata itself
+            return codec.count_entry_batch(body, batch_count)
         end = 4 + int.from_bytes(body[:4], "big")
+        metadata = _parse_metadata(body[4:end])
+        payload = body[end:]
+        if metadata.compression:
+            payload = codec.decompress_payload(metadata, payload, COUNT_MAX_UNCOMPRESSED)
+    except (PulsarWireError, ValueError) as exc:  # DecodeError is a ValueError
         if compression == 0:
-            payload = body[end:]
-        else:
-            metadata = _parse_metadata(body[4:end])
-            payload = body[end:]
-            if metadata.compression:
-                payload = codec.decompress_payload(metadata, payload, COUNT_MAX_UNCOMPRESSED)
-    except (PulsarWireError, ValueError):  # DecodeError is a ValueError
+            raise MalformedBatchError(f"the batch does not hold the {batch_count} messages it claims: {exc}") from exc
         return 1
     try:
         return codec.count_batch(payload, batch_count)
