@@ -1031,3 +1031,33 @@ def test_a_consumer_that_acknowledges_nothing_holds_at_most_max_unacked_messages
     finally:
         client.close()
         broker.stop()
+
+
+def test_a_reader_acknowledges_what_it_read_so_the_broker_stops_tracking_it(tmp_path):
+    """As the official readers do, a pulsarwire Reader acknowledges cumulatively what it has
+    read: the broker's non-durable subscription then holds nothing for it (an Exclusive
+    subscription has no unacknowledged limit, so a reader that never acknowledged would cost
+    the broker memory for every entry it read)."""
+    from pulsarwire import sync
+
+    broker = BrokerThread(tmp_path / "data", v1_port=None).start()
+    client = sync.Client(broker.url)
+    try:
+        producer = client.create_producer("read-all", batching_enabled=False)
+        for i in range(200):
+            producer.send_async(b"%d" % i, None)
+        producer.flush()
+        reader = client.create_reader("read-all", sync.MessageId.earliest)
+        assert [int(reader.read_next(5000).data()) for _ in range(200)] == list(range(200))
+
+        def held():
+            topic = broker.broker.core.topics["persistent://public/default/read-all"]
+            return sum(len(s.owner) for s in topic.subscriptions.values())
+
+        deadline = time.monotonic() + 10
+        while broker.call(held) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert broker.call(held) == 0
+    finally:
+        client.close()
+        broker.stop()
