@@ -984,3 +984,80 @@ def test_pulsar_and_v1_connections_share_the_descriptor_room(tmp_path, monkeypat
         assert alone.broker.pulsar.max_connections == 20  # without V1 the Pulsar port has all of it
     finally:
         alone.stop()
+
+
+def test_a_consumer_that_acknowledges_nothing_holds_at_most_max_unacked_messages(tmp_path):
+    """As Pulsar's maxUnackedMessagesPerConsumer: a consumer of a shared subscription that keeps
+    granting permits but acknowledges nothing gets that many messages, then nothing until it acknowledges half; so
+    what the broker tracks for it stays bounded. Nothing is lost: the rest follows the acks."""
+    from pulsarwire import sync
+
+    broker = BrokerThread(tmp_path / "data", v1_port=None, max_unacked_messages_per_consumer=100).start()
+    client = sync.Client(broker.url)
+    try:
+        producer = client.create_producer("unacked", batching_enabled=False)
+        for i in range(300):
+            producer.send_async(b"%d" % i, None)
+        producer.flush()
+        consumer = client.subscribe("unacked", "s", consumer_type=sync.ConsumerType.Shared, receiver_queue_size=1000,
+                                    initial_position=sync.InitialPosition.Earliest)
+
+        def drain() -> list:
+            got = []
+            while True:
+                try:
+                    got.append(consumer.receive(700))
+                except sync.Timeout:
+                    return got
+
+        held = drain()
+        assert len(held) == 100
+        subscription = broker.call(lambda: broker.broker.core.topics["persistent://public/default/unacked"]
+                                   .subscriptions["s"])
+        assert broker.call(lambda: (len(subscription.owner), subscription.consumers[0].blocked)) == (100, True)
+        for message in held[:49]:  # 51 still held: above half, still blocked
+            consumer.acknowledge(message)
+        assert drain() == []
+        consumer.acknowledge(held[49])  # 50 held: half, taking again, up to 100 held
+        more = drain()
+        assert len(more) == 50
+        for message in held[50:] + more:
+            consumer.acknowledge(message)
+        rest = drain()
+        for message in rest:
+            consumer.acknowledge(message)
+        rest += drain()
+        assert sorted(int(m.data()) for m in held + more + rest) == list(range(300))
+    finally:
+        client.close()
+        broker.stop()
+
+
+def test_a_reader_acknowledges_what_it_read_so_the_broker_stops_tracking_it(tmp_path):
+    """As the official readers do, a pulsarwire Reader acknowledges cumulatively what it has
+    read: the broker's non-durable subscription then holds nothing for it (an Exclusive
+    subscription has no unacknowledged limit, so a reader that never acknowledged would cost
+    the broker memory for every entry it read)."""
+    from pulsarwire import sync
+
+    broker = BrokerThread(tmp_path / "data", v1_port=None).start()
+    client = sync.Client(broker.url)
+    try:
+        producer = client.create_producer("read-all", batching_enabled=False)
+        for i in range(200):
+            producer.send_async(b"%d" % i, None)
+        producer.flush()
+        reader = client.create_reader("read-all", sync.MessageId.earliest)
+        assert [int(reader.read_next(5000).data()) for _ in range(200)] == list(range(200))
+
+        def held():
+            topic = broker.broker.core.topics["persistent://public/default/read-all"]
+            return sum(len(s.owner) for s in topic.subscriptions.values())
+
+        deadline = time.monotonic() + 10
+        while broker.call(held) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert broker.call(held) == 0
+    finally:
+        client.close()
+        broker.stop()

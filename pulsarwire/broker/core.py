@@ -52,12 +52,21 @@ def highest_sequence(sequence_id: int, highest_sequence_id: int | None) -> int:
     return sequence_id
 
 
+# As Pulsar's maxUnackedMessagesPerConsumer: past it a consumer gets nothing more until it
+# acknowledges half (each unacknowledged entry costs the broker about 200 bytes to track)
+DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER = 50_000
+
+
 class BrokerCore:
     def __init__(self, data_dir: str, *, sync_policy: str = SYNC_INTERVAL,
                  segment_bytes: int = 64 * 1024 * 1024, default_partitions: int = 0,
                  max_open_files: int | None = None, file_ops: FileOps | None = None,
-                 max_cache_bytes: int = DEFAULT_MAX_CACHE_BYTES) -> None:
+                 max_cache_bytes: int = DEFAULT_MAX_CACHE_BYTES,
+                 max_unacked_messages_per_consumer: int = DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER) -> None:
+        if max_unacked_messages_per_consumer < 0:
+            raise ValueError("max_unacked_messages_per_consumer must not be negative")
         self.data_dir = os.path.abspath(data_dir)
+        self.max_unacked_messages_per_consumer = max_unacked_messages_per_consumer
         self.sync_policy = sync_policy
         self.segment_bytes = segment_bytes
         self.default_partitions = default_partitions
@@ -174,7 +183,8 @@ class BrokerCore:
             # StorageError (logged) when the file system refuses, e.g. no descriptors left
             topic = Topic(name, topic_directory(self.data_dir, name), segment_bytes=self.segment_bytes,
                           sync_policy=self.sync_policy, on_append=self.uncommitted.add, pool=self.files,
-                          cache=self.cache, new_ledger_id=self.new_ledger_id)
+                          cache=self.cache, new_ledger_id=self.new_ledger_id,
+                          max_unacked_messages=self.max_unacked_messages_per_consumer)
             self.topics[name] = topic
         return topic
 

@@ -57,7 +57,9 @@ class ConsumerLink(abc.ABC):
         self.name = name
         self.priority = priority
         self.permits = 0
-        self.pending: set[int] = set()  # entries dispatched to it and not yet acknowledged
+        self.pending: dict[int, int] = {}  # entry dispatched to it and not yet acknowledged -> its messages
+        self.unacked_messages = 0  # the messages of those entries
+        self.blocked = False  # at the topic's max_unacked_messages: nothing is dispatched to it
         self.told_end = False
         self.hash_ranges: list[tuple[int, int]] = []  # Key_Shared sticky: the key hashes it owns
 
@@ -255,8 +257,15 @@ class Subscription:
     def _settle(self, entry_id: int) -> None:
         consumer = self.owner.pop(entry_id, None)
         if consumer is not None:
-            consumer.pending.discard(entry_id)
+            self._release(consumer, entry_id)
         self.redelivery_counts.pop(entry_id, None)
+
+    def _release(self, consumer: ConsumerLink, entry_id: int) -> None:
+        """`consumer` no longer holds the entry (acknowledged, or to be sent again). One blocked
+        at max_unacked_messages takes entries again once it holds half of that (as Pulsar)."""
+        consumer.unacked_messages -= consumer.pending.pop(entry_id, 0)
+        if consumer.blocked and consumer.unacked_messages <= self.topic.max_unacked_messages // 2:
+            consumer.blocked = False
 
     def redeliver(self, consumer: ConsumerLink, entry_ids: list[int] | None) -> None:
         """Send again what `consumer` holds (all of it when `entry_ids` is None)."""
@@ -268,7 +277,7 @@ class Subscription:
         for entry_id in entries:
             if self.owner.get(entry_id) is consumer:
                 del self.owner[entry_id]
-            consumer.pending.discard(entry_id)
+            self._release(consumer, entry_id)
             if entry_id not in self._redeliver_set and not self.cursor.is_acked(entry_id):
                 self._redeliver_set.add(entry_id)
                 heapq.heappush(self._redeliver, entry_id)
@@ -288,6 +297,8 @@ class Subscription:
         self.redelivery_counts.clear()
         for consumer in self.consumers:
             consumer.pending.clear()
+            consumer.unacked_messages = 0
+            consumer.blocked = False
             consumer.permits = 0
         self.dirty = True
 
@@ -351,7 +362,8 @@ class Subscription:
         _UNASSIGNED when no sticky consumer owns its key hash."""
         if self.type in (_SubType.Exclusive, _SubType.Failover):
             active = self.active
-            return active if active is not None and active.permits > 0 and active.writable else None
+            return active if active is not None and active.permits > 0 and active.writable and not active.blocked \
+                else None
         candidates = self.consumers
         if not candidates:
             return None
@@ -364,10 +376,10 @@ class Subscription:
                 consumer = self._range_owners[i][1]
             else:  # auto-split: the hash range split evenly among the consumers
                 consumer = candidates[slot * len(candidates) // KEY_HASH_RANGE]
-            return consumer if consumer.permits > 0 and consumer.writable else None
+            return consumer if consumer.permits > 0 and consumer.writable and not consumer.blocked else None
         for step in range(len(candidates)):
             consumer = candidates[(self._round_robin + step) % len(candidates)]
-            if consumer.permits > 0 and consumer.writable:
+            if consumer.permits > 0 and consumer.writable and not consumer.blocked:
                 self._round_robin = (self._round_robin + step + 1) % len(candidates)
                 return consumer
         return None
@@ -406,8 +418,13 @@ class Subscription:
                 partial = self.cursor.partial.get(entry_id)
                 consumer.deliver(entry, self.redelivery_counts.get(entry_id, 0),
                               ack_set_words(partial, entry.num_messages) if partial else None)
-                consumer.permits -= entry.num_messages
-                consumer.pending.add(entry_id)
+                messages = entry.num_messages
+                consumer.permits -= messages
+                consumer.pending[entry_id] = messages
+                consumer.unacked_messages += messages
+                if consumer.unacked_messages >= self.topic.max_unacked_messages > 0 and \
+                        self.type in (_SubType.Shared, _SubType.Key_Shared):  # as Pulsar: shared ones only
+                    consumer.blocked = True
                 self.owner[entry_id] = consumer
         finally:
             self._dispatching = False
@@ -502,8 +519,12 @@ class Topic:
     def __init__(self, name: str, directory: str, *, segment_bytes: int, sync_policy: str,
                  on_append: Callable[["Topic"], None], pool: FilePool | None = None,
                  cache: EntryCache | None = None,
-                 new_ledger_id: Callable[[], int] = lambda: LEGACY_LEDGER_ID) -> None:
+                 new_ledger_id: Callable[[], int] = lambda: LEGACY_LEDGER_ID,
+                 max_unacked_messages: int = 0) -> None:
         self.name = name
+        # a consumer holding this many unacknowledged messages gets no more until it holds half
+        # (0: no limit): what the subscription tracks per consumer stays bounded
+        self.max_unacked_messages = max_unacked_messages
         self.partition = _partition_index(name)
         self.directory = directory
         self.log = TopicLog(self.directory, segment_bytes=segment_bytes, sync_policy=sync_policy, pool=pool,

@@ -18,7 +18,14 @@ class Reader:
         return not self._consumer._closed and self._consumer.is_connected()
 
     async def read_next(self, timeout_millis: int | None = None) -> Message:
-        return await self._consumer.receive(timeout_millis)
+        return self._read(await self._consumer.receive(timeout_millis))
+
+    def _read(self, message: Message) -> Message:
+        # As the official readers do: a cumulative acknowledgement (grouped), so the broker's
+        # non-durable subscription stops tracking what was read; a reader that reconnects
+        # starts from its own position, not from this one.
+        self._consumer.acknowledge_cumulative(message)
+        return message
 
     async def has_message_available(self) -> bool:
         if len(self._consumer._queue):
@@ -57,7 +64,7 @@ class Reader:
         return self
 
     async def __anext__(self) -> Message:
-        return await self._consumer.__anext__()
+        return self._read(await self._consumer.__anext__())
 
     async def close(self) -> None:
         await self._consumer.close()
