@@ -1061,3 +1061,28 @@ def test_a_reader_acknowledges_what_it_read_so_the_broker_stops_tracking_it(tmp_
     finally:
         client.close()
         broker.stop()
+
+
+def test_v1_connections_probe_a_silent_peer_with_tcp_keepalive(tmp_path):
+    """V1 has no heartbeat per connection: TCP keep-alive probes find a peer that vanished without
+    a word (host down) in about 90 s, so its place among the connections is given back."""
+    from pulsarwire.broker.core import KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES
+
+    broker = BrokerThread(tmp_path / "data", v1_port=0).start()
+    try:
+        with socket.create_connection(("127.0.0.1", broker.v1_port), timeout=5) as s:
+            s.sendall(b"V1|1|PING|\n")
+            assert s.recv(1000).startswith(b"V1|1|OK")
+
+            def options():
+                (connection,) = broker.broker.v1.connections
+                sock = connection.transport.get_extra_info("socket")
+                return (sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+                        sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+                        sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+                        sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT))
+
+            keepalive, idle, interval, probes = broker.call(options)
+            assert keepalive and (idle, interval, probes) == (KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES)
+    finally:
+        broker.stop()

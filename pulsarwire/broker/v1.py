@@ -38,7 +38,7 @@ from .. import codec, compression
 from .._proto import PulsarApi_pb2 as pb
 from ..errors import CodecError
 from ..routing import murmur3_32
-from .core import PARTITION_MARKER, BrokerCore, InvalidTopicName, close_transport
+from .core import PARTITION_MARKER, BrokerCore, InvalidTopicName, close_transport, enable_keepalive
 from .storage import StorageError, TopicLog, read_json, write_json
 from .topics import Topic, entry_metadata
 
@@ -271,6 +271,7 @@ class V1Connection(asyncio.Protocol):
             return
         server.connections.add(self)
         server.watch()
+        enable_keepalive(transport)  # V1 has no heartbeat of its own for a connection
         self._worker = asyncio.ensure_future(self._answer())
 
     def data_received(self, data: bytes) -> None:
