@@ -1083,6 +1083,16 @@ cdef int _check_batch_end(Py_ssize_t pos, Py_ssize_t end, long count) except -1:
     return 0
 
 
+cdef int _simple_buffer(obj, Py_buffer* view) except -1:
+    """Fill `view` with obj's bytes, read from a copy when obj is not contiguous (the view holds
+    what it reads; PyBuffer_Release when done)."""
+    try:
+        PyObject_GetBuffer(obj, view, PyBUF_SIMPLE)
+    except BufferError:
+        PyObject_GetBuffer(bytes(memoryview(obj)), view, PyBUF_SIMPLE)
+    return 0
+
+
 cdef inline bint _plain_entry(const uint8_t* buf, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t* smm_end,
                               Py_ssize_t* size, bint* has_sequence_id, uint64_t* sequence_id) noexcept nogil:
     """Whether the batch entry at buf[pos] (8 bytes at least before end) is one whose
@@ -1158,11 +1168,7 @@ def count_batch(payload, long count):
     """`count` when the uncompressed batch payload holds exactly that many messages, checked as
     split_messages checks them (the same BadBatchError otherwise), without making the messages."""
     cdef Py_buffer view
-    try:
-        PyObject_GetBuffer(payload, &view, PyBUF_SIMPLE)
-    except BufferError:  # not contiguous: read a copy
-        payload = bytes(memoryview(payload))
-        PyObject_GetBuffer(payload, &view, PyBUF_SIMPLE)
+    _simple_buffer(payload, &view)
     try:
         return _count_entries(<const uint8_t*>view.buf, view.len, count)
     finally:
@@ -1175,11 +1181,7 @@ def count_entry_batch(entry, long count):
     also when the metadata size points past the end."""
     cdef Py_buffer view
     cdef uint32_t metadata_size
-    try:
-        PyObject_GetBuffer(entry, &view, PyBUF_SIMPLE)
-    except BufferError:  # not contiguous: read a copy
-        entry = bytes(memoryview(entry))
-        PyObject_GetBuffer(entry, &view, PyBUF_SIMPLE)
+    _simple_buffer(entry, &view)
     try:
         if view.len < 4:
             raise BadBatchError(f"an entry of {view.len} bytes cannot hold a metadata size")
@@ -1589,11 +1591,7 @@ def split_columns(metadata, payload):
     if not metadata.HasField("num_messages_in_batch"):
         return Columns(*_column_fields([_unbatched_row(metadata, _stable_view(payload))]))
     count = metadata.num_messages_in_batch
-    try:
-        PyObject_GetBuffer(payload, &view, PyBUF_SIMPLE)
-    except BufferError:  # not contiguous: read a copy
-        payload = bytes(memoryview(payload))
-        PyObject_GetBuffer(payload, &view, PyBUF_SIMPLE)
+    _simple_buffer(payload, &view)
     try:
         return _split_batch_columns(<const uint8_t*>view.buf, view.len, count)
     finally:
