@@ -1083,35 +1083,62 @@ cdef int _check_batch_end(Py_ssize_t pos, Py_ssize_t end, long count) except -1:
     return 0
 
 
+cdef int _simple_buffer(obj, Py_buffer* view) except -1:
+    """Fill `view` with obj's bytes, read from a copy when obj is not contiguous (the view holds
+    what it reads; PyBuffer_Release when done)."""
+    try:
+        PyObject_GetBuffer(obj, view, PyBUF_SIMPLE)
+    except BufferError:
+        PyObject_GetBuffer(bytes(memoryview(obj)), view, PyBUF_SIMPLE)
+    return 0
+
+
+cdef inline bint _plain_entry(const uint8_t* buf, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t* smm_end,
+                              Py_ssize_t* size, bint* has_sequence_id, uint64_t* sequence_id) noexcept nogil:
+    """Whether the batch entry at buf[pos] (8 bytes at least before end) is one whose
+    SingleMessageMetadata is payload_size, with at most a sequence_id after it (as the official
+    clients write it), all in bounds; then smm_end, size and the sequence id are set. Anything
+    else (errors too) is left to _batch_entry, which reads such an entry to the same fields.
+
+    The next entry's place depends only on smm_size and payload_size, which one 8-byte load
+    holds; the rest is checked off that chain of dependent loads."""
+    cdef uint64_t head
+    cdef Py_ssize_t p, end_of_smm
+    memcpy(&head, buf + pos, 8)
+    head = _be64(head)
+    end_of_smm = pos + 4 + <Py_ssize_t>(head >> 32)
+    if ((head >> 24) & 0xFF) != 0x18:
+        return False
+    if ((head >> 16) & 0x80) == 0:
+        size[0] = <Py_ssize_t>((head >> 16) & 0x7F)
+        p = pos + 6
+    elif ((head >> 8) & 0x80) == 0:
+        size[0] = <Py_ssize_t>(((head >> 16) & 0x7F) | ((head >> 1) & 0x3F80))
+        p = pos + 7
+    else:
+        return False
+    if p > end_of_smm or end_of_smm > end or size[0] > end - end_of_smm:
+        return False
+    has_sequence_id[0] = p != end_of_smm
+    if has_sequence_id[0]:
+        if buf[p] != 0x40:
+            return False
+        p += 1
+        if _varint2(buf, &p, end_of_smm, sequence_id) != SCAN_OK or p != end_of_smm:
+            return False
+    smm_end[0] = end_of_smm
+    return True
+
+
 cdef Py_ssize_t _count_plain_run(const uint8_t* buf, Py_ssize_t end, Py_ssize_t* at, Py_ssize_t index,
                                  Py_ssize_t count) noexcept nogil:
-    """Step over entries from `index` (at buf[at[0]]) while each SingleMessageMetadata is
-    payload_size and at most a sequence_id after it, as _plain_run takes them; the index of the
-    first entry left, with at[0] where it starts. Anything else is left to _batch_entry."""
-    cdef Py_ssize_t pos = at[0], smm_end, size, p
-    cdef uint64_t head, value
-    while index < count and end - pos >= 8:
-        memcpy(&head, buf + pos, 8)
-        head = _be64(head)
-        smm_end = pos + 4 + <Py_ssize_t>(head >> 32)
-        if ((head >> 24) & 0xFF) != 0x18:
-            break
-        if ((head >> 16) & 0x80) == 0:
-            size = <Py_ssize_t>((head >> 16) & 0x7F)
-            p = pos + 6
-        elif ((head >> 8) & 0x80) == 0:
-            size = <Py_ssize_t>(((head >> 16) & 0x7F) | ((head >> 1) & 0x3F80))
-            p = pos + 7
-        else:
-            break
-        if p > smm_end or smm_end > end or size > end - smm_end:
-            break
-        if p != smm_end:
-            if buf[p] != 0x40:
-                break
-            p += 1
-            if _varint2(buf, &p, smm_end, &value) != SCAN_OK or p != smm_end:
-                break
+    """Step over entries from `index` (at buf[at[0]]) while _plain_entry takes them; the index of
+    the first entry left, with at[0] where it starts."""
+    cdef Py_ssize_t pos = at[0], smm_end = 0, size = 0
+    cdef bint has_sequence_id = False
+    cdef uint64_t sequence_id = 0
+    while index < count and end - pos >= 8 and \
+            _plain_entry(buf, pos, end, &smm_end, &size, &has_sequence_id, &sequence_id):
         pos = smm_end + size
         index += 1
     at[0] = pos
@@ -1141,11 +1168,7 @@ def count_batch(payload, long count):
     """`count` when the uncompressed batch payload holds exactly that many messages, checked as
     split_messages checks them (the same BadBatchError otherwise), without making the messages."""
     cdef Py_buffer view
-    try:
-        PyObject_GetBuffer(payload, &view, PyBUF_SIMPLE)
-    except BufferError:  # not contiguous: read a copy
-        payload = bytes(memoryview(payload))
-        PyObject_GetBuffer(payload, &view, PyBUF_SIMPLE)
+    _simple_buffer(payload, &view)
     try:
         return _count_entries(<const uint8_t*>view.buf, view.len, count)
     finally:
@@ -1158,11 +1181,7 @@ def count_entry_batch(entry, long count):
     also when the metadata size points past the end."""
     cdef Py_buffer view
     cdef uint32_t metadata_size
-    try:
-        PyObject_GetBuffer(entry, &view, PyBUF_SIMPLE)
-    except BufferError:  # not contiguous: read a copy
-        entry = bytes(memoryview(entry))
-        PyObject_GetBuffer(entry, &view, PyBUF_SIMPLE)
+    _simple_buffer(entry, &view)
     try:
         if view.len < 4:
             raise BadBatchError(f"an entry of {view.len} bytes cannot hold a metadata size")
@@ -1572,11 +1591,7 @@ def split_columns(metadata, payload):
     if not metadata.HasField("num_messages_in_batch"):
         return Columns(*_column_fields([_unbatched_row(metadata, _stable_view(payload))]))
     count = metadata.num_messages_in_batch
-    try:
-        PyObject_GetBuffer(payload, &view, PyBUF_SIMPLE)
-    except BufferError:  # not contiguous: read a copy
-        payload = bytes(memoryview(payload))
-        PyObject_GetBuffer(payload, &view, PyBUF_SIMPLE)
+    _simple_buffer(payload, &view)
     try:
         return _split_batch_columns(<const uint8_t*>view.buf, view.len, count)
     finally:
@@ -1634,36 +1649,19 @@ cdef inline bint _fast_varint(const uint8_t* buf, Py_ssize_t* pos, Py_ssize_t en
 
 cdef Py_ssize_t _plain_run(const uint8_t* buf, Py_ssize_t end, _ColumnsOut* out, Py_ssize_t index,
                            Py_ssize_t rows) noexcept nogil:
-    """Split rows from `index` on while each SingleMessageMetadata is payload_size and at most a
-    sequence_id after it (as the official clients write it); the index of the first row left."""
+    """Split rows from `index` on while _plain_entry takes them (and a sequence id finds its
+    column made); the index of the first row left."""
     cdef _ColumnsOut o = out[0]  # a local copy: stores through char* cannot alias it
-    cdef Py_ssize_t pos = o.pos, smm_end, size, p
-    cdef uint64_t head, value
+    cdef Py_ssize_t pos = o.pos, smm_end = 0, size = 0
+    cdef bint has_sequence_id = False
+    cdef uint64_t sequence_id = 0
     while index < rows and end - pos >= 8:
-        # The next entry's place depends only on smm_size and payload_size, which one 8-byte
-        # load holds; the rest is checked off that chain of dependent loads.
-        memcpy(&head, buf + pos, 8)
-        head = _be64(head)
-        smm_end = pos + 4 + <Py_ssize_t>(head >> 32)
-        if ((head >> 24) & 0xFF) != 0x18:
+        if not _plain_entry(buf, pos, end, &smm_end, &size, &has_sequence_id, &sequence_id):
             break
-        if ((head >> 16) & 0x80) == 0:
-            size = <Py_ssize_t>((head >> 16) & 0x7F)
-            p = pos + 6
-        elif ((head >> 8) & 0x80) == 0:
-            size = <Py_ssize_t>(((head >> 16) & 0x7F) | ((head >> 1) & 0x3F80))
-            p = pos + 7
-        else:
-            break
-        if p > smm_end or smm_end > end or size > end - smm_end:
-            break
-        if p != smm_end:
-            if buf[p] != 0x40 or o.sequence_ids == NULL:
+        if has_sequence_id:
+            if o.sequence_ids == NULL:
                 break
-            p += 1
-            if _varint2(buf, &p, smm_end, &value) != SCAN_OK or p != smm_end:
-                break
-            o.sequence_ids[index] = value
+            o.sequence_ids[index] = sequence_id
             _gather_bit(&o.has_sequence, rows, index)
         memcpy(o.payloads + o.payloads_size, buf + smm_end, size)
         o.payloads_size += size

@@ -986,19 +986,25 @@ def test_pulsar_and_v1_connections_share_the_descriptor_room(tmp_path, monkeypat
         alone.stop()
 
 
+def _send_numbered(client, topic: str, count: int) -> None:
+    """Messages b"0" to b"<count - 1>", one entry each, all stored when it returns."""
+    producer = client.create_producer(topic, batching_enabled=False)
+    for i in range(count):
+        producer.send_async(b"%d" % i, None)
+    producer.flush()
+    producer.close()
+
+
 def test_a_consumer_that_acknowledges_nothing_holds_at_most_max_unacked_messages(tmp_path):
     """As Pulsar's maxUnackedMessagesPerConsumer: a consumer of a shared subscription that keeps
-    granting permits but acknowledges nothing gets that many messages, then nothing until it acknowledges half; so
-    what the broker tracks for it stays bounded. Nothing is lost: the rest follows the acks."""
+    granting permits but acknowledges nothing gets that many messages, then nothing until it
+    acknowledges half; so what the broker tracks for it stays bounded. Nothing is lost: the rest follows the acks."""
     from pulsarwire import sync
 
     broker = BrokerThread(tmp_path / "data", v1_port=None, max_unacked_messages_per_consumer=100).start()
     client = sync.Client(broker.url)
     try:
-        producer = client.create_producer("unacked", batching_enabled=False)
-        for i in range(300):
-            producer.send_async(b"%d" % i, None)
-        producer.flush()
+        _send_numbered(client, "unacked", 300)
         consumer = client.subscribe("unacked", "s", consumer_type=sync.ConsumerType.Shared, receiver_queue_size=1000,
                                     initial_position=sync.InitialPosition.Earliest)
 
@@ -1043,10 +1049,7 @@ def test_a_reader_acknowledges_what_it_read_so_the_broker_stops_tracking_it(tmp_
     broker = BrokerThread(tmp_path / "data", v1_port=None).start()
     client = sync.Client(broker.url)
     try:
-        producer = client.create_producer("read-all", batching_enabled=False)
-        for i in range(200):
-            producer.send_async(b"%d" % i, None)
-        producer.flush()
+        _send_numbered(client, "read-all", 200)
         reader = client.create_reader("read-all", sync.MessageId.earliest)
         assert [int(reader.read_next(5000).data()) for _ in range(200)] == list(range(200))
 
