@@ -71,10 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument("--max-cache-bytes", type=int, default=None, metavar="BYTES",
                         help="recently written entries kept in memory, all topics together; past it the "
                              "least recently used topic's oldest are dropped and read from disk (default 64 MiB)")
-    broker.add_argument("--max-unacked-messages-per-consumer", type=int, default=50_000, metavar="N",
-                        help="a consumer holding this many unacknowledged messages gets no more until it "
-                             "acknowledges half, as Pulsar's maxUnackedMessagesPerConsumer (0: no limit; "
-                             "default 50 000)")
+    broker.add_argument("--max-unacked-messages-per-consumer", type=int, default=None, metavar="N",
+                        help="a consumer of a Shared or Key_Shared subscription holding this many "
+                             "unacknowledged messages gets no more until it acknowledges half, as Pulsar's "
+                             "maxUnackedMessagesPerConsumer (0: no limit; default 50 000)")
     broker.add_argument("--replication-factor", type=int, default=3)
     broker.add_argument("--min-insync-replicas", type=int, default=2)
     broker.add_argument("--v1-partitions", type=int, default=3, help="partitions of a topic V1 creates")
@@ -174,6 +174,7 @@ def _write_json(args, results) -> None:
 
 async def run_broker(args) -> int:
     from .broker.server import Broker
+    from .broker.core import DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER
     from .broker.storage import DEFAULT_MAX_CACHE_BYTES
     from .broker.v1 import DEFAULT_CONSUME_MAX_BYTES
     if args.auth_token is not None and not all(args.auth_token):
@@ -208,7 +209,8 @@ async def run_broker(args) -> int:
                     max_output_bytes=args.max_output_bytes, handshake_timeout=args.handshake_timeout,
                     max_frame_before_connect=args.max_frame_before_connect, frame_timeout=args.frame_timeout,
                     max_input_bytes=args.max_input_bytes,
-                    max_unacked_messages_per_consumer=args.max_unacked_messages_per_consumer,
+                    max_unacked_messages_per_consumer=DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER
+                    if args.max_unacked_messages_per_consumer is None else args.max_unacked_messages_per_consumer,
                     max_cache_bytes=DEFAULT_MAX_CACHE_BYTES if args.max_cache_bytes is None else args.max_cache_bytes,
                     v1_consume_max_bytes=DEFAULT_CONSUME_MAX_BYTES if args.v1_consume_max_bytes is None
                     else args.v1_consume_max_bytes)

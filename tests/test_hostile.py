@@ -1069,7 +1069,7 @@ def test_a_reader_acknowledges_what_it_read_so_the_broker_stops_tracking_it(tmp_
 def test_v1_connections_probe_a_silent_peer_with_tcp_keepalive(tmp_path):
     """V1 has no heartbeat per connection: TCP keep-alive probes find a peer that vanished without
     a word (host down) in about 90 s, so its place among the connections is given back."""
-    from pulsarwire.broker.core import KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES
+    from pulsarwire.broker.v1 import KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES
 
     broker = BrokerThread(tmp_path / "data", v1_port=0).start()
     try:

@@ -9,7 +9,6 @@ import asyncio
 import itertools
 import logging
 import os
-import socket
 import urllib.parse
 
 from .storage import (DEFAULT_MAX_CACHE_BYTES, SYNC_INTERVAL, EntryCache, FileOps, FilePool, StorageError,
@@ -267,27 +266,6 @@ class BrokerCore:
         return dict(self.files.stats.as_dict(), open_files=self.files.open_count,
                     max_open_files=self.files.max_open_files, cache_bytes=self.cache.bytes,
                     max_cache_bytes=self.cache.max_bytes, cache_evicted_entries=self.cache.evicted_entries)
-
-
-# TCP keep-alive on a front end's connections: a peer gone without a word (host down, cable
-# out) is found after about KEEPALIVE_IDLE + KEEPALIVE_INTERVAL * KEEPALIVE_PROBES seconds of
-# silence, rather than the system's two hours, and its place given back.
-KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES = 60, 10, 3
-
-
-def enable_keepalive(transport) -> None:
-    """Turn on TCP keep-alive probes on a connection's socket (where the system has them)."""
-    sock = transport.get_extra_info("socket")
-    if sock is None:
-        return
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        for option, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL),
-                              ("TCP_KEEPCNT", KEEPALIVE_PROBES)):
-            if hasattr(socket, option):
-                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
-    except OSError as exc:  # not a TCP socket, or the system refuses: the connection works without
-        log.debug("no TCP keep-alive on a connection: %s", exc)
 
 
 def close_transport(transport, abort: bool, last_words=None) -> None:

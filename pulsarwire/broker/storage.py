@@ -275,7 +275,6 @@ class EntryCache:
         self.bytes = 0
         self.evicted_entries = 0
         self._logs: collections.OrderedDict[object, collections.OrderedDict] = collections.OrderedDict()
-        self._newest = None  # the owner last moved to the end of _logs
         # id of a bytes object that cached views share -> [that object, how many cached bodies view it]
         self._viewed: dict[int, list] = {}
 
@@ -294,8 +293,11 @@ class EntryCache:
                 viewed[1] += 1
         else:
             self.bytes += len(body)
-        if self._newest is not owner:
-            self._use(owner, entries)
+        logs = self._logs
+        try:
+            logs.move_to_end(owner)
+        except KeyError:
+            logs[owner] = entries
         if self.bytes > self.max_bytes:
             self._evict()
 
@@ -311,18 +313,12 @@ class EntryCache:
         else:
             self.bytes -= len(body)
 
-    def _use(self, owner, entries: collections.OrderedDict) -> None:
-        logs = self._logs
-        try:
-            logs.move_to_end(owner)
-        except KeyError:
-            logs[owner] = entries
-        self._newest = owner
-
     def touch(self, owner) -> None:
         """`owner` was just read from its cache: it is the most recently used log."""
-        if self._newest is not owner and owner in self._logs:
-            self._use(owner, self._logs[owner])
+        try:
+            self._logs.move_to_end(owner)
+        except KeyError:
+            pass
 
     def _evict(self) -> None:
         logs = self._logs
@@ -337,8 +333,6 @@ class EntryCache:
                 evicted += 1
             if not entries:
                 del logs[owner]
-                if owner is self._newest:
-                    self._newest = None
         self.evicted_entries += evicted
 
     def discard(self, entries: collections.OrderedDict, entry_id: int) -> None:
@@ -352,8 +346,6 @@ class EntryCache:
             self._release(entry.body)
         entries.clear()
         self._logs.pop(owner, None)
-        if owner is self._newest:
-            self._newest = None
 
     @property
     def log_count(self) -> int:

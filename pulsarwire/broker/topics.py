@@ -481,20 +481,20 @@ def entry_message_count(body, batch_count: int | None, compression: int | None =
     `compression` from the metadata, when the caller has read it, spares parsing it again."""
     if batch_count is None or batch_count <= 1:
         return 1
+    if compression == 0:  # the hot path: the codec steps over the metadata itself
+        batch, count = body, codec.count_entry_batch
+    else:
+        try:
+            end = 4 + int.from_bytes(body[:4], "big")
+            metadata = _parse_metadata(body[4:end])
+            batch = body[end:]
+            if metadata.compression:
+                batch = codec.decompress_payload(metadata, batch, COUNT_MAX_UNCOMPRESSED)
+        except (PulsarWireError, ValueError):  # DecodeError is a ValueError
+            return 1
+        count = codec.count_batch
     try:
-        if compression == 0:  # the hot path: the codec steps over the metadata itself
-            return codec.count_entry_batch(body, batch_count)
-        end = 4 + int.from_bytes(body[:4], "big")
-        metadata = _parse_metadata(body[4:end])
-        payload = body[end:]
-        if metadata.compression:
-            payload = codec.decompress_payload(metadata, payload, COUNT_MAX_UNCOMPRESSED)
-    except (PulsarWireError, ValueError) as exc:  # DecodeError is a ValueError
-        if compression == 0:
-            raise MalformedBatchError(f"the batch does not hold the {batch_count} messages it claims: {exc}") from exc
-        return 1
-    try:
-        return codec.count_batch(payload, batch_count)
+        return count(batch, batch_count)
     except (PulsarWireError, ValueError) as exc:
         raise MalformedBatchError(f"the batch does not hold the {batch_count} messages it claims: {exc}") from exc
 

@@ -29,6 +29,7 @@ import hmac
 import logging
 import os
 import re
+import socket
 import struct
 import time
 import urllib.parse
@@ -38,7 +39,7 @@ from .. import codec, compression
 from .._proto import PulsarApi_pb2 as pb
 from ..errors import CodecError
 from ..routing import murmur3_32
-from .core import PARTITION_MARKER, BrokerCore, InvalidTopicName, close_transport, enable_keepalive
+from .core import PARTITION_MARKER, BrokerCore, InvalidTopicName, close_transport
 from .storage import StorageError, TopicLog, read_json, write_json
 from .topics import Topic, entry_metadata
 
@@ -228,6 +229,27 @@ class Session:
         self.close = False
 
 
+# TCP keep-alive on V1 connections (V1 has no per-connection heartbeat): a peer gone without a
+# word (host down, cable out) is found after about KEEPALIVE_IDLE + KEEPALIVE_INTERVAL *
+# KEEPALIVE_PROBES seconds of silence, rather than the system's two hours, and its place given back.
+KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES = 60, 10, 3
+
+
+def enable_keepalive(transport) -> None:
+    """Turn on TCP keep-alive probes on a connection's socket (where the system has them)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for option, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL),
+                              ("TCP_KEEPCNT", KEEPALIVE_PROBES)):
+            if hasattr(socket, option):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+    except OSError as exc:  # not a TCP socket, or the system refuses: the connection works without
+        log.debug("no TCP keep-alive on a connection: %s", exc)
+
+
 class V1Connection(asyncio.Protocol):
     """One V1 client: request lines in, answered one at a time and in order by a worker task.
 
@@ -271,7 +293,7 @@ class V1Connection(asyncio.Protocol):
             return
         server.connections.add(self)
         server.watch()
-        enable_keepalive(transport)  # V1 has no heartbeat of its own for a connection
+        enable_keepalive(transport)
         self._worker = asyncio.ensure_future(self._answer())
 
     def data_received(self, data: bytes) -> None:
