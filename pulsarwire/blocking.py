@@ -40,9 +40,7 @@ class LoopThread:
             raise AlreadyClosedError("client is closed")
         if threading.current_thread() is self.thread:
             coro.close()
-            # waiting here would wait for this very thread: a hang, so refuse at once
-            raise RuntimeError("a blocking pulsarwire call was made from a callback on its own event-loop "
-                               "thread; use the asyncio API or hand the work to another thread")
+        self.refuse_own_thread()
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return future.result(timeout)
@@ -51,6 +49,12 @@ class LoopThread:
             # the loop: an orphaned receive would take a message that nobody gets
             future.cancel()
             raise
+
+    def refuse_own_thread(self) -> None:
+        """Raise when called on the loop's thread: waiting there would wait for this very thread."""
+        if threading.current_thread() is self.thread:
+            raise RuntimeError("a blocking pulsarwire call was made from a callback on its own event-loop "
+                               "thread; use the asyncio API or hand the work to another thread")
 
     def call(self, fn: Callable, *args):
         """Run a plain function on the loop's thread (at once when already on it) and return its result."""

@@ -16,6 +16,9 @@ ignored; README's "Switching from pulsar-client" lists every difference.
 from __future__ import annotations
 
 import asyncio as _asyncio  # `asyncio` here is the official async surface (below)
+import collections
+import concurrent.futures
+import functools
 import inspect
 import itertools
 import logging
@@ -352,9 +355,19 @@ class Producer(_Facade):
         self._loop = client._loop
         self._producer = producer
         self._schema = schema
+        # As in the official client, a send is queued in the caller's thread: the bound on pending
+        # messages is applied here, at the call, and the loop hands the queue to the producer in order.
+        self._gate = threading.Condition()
+        self._max_pending: int = producer._max_pending
+        self._block: bool = producer._block
+        self._held = 0  # sends accepted and not yet answered (queued here, or pending on the producer)
+        self._handing: collections.deque = collections.deque()  # accepted, not yet on the producer
+        self._hand_over: _asyncio.Task | None = None
 
     def _stop_listening(self) -> None:
-        pass
+        with self._gate:
+            self._closed = True
+            self._gate.notify_all()  # a send blocked on a full queue answers AlreadyClosed
 
     def topic(self) -> str:
         return self._producer.topic()
@@ -377,7 +390,27 @@ class Producer(_Facade):
         official.check_content(content, self._schema)
         options = official.send_options(properties, partition_key, ordering_key, sequence_id, replication_clusters,
                                         disable_replication, event_timestamp, deliver_at, deliver_after)
-        return MessageId.wrap(self._run(self._producer.send(content, **options)))
+        if self._closed:
+            raise AlreadyClosed("Pulsar error: AlreadyClosed")
+        self._loop.refuse_own_thread()
+        answer: concurrent.futures.Future = concurrent.futures.Future()
+
+        def done(error, message_id) -> None:
+            if error is None:
+                answer.set_result(message_id)
+            else:
+                answer.set_exception(error)
+        if not self._accept(content, options, done):
+            raise self._refusal
+        try:
+            while True:
+                try:
+                    return MessageId.wrap(answer.result(0.1))
+                except concurrent.futures.TimeoutError:
+                    if self._loop.stopped:  # the client was shut down under this send
+                        raise errors.AlreadyClosedError("client is closed") from None
+        except BaseException as exc:  # noqa: BLE001 - translated, never swallowed
+            raise _official_error(exc, self._closed) from exc
 
     def send_async(self, content, callback, properties=None, partition_key=None, ordering_key=None,
                    sequence_id=None, replication_clusters=None, disable_replication=False, event_timestamp=None,
@@ -396,42 +429,124 @@ class Producer(_Facade):
             except Exception:  # noqa: BLE001 - a callback's error must not break the producer
                 log.exception("send_async callback raised")
 
-        def done(future) -> None:
-            if future.cancelled():
-                report(Result.AlreadyClosed, _default_message_id())
-            elif future.exception() is not None:
-                report(_result_of(future.exception(), self._closed), _default_message_id())
+        def done(error, message_id) -> None:
+            if error is None:
+                report(Result.Ok, MessageId.wrap(message_id))
             else:
-                report(Result.Ok, MessageId.wrap(future.result()))
-
-        async def queue_message():
-            future = await self._producer.send_async(content, **options)
-            future.add_done_callback(done)
+                report(_result_of(error, self._closed), _default_message_id())
 
         if self._closed:
             report(Result.AlreadyClosed, _default_message_id())
-            return
-        if threading.current_thread() is self._loop.thread:  # from a callback: queue without waiting
-            def failed(task) -> None:
-                if not task.cancelled() and task.exception() is not None:
-                    report(_result_of(task.exception(), self._closed), _default_message_id())
-            _asyncio.ensure_future(queue_message()).add_done_callback(failed)
-            return
+        elif not self._accept(content, options, done):
+            report(self._refusal.result, _default_message_id())
+
+    @property
+    def _refusal(self) -> Any:  # an official exception class's instance
+        if self._closed or self._loop.stopped:
+            return AlreadyClosed("Pulsar error: AlreadyClosed")
+        return ProducerQueueIsFull("Pulsar error: ProducerQueueIsFull")
+
+    def _accept(self, content, options: dict, done: Callable) -> bool:
+        """Queue one send if the bound on pending messages lets it in, waiting for room when the
+        producer blocks; False when it is refused (see `_refusal`). `done(error, message_id)` is
+        called on the loop's thread once the send is answered."""
+        on_loop = threading.current_thread() is self._loop.thread
+        with self._gate:
+            if self._held >= self._max_pending:
+                if not self._block:
+                    return False
+                # the loop's own thread cannot wait for room it has to make: the producer waits instead
+                while not on_loop and self._held >= self._max_pending:
+                    if self._closed or self._loop.stopped:
+                        return False
+                    self._gate.wait(0.1)
+            if self._closed or self._loop.stopped:
+                return False
+            self._held += 1
+            self._handing.append((content, options, done))
+            start = self._hand_over is None and len(self._handing) == 1
+        if start:
+            if on_loop:
+                self._start_hand_over()
+            else:
+                try:
+                    self._loop.loop.call_soon_threadsafe(self._start_hand_over)
+                except RuntimeError:  # the loop closed meanwhile
+                    self._fail_handing(errors.AlreadyClosedError("client is closed"))
+        return True
+
+    def _start_hand_over(self) -> None:
+        if self._hand_over is None:
+            self._hand_over = _asyncio.ensure_future(self._hand_over_queue())
+
+    async def _hand_over_queue(self) -> None:
+        """On the loop: give the accepted sends to the producer, in the order they were accepted."""
         try:
-            self._loop.run(queue_message())
-        except (errors.PulsarWireError, _asyncio.CancelledError, RuntimeError) as exc:
-            report(_result_of(exc, self._closed), _default_message_id())
+            while True:
+                with self._gate:
+                    if not self._handing:
+                        self._hand_over = None
+                        return
+                    content, options, done = self._handing.popleft()
+                try:
+                    future = await self._producer.send_async(content, **options)
+                except _asyncio.CancelledError:
+                    self._answered(done, errors.AlreadyClosedError("client is closed"), None)
+                    raise
+                except Exception as exc:  # noqa: BLE001 - this send's answer
+                    self._answered(done, exc, None)
+                    continue
+                future.add_done_callback(functools.partial(self._send_answered, done))
+        except BaseException:
+            self._fail_handing(errors.AlreadyClosedError("client is closed"))
+            raise
+
+    def _send_answered(self, done: Callable, future: _asyncio.Future) -> None:
+        if future.cancelled():
+            self._answered(done, errors.AlreadyClosedError("producer is closed"), None)
+        elif future.exception() is not None:
+            self._answered(done, future.exception(), None)
+        else:
+            self._answered(done, None, future.result())
+
+    def _answered(self, done: Callable, error, message_id) -> None:
+        with self._gate:
+            self._held -= 1
+            self._gate.notify()
+        done(error, message_id)
+
+    def _fail_handing(self, error: Exception) -> None:
+        with self._gate:
+            failed = list(self._handing)
+            self._handing.clear()
+            self._hand_over = None
+        for _, _, done in failed:
+            self._answered(done, error, None)
+
+    async def _handed_over(self) -> None:
+        """Wait until every send accepted so far is on the producer."""
+        while self._hand_over is not None:
+            await _asyncio.shield(self._hand_over)
 
     def flush(self) -> None:
         """Send what is batched and wait until the broker has every pending message."""
-        self._run(self._producer.flush())
+        async def flush():
+            await self._handed_over()
+            await self._producer.flush()
+        self._run(flush())
 
     def close(self) -> None:
         """Close the producer once every pending message is acknowledged."""
         if self._closed:
             raise AlreadyClosed("Pulsar error: AlreadyClosed")
-        self._closed = True  # first: a call blocked meanwhile reads AlreadyClosed
-        self._run(self._producer.close(), closed_check=False)
+        with self._gate:
+            self._closed = True  # first: a call blocked meanwhile reads AlreadyClosed
+            self._gate.notify_all()
+
+        async def close():
+            await self._handed_over()
+            await self._producer.close()
+        self._run(close(), closed_check=False)
 
 
 def _result_of(exc: BaseException, closed: bool):

@@ -281,3 +281,63 @@ def test_closing_from_a_send_callback(embedded):
     assert done.wait(10) and isinstance(outcome[0], RuntimeError)
     with pytest.raises(pulsar.AlreadyClosed):
         producer.send(b"late")
+
+
+def test_send_async_is_queued_in_the_callers_thread_and_a_full_queue_is_refused_at_the_call(embedded):
+    client = pulsar.Client(embedded.url)
+    try:
+        producer = client.create_producer(unique(), max_pending_messages=1)
+        hold = threading.Event()
+        client._loop.loop.call_soon_threadsafe(hold.wait, 10)  # the loop can answer nothing meanwhile
+        outcomes = []
+        for index in range(3):
+            producer.send_async(b"%d" % index, lambda result, _: outcomes.append(result))
+        # returned without the loop: one accepted, two refused at once, as the official client does
+        assert outcomes == [pulsar.Result.ProducerQueueIsFull] * 2
+        hold.set()
+        producer.flush()
+        assert outcomes == [pulsar.Result.ProducerQueueIsFull] * 2 + [pulsar.Result.Ok]
+    finally:
+        client.close()
+
+
+def test_sends_from_several_calls_keep_their_order_through_a_blocking_full_queue(embedded):
+    client = pulsar.Client(embedded.url)
+    try:
+        topic = unique()
+        consumer = client.subscribe(topic, "order")
+        producer = client.create_producer(topic, max_pending_messages=3, block_if_queue_full=True)
+        answered = []
+        for index in range(200):
+            if index % 50 == 49:
+                producer.send(b"%d" % index)
+                answered.append(pulsar.Result.Ok)
+            else:
+                producer.send_async(b"%d" % index, lambda result, _: answered.append(result))
+        producer.flush()
+        assert answered == [pulsar.Result.Ok] * 200
+        assert [consumer.receive(5000).data() for _ in range(200)] == [b"%d" % i for i in range(200)]
+        producer.close()
+        late = []
+        producer.send_async(b"late", lambda result, _: late.append(result))
+        assert late == [pulsar.Result.AlreadyClosed]
+    finally:
+        client.close()
+
+
+def test_a_send_waiting_for_room_answers_already_closed_when_the_client_closes(embedded):
+    client = pulsar.Client(embedded.url)
+    producer = client.create_producer(unique(), max_pending_messages=1, block_if_queue_full=True)
+    hold = threading.Event()
+    client._loop.loop.call_soon_threadsafe(hold.wait, 10)
+    producer.send_async(b"first", None)  # accepted: the queue is now full
+    outcome = []
+    waiter = threading.Thread(target=lambda: outcome.append(_error_of(lambda: producer.send(b"second"))))
+    waiter.start()
+    time.sleep(0.2)
+    assert waiter.is_alive() and not outcome  # waiting for room
+    producer._stop_listening()  # what client.close() does first to each handle
+    waiter.join(5)
+    hold.set()
+    client.close()
+    assert isinstance(outcome[0], pulsar.AlreadyClosed)
