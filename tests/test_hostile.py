@@ -1039,6 +1039,102 @@ def test_a_consumer_that_acknowledges_nothing_holds_at_most_max_unacked_messages
         broker.stop()
 
 
+def wait_until(condition, timeout: float = 10.0) -> None:
+    """Polls `condition` until it holds (AssertionError after `timeout` seconds)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+def test_an_exclusive_consumer_that_acknowledges_nothing_is_tracked_as_a_range_past_the_bound(tmp_path):
+    """Exclusive and Failover consumers are not blocked at max_unacked_messages (as in Pulsar), so
+    past max_tracked_entries what the active consumer is sent is one range, not an entry each:
+    the broker's memory stays bounded, and nothing is lost: a redelivery or the next consumer
+    gets every entry not acknowledged, tracked or not."""
+    from pulsarwire import sync
+
+    broker = BrokerThread(tmp_path / "data", v1_port=None).start()
+    client = sync.Client(broker.url)
+    try:
+        _send_numbered(client, "range", 300)
+        topic = broker.call(lambda: broker.broker.core.topics["persistent://public/default/range"])
+        broker.call(lambda: setattr(topic, "max_tracked_entries", 50))
+
+        def subscribe():
+            return client.subscribe("range", "s", receiver_queue_size=1000, negative_ack_redelivery_delay_ms=10,
+                                    initial_position=sync.InitialPosition.Earliest)
+
+        def drain(consumer, timeout_ms=700) -> list:
+            got = []
+            while True:
+                try:
+                    got.append(consumer.receive(timeout_ms))
+                except sync.Timeout:
+                    return got
+
+        def tracked():
+            subscription = topic.subscriptions["s"]
+            return len(subscription.owner), subscription._untracked_from
+
+        consumer = subscribe()
+        held = drain(consumer)
+        assert [int(m.data()) for m in held] == list(range(300))
+        assert broker.call(tracked) == (50, 50)
+        consumer.acknowledge_cumulative(held[99])
+        wait_until(lambda: broker.call(tracked) == (0, 100))
+        consumer.redeliver_unacknowledged_messages()
+        again = drain(consumer)
+        assert [int(m.data()) for m in again] == list(range(100, 300))
+        assert broker.call(tracked) == (50, 150)
+        consumer.negative_acknowledge(again[20])  # tracked: entry 120
+        consumer.negative_acknowledge(again[80])  # untracked: entry 180
+        nacked = drain(consumer)
+        assert sorted((int(m.data()), m.redelivery_count()) for m in nacked) == [(120, 1), (180, 1)]
+        consumer.close()  # nothing acknowledged past 99: the next consumer gets all of it
+        consumer = subscribe()
+        rest = drain(consumer)
+        assert sorted(int(m.data()) for m in rest) == list(range(100, 300))
+        consumer.acknowledge_cumulative(max(rest, key=lambda m: int(m.data())))
+        wait_until(lambda: broker.call(tracked) == (0, None))
+    finally:
+        client.close()
+        broker.stop()
+
+
+def test_a_failover_consumer_taking_over_gets_the_untracked_range_too(tmp_path):
+    from pulsarwire import sync
+
+    broker = BrokerThread(tmp_path / "data", v1_port=None).start()
+    client = sync.Client(broker.url)
+    try:
+        _send_numbered(client, "failover-range", 300)
+        topic = broker.call(lambda: broker.broker.core.topics["persistent://public/default/failover-range"])
+        broker.call(lambda: setattr(topic, "max_tracked_entries", 50))
+
+        def subscribe(name):
+            return client.subscribe("failover-range", "s", consumer_type=sync.ConsumerType.Failover,
+                                    consumer_name=name, receiver_queue_size=1000,
+                                    initial_position=sync.InitialPosition.Earliest)
+
+        def drain(consumer) -> list:
+            got = []
+            while True:
+                try:
+                    got.append(int(consumer.receive(700).data()))
+                except sync.Timeout:
+                    return got
+
+        first = subscribe("b")
+        assert drain(first) == list(range(300))
+        assert broker.call(lambda: topic.subscriptions["s"]._untracked_from) == 50
+        second = subscribe("a")  # first by name: the active consumer now
+        assert sorted(drain(second)) == list(range(300))
+    finally:
+        client.close()
+        broker.stop()
+
+
 def test_a_reader_acknowledges_what_it_read_so_the_broker_stops_tracking_it(tmp_path):
     """As the official readers do, a pulsarwire Reader acknowledges cumulatively what it has
     read: the broker's non-durable subscription then holds nothing for it (an Exclusive
