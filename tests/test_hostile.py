@@ -1135,6 +1135,33 @@ def test_a_failover_consumer_taking_over_gets_the_untracked_range_too(tmp_path):
         broker.stop()
 
 
+def test_deduplication_state_keeps_at_most_max_dedup_producers_names(tmp_path):
+    """Each producer name that sent costs the topic's deduplication state an entry, written with
+    every save: past the bound the names of producers not attached are forgotten, the ones
+    attached longest ago first, and never an attached producer's."""
+    from pulsarwire import sync
+
+    broker = BrokerThread(tmp_path / "data", v1_port=None).start()
+    client = sync.Client(broker.url)
+    try:
+        steady = client.create_producer("dedup-names", producer_name="steady")
+        steady.send(b"first", sequence_id=10)
+        topic = broker.call(lambda: broker.broker.core.topics["persistent://public/default/dedup-names"])
+        broker.call(lambda: setattr(topic, "max_dedup_producers", 4))
+        for n in range(8):
+            producer = client.create_producer("dedup-names", producer_name=f"once-{n}")
+            producer.send(b"%d" % n, sequence_id=5)
+            producer.close()
+        names = broker.call(lambda: list(topic.last_sequence))
+        assert len(names) <= 4 and "steady" in names and "once-7" in names
+        assert steady.send(b"again", sequence_id=10).entry_id() == -1  # still a duplicate for it
+        forgotten = client.create_producer("dedup-names", producer_name="once-0")
+        assert forgotten.send(b"0 again", sequence_id=5).entry_id() >= 0  # starts afresh
+    finally:
+        client.close()
+        broker.stop()
+
+
 def test_a_reader_acknowledges_what_it_read_so_the_broker_stops_tracking_it(tmp_path):
     """As the official readers do, a pulsarwire Reader acknowledges cumulatively what it has
     read: the broker's non-durable subscription then holds nothing for it (an Exclusive

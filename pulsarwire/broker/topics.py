@@ -40,6 +40,11 @@ SEEK_RETAIN_SECONDS = 30.0
 # one range, sent again from its start when that consumer asks for redelivery or goes (entries
 # of that range it asks for one by one are tracked again, up to twice this many).
 MAX_TRACKED_ENTRIES = 100_000
+# Deduplication state is kept for at most this many producer names per topic (as Pulsar's
+# brokerDeduplicationMaxNumberOfProducers): past it, names of producers not attached are
+# forgotten, those attached longest ago first; a producer coming back under a forgotten name
+# starts afresh (a resend of what it sent before is stored again, not answered as a duplicate).
+MAX_DEDUP_PRODUCERS = 10_000
 _SubType = pb.CommandSubscribe
 _SINGLE_ACTIVE = (_SubType.Exclusive, _SubType.Failover)
 
@@ -574,6 +579,7 @@ class Topic:
         # (0: no limit): what the subscription tracks per consumer stays bounded
         self.max_unacked_messages = max_unacked_messages
         self.max_tracked_entries = MAX_TRACKED_ENTRIES
+        self.max_dedup_producers = MAX_DEDUP_PRODUCERS
         self.partition = _partition_index(name)
         self.directory = directory
         self.log = TopicLog(self.directory, segment_bytes=segment_bytes, sync_policy=sync_policy, pool=pool,
@@ -671,10 +677,31 @@ class Topic:
             self.deliver_at[entry_id] = deliver_at_time
         undo = self._dedup_undo
         if producer_name not in undo:
-            undo[producer_name] = self.last_sequence.get(producer_name)
+            previous = undo[producer_name] = self.last_sequence.get(producer_name)
+            if previous is None and len(self.last_sequence) >= self.max_dedup_producers:
+                self._forget_idle_producers()
         self.last_sequence[producer_name] = highest_sequence_id
         self._state_dirty = True
         return entry_id
+
+    def _forget_idle_producers(self) -> None:
+        """Make room in the deduplication state: drop the names of producers not attached, in the
+        order they last attached (or first sent), down to 7/8 of the bound."""
+        keep = self.max_dedup_producers - self.max_dedup_producers // 8 - 1
+        idle = [name for name in self.last_sequence if name not in self.producers and name not in self._dedup_undo]
+        forget = idle[:max(0, len(self.last_sequence) - keep)]
+        for name in forget:
+            del self.last_sequence[name]
+        if forget:
+            log.info("topic %s: deduplication state of %d idle producers forgotten (at most %d are kept)",
+                     self.name, len(forget), self.max_dedup_producers)
+
+    def _attached(self, producer: ProducerLink) -> None:
+        """Its deduplication state is the last to be forgotten."""
+        self.producers[producer.name] = producer
+        last = self.last_sequence.pop(producer.name, None)
+        if last is not None:
+            self.last_sequence[producer.name] = last
 
     def refuses(self, producer: ProducerLink, sequence_id: int) -> bool:
         """Whether this send must be refused: its producer had sends in a failed commit, and this
@@ -790,7 +817,7 @@ class Topic:
         if mode == SHARED:
             if self.exclusive_producer is not None or self.waiting_producers:
                 raise ProducerBusyError(f"{self.name} has an exclusive producer")
-            self.producers[producer.name] = producer
+            self._attached(producer)
             return 0
         if mode == EXCLUSIVE_WITH_FENCING:
             for _, _, _, refused in self.waiting_producers:
@@ -822,7 +849,7 @@ class Topic:
             self.log.pool.write_json(os.path.join(self.directory, EPOCH_FILE), {"epoch": epoch})
             self.epoch = epoch
         self.exclusive_producer = producer
-        self.producers[producer.name] = producer
+        self._attached(producer)
         return epoch
 
     def remove_producer(self, producer: ProducerLink) -> None:
