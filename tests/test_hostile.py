@@ -995,6 +995,23 @@ def _send_numbered(client, topic: str, count: int) -> None:
     producer.close()
 
 
+def _numbered_topic(broker, client, name: str, count: int):
+    """The broker's Topic `name`, holding messages b"0" to b"<count - 1>" (see _send_numbered)."""
+    _send_numbered(client, name, count)
+    return broker.call(lambda: broker.broker.core.topics[f"persistent://public/default/{name}"])
+
+
+def _drain(consumer, timeout_ms: int = 700) -> list:
+    """Every message the consumer receives until none comes for `timeout_ms`."""
+    from pulsarwire import sync
+    got = []
+    while True:
+        try:
+            got.append(consumer.receive(timeout_ms))
+        except sync.Timeout:
+            return got
+
+
 def test_a_consumer_that_acknowledges_nothing_holds_at_most_max_unacked_messages(tmp_path):
     """As Pulsar's maxUnackedMessagesPerConsumer: a consumer of a shared subscription that keeps
     granting permits but acknowledges nothing gets that many messages, then nothing until it
@@ -1004,35 +1021,26 @@ def test_a_consumer_that_acknowledges_nothing_holds_at_most_max_unacked_messages
     broker = BrokerThread(tmp_path / "data", v1_port=None, max_unacked_messages_per_consumer=100).start()
     client = sync.Client(broker.url)
     try:
-        _send_numbered(client, "unacked", 300)
+        topic = _numbered_topic(broker, client, "unacked", 300)
         consumer = client.subscribe("unacked", "s", consumer_type=sync.ConsumerType.Shared, receiver_queue_size=1000,
                                     initial_position=sync.InitialPosition.Earliest)
 
-        def drain() -> list:
-            got = []
-            while True:
-                try:
-                    got.append(consumer.receive(700))
-                except sync.Timeout:
-                    return got
-
-        held = drain()
+        held = _drain(consumer)
         assert len(held) == 100
-        subscription = broker.call(lambda: broker.broker.core.topics["persistent://public/default/unacked"]
-                                   .subscriptions["s"])
+        subscription = broker.call(lambda: topic.subscriptions["s"])
         assert broker.call(lambda: (len(subscription.owner), subscription.consumers[0].blocked)) == (100, True)
         for message in held[:49]:  # 51 still held: above half, still blocked
             consumer.acknowledge(message)
-        assert drain() == []
+        assert _drain(consumer) == []
         consumer.acknowledge(held[49])  # 50 held: half, taking again, up to 100 held
-        more = drain()
+        more = _drain(consumer)
         assert len(more) == 50
         for message in held[50:] + more:
             consumer.acknowledge(message)
-        rest = drain()
+        rest = _drain(consumer)
         for message in rest:
             consumer.acknowledge(message)
-        rest += drain()
+        rest += _drain(consumer)
         assert sorted(int(m.data()) for m in held + more + rest) == list(range(300))
     finally:
         client.close()
@@ -1057,43 +1065,34 @@ def test_an_exclusive_consumer_that_acknowledges_nothing_is_tracked_as_a_range_p
     broker = BrokerThread(tmp_path / "data", v1_port=None).start()
     client = sync.Client(broker.url)
     try:
-        _send_numbered(client, "range", 300)
-        topic = broker.call(lambda: broker.broker.core.topics["persistent://public/default/range"])
+        topic = _numbered_topic(broker, client, "range", 300)
         broker.call(lambda: setattr(topic, "max_tracked_entries", 50))
 
         def subscribe():
             return client.subscribe("range", "s", receiver_queue_size=1000, negative_ack_redelivery_delay_ms=10,
                                     initial_position=sync.InitialPosition.Earliest)
 
-        def drain(consumer, timeout_ms=700) -> list:
-            got = []
-            while True:
-                try:
-                    got.append(consumer.receive(timeout_ms))
-                except sync.Timeout:
-                    return got
-
         def tracked():
             subscription = topic.subscriptions["s"]
             return len(subscription.owner), subscription._untracked_from
 
         consumer = subscribe()
-        held = drain(consumer)
+        held = _drain(consumer)
         assert [int(m.data()) for m in held] == list(range(300))
         assert broker.call(tracked) == (50, 50)
         consumer.acknowledge_cumulative(held[99])
         wait_until(lambda: broker.call(tracked) == (0, 100))
         consumer.redeliver_unacknowledged_messages()
-        again = drain(consumer)
+        again = _drain(consumer)
         assert [int(m.data()) for m in again] == list(range(100, 300))
         assert broker.call(tracked) == (50, 150)
         consumer.negative_acknowledge(again[20])  # tracked: entry 120
         consumer.negative_acknowledge(again[80])  # untracked: entry 180
-        nacked = drain(consumer)
+        nacked = _drain(consumer)
         assert sorted((int(m.data()), m.redelivery_count()) for m in nacked) == [(120, 1), (180, 1)]
         consumer.close()  # nothing acknowledged past 99: the next consumer gets all of it
         consumer = subscribe()
-        rest = drain(consumer)
+        rest = _drain(consumer)
         assert sorted(int(m.data()) for m in rest) == list(range(100, 300))
         consumer.acknowledge_cumulative(max(rest, key=lambda m: int(m.data())))
         wait_until(lambda: broker.call(tracked) == (0, None))
@@ -1108,8 +1107,7 @@ def test_a_failover_consumer_taking_over_gets_the_untracked_range_too(tmp_path):
     broker = BrokerThread(tmp_path / "data", v1_port=None).start()
     client = sync.Client(broker.url)
     try:
-        _send_numbered(client, "failover-range", 300)
-        topic = broker.call(lambda: broker.broker.core.topics["persistent://public/default/failover-range"])
+        topic = _numbered_topic(broker, client, "failover-range", 300)
         broker.call(lambda: setattr(topic, "max_tracked_entries", 50))
 
         def subscribe(name):
@@ -1117,19 +1115,11 @@ def test_a_failover_consumer_taking_over_gets_the_untracked_range_too(tmp_path):
                                     consumer_name=name, receiver_queue_size=1000,
                                     initial_position=sync.InitialPosition.Earliest)
 
-        def drain(consumer) -> list:
-            got = []
-            while True:
-                try:
-                    got.append(int(consumer.receive(700).data()))
-                except sync.Timeout:
-                    return got
-
         first = subscribe("b")
-        assert drain(first) == list(range(300))
+        assert [int(m.data()) for m in _drain(first)] == list(range(300))
         assert broker.call(lambda: topic.subscriptions["s"]._untracked_from) == 50
         second = subscribe("a")  # first by name: the active consumer now
-        assert sorted(drain(second)) == list(range(300))
+        assert sorted(int(m.data()) for m in _drain(second)) == list(range(300))
     finally:
         client.close()
         broker.stop()
