@@ -403,12 +403,13 @@ class Producer(_Facade):
         if not self._accept(content, options, done):
             raise self._refusal
         try:
-            while True:
-                try:
-                    return MessageId.wrap(answer.result(0.1))
-                except concurrent.futures.TimeoutError:
-                    if self._loop.stopped:  # the client was shut down under this send
-                        raise errors.AlreadyClosedError("client is closed") from None
+            # wait() rather than result(timeout): the send's own TimeoutError (send timeout) is a
+            # builtin TimeoutError too, so result(0.1) could not tell it from "not answered yet"
+            while not answer.done():
+                concurrent.futures.wait((answer,), 0.1)
+                if not answer.done() and self._loop.stopped:  # the client was shut down under this send
+                    raise errors.AlreadyClosedError("client is closed")
+            return MessageId.wrap(answer.result())
         except BaseException as exc:  # noqa: BLE001 - translated, never swallowed
             raise _official_error(exc, self._closed) from exc
 

@@ -341,3 +341,26 @@ def test_a_send_waiting_for_room_answers_already_closed_when_the_client_closes(e
     hold.set()
     client.close()
     assert isinstance(outcome[0], pulsar.AlreadyClosed)
+
+
+def test_a_send_timeout_ends_a_blocking_send(tmp_path):
+    # The send's TimeoutError is also the builtin TimeoutError, which concurrent.futures raises for
+    # "not answered yet": send() once took it for the latter and waited forever.
+    from .peers import BrokerThread
+    broker = BrokerThread(tmp_path, v1_port=None).start()
+    client = pulsar.Client(broker.url, operation_timeout_seconds=2)
+    try:
+        producer = client.create_producer(unique(), send_timeout_millis=500)
+        producer.send(b"before")
+        broker.stop()  # nothing will be acknowledged now
+        started = time.monotonic()
+        outcome = []
+        sender = threading.Thread(target=lambda: outcome.append(_error_of(lambda: producer.send(b"lost"))),
+                                  daemon=True)
+        sender.start()
+        sender.join(15)
+        assert outcome and isinstance(outcome[0], pulsar.Timeout), outcome
+        assert time.monotonic() - started < 10
+    finally:
+        client.shutdown()
+        broker.stop()
