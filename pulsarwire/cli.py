@@ -196,6 +196,18 @@ async def run_broker(args) -> int:
     if args.port < 0 and args.tls_port is None:
         print("pulsarwire broker: --port -1 turns plaintext off and needs --tls-port", file=sys.stderr)
         return 2
+    partitioned = []
+    for spec in args.partitioned_topic:
+        name, _, count = spec.partition("=")
+        try:
+            partitions = int(count or 1)
+        except ValueError:
+            partitions = 0
+        if partitions < 1:
+            print(f"pulsarwire broker: --partitioned-topic {spec}: takes TOPIC=N, N a partition count of "
+                  "at least 1", file=sys.stderr)
+            return 2
+        partitioned.append((spec, name, partitions))
     broker = Broker(args.data_dir, host=args.host, port=None if args.port < 0 else args.port,
                     tls_port=args.tls_port, ssl_context=ssl_context,
                     v1_port=None if args.v1_port < 0 else args.v1_port,
@@ -215,16 +227,14 @@ async def run_broker(args) -> int:
                     v1_consume_max_bytes=DEFAULT_CONSUME_MAX_BYTES if args.v1_consume_max_bytes is None
                     else args.v1_consume_max_bytes)
     await broker.start()
-    for spec in args.partitioned_topic:
-        name, _, count = spec.partition("=")
-        from .client import topic_name
-        from .broker.core import InvalidTopicName
-        try:
-            broker.create_partitioned_topic(topic_name(name), int(count or 1))
-        except InvalidTopicName as exc:
+    from .client import topic_name
+    for spec, name, count in partitioned:
+        try:  # a bad name, a non-partitioned topic of that name, fewer partitions than it has
+            broker.create_partitioned_topic(topic_name(name), count)
+        except ValueError as exc:
             print(f"pulsarwire broker: --partitioned-topic {spec}: {exc}", file=sys.stderr)
-        except ValueError:
-            pass  # as before: a non-partitioned topic of that name exists, or a bad count
+            await broker.stop()
+            return 2
     urls = ", ".join(url for url in (broker.service_url, broker.service_url_tls) if url)
     print(f"broker: {urls}" + (f", V1 on {args.host}:{broker.v1_port}" if broker.v1 else ""), flush=True)
     try:

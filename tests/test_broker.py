@@ -189,3 +189,20 @@ def test_protocol_errors_on_the_wire(tmp_path):
         broker.stop()
     with pytest.raises(errors.PulsarWireError):
         raise errors.ProtocolError("typed")
+
+
+def test_a_partitioned_topic_gains_partitions_but_never_loses_them(tmp_path):
+    from pulsarwire.broker.core import BrokerCore
+    topic = "persistent://public/default/parted"
+    core = BrokerCore(str(tmp_path))
+    core.open()
+    core.create_partitioned_topic(topic, 3)
+    core.create_partitioned_topic(topic, 3)  # the same count again is fine
+    with pytest.raises(ValueError, match="never removed"):
+        core.create_partitioned_topic(topic, 2)  # partition 2's messages would become unreachable
+    core.create_partitioned_topic(topic, 5)
+    core.close()
+    core = BrokerCore(str(tmp_path))
+    core.open()
+    assert core.partitions_of(topic) == 5
+    core.close()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 
@@ -45,3 +46,22 @@ def test_errors_are_reported_not_dumped():
     assert result.stderr.startswith("pulsarwire: error: ConnectTimeoutError")
     assert "Traceback" not in result.stderr
     assert pulsarwire("--version").stdout.startswith("pulsarwire ")
+
+
+def test_a_partitioned_topic_flag_the_broker_cannot_honour_stops_it(tmp_path):
+    data = str(tmp_path / "data")
+    base = ["broker", "--data-dir", data, "--port", "0", "--v1-port", "-1"]
+    for spec in ("orders=x", "orders=0", "orders=-2"):
+        refused = pulsarwire(*base, "--partitioned-topic", spec, timeout=30)
+        assert refused.returncode == 2 and "takes TOPIC=N" in refused.stderr, (spec, refused.stderr)
+    broker = subprocess.Popen([sys.executable, "-m", "pulsarwire", *base, "--partitioned-topic", "orders=3"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert broker.stdout.readline().startswith("broker: pulsar://127.0.0.1:")
+    finally:
+        broker.send_signal(signal.SIGINT)
+        broker.wait(30)
+    # fewer partitions would hide what the others hold; a bad name is reported, not skipped
+    for spec, says in (("orders=2", "never removed"), ("a//b=2", "invalid topic name")):
+        refused = pulsarwire(*base, "--partitioned-topic", spec, timeout=30)
+        assert refused.returncode == 2 and says in refused.stderr, (spec, refused.stderr)

@@ -155,6 +155,9 @@ class BrokerCore:
         self.check_topic_name(name, partitions)
         if self.non_partitioned_exists(name):
             raise ValueError(f"{name} already exists as a non-partitioned topic")
+        existing = self._partitioned.get(name, 0)
+        if partitions < existing:  # the dropped partitions' messages would become unreachable
+            raise ValueError(f"{name} has {existing} partitions; partitions can be added, never removed")
         self._partitioned[name] = partitions
         self.files.write_json(self._metadata_path(), self._partitioned)
 
