@@ -1,4 +1,5 @@
-"""The command line: the main job, perf, produce/consume against a broker it starts."""
+"""The command line: the main job and perf (on a broker they start, or a service URL), produce/consume
+(on a running broker), the broker's own flags."""
 from __future__ import annotations
 
 import json
@@ -65,3 +66,21 @@ def test_a_partitioned_topic_flag_the_broker_cannot_honour_stops_it(tmp_path):
     for spec, says in (("orders=2", "never removed"), ("a//b=2", "invalid topic name")):
         refused = pulsarwire(*base, "--partitioned-topic", spec, timeout=30)
         assert refused.returncode == 2 and says in refused.stderr, (spec, refused.stderr)
+
+
+def test_produce_and_consume_talk_to_a_running_broker_never_a_throwaway_one(embedded):
+    from pulsarwire.cli import DEFAULT_SERVICE_URL, parse_args
+    # without a URL: where `pulsarwire broker` listens by default, not a temporary broker that
+    # would take the messages and drop them
+    assert parse_args(["produce", "t", "-m", "x"]).service_url == DEFAULT_SERVICE_URL == "pulsar://127.0.0.1:6650"
+    assert parse_args(["consume", "t"]).service_url == DEFAULT_SERVICE_URL
+    assert parse_args(["perf", "produce"]).service_url is None  # a load test may start its own
+    # client options given before the subcommand are kept, not reset by the subcommand's defaults
+    args = parse_args(["--service-url", "pulsar://h:1", "--token", "t0", "--operation-timeout", "3", "consume", "t"])
+    assert (args.service_url, args.token, args.operation_timeout) == ("pulsar://h:1", "t0", 3)
+    assert parse_args(["consume", "t"]).operation_timeout == 30
+    topic = unique("cli-global")
+    sent = pulsarwire("--service-url", embedded.url, "produce", topic, "-m", "kept")
+    assert sent.returncode == 0, sent.stderr
+    got = pulsarwire("--service-url", embedded.url, "consume", topic, "--earliest", "--timeout", "10")
+    assert got.returncode == 0 and "b'kept'" in got.stdout, got.stderr
