@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import signal
 import sys
 import tempfile
 import time
@@ -246,6 +247,11 @@ async def run_broker(args) -> int:
             return 2
     urls = ", ".join(url for url in (broker.service_url, broker.service_url_tls) if url)
     print(f"broker: {urls}" + (f", V1 on {args.host}:{broker.v1_port}" if broker.v1 else ""), flush=True)
+    # SIGTERM (kill, docker stop, systemd) stops the broker as Ctrl-C does: cursors and state written
+    with contextlib.suppress(NotImplementedError):  # no signal handlers on Windows' event loops
+        serving = asyncio.current_task()
+        assert serving is not None
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, serving.cancel)
     try:
         await broker.serve_forever()
     except asyncio.CancelledError:

@@ -84,3 +84,37 @@ def test_produce_and_consume_talk_to_a_running_broker_never_a_throwaway_one(embe
     assert sent.returncode == 0, sent.stderr
     got = pulsarwire("--service-url", embedded.url, "consume", topic, "--earliest", "--timeout", "10")
     assert got.returncode == 0 and "b'kept'" in got.stdout, got.stderr
+
+
+def test_sigterm_stops_the_broker_as_ctrl_c_does(tmp_path):
+    from pulsarwire import InitialPosition
+    from pulsarwire.blocking import Client
+    from .peers import free_port
+    port = free_port()
+    command = [sys.executable, "-m", "pulsarwire", "broker", "--data-dir", str(tmp_path), "--port", str(port),
+               "--v1-port", "-1"]
+    broker = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert broker.stdout.readline().startswith("broker: ")
+        with Client(f"pulsar://127.0.0.1:{port}") as client:
+            producer = client.create_producer("t", batching_enabled=False)  # an ack of one entry each
+            consumer = client.subscribe("t", "s", initial_position=InitialPosition.Earliest, ack_group_time_ms=0)
+            producer.send_many([b"1", b"2"])
+            consumer.acknowledge(consumer.receive(5000))
+            producer.send(b"3")  # on the same connection after the ack: the broker has the ack
+        broker.send_signal(signal.SIGTERM)  # before the 0.2 s cursor round: the stop writes the cursor
+        _, err = broker.communicate(timeout=30)
+        assert broker.returncode == 0 and "Traceback" not in err, err
+    finally:
+        if broker.poll() is None:
+            broker.kill()
+            broker.wait()
+    broker = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert broker.stdout.readline().startswith("broker: ")
+        with Client(f"pulsar://127.0.0.1:{port}") as client:
+            assert client.subscribe("t", "s").receive(5000).data() == b"2"
+    finally:
+        broker.send_signal(signal.SIGTERM)
+        broker.communicate(timeout=30)
+    assert broker.returncode == 0
