@@ -206,3 +206,32 @@ def test_a_partitioned_topic_gains_partitions_but_never_loses_them(tmp_path):
     core.open()
     assert core.partitions_of(topic) == 5
     core.close()
+
+
+def test_a_subscription_survives_kill_9_right_after_it_was_made(tmp_path):
+    """A subscription is on disk once its subscribe is answered: after kill -9, it is not made
+    again at its initial position (Latest), which would skip what was published meanwhile."""
+    broker = BrokerProcess(tmp_path / "data").start()
+
+    async def before_the_kill():
+        async with Client(broker.url) as client:
+            await client.subscribe("subkill", "s")  # Latest: starts at the end, which is empty
+            producer = await client.create_producer("subkill", batching_enabled=False)
+            await producer.send(b"1")
+            await producer.send(b"2")
+            broker.kill()  # before the 0.2 s round that writes changed cursors
+
+    try:
+        run(before_the_kill())
+    except errors.PulsarWireError:
+        pass  # closing against a dead broker
+    broker.start()
+
+    async def after_the_restart():
+        async with Client(broker.url) as client:
+            consumer = await client.subscribe("subkill", "s")
+            assert (await consumer.receive(5000)).data() == b"1"
+    try:
+        run(after_the_restart())
+    finally:
+        broker.stop()
