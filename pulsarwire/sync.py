@@ -418,6 +418,8 @@ class Producer(_Facade):
                    deliver_at=None, deliver_after=None) -> None:
         """Queue a message; `callback(result, message_id)` runs once the broker has it, or with the
         error's Result (and MessageId(-1, -1, -1, -1)) when it fails - a full queue included."""
+        if callback is not None and not callable(callback):  # refused at the call, as the official client does
+            raise TypeError(f"send_async callback must be callable(result, message_id), not {type(callback).__name__}")
         official.check_content(content, self._schema)
         options = official.send_options(properties, partition_key, ordering_key, sequence_id, replication_clusters,
                                         disable_replication, event_timestamp, deliver_at, deliver_after)

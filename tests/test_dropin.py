@@ -364,3 +364,15 @@ def test_a_send_timeout_ends_a_blocking_send(tmp_path):
     finally:
         client.shutdown()
         broker.stop()
+
+
+def test_send_async_refuses_a_callback_that_cannot_be_called(embedded):
+    client = pulsar.Client(embedded.url)
+    try:
+        producer = client.create_producer(unique())
+        with pytest.raises(TypeError, match="callable"):
+            producer.send_async(b"x", "not a function")  # once only logged when the receipt came
+        producer.send_async(b"y", None)  # None: no callback, as the official client allows
+        producer.flush()
+    finally:
+        client.close()
