@@ -386,6 +386,14 @@ def test_blocking_facade(embedded):
             consumer.acknowledge(m)
         with pytest.raises(errors.TimeoutError):
             consumer.receive(100)
+        producer.send_many([b"many-%d" % i for i in range(5)])
+        many = []
+        while len(many) < 5:
+            batch = consumer.receive_many(10, 5000)  # the asyncio client's call, without await
+            assert batch
+            many += batch
+        assert [m.data() for m in many] == [b"many-%d" % i for i in range(5)]
+        assert consumer.receive_many(10, 100) == []
         reader = client.create_reader(topic, MessageId.earliest)
         assert reader.read_next(5000).data() == b"0"
     finally:
