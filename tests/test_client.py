@@ -293,6 +293,24 @@ def test_chunking_large_message(embedded):
     run(main())
 
 
+def test_the_message_size_limit_counts_metadata_and_payload_as_the_official_client_does(embedded):
+    limit = 5 * 1024 * 1024
+
+    async def main():
+        topic = unique()
+        async with client_for(embedded) as client:
+            consumer = await client.subscribe(topic, "c", initial_position=EARLIEST)
+            for batching in (False, True):
+                producer = await client.create_producer(topic, batching_enabled=batching)
+                near = b"n" * (limit - 512)  # fits with its metadata: the official client sends it
+                await producer.send(near)
+                assert (await consumer.receive(10000)).data() == near
+                with pytest.raises(errors.MessageTooBigError):
+                    await producer.send(b"o" * (limit - 1))  # with its metadata it does not fit
+                await producer.close()
+    run(main())
+
+
 def test_queue_full_and_send_timeout(tmp_path):
     from .peers import BrokerThread
 

@@ -240,11 +240,12 @@ class PartitionProducer(Reconnecting):
         if parent._compression:
             metadata.compression = parent._compression
             metadata.uncompressed_size = len(payload)
-        if len(body) > limit - 1024:
+        # the broker's limit is on metadata and payload together, as the official client counts
+        if len(body) + metadata.ByteSize() > limit:
             if not parent._chunking:
                 future.set_exception(MessageTooBigError(
-                    f"message of {len(body)} bytes is over the broker's {limit}-byte limit; "
-                    "enable chunking_enabled to send it"))
+                    f"message of {len(body)} bytes (and {metadata.ByteSize()} of metadata) is over the "
+                    f"broker's {limit}-byte limit; enable chunking_enabled to send it"))
                 self.parent._release(1)
                 return
             self._send_chunks(metadata, body, limit - 1024, future)
