@@ -235,3 +235,21 @@ def test_a_subscription_survives_kill_9_right_after_it_was_made(tmp_path):
         run(after_the_restart())
     finally:
         broker.stop()
+
+
+def test_a_second_broker_on_a_data_dir_in_use_is_refused(tmp_path):
+    """Two brokers appending to the same logs lost what one of them acknowledged."""
+    from pulsarwire.broker.server import Broker
+    from pulsarwire.broker.storage import DataDirInUseError
+
+    async def main():
+        async with Broker(str(tmp_path), v1_port=None):
+            with pytest.raises(DataDirInUseError, match="in use by another broker"):
+                await Broker(str(tmp_path), v1_port=None).start()
+        async with Broker(str(tmp_path), v1_port=None) as first:  # free again once the first stopped
+            # a broker whose listener cannot start gives the data dir back
+            with pytest.raises(OSError):
+                await Broker(str(tmp_path / "other"), v1_port=None, port=first.port).start()
+            async with Broker(str(tmp_path / "other"), v1_port=None):
+                pass
+    run(main())
