@@ -90,8 +90,11 @@ class DataDirLock:
                                     f"(process {owner} holds {self.path})") from None
         except OSError as exc:  # a file system without locks: run, but say that nothing guards the dir
             log.warning("cannot lock %s (%s): nothing stops a second broker on this data dir", self.path, exc)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        try:  # who holds it, for the error a second broker reports; a full disk must not stop a start
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+        except OSError:
+            pass
         self._fd = fd
 
     def release(self) -> None:
