@@ -205,6 +205,10 @@ class Consumer:
     def receive(self, timeout_millis: int | None = None) -> Message:
         return self._loop.run(self._consumer.receive(timeout_millis))
 
+    def receive_many(self, max_messages: int = 1000, timeout_millis: int | None = None) -> list[Message]:
+        """Up to `max_messages` already queued messages, waiting for the first; [] on timeout."""
+        return self._loop.run(self._consumer.receive_many(max_messages, timeout_millis))
+
     def acknowledge(self, message: Message | MessageId) -> None:
         self._loop.call(self._consumer.acknowledge, message)
 

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import signal
 import sys
 import tempfile
 import time
@@ -21,10 +22,19 @@ from . import __version__, codec
 from .client import Client, InitialPosition
 
 
-def _add_client_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--service-url", help="pulsar://host:port of a cluster; default: start the embedded broker")
-    parser.add_argument("--token", help="authentication token")
-    parser.add_argument("--operation-timeout", type=float, default=30,
+# produce and consume talk to a running broker: a throwaway embedded one would take their messages
+# and drop them. This is where `pulsarwire broker` listens by default.
+DEFAULT_SERVICE_URL = "pulsar://127.0.0.1:6650"
+
+
+def _add_client_options(parser: argparse.ArgumentParser, service_url: str = "start the embedded broker",
+                        top_level: bool = False) -> None:
+    # A subcommand's copies default to SUPPRESS, so that `pulsarwire --service-url URL produce ...`
+    # keeps the URL given before the subcommand instead of overwriting it with the default.
+    unset: dict = {} if top_level else {"default": argparse.SUPPRESS}
+    parser.add_argument("--service-url", help=f"pulsar://host:port of a cluster; default: {service_url}", **unset)
+    parser.add_argument("--token", help="authentication token", **unset)
+    parser.add_argument("--operation-timeout", type=float, **({"default": 30} if top_level else unset),
                         help="seconds an operation may take, connection retries included (default 30)")
 
 
@@ -44,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pulsarwire", description="Apache Pulsar binary protocol, fast.")
     parser.add_argument("--version", action="version", version=f"pulsarwire {__version__} ({codec.IMPLEMENTATION} codec)")
     parser.add_argument("-v", "--verbose", action="store_true")
-    _add_client_options(parser)
+    _add_client_options(parser, top_level=True)
     _add_load_options(parser, messages=200_000, duration=0)
     sub = parser.add_subparsers(dest="command")
 
@@ -105,14 +115,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="most record bytes in one V1 CONSUME reply (default 8 MiB)")
 
     produce = sub.add_parser("produce", help="send messages")
-    _add_client_options(produce)
+    _add_client_options(produce, service_url=DEFAULT_SERVICE_URL)
     produce.add_argument("topic")
     produce.add_argument("-m", "--message", action="append", default=[], help="message text (repeatable)")
     produce.add_argument("-k", "--key")
     produce.add_argument("-n", "--count", type=int, default=1, help="send each message this many times")
 
     consume = sub.add_parser("consume", help="receive and acknowledge messages")
-    _add_client_options(consume)
+    _add_client_options(consume, service_url=DEFAULT_SERVICE_URL)
     consume.add_argument("topic")
     consume.add_argument("-s", "--subscription", default="pulsarwire-cli")
     consume.add_argument("-n", "--count", type=int, default=1, help="messages to receive (0: until interrupted)")
@@ -196,6 +206,18 @@ async def run_broker(args) -> int:
     if args.port < 0 and args.tls_port is None:
         print("pulsarwire broker: --port -1 turns plaintext off and needs --tls-port", file=sys.stderr)
         return 2
+    partitioned = []
+    for spec in args.partitioned_topic:
+        name, _, count = spec.partition("=")
+        try:
+            partitions = int(count or 1)
+        except ValueError:
+            partitions = 0
+        if partitions < 1:
+            print(f"pulsarwire broker: --partitioned-topic {spec}: takes TOPIC=N, N a partition count of "
+                  "at least 1", file=sys.stderr)
+            return 2
+        partitioned.append((spec, name, partitions))
     broker = Broker(args.data_dir, host=args.host, port=None if args.port < 0 else args.port,
                     tls_port=args.tls_port, ssl_context=ssl_context,
                     v1_port=None if args.v1_port < 0 else args.v1_port,
@@ -215,18 +237,21 @@ async def run_broker(args) -> int:
                     v1_consume_max_bytes=DEFAULT_CONSUME_MAX_BYTES if args.v1_consume_max_bytes is None
                     else args.v1_consume_max_bytes)
     await broker.start()
-    for spec in args.partitioned_topic:
-        name, _, count = spec.partition("=")
-        from .client import topic_name
-        from .broker.core import InvalidTopicName
-        try:
-            broker.create_partitioned_topic(topic_name(name), int(count or 1))
-        except InvalidTopicName as exc:
+    from .client import topic_name
+    for spec, name, count in partitioned:
+        try:  # a bad name, a non-partitioned topic of that name, fewer partitions than it has
+            broker.create_partitioned_topic(topic_name(name), count)
+        except ValueError as exc:
             print(f"pulsarwire broker: --partitioned-topic {spec}: {exc}", file=sys.stderr)
-        except ValueError:
-            pass  # as before: a non-partitioned topic of that name exists, or a bad count
+            await broker.stop()
+            return 2
     urls = ", ".join(url for url in (broker.service_url, broker.service_url_tls) if url)
     print(f"broker: {urls}" + (f", V1 on {args.host}:{broker.v1_port}" if broker.v1 else ""), flush=True)
+    # SIGTERM (kill, docker stop, systemd) stops the broker as Ctrl-C does: cursors and state written
+    with contextlib.suppress(NotImplementedError):  # no signal handlers on Windows' event loops
+        serving = asyncio.current_task()
+        assert serving is not None
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, serving.cancel)
     try:
         await broker.serve_forever()
     except asyncio.CancelledError:
@@ -284,8 +309,15 @@ async def run_perf(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
+    if args.command in ("produce", "consume") and not args.service_url:
+        args.service_url = DEFAULT_SERVICE_URL
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     runner = {None: main_job, "broker": run_broker, "produce": run_produce, "consume": run_consume,

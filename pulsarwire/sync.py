@@ -409,12 +409,13 @@ class Producer(_Facade):
         if not self._accept(content, options, done):
             raise self._refusal
         try:
-            while True:
-                try:
-                    return MessageId.wrap(answer.result(0.1))
-                except concurrent.futures.TimeoutError:
-                    if self._loop.stopped:  # the client was shut down under this send
-                        raise errors.AlreadyClosedError("client is closed") from None
+            # wait() rather than result(timeout): the send's own TimeoutError (send timeout) is a
+            # builtin TimeoutError too, so result(0.1) could not tell it from "not answered yet"
+            while not answer.done():
+                concurrent.futures.wait((answer,), 0.1)
+                if not answer.done() and self._loop.stopped:  # the client was shut down under this send
+                    raise errors.AlreadyClosedError("client is closed")
+            return MessageId.wrap(answer.result())
         except BaseException as exc:  # noqa: BLE001 - translated, never swallowed
             raise _official_error(exc, self._closed) from exc
 
@@ -423,6 +424,8 @@ class Producer(_Facade):
                    deliver_at=None, deliver_after=None) -> None:
         """Queue a message; `callback(result, message_id)` runs once the broker has it, or with the
         error's Result (and MessageId(-1, -1, -1, -1)) when it fails - a full queue included."""
+        if callback is not None and not callable(callback):  # refused at the call, as the official client does
+            raise TypeError(f"send_async callback must be callable(result, message_id), not {type(callback).__name__}")
         official.check_content(content, self._schema)
         options = official.send_options(properties, partition_key, ordering_key, sequence_id, replication_clusters,
                                         disable_replication, event_timestamp, deliver_at, deliver_after)

@@ -189,3 +189,67 @@ def test_protocol_errors_on_the_wire(tmp_path):
         broker.stop()
     with pytest.raises(errors.PulsarWireError):
         raise errors.ProtocolError("typed")
+
+
+def test_a_partitioned_topic_gains_partitions_but_never_loses_them(tmp_path):
+    from pulsarwire.broker.core import BrokerCore
+    topic = "persistent://public/default/parted"
+    core = BrokerCore(str(tmp_path))
+    core.open()
+    core.create_partitioned_topic(topic, 3)
+    core.create_partitioned_topic(topic, 3)  # the same count again is fine
+    with pytest.raises(ValueError, match="never removed"):
+        core.create_partitioned_topic(topic, 2)  # partition 2's messages would become unreachable
+    core.create_partitioned_topic(topic, 5)
+    core.close()
+    core = BrokerCore(str(tmp_path))
+    core.open()
+    assert core.partitions_of(topic) == 5
+    core.close()
+
+
+def test_a_subscription_survives_kill_9_right_after_it_was_made(tmp_path):
+    """A subscription is on disk once its subscribe is answered: after kill -9, it is not made
+    again at its initial position (Latest), which would skip what was published meanwhile."""
+    broker = BrokerProcess(tmp_path / "data").start()
+
+    async def before_the_kill():
+        async with Client(broker.url) as client:
+            await client.subscribe("subkill", "s")  # Latest: starts at the end, which is empty
+            producer = await client.create_producer("subkill", batching_enabled=False)
+            await producer.send(b"1")
+            await producer.send(b"2")
+            broker.kill()  # before the 0.2 s round that writes changed cursors
+
+    try:
+        run(before_the_kill())
+    except errors.PulsarWireError:
+        pass  # closing against a dead broker
+    broker.start()
+
+    async def after_the_restart():
+        async with Client(broker.url) as client:
+            consumer = await client.subscribe("subkill", "s")
+            assert (await consumer.receive(5000)).data() == b"1"
+    try:
+        run(after_the_restart())
+    finally:
+        broker.stop()
+
+
+def test_a_second_broker_on_a_data_dir_in_use_is_refused(tmp_path):
+    """Two brokers appending to the same logs lost what one of them acknowledged."""
+    from pulsarwire.broker.server import Broker
+    from pulsarwire.broker.storage import DataDirInUseError
+
+    async def main():
+        async with Broker(str(tmp_path), v1_port=None):
+            with pytest.raises(DataDirInUseError, match="in use by another broker"):
+                await Broker(str(tmp_path), v1_port=None).start()
+        async with Broker(str(tmp_path), v1_port=None) as first:  # free again once the first stopped
+            # a broker whose listener cannot start gives the data dir back
+            with pytest.raises(OSError):
+                await Broker(str(tmp_path / "other"), v1_port=None, port=first.port).start()
+            async with Broker(str(tmp_path / "other"), v1_port=None):
+                pass
+    run(main())

@@ -1,7 +1,9 @@
-"""The command line: the main job, perf, produce/consume against a broker it starts."""
+"""The command line: the main job and perf (on a broker they start, or a service URL), produce/consume
+(on a running broker), the broker's own flags."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 
@@ -45,3 +47,74 @@ def test_errors_are_reported_not_dumped():
     assert result.stderr.startswith("pulsarwire: error: ConnectTimeoutError")
     assert "Traceback" not in result.stderr
     assert pulsarwire("--version").stdout.startswith("pulsarwire ")
+
+
+def test_a_partitioned_topic_flag_the_broker_cannot_honour_stops_it(tmp_path):
+    data = str(tmp_path / "data")
+    base = ["broker", "--data-dir", data, "--port", "0", "--v1-port", "-1"]
+    for spec in ("orders=x", "orders=0", "orders=-2"):
+        refused = pulsarwire(*base, "--partitioned-topic", spec, timeout=30)
+        assert refused.returncode == 2 and "takes TOPIC=N" in refused.stderr, (spec, refused.stderr)
+    broker = subprocess.Popen([sys.executable, "-m", "pulsarwire", *base, "--partitioned-topic", "orders=3"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert broker.stdout.readline().startswith("broker: pulsar://127.0.0.1:")
+    finally:
+        broker.send_signal(signal.SIGINT)
+        broker.wait(30)
+    # fewer partitions would hide what the others hold; a bad name is reported, not skipped
+    for spec, says in (("orders=2", "never removed"), ("a//b=2", "invalid topic name")):
+        refused = pulsarwire(*base, "--partitioned-topic", spec, timeout=30)
+        assert refused.returncode == 2 and says in refused.stderr, (spec, refused.stderr)
+
+
+def test_produce_and_consume_talk_to_a_running_broker_never_a_throwaway_one(embedded):
+    from pulsarwire.cli import DEFAULT_SERVICE_URL, parse_args
+    # without a URL: where `pulsarwire broker` listens by default, not a temporary broker that
+    # would take the messages and drop them
+    assert parse_args(["produce", "t", "-m", "x"]).service_url == DEFAULT_SERVICE_URL == "pulsar://127.0.0.1:6650"
+    assert parse_args(["consume", "t"]).service_url == DEFAULT_SERVICE_URL
+    assert parse_args(["perf", "produce"]).service_url is None  # a load test may start its own
+    # client options given before the subcommand are kept, not reset by the subcommand's defaults
+    args = parse_args(["--service-url", "pulsar://h:1", "--token", "t0", "--operation-timeout", "3", "consume", "t"])
+    assert (args.service_url, args.token, args.operation_timeout) == ("pulsar://h:1", "t0", 3)
+    assert parse_args(["consume", "t"]).operation_timeout == 30
+    topic = unique("cli-global")
+    sent = pulsarwire("--service-url", embedded.url, "produce", topic, "-m", "kept")
+    assert sent.returncode == 0, sent.stderr
+    got = pulsarwire("--service-url", embedded.url, "consume", topic, "--earliest", "--timeout", "10")
+    assert got.returncode == 0 and "b'kept'" in got.stdout, got.stderr
+
+
+def test_sigterm_stops_the_broker_as_ctrl_c_does(tmp_path):
+    from pulsarwire import InitialPosition
+    from pulsarwire.blocking import Client
+    from .peers import free_port
+    port = free_port()
+    command = [sys.executable, "-m", "pulsarwire", "broker", "--data-dir", str(tmp_path), "--port", str(port),
+               "--v1-port", "-1"]
+    broker = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert broker.stdout.readline().startswith("broker: ")
+        with Client(f"pulsar://127.0.0.1:{port}") as client:
+            producer = client.create_producer("t", batching_enabled=False)  # an ack of one entry each
+            consumer = client.subscribe("t", "s", initial_position=InitialPosition.Earliest, ack_group_time_ms=0)
+            producer.send_many([b"1", b"2"])
+            consumer.acknowledge(consumer.receive(5000))
+            producer.send(b"3")  # on the same connection after the ack: the broker has the ack
+        broker.send_signal(signal.SIGTERM)  # before the 0.2 s cursor round: the stop writes the cursor
+        _, err = broker.communicate(timeout=30)
+        assert broker.returncode == 0 and "Traceback" not in err, err
+    finally:
+        if broker.poll() is None:
+            broker.kill()
+            broker.wait()
+    broker = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert broker.stdout.readline().startswith("broker: ")
+        with Client(f"pulsar://127.0.0.1:{port}") as client:
+            assert client.subscribe("t", "s").receive(5000).data() == b"2"
+    finally:
+        broker.send_signal(signal.SIGTERM)
+        broker.communicate(timeout=30)
+    assert broker.returncode == 0

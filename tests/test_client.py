@@ -293,6 +293,67 @@ def test_chunking_large_message(embedded):
     run(main())
 
 
+def test_a_message_too_big_for_the_broker_fails_at_once_and_the_connection_stays(embedded):
+    """A batch or chunk frame over the broker's limit made the broker close the connection, and
+    the resend after each reconnect met the same fate: a reconnect every 100 ms, forever."""
+    async def main():
+        topic = unique()
+        async with client_for(embedded) as client:
+            consumer = await client.subscribe(topic, "c", initial_position=EARLIEST)
+            batching = await client.create_producer(topic, batching_enabled=True)
+            with pytest.raises(errors.MessageTooBigError):  # properties past the limit, in a batch
+                await asyncio.wait_for(batching.send(b"x", properties={"k": "v" * 6_000_000}), 10)
+            big_batch = await client.create_producer(topic, batching_enabled=True, batching_max_messages=10,
+                                                     batching_max_allowed_size_in_bytes=64 * 1024 * 1024)
+            halves = [await big_batch.send_async(b"%d" % i * (3 * 1024 * 1024)) for i in range(2)]
+            for half in halves:  # two batches: one never grows past the broker's limit
+                assert (await asyncio.wait_for(half, 10)).entry_id >= 0
+            chunking = await client.create_producer(topic, batching_enabled=False, chunking_enabled=True)
+            big = bytes(range(256)) * (12 * 1024 * 1024 // 256)
+            properties = {"k": "p" * 4096}  # every chunk carries them
+            await asyncio.wait_for(chunking.send(big, properties=properties), 20)
+            with pytest.raises(errors.MessageTooBigError):
+                await asyncio.wait_for(chunking.send(b"x", properties={"k": "v" * 6_000_000}), 10)
+            await batching.send(b"after")
+            got = [(await consumer.receive(10000)) for _ in range(4)]
+            assert [len(m.data()) for m in got] == [3 * 1024 * 1024, 3 * 1024 * 1024, len(big), 5]
+            assert got[2].data() == big and got[2].properties() == properties
+    run(main())
+
+
+def test_a_sender_waiting_for_room_is_released_when_the_connection_closes(embedded):
+    async def main():
+        async with client_for(embedded) as client:
+            producer = await client.create_producer(unique())
+            conn = producer._partitions[0].conn
+            conn.pause_writing()  # the transport's buffer is full
+            waiting = asyncio.ensure_future(conn.drain())
+            await asyncio.sleep(0.05)
+            assert not waiting.done()
+            conn.abort()
+            await asyncio.wait_for(waiting, 2)  # waited forever on a dead connection
+            await producer.send(b"after the reconnect")
+    run(main())
+
+
+def test_the_message_size_limit_counts_metadata_and_payload_as_the_official_client_does(embedded):
+    limit = 5 * 1024 * 1024
+
+    async def main():
+        topic = unique()
+        async with client_for(embedded) as client:
+            consumer = await client.subscribe(topic, "c", initial_position=EARLIEST)
+            for batching in (False, True):
+                producer = await client.create_producer(topic, batching_enabled=batching)
+                near = b"n" * (limit - 512)  # fits with its metadata: the official client sends it
+                await producer.send(near)
+                assert (await consumer.receive(10000)).data() == near
+                with pytest.raises(errors.MessageTooBigError):
+                    await producer.send(b"o" * (limit - 1))  # with its metadata it does not fit
+                await producer.close()
+    run(main())
+
+
 def test_queue_full_and_send_timeout(tmp_path):
     from .peers import BrokerThread
 
@@ -386,6 +447,14 @@ def test_blocking_facade(embedded):
             consumer.acknowledge(m)
         with pytest.raises(errors.TimeoutError):
             consumer.receive(100)
+        producer.send_many([b"many-%d" % i for i in range(5)])
+        many = []
+        while len(many) < 5:
+            batch = consumer.receive_many(10, 5000)  # the asyncio client's call, without await
+            assert batch
+            many += batch
+        assert [m.data() for m in many] == [b"many-%d" % i for i in range(5)]
+        assert consumer.receive_many(10, 100) == []
         reader = client.create_reader(topic, MessageId.earliest)
         assert reader.read_next(5000).data() == b"0"
     finally:

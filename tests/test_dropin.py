@@ -361,3 +361,38 @@ def test_client_close_sends_what_send_async_had_queued(embedded):
         assert [reader.read_next(5000).data() for _ in range(200)] == [b"%d" % i for i in range(200)]
     finally:
         check.close()
+
+
+def test_a_send_timeout_ends_a_blocking_send(tmp_path):
+    # The send's TimeoutError is also the builtin TimeoutError, which concurrent.futures raises for
+    # "not answered yet": send() once took it for the latter and waited forever.
+    from .peers import BrokerThread
+    broker = BrokerThread(tmp_path, v1_port=None).start()
+    client = pulsar.Client(broker.url, operation_timeout_seconds=2)
+    try:
+        producer = client.create_producer(unique(), send_timeout_millis=500)
+        producer.send(b"before")
+        broker.stop()  # nothing will be acknowledged now
+        started = time.monotonic()
+        outcome = []
+        sender = threading.Thread(target=lambda: outcome.append(_error_of(lambda: producer.send(b"lost"))),
+                                  daemon=True)
+        sender.start()
+        sender.join(15)
+        assert outcome and isinstance(outcome[0], pulsar.Timeout), outcome
+        assert time.monotonic() - started < 10
+    finally:
+        client.shutdown()
+        broker.stop()
+
+
+def test_send_async_refuses_a_callback_that_cannot_be_called(embedded):
+    client = pulsar.Client(embedded.url)
+    try:
+        producer = client.create_producer(unique())
+        with pytest.raises(TypeError, match="callable"):
+            producer.send_async(b"x", "not a function")  # once only logged when the receipt came
+        producer.send_async(b"y", None)  # None: no callback, as the official client allows
+        producer.flush()
+    finally:
+        client.close()

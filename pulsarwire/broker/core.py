@@ -11,8 +11,8 @@ import logging
 import os
 import urllib.parse
 
-from .storage import (DEFAULT_MAX_CACHE_BYTES, SYNC_INTERVAL, EntryCache, FileOps, FilePool, StorageError,
-                      read_json, topic_directory)
+from .storage import (DEFAULT_MAX_CACHE_BYTES, SYNC_INTERVAL, DataDirLock, EntryCache, FileOps, FilePool,
+                      StorageError, read_json, topic_directory)
 from .topics import LEDGERS_FILE, Topic
 
 log = logging.getLogger("pulsarwire.broker")
@@ -79,16 +79,22 @@ class BrokerCore:
         self._names = itertools.count()
         self._partitioned: dict[str, int] = {}
         self._next_ledger_id = 1  # ledger 0 is what entries stored before ledger ids carry
+        self._lock = DataDirLock(self.data_dir)  # one broker per data dir
 
     def open(self) -> None:
         os.makedirs(self.data_dir, exist_ok=True)
-        self._partitioned = read_json(self._metadata_path(), {})
-        state_path = os.path.join(self.data_dir, "broker.json")
-        state = read_json(state_path, {})
-        self.generation = int(state.get("generation", 0)) + 1
-        self.files.write_json(state_path, dict(state, generation=self.generation))
-        allocation = read_json(self._ledgers_path(), None)
-        self._next_ledger_id = allocation["next"] if allocation else self._highest_ledger_on_disk() + 1
+        self._lock.acquire()  # DataDirInUseError when another broker has this data dir
+        try:
+            self._partitioned = read_json(self._metadata_path(), {})
+            state_path = os.path.join(self.data_dir, "broker.json")
+            state = read_json(state_path, {})
+            self.generation = int(state.get("generation", 0)) + 1
+            self.files.write_json(state_path, dict(state, generation=self.generation))
+            allocation = read_json(self._ledgers_path(), None)
+            self._next_ledger_id = allocation["next"] if allocation else self._highest_ledger_on_disk() + 1
+        except BaseException:
+            self._lock.release()
+            raise
 
     # ledger ids: unique per broker across topics and restarts, as in Pulsar
 
@@ -117,6 +123,7 @@ class BrokerCore:
             topic.close()
         self.topics.clear()
         self.files.stop_syncs()
+        self._lock.release()
 
     # topics
 
@@ -155,6 +162,9 @@ class BrokerCore:
         self.check_topic_name(name, partitions)
         if self.non_partitioned_exists(name):
             raise ValueError(f"{name} already exists as a non-partitioned topic")
+        existing = self._partitioned.get(name, 0)
+        if partitions < existing:  # the dropped partitions' messages would become unreachable
+            raise ValueError(f"{name} has {existing} partitions; partitions can be added, never removed")
         self._partitioned[name] = partitions
         self.files.write_json(self._metadata_path(), self._partitioned)
 

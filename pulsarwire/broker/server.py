@@ -106,6 +106,14 @@ class Broker:
         if self.tls_port is not None and self.ssl_context is None:
             raise ValueError("tls_port needs an ssl_context")
         self.core.open()
+        try:
+            await self._start_listeners()
+        except BaseException:
+            await self.stop()  # the data dir's lock too: a broker may start on it again
+            raise
+        return self
+
+    async def _start_listeners(self) -> None:
         self._fit_descriptor_limit()
         loop = asyncio.get_running_loop()
         if self.port is not None:
@@ -127,7 +135,6 @@ class Broker:
             self.v1_port = await self.v1.start(self.host, self.v1_port)
         self._background = asyncio.ensure_future(self._maintain())
         log.info("broker on %s (data in %s)", self.service_url or self.service_url_tls, self.data_dir)
-        return self
 
     def _fit_descriptor_limit(self) -> None:
         """By default connections (Pulsar and V1 together) plus open segment files fit in the

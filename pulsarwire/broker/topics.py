@@ -759,6 +759,14 @@ class Topic:
         subscription = Subscription(self, name, sub_type, durable, Cursor(mark))
         self.subscriptions[name] = subscription
         subscription.dirty = durable
+        if durable:
+            # on disk before the subscribe is answered, as in Pulsar: after a crash, the subscription
+            # must not be made again at its initial position, skipping what was published meanwhile
+            try:
+                self.save()
+            except StorageError:
+                del self.subscriptions[name]
+                raise
         return subscription
 
     def drop_subscription(self, name: str) -> None:

@@ -148,6 +148,7 @@ class Connection(asyncio.Protocol):
         if self.closed:
             return
         self.closed = True
+        self._can_write.set()  # a sender waiting in drain() for room must not wait on a dead connection
         self.session.connection_lost()
         if self._keepalive is not None:
             self._keepalive.cancel()

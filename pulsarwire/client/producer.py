@@ -218,7 +218,7 @@ class PartitionProducer(Reconnecting):
         # As the official client, a message over batching_max_allowed_size_in_bytes still goes in
         # a batch (of one), so its id has batch index 0; only delayed or too-big ones go alone.
         batchable = parent._batching and options.get("deliver_at") is None and \
-            not options.get("partition_key_b64_encoded") and len(payload) <= limit - 1024
+            not options.get("partition_key_b64_encoded") and len(payload) + _options_size(options) <= limit - 1024
         if batchable:
             if self._batch.num_messages and self._batch.size + len(payload) > parent._batching_max_bytes:
                 self.flush_batch()
@@ -240,14 +240,19 @@ class PartitionProducer(Reconnecting):
         if parent._compression:
             metadata.compression = parent._compression
             metadata.uncompressed_size = len(payload)
-        if len(body) > limit - 1024:
-            if not parent._chunking:
+        # the broker's limit is on metadata and payload together, as the official client counts
+        metadata_size = metadata.ByteSize()
+        if len(body) + metadata_size > limit:
+            # every chunk carries the metadata, plus about 1 KiB of chunk fields at most
+            chunk_size = limit - metadata_size - 1024
+            if not parent._chunking or chunk_size < 1024:
                 future.set_exception(MessageTooBigError(
-                    f"message of {len(body)} bytes is over the broker's {limit}-byte limit; "
-                    "enable chunking_enabled to send it"))
+                    f"message of {len(body)} bytes (and {metadata_size} of metadata) is over the broker's "
+                    f"{limit}-byte limit; " + ("its metadata leaves no room for chunks" if parent._chunking
+                                               else "enable chunking_enabled to send it")))
                 self.parent._release(1)
                 return
-            self._send_chunks(metadata, body, limit - 1024, future)
+            self._send_chunks(metadata, body, chunk_size, future)
             return
         frame = codec.encode_payload_command(self._send_command(sequence_id, sequence_id, 1), metadata, body)
         self._enqueue(_OpSend(sequence_id, sequence_id, 1, frame, [future]))
@@ -259,6 +264,8 @@ class PartitionProducer(Reconnecting):
             self.send(payload, _NO_OPTIONS, future)
             return
         batch = self._batch
+        if batch.num_messages and batch.size + len(payload) > parent._batching_max_bytes:
+            self.flush_batch()  # as send(): a batch stays within its byte limit
         sequence_id = self._take_sequence_id(None)
         if batch.num_messages == 0:
             self._batch_first_sequence = sequence_id
@@ -397,6 +404,14 @@ class PartitionProducer(Reconnecting):
             md.compression = kind
             md.uncompressed_size = len(raw)
             raw = compression.compress(kind, raw)
+        limit = self.conn.max_message_size if self.conn else codec.DEFAULT_MAX_MESSAGE_SIZE
+        if len(raw) + md.ByteSize() > limit:
+            # the broker would close the connection on this frame, and the resend after each
+            # reconnect would meet the same fate: the batch's messages fail here instead
+            _fail_op(futures, bulk, MessageTooBigError(
+                f"a batch of {count} messages, {len(raw)} bytes, is over the broker's {limit}-byte limit"))
+            self.parent._release(len(futures))
+            return
         frame = codec.encode_payload_command(self._send_command(first, highest, count), md, raw)
         self._enqueue(_OpSend(first, highest, count, frame, futures, batched=True, bulk=bulk))
 
@@ -508,6 +523,14 @@ class PartitionProducer(Reconnecting):
         self._fail_all(ConnectionClosedError("producer closed"))
 
 
+def _options_size(options: dict) -> int:
+    """About what a message's key, ordering key and properties add to it in a batch."""
+    size = len(options.get("partition_key") or "") + len(options.get("ordering_key") or b"")
+    for key, value in (options.get("properties") or {}).items():
+        size += len(key) + len(value)
+    return size
+
+
 def _fail_op(futures: list, bulk: list | None, error: BaseException) -> None:
     for future in futures:
         if future is not None and not future.done():
@@ -555,7 +578,8 @@ class Producer:
         self._block = block_if_queue_full
         self._batching = batching_enabled
         self._batching_max_messages = batching_max_messages
-        self._batching_max_bytes = batching_max_allowed_size_in_bytes
+        # as the Java client: a batch never grows past what the broker takes in one message
+        self._batching_max_bytes = min(batching_max_allowed_size_in_bytes, codec.DEFAULT_MAX_MESSAGE_SIZE - 1024)
         self._batching_delay = batching_max_publish_delay_ms / 1000
         self._chunking = chunking_enabled
         self._metadata = properties or {}
