@@ -376,7 +376,7 @@ def _stats(broker) -> dict:
     return broker.call(broker.broker.pulsar.stats)
 
 
-def _eventually(predicate, timeout: float = 5.0, step: float = 0.05):
+def _eventually(predicate, timeout: float = 30.0, step: float = 0.05):
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -504,9 +504,8 @@ def test_consumer_that_never_reads_is_bounded_and_its_memory_freed_on_close(stri
     consumer = Raw(strict.broker.port, receive_buffer=16 * 1024)
     assert consumer.subscribe(topic).type == T.SUCCESS
     consumer.flow(1, 100_000)
-    time.sleep(0.5)
+    assert _eventually(lambda: _stats(strict)["paused_connections"] == 1)
     stats = _stats(strict)
-    assert stats["paused_connections"] == 1
     assert stats["output_bytes"] <= 64 * 1024 + 2 * len(body) + 1024
     consumer.close()  # without reading: what was queued for it is dropped
     assert _eventually(lambda: _stats(strict)["connections"] == 0)
@@ -832,7 +831,7 @@ def test_v1_half_sent_line_is_closed_after_the_frame_timeout(strict_v1):
     with socket.create_connection(("127.0.0.1", strict_v1.v1_port), timeout=5) as s:
         for piece in (b"V1|2|", b"PI", b"NG|\n"):  # slow, but each line within the timeout
             s.sendall(piece)
-            time.sleep(0.4)
+            time.sleep(0.2)  # the line takes 0.4 s: well within the 1 s timeout, also on a loaded machine
         assert s.makefile("rb").readline() == b"V1|2|OK|PONG\n"
     assert _v1_stats(strict_v1)["line_timeouts"] == 1
     assert _eventually(lambda: _v1_stats(strict_v1)["connections"] == 0)
@@ -916,9 +915,10 @@ def test_v1_pipelined_requests_without_reading_hold_at_most_the_output_budget(st
             hostile.sendall(requests)  # 60 MB of replies if the broker answered them all
         except (socket.timeout, ConnectionError):
             pass
-        time.sleep(0.5)
-        stats = _v1_stats(strict_v1)
-        assert stats["paused_connections"] == 1 and stats["output_pauses"] >= 1
+        # caught while paused, before the frame timeout aborts it
+        stats = _eventually(lambda: (lambda s: s if s["paused_connections"] == 1 else None)(_v1_stats(strict_v1)),
+                            step=0.01)
+        assert stats and stats["paused_connections"] == 1 and stats["output_pauses"] >= 1
         # the budget, one reply over it, and the lines waiting for their turn
         assert stats["held_bytes"] <= 64 * 1024 + 40 * 1024 + len(requests)
         # it read none of its replies for the frame timeout: aborted, what it held is freed
@@ -1009,6 +1009,7 @@ def test_a_consumer_that_acknowledges_nothing_holds_at_most_max_unacked_messages
                                     initial_position=sync.InitialPosition.Earliest)
 
         def drain() -> list:
+            """What comes without waiting: the broker has stopped sending when nothing comes in 0.7 s."""
             got = []
             while True:
                 try:
@@ -1016,7 +1017,12 @@ def test_a_consumer_that_acknowledges_nothing_holds_at_most_max_unacked_messages
                 except sync.Timeout:
                     return got
 
-        held = drain()
+        def take(count: int) -> list:
+            """`count` messages the broker is due to send, however slowly they come, and nothing more."""
+            got = [consumer.receive(30_000) for _ in range(count)]
+            return got + drain()
+
+        held = take(100)
         assert len(held) == 100
         subscription = broker.call(lambda: broker.broker.core.topics["persistent://public/default/unacked"]
                                    .subscriptions["s"])
@@ -1025,14 +1031,14 @@ def test_a_consumer_that_acknowledges_nothing_holds_at_most_max_unacked_messages
             consumer.acknowledge(message)
         assert drain() == []
         consumer.acknowledge(held[49])  # 50 held: half, taking again, up to 100 held
-        more = drain()
+        more = take(50)
         assert len(more) == 50
         for message in held[50:] + more:
             consumer.acknowledge(message)
-        rest = drain()
+        rest = take(100)  # up to 100 held again
         for message in rest:
             consumer.acknowledge(message)
-        rest += drain()
+        rest += take(50)
         assert sorted(int(m.data()) for m in held + more + rest) == list(range(300))
     finally:
         client.close()
