@@ -1282,10 +1282,12 @@ program("receive_unblocked_by_close")("""
     client = pulsar.Client('pulsar://localhost:6650')
     consumer = client.subscribe('my-topic', 'my-subscription')
     outcome = []
+    calling = threading.Event()
 
     def worker():
+        calling.set()
         try:
-            consumer.receive()
+            consumer.receive(10000)  # a long timeout, not none: see shutdown_ends_blocked_calls
             outcome.append('message')
         except pulsar.AlreadyClosed:
             outcome.append('AlreadyClosed')
@@ -1294,9 +1296,10 @@ program("receive_unblocked_by_close")("""
 
     thread = threading.Thread(target=worker)
     thread.start()
-    time.sleep(0.3)
+    calling.wait(30)
+    time.sleep(0.3)  # blocked in receive (the official receive blocks for good if made after close)
     consumer.close()
-    thread.join(5)
+    thread.join(30)
     print(outcome, thread.is_alive())
     client.close()
 """)
