@@ -120,7 +120,8 @@ def topic_name(prefix="repro") -> str:
 
 
 def read_all(url, topic, *, timeout_ms=600, limit=None) -> list[bytes]:
-    """Everything a fresh official consumer receives from the start of the topic."""
+    """Everything a fresh official consumer receives from the start of the topic (never empty
+    here): the first message may take long on a loaded machine, the end is a `timeout_ms` gap."""
     client = official(url)
     try:
         consumer = client.subscribe(topic, f"read-{uuid.uuid4().hex[:6]}",
@@ -129,7 +130,7 @@ def read_all(url, topic, *, timeout_ms=600, limit=None) -> list[bytes]:
         out = []
         while limit is None or len(out) < limit:
             try:
-                msg = consumer.receive(timeout_millis=timeout_ms)
+                msg = consumer.receive(timeout_millis=timeout_ms if out else 30_000)
             except pulsar.Timeout:
                 break
             out.append(msg.data())
