@@ -321,8 +321,14 @@ class Client(_Facade):
             handle._stop_listening()
             handle._closed = True
         self._closed = True
+
+        async def close():
+            for handle in self._handles:  # what send_async queued goes out first, as producer.close() does
+                if isinstance(handle, Producer):
+                    await handle._handed_over()
+            await self._client.close()
         try:
-            self._run(self._client.close(), closed_check=False)
+            self._run(close(), closed_check=False)
         finally:
             self._listeners.stop()
             self._loop.stop()
@@ -526,7 +532,7 @@ class Producer(_Facade):
     async def _handed_over(self) -> None:
         """Wait until every send accepted so far is on the producer."""
         while self._hand_over is not None:
-            await _asyncio.shield(self._hand_over)
+            await _asyncio.wait([self._hand_over])  # its sends' errors went to their callers
 
     def flush(self) -> None:
         """Send what is batched and wait until the broker has every pending message."""

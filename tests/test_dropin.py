@@ -341,3 +341,23 @@ def test_a_send_waiting_for_room_answers_already_closed_when_the_client_closes(e
     hold.set()
     client.close()
     assert isinstance(outcome[0], pulsar.AlreadyClosed)
+
+
+def test_client_close_sends_what_send_async_had_queued(embedded):
+    client = pulsar.Client(embedded.url)
+    topic = unique()
+    producer = client.create_producer(topic, batching_enabled=True, batching_max_messages=10)
+    hold = threading.Event()
+    client._loop.loop.call_soon_threadsafe(hold.wait, 10)  # sends stay queued in the facade meanwhile
+    outcomes = []
+    for index in range(200):
+        producer.send_async(b"%d" % index, lambda result, _: outcomes.append(result))
+    threading.Timer(0.2, hold.set).start()
+    client.close()  # sends what is pending, as producer.close() does
+    assert outcomes == [pulsar.Result.Ok] * 200
+    check = pulsar.Client(embedded.url)
+    try:
+        reader = check.create_reader(topic, pulsar.MessageId.earliest)
+        assert [reader.read_next(5000).data() for _ in range(200)] == [b"%d" % i for i in range(200)]
+    finally:
+        check.close()

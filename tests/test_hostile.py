@@ -995,6 +995,30 @@ def _send_numbered(client, topic: str, count: int) -> None:
     producer.close()
 
 
+def _numbered_topic(broker, client, name: str, count: int):
+    """The broker's Topic `name`, holding messages b"0" to b"<count - 1>" (see _send_numbered)."""
+    _send_numbered(client, name, count)
+    return broker.call(lambda: broker.broker.core.topics[f"persistent://public/default/{name}"])
+
+
+def _drain(consumer, timeout_ms: int = 700) -> list:
+    """Every message the consumer receives until none comes for `timeout_ms`: what comes
+    without waiting (to check that nothing more comes; see _take for what the broker owes)."""
+    from pulsarwire import sync
+    got = []
+    while True:
+        try:
+            got.append(consumer.receive(timeout_ms))
+        except sync.Timeout:
+            return got
+
+
+def _take(consumer, count: int) -> list:
+    """The `count` messages the broker owes the consumer, each waited for up to 30 s (on a loaded
+    machine one can take longer than _drain's gap), then whatever more comes without waiting."""
+    return [consumer.receive(30_000) for _ in range(count)] + _drain(consumer)
+
+
 def test_a_consumer_that_acknowledges_nothing_holds_at_most_max_unacked_messages(tmp_path):
     """As Pulsar's maxUnackedMessagesPerConsumer: a consumer of a shared subscription that keeps
     granting permits but acknowledges nothing gets that many messages, then nothing until it
@@ -1004,42 +1028,132 @@ def test_a_consumer_that_acknowledges_nothing_holds_at_most_max_unacked_messages
     broker = BrokerThread(tmp_path / "data", v1_port=None, max_unacked_messages_per_consumer=100).start()
     client = sync.Client(broker.url)
     try:
-        _send_numbered(client, "unacked", 300)
+        topic = _numbered_topic(broker, client, "unacked", 300)
         consumer = client.subscribe("unacked", "s", consumer_type=sync.ConsumerType.Shared, receiver_queue_size=1000,
                                     initial_position=sync.InitialPosition.Earliest)
 
-        def drain() -> list:
-            """What comes without waiting: the broker has stopped sending when nothing comes in 0.7 s."""
-            got = []
-            while True:
-                try:
-                    got.append(consumer.receive(700))
-                except sync.Timeout:
-                    return got
-
-        def take(count: int) -> list:
-            """`count` messages the broker is due to send, however slowly they come, and nothing more."""
-            got = [consumer.receive(30_000) for _ in range(count)]
-            return got + drain()
-
-        held = take(100)
+        held = _take(consumer, 100)
         assert len(held) == 100
-        subscription = broker.call(lambda: broker.broker.core.topics["persistent://public/default/unacked"]
-                                   .subscriptions["s"])
+        subscription = broker.call(lambda: topic.subscriptions["s"])
         assert broker.call(lambda: (len(subscription.owner), subscription.consumers[0].blocked)) == (100, True)
         for message in held[:49]:  # 51 still held: above half, still blocked
             consumer.acknowledge(message)
-        assert drain() == []
+        assert _drain(consumer) == []
         consumer.acknowledge(held[49])  # 50 held: half, taking again, up to 100 held
-        more = take(50)
+        more = _take(consumer, 50)
         assert len(more) == 50
         for message in held[50:] + more:
             consumer.acknowledge(message)
-        rest = take(100)  # up to 100 held again
+        rest = _take(consumer, 100)  # up to 100 held again
         for message in rest:
             consumer.acknowledge(message)
-        rest += take(50)
+        rest += _take(consumer, 50)
         assert sorted(int(m.data()) for m in held + more + rest) == list(range(300))
+    finally:
+        client.close()
+        broker.stop()
+
+
+def wait_until(condition, timeout: float = 30.0) -> None:
+    """Polls `condition` until it holds (AssertionError after `timeout` seconds)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+def test_an_exclusive_consumer_that_acknowledges_nothing_is_tracked_as_a_range_past_the_bound(tmp_path):
+    """Exclusive and Failover consumers are not blocked at max_unacked_messages (as in Pulsar), so
+    past max_tracked_entries what the active consumer is sent is one range, not an entry each:
+    the broker's memory stays bounded, and nothing is lost: a redelivery or the next consumer
+    gets every entry not acknowledged, tracked or not."""
+    from pulsarwire import sync
+
+    broker = BrokerThread(tmp_path / "data", v1_port=None).start()
+    client = sync.Client(broker.url)
+    try:
+        topic = _numbered_topic(broker, client, "range", 300)
+        broker.call(lambda: setattr(topic, "max_tracked_entries", 50))
+
+        def subscribe():
+            return client.subscribe("range", "s", receiver_queue_size=1000, negative_ack_redelivery_delay_ms=10,
+                                    initial_position=sync.InitialPosition.Earliest)
+
+        def tracked():
+            subscription = topic.subscriptions["s"]
+            return len(subscription.owner), subscription._untracked_from
+
+        consumer = subscribe()
+        held = _take(consumer, 300)
+        assert [int(m.data()) for m in held] == list(range(300))
+        assert broker.call(tracked) == (50, 50)
+        consumer.acknowledge_cumulative(held[99])
+        wait_until(lambda: broker.call(tracked) == (0, 100))
+        consumer.redeliver_unacknowledged_messages()
+        again = _take(consumer, 200)
+        assert [int(m.data()) for m in again] == list(range(100, 300))
+        assert broker.call(tracked) == (50, 150)
+        consumer.negative_acknowledge(again[20])  # tracked: entry 120
+        consumer.negative_acknowledge(again[80])  # untracked: entry 180
+        nacked = _take(consumer, 2)
+        assert sorted((int(m.data()), m.redelivery_count()) for m in nacked) == [(120, 1), (180, 1)]
+        consumer.close()  # nothing acknowledged past 99: the next consumer gets all of it
+        consumer = subscribe()
+        rest = _take(consumer, 200)
+        assert sorted(int(m.data()) for m in rest) == list(range(100, 300))
+        consumer.acknowledge_cumulative(max(rest, key=lambda m: int(m.data())))
+        wait_until(lambda: broker.call(tracked) == (0, None))
+    finally:
+        client.close()
+        broker.stop()
+
+
+def test_a_failover_consumer_taking_over_gets_the_untracked_range_too(tmp_path):
+    from pulsarwire import sync
+
+    broker = BrokerThread(tmp_path / "data", v1_port=None).start()
+    client = sync.Client(broker.url)
+    try:
+        topic = _numbered_topic(broker, client, "failover-range", 300)
+        broker.call(lambda: setattr(topic, "max_tracked_entries", 50))
+
+        def subscribe(name):
+            return client.subscribe("failover-range", "s", consumer_type=sync.ConsumerType.Failover,
+                                    consumer_name=name, receiver_queue_size=1000,
+                                    initial_position=sync.InitialPosition.Earliest)
+
+        first = subscribe("b")
+        assert [int(m.data()) for m in _take(first, 300)] == list(range(300))
+        assert broker.call(lambda: topic.subscriptions["s"]._untracked_from) == 50
+        second = subscribe("a")  # first by name: the active consumer now
+        assert sorted(int(m.data()) for m in _take(second, 300)) == list(range(300))
+    finally:
+        client.close()
+        broker.stop()
+
+
+def test_deduplication_state_keeps_at_most_max_dedup_producers_names(tmp_path):
+    """Each producer name that sent costs the topic's deduplication state an entry, written with
+    every save: past the bound the names of producers not attached are forgotten, the ones
+    attached longest ago first, and never an attached producer's."""
+    from pulsarwire import sync
+
+    broker = BrokerThread(tmp_path / "data", v1_port=None).start()
+    client = sync.Client(broker.url)
+    try:
+        steady = client.create_producer("dedup-names", producer_name="steady")
+        steady.send(b"first", sequence_id=10)
+        topic = broker.call(lambda: broker.broker.core.topics["persistent://public/default/dedup-names"])
+        broker.call(lambda: setattr(topic, "max_dedup_producers", 4))
+        for n in range(8):
+            producer = client.create_producer("dedup-names", producer_name=f"once-{n}")
+            producer.send(b"%d" % n, sequence_id=5)
+            producer.close()
+        names = broker.call(lambda: list(topic.last_sequence))
+        assert len(names) <= 4 and "steady" in names and "once-7" in names
+        assert steady.send(b"again", sequence_id=10).entry_id() == -1  # still a duplicate for it
+        forgotten = client.create_producer("dedup-names", producer_name="once-0")
+        assert forgotten.send(b"0 again", sequence_id=5).entry_id() >= 0  # starts afresh
     finally:
         client.close()
         broker.stop()

@@ -35,7 +35,18 @@ LATEST = 1 << 63  # a start position after every entry
 # A seek closes the consumers so they re-subscribe at the new position; a non-durable
 # subscription (a reader) is kept this long for them instead of ending with its last consumer.
 SEEK_RETAIN_SECONDS = 30.0
+# An Exclusive or Failover subscription tracks at most this many delivered, unacknowledged entries
+# one by one (about 200 bytes each); past it, what the active consumer is sent is remembered as
+# one range, sent again from its start when that consumer asks for redelivery or goes (entries
+# of that range it asks for one by one are tracked again, up to twice this many).
+MAX_TRACKED_ENTRIES = 100_000
+# Deduplication state is kept for at most this many producer names per topic (as Pulsar's
+# brokerDeduplicationMaxNumberOfProducers): past it, names of producers not attached are
+# forgotten, those attached longest ago first; a producer coming back under a forgotten name
+# starts afresh (a resend of what it sent before is stored again, not answered as a duplicate).
+MAX_DEDUP_PRODUCERS = 10_000
 _SubType = pb.CommandSubscribe
+_SINGLE_ACTIVE = (_SubType.Exclusive, _SubType.Failover)
 
 
 def start_entry(entry_id: int, topic_log: TopicLog) -> int:
@@ -149,6 +160,10 @@ class Subscription:
         self._parked: list[int] = []  # sticky: entries whose key hash no consumer owns yet
         self._range_starts: list[int] = []
         self._range_owners: list[tuple[int, ConsumerLink]] = []
+        # Exclusive and Failover past topic.max_tracked_entries: entries from _untracked_from up to
+        # read_position were sent to _untracked_consumer without being tracked one by one
+        self._untracked_from: int | None = None
+        self._untracked_consumer: ConsumerLink | None = None
 
     # consumers
 
@@ -192,6 +207,7 @@ class Subscription:
             self.consumers.remove(consumer)
         self._index_ranges()
         self._requeue(list(consumer.pending), consumer)
+        self._rewind_untracked(consumer)
         self._update_active()
         self.dispatch()
         if not self.durable and not self.consumers and time.monotonic() >= self.retained_until:
@@ -209,7 +225,7 @@ class Subscription:
             del self.topic.subscriptions[self.name]
 
     def _update_active(self) -> None:
-        if self.type not in (_SubType.Failover, _SubType.Exclusive):
+        if self.type not in _SINGLE_ACTIVE:
             return
         ordered = sorted(self.consumers, key=lambda c: (c.priority, c.name))
         if not ordered:
@@ -222,6 +238,7 @@ class Subscription:
             self.active = active
             if previous is not None and previous in self.consumers:
                 self._requeue(list(previous.pending), previous)
+                self._rewind_untracked(previous)
             if self.type == _SubType.Failover:
                 for consumer in self.consumers:
                     consumer.active_changed(consumer is active)
@@ -251,6 +268,11 @@ class Subscription:
         else:
             cursor.ack(entry_id)
             self._settle(entry_id)
+        if self._untracked_from is not None and cursor.mark_delete >= self._untracked_from:
+            # what the range held is acknowledged up to there: a rewind need not read it again
+            self._untracked_from = cursor.mark_delete + 1
+            if self._untracked_from >= self.read_position:
+                self._untracked_from = self._untracked_consumer = None
         self.dirty = True
         return True
 
@@ -271,7 +293,31 @@ class Subscription:
         """Send again what `consumer` holds (all of it when `entry_ids` is None)."""
         entries = entry_ids if entry_ids else list(consumer.pending)
         self._requeue([e for e in entries if self.owner.get(e) is consumer], consumer)
+        if self._untracked_consumer is consumer:
+            # the untracked ones asked for are sent again one by one, and then tracked: while what
+            # is tracked stays within twice the bound (past it, the whole range again)
+            if entry_ids and len(self.owner) + len(self._redeliver) + len(entry_ids) <= \
+                    2 * self.topic.max_tracked_entries:
+                self._requeue_untracked(entry_ids)
+            else:
+                self._rewind_untracked(consumer)
         self.dispatch()
+
+    def _rewind_untracked(self, consumer: ConsumerLink) -> None:
+        """What `consumer` was sent untracked is read again from the log from where that began
+        (entries acknowledged meanwhile are skipped there)."""
+        if self._untracked_consumer is consumer:
+            self.read_position = min(self.read_position, cast(int, self._untracked_from))
+            self._untracked_from = self._untracked_consumer = None
+
+    def _requeue_untracked(self, entry_ids: list[int]) -> None:
+        start, end = cast(int, self._untracked_from), self.read_position
+        for entry_id in entry_ids:
+            if start <= entry_id < end and entry_id not in self._redeliver_set and \
+                    not self.cursor.is_acked(entry_id):
+                self._redeliver_set.add(entry_id)
+                heapq.heappush(self._redeliver, entry_id)
+                self.redelivery_counts[entry_id] = self.redelivery_counts.get(entry_id, 0) + 1
 
     def _requeue(self, entries, consumer: ConsumerLink) -> None:
         for entry_id in entries:
@@ -295,6 +341,7 @@ class Subscription:
         self._parked.clear()
         self.owner.clear()
         self.redelivery_counts.clear()
+        self._untracked_from = self._untracked_consumer = None
         for consumer in self.consumers:
             consumer.pending.clear()
             consumer.unacked_messages = 0
@@ -360,7 +407,7 @@ class Subscription:
     def _pick(self, entry) -> ConsumerLink | object | None:
         """The consumer to send `entry` to; None when that consumer cannot take it now;
         _UNASSIGNED when no sticky consumer owns its key hash."""
-        if self.type in (_SubType.Exclusive, _SubType.Failover):
+        if self.type in _SINGLE_ACTIVE:
             active = self.active
             return active if active is not None and active.permits > 0 and active.writable and not active.blocked \
                 else None
@@ -420,6 +467,12 @@ class Subscription:
                               ack_set_words(partial, entry.num_messages) if partial else None)
                 messages = entry.num_messages
                 consumer.permits -= messages
+                if not redelivery and self.type in _SINGLE_ACTIVE and (
+                        self._untracked_from is not None or len(self.owner) >= self.topic.max_tracked_entries):
+                    if self._untracked_from is None:  # past the bound: the rest is one range
+                        self._untracked_from = entry_id
+                        self._untracked_consumer = consumer
+                    continue
                 consumer.pending[entry_id] = messages
                 consumer.unacked_messages += messages
                 if consumer.unacked_messages >= self.topic.max_unacked_messages > 0 and \
@@ -525,6 +578,8 @@ class Topic:
         # a consumer holding this many unacknowledged messages gets no more until it holds half
         # (0: no limit): what the subscription tracks per consumer stays bounded
         self.max_unacked_messages = max_unacked_messages
+        self.max_tracked_entries = MAX_TRACKED_ENTRIES
+        self.max_dedup_producers = MAX_DEDUP_PRODUCERS
         self.partition = _partition_index(name)
         self.directory = directory
         self.log = TopicLog(self.directory, segment_bytes=segment_bytes, sync_policy=sync_policy, pool=pool,
@@ -622,10 +677,31 @@ class Topic:
             self.deliver_at[entry_id] = deliver_at_time
         undo = self._dedup_undo
         if producer_name not in undo:
-            undo[producer_name] = self.last_sequence.get(producer_name)
+            previous = undo[producer_name] = self.last_sequence.get(producer_name)
+            if previous is None and len(self.last_sequence) >= self.max_dedup_producers:
+                self._forget_idle_producers()
         self.last_sequence[producer_name] = highest_sequence_id
         self._state_dirty = True
         return entry_id
+
+    def _forget_idle_producers(self) -> None:
+        """Make room in the deduplication state: drop the names of producers not attached, in the
+        order they last attached (or first sent), down to 7/8 of the bound."""
+        keep = self.max_dedup_producers - self.max_dedup_producers // 8 - 1
+        idle = [name for name in self.last_sequence if name not in self.producers and name not in self._dedup_undo]
+        forget = idle[:max(0, len(self.last_sequence) - keep)]
+        for name in forget:
+            del self.last_sequence[name]
+        if forget:
+            log.info("topic %s: deduplication state of %d idle producers forgotten (at most %d are kept)",
+                     self.name, len(forget), self.max_dedup_producers)
+
+    def _attached(self, producer: ProducerLink) -> None:
+        """Its deduplication state is the last to be forgotten."""
+        self.producers[producer.name] = producer
+        last = self.last_sequence.pop(producer.name, None)
+        if last is not None:
+            self.last_sequence[producer.name] = last
 
     def refuses(self, producer: ProducerLink, sequence_id: int) -> bool:
         """Whether this send must be refused: its producer had sends in a failed commit, and this
@@ -741,7 +817,7 @@ class Topic:
         if mode == SHARED:
             if self.exclusive_producer is not None or self.waiting_producers:
                 raise ProducerBusyError(f"{self.name} has an exclusive producer")
-            self.producers[producer.name] = producer
+            self._attached(producer)
             return 0
         if mode == EXCLUSIVE_WITH_FENCING:
             for _, _, _, refused in self.waiting_producers:
@@ -773,7 +849,7 @@ class Topic:
             self.log.pool.write_json(os.path.join(self.directory, EPOCH_FILE), {"epoch": epoch})
             self.epoch = epoch
         self.exclusive_producer = producer
-        self.producers[producer.name] = producer
+        self._attached(producer)
         return epoch
 
     def remove_producer(self, producer: ProducerLink) -> None:
