@@ -39,3 +39,31 @@ def batch_frame(twin, payloads, compression=0, with_checksum=True, **add_kwargs)
 
 
 PING = pb.BaseCommand(type=pb.BaseCommand.PING, ping=pb.CommandPing())
+
+
+PATIENCE = 30.0  # how long a test waits for something a loaded machine may be slow to do
+
+
+def wait_until(predicate, timeout: float = PATIENCE, step: float = 0.02):
+    """Poll `predicate` until it returns something true or `timeout` passes; its last value.
+    For what the code under test does in the background: a fixed sleep is too short on a
+    loaded machine and too long on an idle one."""
+    import time
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(step)
+
+
+async def wait_until_async(predicate, timeout: float = PATIENCE, step: float = 0.02):
+    """`wait_until` on an event loop: the loop goes on running while it waits."""
+    import asyncio
+    import time
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        await asyncio.sleep(step)

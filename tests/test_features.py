@@ -15,7 +15,7 @@ from urllib.parse import parse_qs
 
 import pytest
 
-from pulsarwire import errors
+from pulsarwire import MessageId, errors
 from pulsarwire.client import (
     AuthenticationBasic, AuthenticationOauth2, AuthenticationTLS, AuthenticationToken, Client, ConsumerType,
     DeadLetterPolicy, InitialPosition, NegativeAckRedeliveryBackoff,
@@ -298,7 +298,10 @@ def test_dead_letter_after_ack_timeout_with_named_topic_and_initial_subscription
             await producer.send(b"ignored")
             assert (await consumer.receive(5000)).redelivery_count() == 0  # never acknowledged
             assert (await consumer.receive(5000)).redelivery_count() == 1
-            await asyncio.sleep(0.6)  # the second timeout sends it to the dead letter topic
+            # the second timeout sends it to the dead letter topic (a reader, not a subscription, waits for it)
+            watcher = await client.create_reader(dead_topic, MessageId.earliest)
+            assert (await watcher.read_next(30_000)).data() == b"ignored"
+            await watcher.close()
             await consumer.close()
             # the initial subscription existed before the dead letter was written
             kept = await client.subscribe(dead_topic, "keep")

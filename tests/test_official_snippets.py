@@ -1282,10 +1282,12 @@ program("receive_unblocked_by_close")("""
     client = pulsar.Client('pulsar://localhost:6650')
     consumer = client.subscribe('my-topic', 'my-subscription')
     outcome = []
+    calling = threading.Event()
 
     def worker():
+        calling.set()
         try:
-            consumer.receive()
+            consumer.receive(10000)  # a long timeout, not none: see shutdown_ends_blocked_calls
             outcome.append('message')
         except pulsar.AlreadyClosed:
             outcome.append('AlreadyClosed')
@@ -1294,9 +1296,10 @@ program("receive_unblocked_by_close")("""
 
     thread = threading.Thread(target=worker)
     thread.start()
-    time.sleep(0.3)
+    calling.wait(30)
+    time.sleep(0.3)  # blocked in receive (the official receive blocks for good if made after close)
     consumer.close()
-    thread.join(5)
+    thread.join(30)
     print(outcome, thread.is_alive())
     client.close()
 """)
@@ -1477,22 +1480,28 @@ program("shutdown_ends_blocked_calls")("""
     consumer = client.subscribe('my-topic', 'my-subscription')
     reader = client.create_reader('my-topic', pulsar.MessageId.latest)
     outcome = []
+    calling = [threading.Event(), threading.Event()]
 
-    def wait_for(call, name):
+    def wait_for(call, name, started):
+        started.set()
         try:
             call()
             outcome.append((name, 'message'))
         except pulsar.PulsarException as error:
             outcome.append((name, type(error).__name__))
 
-    threads = [threading.Thread(target=wait_for, args=(consumer.receive, 'receive')),
-               threading.Thread(target=wait_for, args=(reader.read_next, 'read_next'))]
+    # long timeouts, not none: on a loaded machine the official client's close now and then leaves
+    # its blocked calls blocked, and a call that never returns would keep the process from ending
+    threads = [threading.Thread(target=wait_for, args=(lambda: consumer.receive(10000), 'receive', calling[0])),
+               threading.Thread(target=wait_for, args=(lambda: reader.read_next(10000), 'read_next', calling[1]))]
     for thread in threads:
         thread.start()
-    time.sleep(0.3)
+    for started in calling:
+        started.wait(30)
+    time.sleep(0.3)  # both are blocked in their call (the official client's block for good if made after close)
     client.close()
     for thread in threads:
-        thread.join(5)
+        thread.join(30)
     print(sorted(outcome), [thread.is_alive() for thread in threads])
 """)
 
@@ -2052,15 +2061,22 @@ RECORD_PROGRAMS = {"json_schema_record", "avro_schema_record", "json_schema_fiel
 def test_program_runs_the_same_with_pulsarwire(brokers, name):
     plain, secured = brokers
     broker = secured if name in AUTH_PROGRAMS else plain
-    outputs = {}
-    for variant, source in (("pulsar", PROGRAMS[name]), ("pulsarwire", swapped(PROGRAMS[name]))):
+
+    def run_variant(variant: str, source: str) -> list[str]:
         prefix = f"r{next(_RUNS)}{variant[:4]}-"
         for topic, partitions in PARTITIONED.get(name, {}).items():
             broker.call(broker.broker.create_partitioned_topic,
                         f"persistent://public/default/{prefix}{topic}", partitions)
-        outputs[variant] = run_program(source, broker.url, prefix)
-    assert not any(line.startswith("RAISED") for line in outputs["pulsar"]), outputs["pulsar"]
-    assert outputs["pulsarwire"] == outputs["pulsar"]
+        return run_program(source, broker.url, prefix)
+
+    official = run_variant("pulsar", PROGRAMS[name])
+    ours = run_variant("pulsarwire", swapped(PROGRAMS[name]))
+    if ours != official:
+        # the reference itself is now and then caught by a race on a loaded machine (its close
+        # leaving a blocked call blocked): a second official run decides; pulsarwire's is not repeated
+        official = run_variant("pulsar", PROGRAMS[name])
+    assert not any(line.startswith("RAISED") for line in official), official
+    assert ours == official
 
 
 # --- regressions found by the programs above -----------------------------------------------

@@ -19,6 +19,7 @@ from pulsarwire._proto import PulsarApi_pb2 as pb
 from pulsarwire.routing import murmur3_32
 
 from .conftest import unique
+from .helpers import wait_until
 from .peers import BrokerThread
 
 pulsar = pytest.importorskip("pulsar")
@@ -105,8 +106,11 @@ def test_reader_subscription_left_after_seek_is_dropped_once_unused(broker, offi
     drain(reader.read_next, 200)
     reader.seek(pulsar.MessageId.earliest)
     reader.close()
-    time.sleep(0.5)
-    assert broker.call(lambda: dict(broker.broker.topics[f"persistent://public/default/{topic}"].subscriptions)) == {}
+
+    def subscriptions() -> dict:
+        return broker.call(lambda: dict(broker.broker.topics[f"persistent://public/default/{topic}"].subscriptions))
+    wait_until(lambda: subscriptions() == {})
+    assert subscriptions() == {}
 
 
 # -- producer access modes ---------------------------------------------------------------------

@@ -23,6 +23,7 @@ from pulsarwire.broker.core import DUPLICATE, BrokerCore
 from pulsarwire.broker.topics import ProducerLink
 from pulsarwire.broker.storage import HEADER_SIZE, CorruptEntryError, FileOps, FilePool, TopicLog, topic_directory
 
+from .helpers import wait_until_async
 from .peers import BrokerThread, free_port, terminate, wait_for_port
 from .test_client import run
 
@@ -476,7 +477,7 @@ def test_maintenance_survives_failing_state_writes_and_persists_later(tmp_path, 
             consumer = await client.subscribe(TOPIC, "sub", initial_position=InitialPosition.Earliest,
                                               ack_group_time_ms=0)
             producer = await client.create_producer(TOPIC)
-            await asyncio.sleep(0.5)
+            await wait_until_async(lambda: os.path.exists(cursors))  # the subscription is on disk
             disk.json_fails = True
             for i in range(5):
                 await producer.send(b"%d" % i)
@@ -486,9 +487,12 @@ def test_maintenance_survives_failing_state_writes_and_persists_later(tmp_path, 
                 assert json.load(fh)["sub"]["mark_delete"] < 4  # not persisted while failing
             assert not broker.broker._background.done()
             disk.json_fails = False
-            await asyncio.sleep(0.8)
-            with open(cursors) as fh:
-                assert json.load(fh)["sub"]["mark_delete"] == 4  # retried and persisted
+
+            def persisted() -> int:
+                with open(cursors) as fh:
+                    return json.load(fh)["sub"]["mark_delete"]
+            await wait_until_async(lambda: persisted() == 4)
+            assert persisted() == 4  # retried and persisted
 
     caplog.set_level(logging.ERROR, logger="pulsarwire.broker")
     try:
@@ -698,19 +702,23 @@ def test_no_descriptors_left_is_answered_with_an_error_not_a_dropped_connection(
     and it works again once descriptors free up."""
     process, url = _limited_broker(tmp_path, 40, "--max-connections", "200")
 
+    def descriptors() -> int:
+        return len(os.listdir(f"/proc/{process.pid}/fd"))
+
     async def main():
         async with Client(url, operation_timeout_seconds=5) as client:
             await client.create_producer("persistent://public/default/before")
+            before = descriptors()
             hogs = []
             for _ in range(40):  # take every descriptor the broker has left
                 hogs.append(await asyncio.open_connection("127.0.0.1", int(url.rsplit(":", 1)[1])))
-            await asyncio.sleep(0.3)
+            assert await wait_until_async(lambda: descriptors() >= 40)  # the broker accepted them
             with pytest.raises(errors.PulsarWireError) as raised:
                 await client.create_producer("persistent://public/default/starved")
             assert "open" in str(raised.value) or "Persistence" in type(raised.value).__name__
             for _, writer in hogs:
                 writer.close()
-            await asyncio.sleep(1.5)  # the broker sees them go (and resumes accepting)
+            assert await wait_until_async(lambda: descriptors() <= before)  # the broker saw them go
             producer = await client.create_producer("persistent://public/default/starved")
             await producer.send(b"fine")  # the same connection, still up
     try:

@@ -123,6 +123,16 @@ def single(tmp_path_factory):
     running.stop()
 
 
+@pytest.fixture(scope="module")
+def patient(tmp_path_factory):
+    """As `single`, with a replication timeout no loaded machine reaches: an acks=all PRODUCE
+    waits for as long as its follower may take to report."""
+    running = start_broker(tmp_path_factory.mktemp("v1conf-patient"), v1_partitions=1, replication_factor=3,
+                           min_insync_replicas=2, replication_timeout=30.0)
+    yield running
+    running.stop()
+
+
 @pytest.fixture
 def conn(broker):
     line = V1Line(broker.v1_port)
@@ -453,7 +463,7 @@ def test_session_timeout_rebalances(tmp_path):
         conn = V1Line(running.v1_port)
         conn.ok("JOIN", "g-session orders a")
         gen, _ = parse_assigned(conn.ok("JOIN", "g-session orders b"))
-        deadline = time.monotonic() + 1.5        # a heartbeats, b stays silent
+        deadline = time.monotonic() + 30         # a heartbeats, b stays silent
         rebalanced = False
         while time.monotonic() < deadline:
             status, _ = conn.call("HEARTBEAT", f"g-session orders a {gen}")
@@ -539,17 +549,27 @@ def test_consume_only_up_to_high_watermark(conn1):
     assert parse_consume(conn1.ok("CONSUME", "rf-hw 0 0")) == ([(0, "a"), (1, "b")], 2)
 
 
-def test_acks_all_waits_for_followers(conn1, single):
+def _report_until_answered(follower: V1Line, fetch: str, worker: threading.Thread) -> None:
+    """The follower reports `fetch` until the acks=all PRODUCE in `worker` is answered: a report
+    that reaches the broker before the record counts only up to the log's end, so it is repeated."""
+    deadline = time.monotonic() + 30
+    while worker.is_alive() and time.monotonic() < deadline:
+        parse_replica(follower.ok("REPLICA_FETCH", fetch))
+        worker.join(0.05)
+
+
+def test_acks_all_waits_for_followers(patient):
     # "acks=all: waits until partition high watermark reaches produced offset and min ISR is satisfied"
-    parse_replica(conn1.ok("REPLICA_FETCH", "rf-all 0 1 0"))
+    conn = V1Line(patient.v1_port)
+    parse_replica(conn.ok("REPLICA_FETCH", "rf-all 0 1 0"))
     answers = []
-    worker = threading.Thread(target=lambda: answers.append(conn1.call("PRODUCE", "rf-all k:v acks=all")))
+    worker = threading.Thread(target=lambda: answers.append(conn.call("PRODUCE", "rf-all k:v acks=all")))
     worker.start()
-    time.sleep(0.1)
-    follower = V1Line(single.v1_port)
-    parse_replica(follower.ok("REPLICA_FETCH", "rf-all 0 1 1"))
+    follower = V1Line(patient.v1_port)
+    _report_until_answered(follower, "rf-all 0 1 1", worker)
     worker.join(5)
     follower.close()
+    conn.close()
     status, payload = answers[0]
     assert status == "OK", payload
     _, offset, hw = (int(x) for x in PRODUCE_OK.match(payload).groups())
@@ -589,15 +609,16 @@ def test_high_watermark_never_moves_back(conn1):
     assert parse_consume(conn1.ok("CONSUME", "rf-mono 0 0")) == ([(0, "early")], 1)
 
 
-def test_high_watermark_kept_for_acks_all_record(conn1, single):
-    parse_replica(conn1.ok("REPLICA_FETCH", "rf-mono2 0 1 0"))
+def test_high_watermark_kept_for_acks_all_record(patient):
+    conn = V1Line(patient.v1_port)
+    parse_replica(conn.ok("REPLICA_FETCH", "rf-mono2 0 1 0"))
     answers = []
-    worker = threading.Thread(target=lambda: answers.append(conn1.call("PRODUCE", "rf-mono2 k:acked acks=all")))
+    worker = threading.Thread(target=lambda: answers.append(conn.call("PRODUCE", "rf-mono2 k:acked acks=all")))
     worker.start()
-    time.sleep(0.1)
-    follower = V1Line(single.v1_port)
-    parse_replica(follower.ok("REPLICA_FETCH", "rf-mono2 0 1 1"))
+    follower = V1Line(patient.v1_port)
+    _report_until_answered(follower, "rf-mono2 0 1 1", worker)
     worker.join(5)
+    conn.close()
     assert answers[0][0] == "OK", answers
     parse_replica(follower.ok("REPLICA_FETCH", "rf-mono2 0 2 0"))         # replica 2 starts from scratch
     assert parse_consume(follower.ok("CONSUME", "rf-mono2 0 0")) == ([(0, "acked")], 1)
