@@ -49,6 +49,19 @@ def test_errors_are_reported_not_dumped():
     assert pulsarwire("--version").stdout.startswith("pulsarwire ")
 
 
+def _stop(broker: subprocess.Popen, signum: int) -> str:
+    """Signal a broker process and wait for it to end (its final fsyncs may be slow on a busy
+    disk); its stderr, which a hung stop shows in the failure."""
+    broker.send_signal(signum)
+    try:
+        _, stderr = broker.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        broker.kill()
+        _, stderr = broker.communicate()
+        raise AssertionError(f"the broker did not stop within 90 s of signal {signum}; its stderr:\n{stderr}")
+    return stderr
+
+
 def test_a_partitioned_topic_flag_the_broker_cannot_honour_stops_it(tmp_path):
     data = str(tmp_path / "data")
     base = ["broker", "--data-dir", data, "--port", "0", "--v1-port", "-1"]
@@ -60,8 +73,7 @@ def test_a_partitioned_topic_flag_the_broker_cannot_honour_stops_it(tmp_path):
     try:
         assert broker.stdout.readline().startswith("broker: pulsar://127.0.0.1:")
     finally:
-        broker.send_signal(signal.SIGINT)
-        broker.wait(30)
+        _stop(broker, signal.SIGINT)
     # fewer partitions would hide what the others hold; a bad name is reported, not skipped
     for spec, says in (("orders=2", "never removed"), ("a//b=2", "invalid topic name")):
         refused = pulsarwire(*base, "--partitioned-topic", spec, timeout=30)
@@ -102,8 +114,7 @@ def test_sigterm_stops_the_broker_as_ctrl_c_does(tmp_path):
             producer.send_many([b"1", b"2"])
             consumer.acknowledge(consumer.receive(5000))
             producer.send(b"3")  # on the same connection after the ack: the broker has the ack
-        broker.send_signal(signal.SIGTERM)  # before the 0.2 s cursor round: the stop writes the cursor
-        _, err = broker.communicate(timeout=30)
+        err = _stop(broker, signal.SIGTERM)  # before the 0.2 s cursor round: the stop writes the cursor
         assert broker.returncode == 0 and "Traceback" not in err, err
     finally:
         if broker.poll() is None:
@@ -115,6 +126,5 @@ def test_sigterm_stops_the_broker_as_ctrl_c_does(tmp_path):
         with Client(f"pulsar://127.0.0.1:{port}") as client:
             assert client.subscribe("t", "s").receive(5000).data() == b"2"
     finally:
-        broker.send_signal(signal.SIGTERM)
-        broker.communicate(timeout=30)
+        _stop(broker, signal.SIGTERM)
     assert broker.returncode == 0
