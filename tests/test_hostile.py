@@ -12,6 +12,7 @@ import pytest
 from pulsarwire import codec
 from pulsarwire._proto import PulsarApi_pb2 as pb
 
+from .helpers import wait_until
 from .peers import BrokerThread, free_port
 
 T = pb.BaseCommand
@@ -376,15 +377,6 @@ def _stats(broker) -> dict:
     return broker.call(broker.broker.pulsar.stats)
 
 
-def _eventually(predicate, timeout: float = 30.0, step: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(step)
-
-
 def _closed_by_broker(sock: socket.socket, timeout: float) -> bool:
     sock.settimeout(timeout)
     try:
@@ -458,7 +450,7 @@ def test_connections_over_the_limit_are_refused_with_an_error(strict):
             assert "too many connections" in answer.command.error.message
             assert extra.next() is None
         held.pop().close()
-        assert _eventually(lambda: _stats(strict)["connections"] == 3)
+        assert wait_until(lambda: _stats(strict)["connections"] == 3)
         with Raw(strict.broker.port) as again:
             assert again.connected.type == T.CONNECTED
     finally:
@@ -504,11 +496,11 @@ def test_consumer_that_never_reads_is_bounded_and_its_memory_freed_on_close(stri
     consumer = Raw(strict.broker.port, receive_buffer=16 * 1024)
     assert consumer.subscribe(topic).type == T.SUCCESS
     consumer.flow(1, 100_000)
-    assert _eventually(lambda: _stats(strict)["paused_connections"] == 1)
+    assert wait_until(lambda: _stats(strict)["paused_connections"] == 1)
     stats = _stats(strict)
     assert stats["output_bytes"] <= 64 * 1024 + 2 * len(body) + 1024
     consumer.close()  # without reading: what was queued for it is dropped
-    assert _eventually(lambda: _stats(strict)["connections"] == 0)
+    assert wait_until(lambda: _stats(strict)["connections"] == 0)
     assert _stats(strict)["output_bytes"] == 0
     with Raw(strict.broker.port) as again:  # the unread messages go to the next consumer, all of them
         again.subscribe(topic)
@@ -523,10 +515,10 @@ def test_unfinished_big_frames_are_freed_when_their_connections_close(tmp_path):
         held = [Raw(broker.broker.port) for _ in range(4)]
         for raw in held:
             raw.sock.sendall((5 * 1024 * 1024).to_bytes(4, "big") + b"\0" * (3 * 1024 * 1024))
-        assert _eventually(lambda: _stats(broker)["input_bytes"] >= 4 * 3 * 1024 * 1024)
+        assert wait_until(lambda: _stats(broker)["input_bytes"] >= 4 * 3 * 1024 * 1024)
         for raw in held:
             raw.close()
-        assert _eventually(lambda: _stats(broker)["connections"] == 0)
+        assert wait_until(lambda: _stats(broker)["connections"] == 0)
         assert _stats(broker)["input_bytes"] == 0
     finally:
         broker.stop()
@@ -551,7 +543,7 @@ def test_unfinished_frames_of_all_connections_share_one_input_budget(tmp_path):
                 raw.sock.sendall((5 * 1024 * 1024).to_bytes(4, "big") + b"\0" * (4 * 1024 * 1024))
             except socket.timeout:
                 pass  # the broker stopped reading this one
-        stats = _eventually(lambda: (lambda s: s if s.get("input_pauses") else None)(_stats(broker)))
+        stats = wait_until(lambda: (lambda s: s if s.get("input_pauses") else None)(_stats(broker)))
         assert stats and stats["input_bytes"] <= budget + 3 * 256 * 1024
         with Raw(broker.broker.port, timeout=30) as legit:  # a loaded CI machine may be slow to sweep
             assert legit.ping()  # complete small frames still pass
@@ -561,7 +553,7 @@ def test_unfinished_frames_of_all_connections_share_one_input_budget(tmp_path):
             threading.Timer(0.5, lambda: [_abort(raw) for raw in hostile]).start()
             receipt = legit.publish(1, 0, b"y" * (1024 * 1024))  # waits for the budget, then goes
             assert receipt.type == T.SEND_RECEIPT
-        assert _eventually(lambda: _stats(broker)["input_bytes"] == 0)
+        assert wait_until(lambda: _stats(broker)["input_bytes"] == 0)
     finally:
         broker.stop()
 
@@ -581,12 +573,12 @@ def test_cli_limit_flags(tmp_path):
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_for_port(port, process=process)
-        first = _eventually(lambda: _connected(port))  # once the broker has seen the probe go
+        first = wait_until(lambda: _connected(port))  # once the broker has seen the probe go
         with first:
             with Raw(port, connect=False) as second:
                 answer = second.next()
                 assert answer.type == T.ERROR and answer.command.error.error == pb.ServiceNotReady
-        _eventually(lambda: _connected(port)).close()
+        wait_until(lambda: _connected(port)).close()
         with socket.create_connection(("127.0.0.1", port)) as s:
             s.sendall((2048).to_bytes(4, "big"))  # over --max-frame-before-connect
             assert _closed_by_broker(s, 3)
@@ -834,7 +826,7 @@ def test_v1_half_sent_line_is_closed_after_the_frame_timeout(strict_v1):
             time.sleep(0.2)  # the line takes 0.4 s: well within the 1 s timeout, also on a loaded machine
         assert s.makefile("rb").readline() == b"V1|2|OK|PONG\n"
     assert _v1_stats(strict_v1)["line_timeouts"] == 1
-    assert _eventually(lambda: _v1_stats(strict_v1)["connections"] == 0)
+    assert wait_until(lambda: _v1_stats(strict_v1)["connections"] == 0)
 
 
 def test_v1_idle_connections_hold_a_place_until_the_connection_limit(strict_v1):
@@ -916,13 +908,13 @@ def test_v1_pipelined_requests_without_reading_hold_at_most_the_output_budget(st
         except (socket.timeout, ConnectionError):
             pass
         # caught while paused, before the frame timeout aborts it
-        stats = _eventually(lambda: (lambda s: s if s["paused_connections"] == 1 else None)(_v1_stats(strict_v1)),
+        stats = wait_until(lambda: (lambda s: s if s["paused_connections"] == 1 else None)(_v1_stats(strict_v1)),
                             step=0.01)
         assert stats and stats["paused_connections"] == 1 and stats["output_pauses"] >= 1
         # the budget, one reply over it, and the lines waiting for their turn
         assert stats["held_bytes"] <= 64 * 1024 + 40 * 1024 + len(requests)
         # it read none of its replies for the frame timeout: aborted, what it held is freed
-        assert _eventually(lambda: _v1_stats(strict_v1)["output_timeouts"] == 1)
+        assert wait_until(lambda: _v1_stats(strict_v1)["output_timeouts"] == 1)
         stats = _v1_stats(strict_v1)
         assert stats["connections"] == 0 and stats["held_bytes"] == 0
         assert _closed_by_broker(hostile, 3)
@@ -938,7 +930,7 @@ def test_v1_slow_reader_that_takes_its_replies_is_not_timed_out(strict_v1):
     s.connect(("127.0.0.1", strict_v1.v1_port))
     with s:
         s.sendall(b"".join(b"V1|%d|CONSUME|%s %d 0\n" % (i, topic, partition) for i in range(300)))
-        assert _eventually(lambda: _v1_stats(strict_v1)["paused_connections"] == 1)
+        assert wait_until(lambda: _v1_stats(strict_v1)["paused_connections"] == 1)
         s.settimeout(5)
         deadline = time.monotonic() + 2.5  # well past the 1 s frame timeout, reading all along
         while time.monotonic() < deadline:
@@ -958,7 +950,7 @@ def test_v1_pipelined_requests_read_late_are_all_answered_in_order(strict_v1):
     s.settimeout(5)
     with s, s.makefile("rb") as reader:
         s.sendall(b"".join(b"V1|%d|CONSUME|%s %d 0\n" % (i, topic, partition) for i in range(count)))
-        assert _eventually(lambda: _v1_stats(strict_v1)["paused_connections"] == 1)
+        assert wait_until(lambda: _v1_stats(strict_v1)["paused_connections"] == 1)
         expected = b"messages=" + b",".join(b"%d:%s" % (n, b"v" * 1000) for n in range(30)) + b" hw=30\n"
         for i in range(count):
             assert reader.readline() == b"V1|%d|OK|" % i + expected
@@ -1054,14 +1046,6 @@ def test_a_consumer_that_acknowledges_nothing_holds_at_most_max_unacked_messages
         broker.stop()
 
 
-def wait_until(condition, timeout: float = 30.0) -> None:
-    """Polls `condition` until it holds (AssertionError after `timeout` seconds)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
-
-
 def test_an_exclusive_consumer_that_acknowledges_nothing_is_tracked_as_a_range_past_the_bound(tmp_path):
     """Exclusive and Failover consumers are not blocked at max_unacked_messages (as in Pulsar), so
     past max_tracked_entries what the active consumer is sent is one range, not an entry each:
@@ -1088,7 +1072,7 @@ def test_an_exclusive_consumer_that_acknowledges_nothing_is_tracked_as_a_range_p
         assert [int(m.data()) for m in held] == list(range(300))
         assert broker.call(tracked) == (50, 50)
         consumer.acknowledge_cumulative(held[99])
-        wait_until(lambda: broker.call(tracked) == (0, 100))
+        assert wait_until(lambda: broker.call(tracked) == (0, 100))
         consumer.redeliver_unacknowledged_messages()
         again = _take(consumer, 200)
         assert [int(m.data()) for m in again] == list(range(100, 300))
@@ -1102,7 +1086,7 @@ def test_an_exclusive_consumer_that_acknowledges_nothing_is_tracked_as_a_range_p
         rest = _take(consumer, 200)
         assert sorted(int(m.data()) for m in rest) == list(range(100, 300))
         consumer.acknowledge_cumulative(max(rest, key=lambda m: int(m.data())))
-        wait_until(lambda: broker.call(tracked) == (0, None))
+        assert wait_until(lambda: broker.call(tracked) == (0, None))
     finally:
         client.close()
         broker.stop()
