@@ -245,13 +245,14 @@ async def run_broker(args) -> int:
             print(f"pulsarwire broker: --partitioned-topic {spec}: {exc}", file=sys.stderr)
             await broker.stop()
             return 2
-    urls = ", ".join(url for url in (broker.service_url, broker.service_url_tls) if url)
-    print(f"broker: {urls}" + (f", V1 on {args.host}:{broker.v1_port}" if broker.v1 else ""), flush=True)
-    # SIGTERM (kill, docker stop, systemd) stops the broker as Ctrl-C does: cursors and state written
+    # SIGTERM (kill, docker stop, systemd) stops the broker as Ctrl-C does: cursors and state
+    # written. Set before the line below, which tells a supervisor the broker is up.
     with contextlib.suppress(NotImplementedError):  # no signal handlers on Windows' event loops
         serving = asyncio.current_task()
         assert serving is not None
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, serving.cancel)
+    urls = ", ".join(url for url in (broker.service_url, broker.service_url_tls) if url)
+    print(f"broker: {urls}" + (f", V1 on {args.host}:{broker.v1_port}" if broker.v1 else ""), flush=True)
     try:
         await broker.serve_forever()
     except asyncio.CancelledError:
