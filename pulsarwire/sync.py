@@ -548,9 +548,7 @@ class Producer(_Facade):
         """Close the producer once every pending message is acknowledged."""
         if self._closed:
             raise AlreadyClosed("Pulsar error: AlreadyClosed")
-        with self._gate:
-            self._closed = True  # first: a call blocked meanwhile reads AlreadyClosed
-            self._gate.notify_all()
+        self._stop_listening()  # first: a call blocked meanwhile reads AlreadyClosed
 
         async def close():
             await self._handed_over()

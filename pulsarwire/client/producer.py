@@ -199,6 +199,12 @@ class PartitionProducer(Reconnecting):
 
     # sending
 
+    @property
+    def _message_limit(self) -> int:
+        """The most metadata and payload bytes the broker takes in one message (its own figure
+        once connected)."""
+        return self.conn.max_message_size if self.conn else codec.DEFAULT_MAX_MESSAGE_SIZE
+
     def _take_sequence_id(self, requested: int | None) -> int:
         assert self._next_sequence_id is not None, "sequence ids start once the producer is created"
         if requested is not None:
@@ -214,7 +220,7 @@ class PartitionProducer(Reconnecting):
             return
         parent = self.parent
         sequence_id = self._take_sequence_id(options.get("sequence_id"))
-        limit = self.conn.max_message_size if self.conn else codec.DEFAULT_MAX_MESSAGE_SIZE
+        limit = self._message_limit
         # As the official client, a message over batching_max_allowed_size_in_bytes still goes in
         # a batch (of one), so its id has batch index 0; only delayed or too-big ones go alone.
         batchable = parent._batching and options.get("deliver_at") is None and \
@@ -404,7 +410,7 @@ class PartitionProducer(Reconnecting):
             md.compression = kind
             md.uncompressed_size = len(raw)
             raw = compression.compress(kind, raw)
-        limit = self.conn.max_message_size if self.conn else codec.DEFAULT_MAX_MESSAGE_SIZE
+        limit = self._message_limit
         if len(raw) + md.ByteSize() > limit:
             # the broker would close the connection on this frame, and the resend after each
             # reconnect would meet the same fate: the batch's messages fail here instead
