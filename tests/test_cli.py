@@ -130,3 +130,10 @@ def test_sigterm_stops_the_broker_as_ctrl_c_does(tmp_path):
     finally:
         _stop(broker, signal.SIGTERM)
     assert broker.returncode == 0
+
+
+def test_the_broker_process_freezes_what_it_started_with_and_collects_young_objects_less_often():
+    code = ("import gc; from pulsarwire import cli; before = gc.get_threshold(); cli._tune_collector(); "
+            "after = gc.get_threshold(); print(gc.get_freeze_count() > 0, after[0], after[1:] == before[1:])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["True", "10000", "True"], out.stderr

@@ -13,12 +13,11 @@ import urllib.parse
 
 from .storage import (DEFAULT_MAX_CACHE_BYTES, SYNC_INTERVAL, DataDirLock, EntryCache, FileOps, FilePool,
                       StorageError, read_json, topic_directory)
-from .topics import LEDGERS_FILE, Topic
+from .topics import DUPLICATE, LEDGERS_FILE, Topic
 
 log = logging.getLogger("pulsarwire.broker")
 
 PARTITION_MARKER = "-partition-"
-DUPLICATE = -1  # the entry id `publish` answers for a deduplicated send
 MAX_FILE_NAME = 255  # bytes in one file name on common file systems
 CLOSE_GRACE = 5.0  # seconds a closing connection may take to send its last bytes before it is aborted
 

@@ -36,6 +36,7 @@ SERVER_VERSION = f"pulsarwire-broker-{__version__}"
 MAX_PROTOCOL_VERSION = 21
 # Limits on what one client can make the broker hold (Broker options and CLI flags of the same names).
 DEFAULT_MAX_CONNECTIONS = 1000
+MAX_SEND_RUN = 256  # Send frames stored together: their receipts may pass the output budget by this many
 DEFAULT_MAX_OUTPUT_BYTES = 4 * 1024 * 1024  # unsent output per connection before it is paused
 DEFAULT_HANDSHAKE_TIMEOUT = 10.0  # seconds from accept to an accepted CONNECT
 DEFAULT_MAX_FRAME_BEFORE_CONNECT = 64 * 1024
@@ -288,14 +289,18 @@ class BrokerConnection(asyncio.Protocol):
         self._process()
 
     def _process(self) -> None:
-        """Handle the complete frames the reader holds, stopping while output is over budget."""
+        """Handle the complete frames the reader holds, stopping while output is over budget.
+        Plain Send frames read one after another are stored together (the hot path), before
+        anything read after them is handled."""
         completed = False
         send_frame = codec.SendFrame
+        sends: list = []
         try:
             while self.writable and not self.closed:
                 try:
                     frame = self.reader.next_frame()
                 except (ChecksumMismatchError, BadMetadataError) as exc:
+                    self._store_sends(sends)
                     command = getattr(exc, "command", None)
                     if command is not None and command.type == T.SEND:
                         self._send_error(command.send.producer_id, command.send.sequence_id,
@@ -305,19 +310,21 @@ class BrokerConnection(asyncio.Protocol):
                 if frame is None:
                     break
                 completed = True
-                if type(frame) is send_frame:  # a plain Send frame read by the codec's fast path
+                if type(frame) is send_frame and self.connected and not self.refused:
+                    sends.append(frame)  # a plain Send frame read by the codec's fast path
+                    if len(sends) >= MAX_SEND_RUN:
+                        self._store_sends(sends)
+                    continue
+                self._store_sends(sends)
+                if type(frame) is send_frame:
                     if not self.connected:
                         raise PulsarWireError("SEND before CONNECT")
-                    if self.refused:
-                        self._send_error(frame.producer_id, frame.sequence_id, pb.AuthenticationError, self.refused)
-                        continue
-                    # stored here, not through a handler: the hot path, one call per Send frame
-                    self.store(frame.producer_id, frame.sequence_id, frame.highest_sequence_id,
-                               frame.num_messages_in_batch, frame.is_chunk, frame.chunk_id, frame.publish_time,
-                               frame.deliver_at_time, frame.metadata_and_payload, frame.checksum, frame.compression)
+                    self._send_error(frame.producer_id, frame.sequence_id, pb.AuthenticationError, self.refused)
                 else:
                     self._handle(frame)
+            self._store_sends(sends)
         except PulsarWireError as exc:
+            self._store_sends(sends)
             if isinstance(exc, FrameTooLargeError) and not self.connected:
                 self.service.counters["oversized_frames_before_connect"] += 1
             log.warning("closing connection: %s", exc)
@@ -434,7 +441,11 @@ class BrokerConnection(asyncio.Protocol):
         if self.closed:
             return
         self._out.append(data)
-        self._out_bytes += len(data)
+        self._queued(len(data))
+
+    def _queued(self, size: int) -> None:
+        """`size` bytes were put in self._out: pause past the output budget, schedule a flush."""
+        self._out_bytes += size
         if self.writable and self._out_bytes + self._transport_bytes > self.service.max_output_bytes:
             self._transport_bytes = self.transport.get_write_buffer_size() if self.transport is not None else 0
             if self._out_bytes + self._transport_bytes > self.service.max_output_bytes:
@@ -745,6 +756,55 @@ class BrokerConnection(asyncio.Protocol):
                    s.is_chunk, md.chunk_id if md.HasField("chunk_id") else None, md.publish_time,
                    md.deliver_at_time if md.HasField("deliver_at_time") else None,
                    frame.metadata_and_payload, frame.checksum, md.compression)
+
+    def _store_sends(self, frames: list) -> None:
+        """Store plain Send frames (codec.SendFrame) in order, each run of one producer's frames
+        with one call to its topic, and queue their receipts; `frames` is emptied."""
+        try:
+            self._store_runs(frames)
+        finally:
+            frames.clear()
+
+    def _store_runs(self, frames: list) -> None:
+        start, end = 0, len(frames)
+        while start < end:
+            frame = frames[start]
+            producer_id = frame.producer_id
+            producer = self.producers.get(producer_id)
+            if producer is None or producer.topic.terminated or producer.topic.fenced:
+                self._store_frame(frame)
+                start += 1
+                continue
+            topic = producer.topic
+            run_end = start + 1
+            while run_end < end and frames[run_end].producer_id == producer_id:
+                run_end += 1
+            ids = topic.append_sends(frames, start, run_end, producer.name)
+            if not ids:  # the first needs the general path
+                self._store_frame(frame)
+                start += 1
+                continue
+            batch = topic.log.batch
+            if not self._batches or self._batches[-1] is not batch:
+                self._batches.append(batch)
+            if not self.closed:
+                out, sends, receipt, ledger_id = self._out, self._sends, codec.encode_send_receipt, topic.ledger_id
+                queued = 0
+                for frame, entry_id in zip(frames[start:start + len(ids)], ids):
+                    sequence_id = frame.sequence_id
+                    sends.append((len(out), batch, producer_id, sequence_id))
+                    data = receipt(producer_id, sequence_id,
+                                   highest_sequence(sequence_id, frame.highest_sequence_id),
+                                   ledger_id if entry_id != DUPLICATE else -1, entry_id)
+                    out.append(data)
+                    queued += len(data)
+                self._queued(queued)
+            start += len(ids)
+
+    def _store_frame(self, frame) -> None:
+        self.store(frame.producer_id, frame.sequence_id, frame.highest_sequence_id, frame.num_messages_in_batch,
+                   frame.is_chunk, frame.chunk_id, frame.publish_time, frame.deliver_at_time,
+                   frame.metadata_and_payload, frame.checksum, frame.compression)
 
     def store(self, producer_id, sequence_id, highest_sequence_id, batch_count, is_chunk, chunk_id,
               publish_time, deliver_at_time, body, checksum, compression: int | None = None) -> None:

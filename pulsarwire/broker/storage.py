@@ -323,18 +323,26 @@ class EntryCache:
     def put(self, owner, entries: collections.OrderedDict, entry: Entry) -> None:
         """Add `entry` to `entries`, the cache dict of log `owner`, then evict down to the budget.
         Its body is bytes or a view of bytes (TopicLog.append copies anything else)."""
-        entries[entry.entry_id] = entry
-        body = entry.body
-        if type(body) is memoryview:
-            held: bytes = body.obj  # type: ignore[assignment]  # TopicLog.append keeps only views of bytes
-            viewed = self._viewed.get(id(held))
-            if viewed is None:
-                self._viewed[id(held)] = [held, 1]
-                self.bytes += len(held)
+        self.put_many(owner, entries, (entry,))
+
+    def put_many(self, owner, entries: collections.OrderedDict, new) -> None:
+        """put() for each entry of `new`, in order, with one eviction at the end."""
+        viewed_of = self._viewed
+        added = 0
+        for entry in new:
+            entries[entry.entry_id] = entry
+            body = entry.body
+            if type(body) is memoryview:
+                held: bytes = body.obj  # type: ignore[assignment]  # TopicLog.append keeps only views of bytes
+                viewed = viewed_of.get(id(held))
+                if viewed is None:
+                    viewed_of[id(held)] = [held, 1]
+                    added += len(held)
+                else:
+                    viewed[1] += 1
             else:
-                viewed[1] += 1
-        else:
-            self.bytes += len(body)
+                added += len(body)
+        self.bytes += added
         logs = self._logs
         try:
             logs.move_to_end(owner)
@@ -569,6 +577,17 @@ class _Segment:
         self.positions.append(pos)
         self.size = pos + HEADER_SIZE + body_size
 
+    def append_records(self, records: list, body_sizes: list[int]) -> None:
+        """Queue records as append() does: `records` alternates headers and bodies, `body_sizes`
+        holds the bodies' sizes."""
+        pos = self.size
+        positions = self.positions
+        for body_size in body_sizes:
+            positions.append(pos)
+            pos += HEADER_SIZE + body_size
+        self._pending += records
+        self.size = pos
+
     @property
     def pending(self) -> bool:
         return bool(self._pending)
@@ -776,6 +795,40 @@ class TopicLog:
         self._dirty = True
         self._shared_cache.put(self, self._cache, Entry(entry_id, body, checksum, publish_time, num_messages))
         return entry_id
+
+    def append_many(self, bodies: list, checksums: list[int], publish_times: list[int],
+                    counts: list[int]) -> int:
+        """Queue entries as append() does, one after another (the hot path of a run of sends),
+        up to one that must start a new segment, which is left to append(); how many were queued.
+        Every checksum is known."""
+        segment = self._segments[-1]
+        size, limit = segment.size, self.segment_bytes
+        if size >= limit and segment.positions:
+            return 0
+        pack = _HEADER.pack
+        records: list = []
+        sizes: list[int] = []
+        entries: list[Entry] = []
+        entry_id = self.next_entry_id
+        for body, checksum, publish_time, num_messages in zip(bodies, checksums, publish_times, counts):
+            if size >= limit:
+                break
+            kind = type(body)
+            if kind is not bytes and not (kind is memoryview and type(body.obj) is bytes and body.c_contiguous):
+                body = bytes(body)  # as append(): what is queued and cached must not change
+            body_size = len(body)
+            records += (pack(body_size, checksum, publish_time, num_messages), body)
+            sizes.append(body_size)
+            size += HEADER_SIZE + body_size
+            entries.append(Entry(entry_id, body, checksum, publish_time, num_messages))
+            entry_id += 1
+        if entries:
+            segment.append_records(records, sizes)
+            self.next_entry_id = entry_id
+            self.batch.count += len(entries)
+            self._dirty = True
+            self._shared_cache.put_many(self, self._cache, entries)
+        return len(entries)
 
     def _roll_over(self) -> _Segment:
         """Commit and fsync the full segment, then start the next one (StorageError if it cannot).

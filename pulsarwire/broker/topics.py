@@ -24,6 +24,8 @@ from ..messages import ack_set_words
 from ..routing import murmur3_32
 from .storage import CorruptEntryError, Cursor, EntryCache, FilePool, StorageError, TopicLog, read_json
 
+DUPLICATE = -1  # the entry id a deduplicated send is answered with
+
 log = logging.getLogger("pulsarwire.broker")
 
 COUNT_MAX_UNCOMPRESSED = 8 * 1024 * 1024  # a compressed batch larger than this is not counted (CPU bound)
@@ -675,6 +677,12 @@ class Topic:
         self._on_append(self)
         if deliver_at_time is not None and deliver_at_time > time.time() * 1000:
             self.deliver_at[entry_id] = deliver_at_time
+        self._remember_sequence(producer_name, highest_sequence_id)
+        return entry_id
+
+    def _remember_sequence(self, producer_name: str, highest_sequence_id: int) -> None:
+        """The producer's last stored sequence id, and what it was before this group commit (put
+        back if the commit fails)."""
         undo = self._dedup_undo
         if producer_name not in undo:
             previous = undo[producer_name] = self.last_sequence.get(producer_name)
@@ -682,7 +690,60 @@ class Topic:
                 self._forget_idle_producers()
         self.last_sequence[producer_name] = highest_sequence_id
         self._state_dirty = True
-        return entry_id
+
+    def append_sends(self, frames: list, start: int, end: int, producer_name: str) -> list[int]:
+        """Store the plain Send frames (codec.SendFrame) frames[start:end] of one producer, as
+        append() would one by one (the broker's hot path: one call for a run of frames). Stops
+        before the first frame that needs append(): a chunk, a delayed message, a compressed or
+        malformed batch, a new segment. Returns the entry ids of the frames taken, in order,
+        DUPLICATE for a send the producer made before."""
+        first_id = self.log.next_entry_id
+        last = self.last_sequence.get(producer_name, -1)
+        count_batch = codec.count_entry_batch
+        ids: list[int] = []
+        bodies: list = []
+        checksums: list[int] = []
+        publish_times: list[int] = []
+        counts: list[int] = []
+        highest_ids: list[int] = []
+        for i in range(start, end):
+            frame = frames[i]
+            if frame.is_chunk or frame.deliver_at_time is not None:
+                break
+            highest = frame.sequence_id
+            claimed = frame.highest_sequence_id
+            if claimed is not None and claimed > highest:
+                highest = claimed
+            if highest <= last:
+                ids.append(DUPLICATE)
+                continue
+            body = frame.metadata_and_payload
+            batch_count = frame.num_messages_in_batch
+            if batch_count is None or batch_count <= 1:
+                count = 1
+            elif frame.compression:
+                break
+            else:
+                try:
+                    count = count_batch(body, batch_count)
+                except (PulsarWireError, ValueError):
+                    break  # append() answers it
+            last = highest
+            ids.append(first_id + len(bodies))
+            bodies.append(body)
+            checksums.append(frame.checksum)
+            publish_times.append(frame.publish_time)
+            counts.append(count)
+            highest_ids.append(highest)
+        if not bodies:
+            return ids
+        stored = self.log.append_many(bodies, checksums, publish_times, counts)
+        if stored < len(bodies):  # the rest waits for append() to start a new segment
+            del ids[ids.index(first_id + stored):]
+        if stored:
+            self._on_append(self)
+            self._remember_sequence(producer_name, highest_ids[stored - 1])
+        return ids
 
     def _forget_idle_producers(self) -> None:
         """Make room in the deduplication state: drop the names of producers not attached, in the

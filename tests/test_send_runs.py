@@ -1,0 +1,150 @@
+"""The broker stores Send frames that arrive together as runs (one call to the topic for each
+producer's run of plain frames). Every frame of a run must be answered as if it came alone:
+these tests write many frames in one go, so that they are read from one receive buffer, with
+frames in the middle that the run cannot take."""
+from __future__ import annotations
+
+import asyncio
+
+from pulsarwire import codec
+from pulsarwire._proto import PulsarApi_pb2 as pb
+from pulsarwire._codec_py import BatchBuilder
+
+from .peers import BrokerThread
+from .test_client import run
+from .test_storage_faults import FillingDisk
+
+T = pb.BaseCommand
+TOPIC = "persistent://public/default/runs"
+NO_ENTRY = 0xFFFFFFFFFFFFFFFF  # a duplicate's receipt carries entry id -1
+
+
+def send_frame(producer_id: int, sequence_id: int, *, batch: int = 0, claimed: int | None = None,
+               deliver_at: int | None = None, chunk: bool = False, highest: int | None = None) -> bytes:
+    """A Send frame of one message, or of a batch of `batch` messages that claims `claimed`."""
+    md = pb.MessageMetadata(producer_name=f"runner-{producer_id}", sequence_id=sequence_id, publish_time=1)
+    payload = b"p%d-%d" % (producer_id, sequence_id)
+    if batch:
+        builder = BatchBuilder()
+        for i in range(batch):
+            builder.add(b"%s.%d" % (payload, i))
+        md.num_messages_in_batch = claimed if claimed is not None else batch
+        payload = builder.build()
+    if deliver_at is not None:
+        md.deliver_at_time = deliver_at
+    send = pb.CommandSend(producer_id=producer_id, sequence_id=sequence_id, num_messages=max(batch, 1))
+    if highest is not None:
+        send.highest_sequence_id = highest
+    if chunk:
+        md.uuid, md.chunk_id, md.num_chunks_from_msg, md.total_chunk_msg_size = "u", 0, 1, len(payload)
+        send.is_chunk = True
+    return codec.encode_payload_frame(T(type=T.SEND, send=send), codec.encode_metadata_and_payload(md, payload))
+
+
+class RawConnection:
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.frames = codec.FrameReader(1 << 20)
+
+    async def open(self, producers: int) -> None:
+        self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        self.writer.write(codec.encode_command(T(type=T.CONNECT, connect=pb.CommandConnect(
+            client_version="runs", protocol_version=19))))
+        assert (await self.answer()).type == T.CONNECTED
+        for producer_id in range(1, producers + 1):
+            self.writer.write(codec.encode_command(T(type=T.PRODUCER, producer=pb.CommandProducer(
+                topic=TOPIC, producer_id=producer_id, request_id=producer_id, producer_name=f"runner-{producer_id}"))))
+            assert (await self.answer()).type == T.PRODUCER_SUCCESS
+
+    async def answer(self):
+        while True:
+            frame = self.frames.next_frame()
+            if frame is not None:
+                return frame.command
+            self.frames.feed(await asyncio.wait_for(self.reader.read(65536), 10))
+
+    async def exchange(self, frames: list[bytes]) -> list[tuple]:
+        """Write every frame at once; each answer as (producer, sequence id, entry id or error)."""
+        self.writer.write(b"".join(frames))
+        answers = []
+        for _ in frames:
+            command = await self.answer()
+            if command.type == T.SEND_RECEIPT:
+                r = command.send_receipt
+                answers.append((r.producer_id, r.sequence_id, r.message_id.entryId))
+            else:
+                assert command.type == T.SEND_ERROR, command
+                e = command.send_error
+                answers.append((e.producer_id, e.sequence_id, pb.ServerError.Name(e.error)))
+        return answers
+
+
+def test_a_run_answers_each_frame_as_if_it_came_alone(tmp_path):
+    """Two producers interleaved, resends (duplicates) within the run, a delayed message, a
+    chunk, a batch that claims more messages than it holds and a batch with a higher
+    highest_sequence_id, all in one write: answered in order, each as the general path would."""
+    broker = BrokerThread(tmp_path, v1_port=None).start()
+
+    async def main():
+        conn = RawConnection(broker.broker.port)
+        await conn.open(producers=2)
+        frames = [send_frame(1, 0), send_frame(1, 1), send_frame(2, 0), send_frame(1, 1), send_frame(1, 2),
+                  send_frame(1, 3, deliver_at=1), send_frame(1, 4, batch=3), send_frame(1, 5, batch=2, claimed=3),
+                  send_frame(1, 6, chunk=True), send_frame(2, 1), send_frame(2, 0), send_frame(1, 7, highest=9),
+                  send_frame(1, 8), send_frame(1, 10)]
+        answers = await conn.exchange(frames)
+        assert answers == [(1, 0, 0), (1, 1, 1), (2, 0, 2), (1, 1, NO_ENTRY), (1, 2, 3), (1, 3, 4), (1, 4, 5),
+                           (1, 5, "ChecksumError"), (1, 6, 6), (2, 1, 7), (2, 0, NO_ENTRY), (1, 7, 8),
+                           (1, 8, NO_ENTRY), (1, 10, 9)]
+        conn.writer.close()
+        topic = broker.broker.core.topics[TOPIC]
+        assert topic.last_sequence == {"runner-1": 10, "runner-2": 1}
+        counts = [broker.call(topic.log.read, i).num_messages for i in range(10)]
+        assert counts == [1, 1, 1, 1, 1, 3, 1, 1, 1, 1]
+    try:
+        run(main())
+    finally:
+        broker.stop()
+
+
+def test_a_run_across_a_new_segment_is_stored_whole_and_read_back_after_a_restart(tmp_path):
+    broker = BrokerThread(tmp_path, v1_port=None, segment_bytes=2000).start()
+
+    async def main():
+        conn = RawConnection(broker.broker.port)
+        await conn.open(producers=1)
+        answers = await conn.exchange([send_frame(1, i, batch=4) for i in range(60)])
+        assert answers == [(1, i, i) for i in range(60)]
+        conn.writer.close()
+    try:
+        run(main())
+        broker.restart()
+        topic = broker.broker.core.topics.get(TOPIC) or broker.call(broker.broker.core.topic, TOPIC)
+        assert len(topic.log._segments) >= 3  # two new segments started inside the run
+        bodies = [broker.call(topic.log.read, i).body for i in range(60)]
+        for i, body in enumerate(bodies):
+            assert bytes(body).endswith(b"p1-%d.3" % i)
+        assert topic.last_sequence == {"runner-1": 59}
+    finally:
+        broker.stop()
+
+
+def test_a_run_in_a_failed_commit_is_answered_with_errors_and_can_be_sent_again(tmp_path):
+    disk = FillingDisk()
+    broker = BrokerThread(tmp_path, v1_port=None, file_ops=disk).start()
+
+    async def main():
+        conn = RawConnection(broker.broker.port)
+        await conn.open(producers=1)
+        assert await conn.exchange([send_frame(1, 0)]) == [(1, 0, 0)]
+        disk.room = 0
+        answers = await conn.exchange([send_frame(1, i) for i in range(1, 20)])
+        assert answers == [(1, i, "PersistenceError") for i in range(1, 20)]
+        disk.room = None
+        answers = await conn.exchange([send_frame(1, i) for i in range(1, 20)])
+        assert answers == [(1, i, i) for i in range(1, 20)]
+        conn.writer.close()
+    try:
+        run(main())
+    finally:
+        broker.stop()
