@@ -148,3 +148,55 @@ def test_a_run_in_a_failed_commit_is_answered_with_errors_and_can_be_sent_again(
         run(main())
     finally:
         broker.stop()
+
+
+def _random_frames(rng, count: int) -> list[bytes]:
+    """Frames of two producers with resends, batches (some malformed), delayed messages and chunks."""
+    frames, next_sequence = [], {1: 0, 2: 0}
+    for _ in range(count):
+        producer = rng.choice((1, 2))
+        sequence_id = next_sequence[producer]
+        if sequence_id and rng.random() < 0.2:
+            sequence_id = rng.randrange(sequence_id)  # a resend
+        else:
+            next_sequence[producer] += 1
+        kind = rng.random()
+        if kind < 0.3:
+            frames.append(send_frame(producer, sequence_id, batch=rng.randint(2, 5)))
+        elif kind < 0.35:
+            frames.append(send_frame(producer, sequence_id, batch=2, claimed=4))
+        elif kind < 0.4:
+            frames.append(send_frame(producer, sequence_id, deliver_at=1))
+        elif kind < 0.45:
+            frames.append(send_frame(producer, sequence_id, chunk=True))
+        else:
+            frames.append(send_frame(producer, sequence_id))
+    return frames
+
+
+def test_random_frames_sent_together_are_answered_and_stored_as_when_sent_one_at_a_time(tmp_path):
+    import random
+    for seed in range(4):
+        frames = _random_frames(random.Random(seed), 80)
+        outcomes = []
+        for together in (True, False):
+            broker = BrokerThread(tmp_path / f"{seed}-{together}", v1_port=None, segment_bytes=3000).start()
+
+            async def main():
+                conn = RawConnection(broker.broker.port)
+                await conn.open(producers=2)
+                if together:
+                    answers = await conn.exchange(frames)
+                else:
+                    answers = [(await conn.exchange([frame]))[0] for frame in frames]
+                conn.writer.close()
+                return answers
+            try:
+                answers = run(main())
+                topic = broker.broker.core.topics[TOPIC]
+                log = topic.log
+                stored = [bytes(broker.call(log.read, i).body) for i in range(log.first_entry_id, log.next_entry_id)]
+                outcomes.append((answers, stored, dict(topic.last_sequence)))
+            finally:
+                broker.stop()
+        assert outcomes[0] == outcomes[1], f"seed {seed}"
