@@ -1675,6 +1675,162 @@ cdef Py_ssize_t _plain_run(const uint8_t* buf, Py_ssize_t end, _ColumnsOut* out,
     return index
 
 
+cdef enum:
+    _TEMPLATE_WORDS = 4  # a SingleMessageMetadata of up to 32 bytes may be matched as a template
+
+
+cdef struct _RowTemplate:
+    # The layout of a row _keyed_run took, which the rows after it mostly repeat (the same
+    # properties, key and varint lengths): a row whose SingleMessageMetadata has its size and
+    # matches `expect` under `mask` (every tag and size byte equal, every string byte ASCII,
+    # every varint byte's continuation bit equal) reads to the same fields at the same offsets,
+    # so it is taken with one masked compare instead of a parse. Offsets are from the start of
+    # the SingleMessageMetadata.
+    bint valid
+    uint32_t smm_size
+    Py_ssize_t words
+    uint64_t expect[_TEMPLATE_WORDS]
+    uint64_t mask[_TEMPLATE_WORDS]
+    Py_ssize_t pair_count
+    Py_ssize_t pairs[_FAST_PROPERTIES][4]  # key start, key size, value start, value size
+    Py_ssize_t key_bytes, value_bytes
+    Py_ssize_t key_start, key_size         # key_size -1: no partition key
+    Py_ssize_t payload_at, payload_len     # payload_size's varint
+    Py_ssize_t event_at, event_len         # event_len 0: no event_time
+    Py_ssize_t sequence_at, sequence_len   # sequence_len 0: no sequence_id
+
+
+cdef inline void _template_bytes(uint8_t* expect, uint8_t* mask, Py_ssize_t start, Py_ssize_t size,
+                                 bint varint) noexcept nogil:
+    """Loosen the template over a string (any ASCII byte) or a varint (its continuation bits)."""
+    cdef Py_ssize_t i
+    for i in range(start, start + size):
+        mask[i] = 0x80
+        if not varint:
+            expect[i] = 0
+
+
+cdef void _make_template(_RowTemplate* t, const uint8_t* buf, Py_ssize_t base, uint32_t smm_size,
+                         Py_ssize_t pairs[_FAST_PROPERTIES][4], Py_ssize_t pair_count,
+                         Py_ssize_t key_start, Py_ssize_t key_size, Py_ssize_t payload_at, Py_ssize_t payload_len,
+                         Py_ssize_t event_at, Py_ssize_t event_len,
+                         Py_ssize_t sequence_at, Py_ssize_t sequence_len) noexcept nogil:
+    """The template of a row _keyed_run has just taken, its SingleMessageMetadata at buf[base]
+    (the positions given are in buf); not valid where the row is too long to match so."""
+    cdef uint8_t expect[8 * _TEMPLATE_WORDS]
+    cdef uint8_t mask[8 * _TEMPLATE_WORDS]
+    cdef Py_ssize_t pair, words = (smm_size + 7) >> 3
+    t.valid = False
+    if smm_size > 8 * _TEMPLATE_WORDS or payload_len > 3:
+        return
+    memset(expect, 0, sizeof(expect))
+    memset(mask, 0, sizeof(mask))
+    memcpy(expect, buf + base, smm_size)
+    memset(mask, 0xFF, smm_size)
+    key_start -= base
+    payload_at -= base
+    event_at -= base
+    sequence_at -= base
+    t.key_bytes = t.value_bytes = 0
+    for pair in range(pair_count):
+        t.pairs[pair][0] = pairs[pair][0] - base
+        t.pairs[pair][1] = pairs[pair][1]
+        t.pairs[pair][2] = pairs[pair][2] - base
+        t.pairs[pair][3] = pairs[pair][3]
+        t.key_bytes += pairs[pair][1]
+        t.value_bytes += pairs[pair][3]
+        _template_bytes(expect, mask, t.pairs[pair][0], t.pairs[pair][1], False)
+        _template_bytes(expect, mask, t.pairs[pair][2], t.pairs[pair][3], False)
+    if key_size >= 0:
+        _template_bytes(expect, mask, key_start, key_size, False)
+    _template_bytes(expect, mask, payload_at, payload_len, True)
+    _template_bytes(expect, mask, event_at, event_len, True)
+    _template_bytes(expect, mask, sequence_at, sequence_len, True)
+    for pair in range(_TEMPLATE_WORDS):
+        memcpy(&t.expect[pair], expect + 8 * pair, 8)
+        memcpy(&t.mask[pair], mask + 8 * pair, 8)
+        t.expect[pair] &= t.mask[pair]
+    t.smm_size = smm_size
+    t.words = words
+    t.pair_count = pair_count
+    t.key_start = key_start
+    t.key_size = key_size
+    t.payload_at = payload_at
+    t.payload_len = payload_len
+    t.event_at = event_at
+    t.event_len = event_len
+    t.sequence_at = sequence_at
+    t.sequence_len = sequence_len
+    t.valid = True
+
+
+cdef inline uint64_t _template_varint(const uint8_t* p, Py_ssize_t size) noexcept nogil:
+    """A varint of `size` bytes (at most 9) whose continuation bits the template checked."""
+    cdef uint64_t value = 0
+    cdef Py_ssize_t i
+    for i in range(size):
+        value |= (<uint64_t>(p[i] & 0x7F)) << (7 * i)
+    return value
+
+
+cdef Py_ssize_t _template_run(const uint8_t* buf, Py_ssize_t end, _ColumnsOut* out, Py_ssize_t index,
+                              Py_ssize_t rows, const _RowTemplate* t) noexcept nogil:
+    """Split rows from `index` on while each matches the template t and the columns it fills
+    have room; the index of the first row left (out.pos where it starts)."""
+    cdef _ColumnsOut o = out[0]  # a local copy: stores through char* cannot alias it
+    cdef const uint8_t* buf_end = buf + end
+    cdef const uint8_t* smm
+    cdef Py_ssize_t pos = o.pos, smm_end, payload_size, word, pair
+    cdef Py_ssize_t reach = 4 + 8 * _TEMPLATE_WORDS  # bytes read from a row's start by the compare
+    cdef uint64_t diff, loaded, event_time, sequence_id
+    cdef const Py_ssize_t* span
+    while index < rows and end - pos >= reach:
+        if _u32(buf + pos) != t.smm_size:
+            break
+        smm = buf + pos + 4
+        diff = 0
+        for word in range(_TEMPLATE_WORDS):  # all of them, past the metadata too (masked out): unrolled
+            memcpy(&loaded, smm + 8 * word, 8)
+            diff |= (loaded & t.mask[word]) ^ t.expect[word]
+        if diff:
+            break
+        smm_end = pos + 4 + t.smm_size
+        payload_size = <Py_ssize_t>_template_varint(smm + t.payload_at, t.payload_len)
+        if payload_size > end - smm_end:
+            break
+        event_time = _template_varint(smm + t.event_at, t.event_len)
+        sequence_id = _template_varint(smm + t.sequence_at, t.sequence_len)
+        if (event_time and o.event_times == NULL) or (t.sequence_len and o.sequence_ids == NULL):
+            break
+        if t.pair_count and (o.properties.pairs + t.pair_count > o.properties.capacity
+                             or not _fits(&o.properties.keys, t.key_bytes)
+                             or not _fits(&o.properties.values, t.value_bytes)):
+            break
+        if t.key_size >= 0 and not _fits(&o.keys, t.key_size):
+            break
+        memcpy(o.payloads + o.payloads_size, buf + smm_end, payload_size)
+        o.payloads_size += payload_size
+        o.payload_ends[index + 1] = o.payloads_size
+        for pair in range(t.pair_count):
+            span = &t.pairs[pair][0]
+            _write_pair(&o.properties, smm, buf_end, span[0], span[1], span[2], span[3])
+        if t.key_size >= 0:
+            _put(&o.keys, smm + t.key_start, t.key_size, buf_end)
+            _gather_bit(&o.has_key, rows, index)
+        if o.any_key_column:
+            _end_key_columns(&o, index)
+        if event_time:
+            o.event_times[index] = event_time
+        if t.sequence_len:
+            o.sequence_ids[index] = sequence_id
+            _gather_bit(&o.has_sequence, rows, index)
+        pos = smm_end + payload_size
+        index += 1
+    o.pos = pos
+    out[0] = o
+    return index
+
+
 cdef Py_ssize_t _keyed_run(const uint8_t* buf, Py_ssize_t end, _ColumnsOut* out, Py_ssize_t index,
                            Py_ssize_t rows) noexcept nogil:
     """Split rows from `index` on while each SingleMessageMetadata is, in this order, up to
@@ -1696,7 +1852,16 @@ cdef Py_ssize_t _keyed_run(const uint8_t* buf, Py_ssize_t end, _ColumnsOut* out,
     cdef uint64_t value, event_time, sequence_id = 0
     cdef uint32_t smm_size
     cdef bint has_sequence_id, text_ok
+    cdef Py_ssize_t payload_at, payload_len, event_at, event_len, sequence_at, sequence_len
+    cdef _RowTemplate template
+    template.valid = False
     while index < rows:
+        if template.valid:
+            o.pos = pos
+            index = _template_run(buf, end, &o, index, rows, &template)
+            pos = o.pos
+            if index >= rows:
+                break
         if end - pos < 4:
             break
         smm_size = _u32(buf + pos)
@@ -1744,19 +1909,27 @@ cdef Py_ssize_t _keyed_run(const uint8_t* buf, Py_ssize_t end, _ColumnsOut* out,
             if not (text_ok and (key_size < 0 or _utf8_ok(buf + key_start, key_size))):
                 break
         q += 1
+        payload_at = q
         if _varint2(buf, &q, smm_end, &value) != SCAN_OK or value > <uint64_t>(end - smm_end):
             break
+        payload_len = q - payload_at
         payload_size = <Py_ssize_t>value
         event_time = 0
+        event_at = event_len = 0
         if q < smm_end and buf[q] == 0x28:
             q += 1
+            event_at = q
             if not _fast_varint(buf, &q, smm_end, &event_time):
                 break
+            event_len = q - event_at
         has_sequence_id = False
+        sequence_at = sequence_len = 0
         if q < smm_end and buf[q] == 0x40:
             q += 1
+            sequence_at = q
             if not _fast_varint(buf, &q, smm_end, &sequence_id):
                 break
+            sequence_len = q - sequence_at
             has_sequence_id = True
         if q != smm_end:
             break
@@ -1785,6 +1958,8 @@ cdef Py_ssize_t _keyed_run(const uint8_t* buf, Py_ssize_t end, _ColumnsOut* out,
         if has_sequence_id:
             o.sequence_ids[index] = sequence_id
             _gather_bit(&o.has_sequence, rows, index)
+        _make_template(&template, buf, text_start, smm_size, pairs, pair_count, key_start, key_size,
+                       payload_at, payload_len, event_at, event_len, sequence_at, sequence_len)
         pos = smm_end + payload_size
         index += 1
     o.pos = pos
