@@ -1688,7 +1688,6 @@ cdef struct _RowTemplate:
     # the SingleMessageMetadata.
     bint valid
     uint32_t smm_size
-    Py_ssize_t words
     uint64_t expect[_TEMPLATE_WORDS]
     uint64_t mask[_TEMPLATE_WORDS]
     Py_ssize_t pair_count
@@ -1719,7 +1718,7 @@ cdef void _make_template(_RowTemplate* t, const uint8_t* buf, Py_ssize_t base, u
     (the positions given are in buf); not valid where the row is too long to match so."""
     cdef uint8_t expect[8 * _TEMPLATE_WORDS]
     cdef uint8_t mask[8 * _TEMPLATE_WORDS]
-    cdef Py_ssize_t pair, words = (smm_size + 7) >> 3
+    cdef Py_ssize_t pair
     t.valid = False
     if smm_size > 8 * _TEMPLATE_WORDS or payload_len > 3:
         return
@@ -1727,10 +1726,10 @@ cdef void _make_template(_RowTemplate* t, const uint8_t* buf, Py_ssize_t base, u
     memset(mask, 0, sizeof(mask))
     memcpy(expect, buf + base, smm_size)
     memset(mask, 0xFF, smm_size)
-    key_start -= base
+    key_start = key_start - base if key_size >= 0 else 0
     payload_at -= base
-    event_at -= base
-    sequence_at -= base
+    event_at = event_at - base if event_len else 0
+    sequence_at = sequence_at - base if sequence_len else 0
     t.key_bytes = t.value_bytes = 0
     for pair in range(pair_count):
         t.pairs[pair][0] = pairs[pair][0] - base
@@ -1751,7 +1750,6 @@ cdef void _make_template(_RowTemplate* t, const uint8_t* buf, Py_ssize_t base, u
         memcpy(&t.mask[pair], mask + 8 * pair, 8)
         t.expect[pair] &= t.mask[pair]
     t.smm_size = smm_size
-    t.words = words
     t.pair_count = pair_count
     t.key_start = key_start
     t.key_size = key_size
