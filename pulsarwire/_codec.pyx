@@ -1533,6 +1533,19 @@ cdef inline void _gather_bit(_BitGather* gather, Py_ssize_t rows, Py_ssize_t ind
     gather.bits |= (<uint64_t>1) << (index & 63)
 
 
+cdef void _gather_bits(_BitGather* gather, Py_ssize_t rows, Py_ssize_t start, Py_ssize_t stop) noexcept nogil:
+    """_gather_bit for every row from start to stop, a word at a time."""
+    cdef Py_ssize_t count
+    while start < stop:
+        if (start >> 6) != gather.word:
+            _or_word(gather.bitmap, rows, gather.word, gather.bits)
+            gather.word = start >> 6
+            gather.bits = 0
+        count = min(stop - start, 64 - (start & 63))
+        gather.bits |= ((~<uint64_t>0) >> (64 - count)) << (start & 63)
+        start += count
+
+
 cdef inline void _flush_bits(_BitGather* gather, Py_ssize_t rows) noexcept nogil:
     if gather.bitmap != NULL:
         _or_word(gather.bitmap, rows, gather.word, gather.bits)
@@ -1668,8 +1681,84 @@ cdef Py_ssize_t _plain_run(const uint8_t* buf, Py_ssize_t end, _ColumnsOut* out,
         o.payload_ends[index + 1] = o.payloads_size
         if o.any_key_column:
             _end_key_columns(&o, index)
-        pos = smm_end + size
         index += 1
+        if index < rows:
+            index = _repeat_plain_run(buf, end, &o, index, rows, pos, smm_end - pos, size, has_sequence_id)
+            pos = o.pos
+        else:
+            pos = smm_end + size
+    o.pos = pos
+    out[0] = o
+    return index
+
+
+cdef inline uint64_t _varint_word(uint64_t word) noexcept nogil:
+    """The value of a varint of at most 8 bytes held little-endian in `word` (zeros above it):
+    its 7-bit groups are closed up in pairs, then fours, then eights (no branch on its length)."""
+    word &= 0x7F7F7F7F7F7F7F7FULL
+    word = (word & 0x007F007F007F007FULL) | ((word & 0x7F007F007F007F00ULL) >> 1)
+    word = (word & 0x00003FFF00003FFFULL) | ((word & 0x3FFF00003FFF0000ULL) >> 2)
+    return (word & 0x000000000FFFFFFFULL) | ((word & 0x0FFFFFFF00000000ULL) >> 4)
+
+
+cdef Py_ssize_t _repeat_plain_run(const uint8_t* buf, Py_ssize_t end, _ColumnsOut* out, Py_ssize_t index,
+                                  Py_ssize_t rows, Py_ssize_t last, Py_ssize_t smm_len, Py_ssize_t size,
+                                  bint has_sequence_id) noexcept nogil:
+    """Split rows from `index` on while each repeats the layout of the row _plain_run has just
+    taken at buf[last] (smm_len bytes of size and SingleMessageMetadata, `size` payload bytes):
+    the same first bytes (metadata size, payload_size, the sequence_id tag) and a sequence_id
+    varint of the same length. Sets out.pos to where the first row left starts; returns its index.
+
+    Such a row's place is the last one's plus a constant, not read from the row before: the
+    loads that check each row run ahead of one another rather than in a chain."""
+    cdef _ColumnsOut o = out[0]  # a local copy: stores through char* cannot alias it
+    cdef Py_ssize_t row_len = smm_len + size, pos = last + row_len, first = index
+    cdef uint64_t head, expect, word, head_mask, tail_mask = 0, tail_expect = 0
+    cdef Py_ssize_t head_len, sequence_len
+    cdef int tail_shift = 0
+    memcpy(&head, buf + last, 8)
+    expect = _be64(head)
+    # size, 0x18, payload_size's varint (its length as _plain_entry read it), then 0x40
+    head_len = 6 + (((expect >> 16) & 0x80) != 0) + has_sequence_id
+    head_mask = (~<uint64_t>0) << (64 - 8 * head_len) if head_len < 8 else ~<uint64_t>0
+    expect &= head_mask
+    sequence_len = smm_len - head_len
+    if has_sequence_id:
+        # the varint is the last sequence_len bytes of the 8 ending at the metadata's end: the
+        # same continuation bits (set on all but its last byte) mean the same length
+        if sequence_len < 1 or sequence_len > 8:
+            out.pos = pos
+            return index
+        tail_shift = 8 * (8 - sequence_len)
+        tail_mask = (0x8080808080808080ULL >> tail_shift) << tail_shift
+        tail_expect = _le64(buf + last + smm_len - 8) & tail_mask
+    # rows that the batch holds in full, each with the 8 bytes of its head
+    cdef Py_ssize_t need = max(row_len, 8)
+    cdef Py_ssize_t stop = index + min(rows - index, (end - pos - need) // row_len + 1) if end - pos >= need else index
+    cdef const uint8_t* row = buf + pos
+    cdef char* payload_out = o.payloads + o.payloads_size
+    cdef long long filled = o.payloads_size
+    while index < stop:
+        memcpy(&head, row, 8)
+        if (_be64(head) & head_mask) != expect:
+            break
+        if has_sequence_id:
+            word = _le64(row + smm_len - 8)
+            if (word & tail_mask) != tail_expect:
+                break
+            o.sequence_ids[index] = _varint_word(word >> tail_shift)
+        memcpy(payload_out, row + smm_len, size)
+        payload_out += size
+        filled += size
+        o.payload_ends[index + 1] = filled
+        if o.any_key_column:
+            _end_key_columns(&o, index)
+        row += row_len
+        index += 1
+    o.payloads_size = filled
+    pos = row - buf
+    if has_sequence_id:
+        _gather_bits(&o.has_sequence, rows, first, index)
     o.pos = pos
     out[0] = o
     return index

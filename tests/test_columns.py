@@ -432,6 +432,72 @@ def test_a_layout_repeated_to_the_batch_end_splits_every_row():
     assert kind == "ok" and len(columns) == 50
 
 
+def _overlong(value, length):
+    """value as a varint of exactly `length` bytes (padded with continuation bytes when longer
+    than it needs): decoders take it, and a row in it must not pass for a row in the short form."""
+    groups = [(value >> (7 * i)) & 0x7F for i in range(length)]
+    return bytes(group | 0x80 for group in groups[:-1]) + bytes([groups[-1]])
+
+
+@st.composite
+def repeated_plain_batches(draw):
+    """Rows of the plain layout (payload_size, and a sequence_id as the official clients write)
+    that repeat one another's layout, with now and then a row that departs from it: another
+    payload size (its varint as long or longer), a sequence id of another length or encoded
+    overlong, its bytes split into two fields, no sequence id, or a field more. The Cython
+    twin takes rows that repeat the row before them at a constant stride; they must split as
+    split_messages reads them."""
+    payload_size = draw(st.sampled_from([0, 1, 5, 100, 127, 128, 200, 1000]))
+    sequence = draw(st.sampled_from([None, 0, 100, 1000, 16383, 2**21, 2**40, 2**55, 2**63]))
+    rng = random.Random(draw(st.integers(0, 2**32)))
+    rows = []
+    for index in range(draw(st.integers(1, 80))):
+        size, seq = payload_size, None if sequence is None else sequence + index
+        size_field = b"\x18" + _varint(size)
+        seq_field = b"" if seq is None else b"\x40" + _varint(seq)
+        extra = b""
+        departure = rng.randrange(16)
+        if departure == 0:
+            size = rng.choice([size + 1, max(size - 1, 0), size + 128, 0])
+            size_field = b"\x18" + _varint(size)
+        elif departure == 1:  # the same value in a longer varint
+            size_field = b"\x18" + _overlong(size, len(_varint(size)) + rng.choice([1, 2]))
+        elif departure == 2 and seq is not None:
+            seq_field = b"\x40" + _overlong(seq, len(_varint(seq)) + 1)
+        elif departure == 3 and seq is not None:
+            seq = rng.choice([seq * 200 + 1, seq // 200, 2**64 - 1])
+            seq_field = b"\x40" + _varint(seq)
+        elif departure == 4:
+            seq_field = b"" if seq is not None else b"\x40" + _varint(rng.randrange(2**20))
+        elif departure == 5:
+            extra = rng.choice([b"\x48\x01", b"\x40\x05", b"\x12\x01k", b"\x28\x01"])
+        elif departure == 7 and seq is not None and len(seq_field) >= 4:
+            # the same metadata size, but the sequence id's bytes hold two fields (last wins)
+            seq_field = b"\x40" + bytes([seq & 0x7F]) + b"\x40" + _overlong(seq >> 7, len(seq_field) - 3)
+        elif departure == 6:  # a payload_size past the end of the batch
+            size_field = b"\x18" + _varint(rng.choice([size + 100000, 2**40]))
+        rows.append((size_field + seq_field + extra, bytes(rng.randrange(256) for _ in range(size))))
+    return rows
+
+
+@settings(max_examples=300, deadline=None)
+@given(batch_entries=repeated_plain_batches(), count_change=st.sampled_from([0, 0, 0, 0, -1, 1]),
+       tail=st.sampled_from([b"", b"", b"\x00", b"\x00\x00\x00\x02\x18"]))
+def test_plain_rows_repeating_a_layout_and_rows_departing_from_it_agree(batch_entries, count_change, tail):
+    check_agrees(metadata(count=len(batch_entries) + count_change), batch(batch_entries) + tail)
+
+
+def test_plain_rows_repeated_to_the_batch_end_split_every_row():
+    for sequence in (None, 5, 1000, 2**40):
+        for payload in (b"", b"p", b"x" * 100, b"y" * 300):
+            rows = [(b"\x18" + _varint(len(payload)) + (b"" if sequence is None else b"\x40" + _varint(sequence + i)),
+                     payload) for i in range(70)]
+            kind, columns = check_agrees(metadata(count=len(rows)), batch(rows))
+            assert kind == "ok" and len(columns) == 70
+            if sequence is not None:
+                assert [row["sequence_id"] for row in columns] == [sequence + i for i in range(70)]
+
+
 # --- errors: the same as split_messages --------------------------------------------------
 
 BAD_BATCHES = {
