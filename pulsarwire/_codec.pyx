@@ -1738,19 +1738,24 @@ cdef Py_ssize_t _repeat_plain_run(const uint8_t* buf, Py_ssize_t end, _ColumnsOu
     cdef const uint8_t* row = buf + pos
     cdef char* payload_out = o.payloads + o.payloads_size
     cdef long long filled = o.payloads_size
+    cdef long long* payload_ends = o.payload_ends
+    cdef unsigned long long* sequence_ids = o.sequence_ids
+    # the head compared as loaded (no byte swap per row)
+    head_mask = _be64(head_mask)
+    expect = _be64(expect)
     while index < stop:
         memcpy(&head, row, 8)
-        if (_be64(head) & head_mask) != expect:
+        if (head & head_mask) != expect:
             break
         if has_sequence_id:
             word = _le64(row + smm_len - 8)
             if (word & tail_mask) != tail_expect:
                 break
-            o.sequence_ids[index] = _varint_word(word >> tail_shift)
+            sequence_ids[index] = _varint_word(word >> tail_shift)
         memcpy(payload_out, row + smm_len, size)
         payload_out += size
         filled += size
-        o.payload_ends[index + 1] = filled
+        payload_ends[index + 1] = filled
         if o.any_key_column:
             _end_key_columns(&o, index)
         row += row_len
