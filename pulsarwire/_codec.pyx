@@ -1791,6 +1791,8 @@ cdef struct _RowTemplate:
     Py_ssize_t payload_at, payload_len     # payload_size's varint
     Py_ssize_t event_at, event_len         # event_len 0: no event_time
     Py_ssize_t sequence_at, sequence_len   # sequence_len 0: no sequence_id
+    uint64_t payload_mask, event_mask, sequence_mask  # a varint's bytes in the 8 loaded at its start
+    Py_ssize_t payload_size                # the size in the row the template was made of
 
 
 cdef inline void _template_bytes(uint8_t* expect, uint8_t* mask, Py_ssize_t start, Py_ssize_t size,
@@ -1806,7 +1808,7 @@ cdef inline void _template_bytes(uint8_t* expect, uint8_t* mask, Py_ssize_t star
 cdef void _make_template(_RowTemplate* t, const uint8_t* buf, Py_ssize_t base, uint32_t smm_size,
                          Py_ssize_t pairs[_FAST_PROPERTIES][4], Py_ssize_t pair_count,
                          Py_ssize_t key_start, Py_ssize_t key_size, Py_ssize_t payload_at, Py_ssize_t payload_len,
-                         Py_ssize_t event_at, Py_ssize_t event_len,
+                         Py_ssize_t payload_size, Py_ssize_t event_at, Py_ssize_t event_len,
                          Py_ssize_t sequence_at, Py_ssize_t sequence_len) noexcept nogil:
     """The template of a row _keyed_run has just taken, its SingleMessageMetadata at buf[base]
     (the positions given are in buf); not valid where the row is too long to match so."""
@@ -1814,7 +1816,7 @@ cdef void _make_template(_RowTemplate* t, const uint8_t* buf, Py_ssize_t base, u
     cdef uint8_t mask[8 * _TEMPLATE_WORDS]
     cdef Py_ssize_t pair
     t.valid = False
-    if smm_size > 8 * _TEMPLATE_WORDS or payload_len > 3:
+    if smm_size > 8 * _TEMPLATE_WORDS or payload_len > 3 or event_len > 8 or sequence_len > 8:
         return
     memset(expect, 0, sizeof(expect))
     memset(mask, 0, sizeof(mask))
@@ -1853,69 +1855,113 @@ cdef void _make_template(_RowTemplate* t, const uint8_t* buf, Py_ssize_t base, u
     t.event_len = event_len
     t.sequence_at = sequence_at
     t.sequence_len = sequence_len
+    t.payload_size = payload_size
+    t.payload_mask = _low_bytes(payload_len)
+    t.event_mask = _low_bytes(event_len)
+    t.sequence_mask = _low_bytes(sequence_len)
     t.valid = True
 
 
-cdef inline uint64_t _template_varint(const uint8_t* p, Py_ssize_t size) noexcept nogil:
-    """A varint of `size` bytes (at most 9) whose continuation bits the template checked."""
-    cdef uint64_t value = 0
-    cdef Py_ssize_t i
-    for i in range(size):
-        value |= (<uint64_t>(p[i] & 0x7F)) << (7 * i)
-    return value
+cdef inline uint64_t _low_bytes(Py_ssize_t count) noexcept nogil:
+    """A mask of the low `count` bytes of a word (0 to 8)."""
+    return (~<uint64_t>0) >> (64 - 8 * count) if count else 0
+
+
+cdef inline Py_ssize_t _rows_of(Py_ssize_t left, Py_ssize_t per_row, Py_ssize_t rows) noexcept nogil:
+    """At most `rows`, and no more rows of `per_row` each than `left` holds."""
+    if per_row <= 0:
+        return rows
+    return min(rows, left // per_row) if left > 0 else 0
+
+
+cdef inline void _template_row(_ColumnsOut* o, const uint8_t* smm, const uint8_t* buf_end, Py_ssize_t index,
+                               Py_ssize_t rows, const _RowTemplate* t, Py_ssize_t payload_size) noexcept nogil:
+    """Write a row that matched the template t (its SingleMessageMetadata at smm, its payload
+    after it); the caller checked the row and the room for it."""
+    cdef Py_ssize_t pair
+    cdef const Py_ssize_t* span
+    cdef uint64_t event_time
+    memcpy(o.payloads + o.payloads_size, smm + t.smm_size, payload_size)
+    o.payloads_size += payload_size
+    o.payload_ends[index + 1] = o.payloads_size
+    for pair in range(t.pair_count):
+        span = &t.pairs[pair][0]
+        _write_pair(&o.properties, smm, buf_end, span[0], span[1], span[2], span[3])
+    if t.key_size >= 0:
+        _put(&o.keys, smm + t.key_start, t.key_size, buf_end)
+        _gather_bit(&o.has_key, rows, index)
+    if o.any_key_column:
+        _end_key_columns(o, index)
+    if t.event_len:
+        event_time = _varint_word(_le64(smm + t.event_at) & t.event_mask)
+        if event_time:
+            o.event_times[index] = event_time
+    if t.sequence_len:
+        o.sequence_ids[index] = _varint_word(_le64(smm + t.sequence_at) & t.sequence_mask)
+        _gather_bit(&o.has_sequence, rows, index)
+
+
+cdef inline bint _template_matches(const uint8_t* row, const _RowTemplate* t) noexcept nogil:
+    """Whether the row at `row` (4 + 8 * _TEMPLATE_WORDS bytes readable) has the template's
+    metadata size and matches it under its mask."""
+    cdef uint64_t diff = 0, loaded
+    cdef Py_ssize_t word
+    if _u32(row) != t.smm_size:
+        return False
+    for word in range(_TEMPLATE_WORDS):  # all of them, past the metadata too (masked out): unrolled
+        memcpy(&loaded, row + 4 + 8 * word, 8)
+        diff |= (loaded & t.mask[word]) ^ t.expect[word]
+    return diff == 0
 
 
 cdef Py_ssize_t _template_run(const uint8_t* buf, Py_ssize_t end, _ColumnsOut* out, Py_ssize_t index,
                               Py_ssize_t rows, const _RowTemplate* t) noexcept nogil:
-    """Split rows from `index` on while each matches the template t and the columns it fills
-    have room; the index of the first row left (out.pos where it starts)."""
+    """Split rows from `index` on while each matches the template t; the index of the first row
+    left (out.pos where it starts).
+
+    Every row taken writes the same number of string bytes and pairs (their sizes are in the
+    compare), so how many rows the columns have room for is known before the loop. While
+    payloads keep the size of the template's row, each row starts a constant past the last,
+    not where sizes read from the last row say: the loads that check each row then run ahead
+    of one another rather than in a chain. A row of another size ends that, and the rows
+    after it are placed by their sizes."""
     cdef _ColumnsOut o = out[0]  # a local copy: stores through char* cannot alias it
     cdef const uint8_t* buf_end = buf + end
     cdef const uint8_t* smm
-    cdef Py_ssize_t pos = o.pos, smm_end, payload_size, word, pair
-    cdef Py_ssize_t reach = 4 + 8 * _TEMPLATE_WORDS  # bytes read from a row's start by the compare
-    cdef uint64_t diff, loaded, event_time, sequence_id
-    cdef const Py_ssize_t* span
-    while index < rows and end - pos >= reach:
-        if _u32(buf + pos) != t.smm_size:
+    cdef Py_ssize_t pos = o.pos, smm_end, payload_size, stop
+    # bytes read from a row's start: the compare, and 8 from the start of each varint in it
+    cdef Py_ssize_t reach = 4 + 8 * _TEMPLATE_WORDS + 8
+    cdef Py_ssize_t smm_len = 4 + t.smm_size, same_size = t.payload_size, row_len = smm_len + t.payload_size
+    if (t.event_len and o.event_times == NULL) or (t.sequence_len and o.sequence_ids == NULL):
+        return index  # the general path makes the column
+    stop = rows - index
+    if t.pair_count:
+        stop = _rows_of(o.properties.capacity - o.properties.pairs, t.pair_count, stop)
+        stop = _rows_of(o.properties.keys.capacity - _SPAN_SLACK - o.properties.keys.size, t.key_bytes, stop)
+        stop = _rows_of(o.properties.values.capacity - _SPAN_SLACK - o.properties.values.size, t.value_bytes, stop)
+    if t.key_size >= 0:
+        stop = _rows_of(o.keys.capacity - _SPAN_SLACK - o.keys.size, t.key_size, stop)
+    stop += index
+    # rows of the template row's payload size
+    while index < stop and end - pos >= max(reach, row_len):
+        if not _template_matches(buf + pos, t):
             break
         smm = buf + pos + 4
-        diff = 0
-        for word in range(_TEMPLATE_WORDS):  # all of them, past the metadata too (masked out): unrolled
-            memcpy(&loaded, smm + 8 * word, 8)
-            diff |= (loaded & t.mask[word]) ^ t.expect[word]
-        if diff:
+        if <Py_ssize_t>_varint_word(_le64(smm + t.payload_at) & t.payload_mask) != same_size:
             break
-        smm_end = pos + 4 + t.smm_size
-        payload_size = <Py_ssize_t>_template_varint(smm + t.payload_at, t.payload_len)
+        _template_row(&o, smm, buf_end, index, rows, t, same_size)
+        pos += row_len
+        index += 1
+    # rows of other sizes
+    while index < stop and end - pos >= reach:
+        if not _template_matches(buf + pos, t):
+            break
+        smm = buf + pos + 4
+        smm_end = pos + smm_len
+        payload_size = <Py_ssize_t>_varint_word(_le64(smm + t.payload_at) & t.payload_mask)
         if payload_size > end - smm_end:
             break
-        event_time = _template_varint(smm + t.event_at, t.event_len)
-        sequence_id = _template_varint(smm + t.sequence_at, t.sequence_len)
-        if (event_time and o.event_times == NULL) or (t.sequence_len and o.sequence_ids == NULL):
-            break
-        if t.pair_count and (o.properties.pairs + t.pair_count > o.properties.capacity
-                             or not _fits(&o.properties.keys, t.key_bytes)
-                             or not _fits(&o.properties.values, t.value_bytes)):
-            break
-        if t.key_size >= 0 and not _fits(&o.keys, t.key_size):
-            break
-        memcpy(o.payloads + o.payloads_size, buf + smm_end, payload_size)
-        o.payloads_size += payload_size
-        o.payload_ends[index + 1] = o.payloads_size
-        for pair in range(t.pair_count):
-            span = &t.pairs[pair][0]
-            _write_pair(&o.properties, smm, buf_end, span[0], span[1], span[2], span[3])
-        if t.key_size >= 0:
-            _put(&o.keys, smm + t.key_start, t.key_size, buf_end)
-            _gather_bit(&o.has_key, rows, index)
-        if o.any_key_column:
-            _end_key_columns(&o, index)
-        if event_time:
-            o.event_times[index] = event_time
-        if t.sequence_len:
-            o.sequence_ids[index] = sequence_id
-            _gather_bit(&o.has_sequence, rows, index)
+        _template_row(&o, smm, buf_end, index, rows, t, payload_size)
         pos = smm_end + payload_size
         index += 1
     o.pos = pos
@@ -2051,7 +2097,7 @@ cdef Py_ssize_t _keyed_run(const uint8_t* buf, Py_ssize_t end, _ColumnsOut* out,
             o.sequence_ids[index] = sequence_id
             _gather_bit(&o.has_sequence, rows, index)
         _make_template(&template, buf, text_start, smm_size, pairs, pair_count, key_start, key_size,
-                       payload_at, payload_len, event_at, event_len, sequence_at, sequence_len)
+                       payload_at, payload_len, payload_size, event_at, event_len, sequence_at, sequence_len)
         pos = smm_end + payload_size
         index += 1
     o.pos = pos

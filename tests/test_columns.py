@@ -498,6 +498,22 @@ def test_plain_rows_repeated_to_the_batch_end_split_every_row():
                 assert [row["sequence_id"] for row in columns] == [sequence + i for i in range(70)]
 
 
+def test_layout_repeats_that_outgrow_a_column_first_size():
+    # a column is first sized from the row that makes it: rows of a repeated layout with longer
+    # strings after it must make room as they go, in every string column (short strings: the
+    # layout's metadata is at most 32 bytes)
+    for first, pair_text, key in ((b"", b"k" * 3, b"p" * 6), (b"a", b"b" * 4, b"c" * 9), (b"", b"\xc3\xa9", b"x" * 7)):
+        rows = [(_pair(first, first) + _sized(0x12, first) + b"\x18\x01", b"p")]
+        rows += [(_pair(pair_text, pair_text) + _sized(0x12, key) + b"\x18\x01\x28" + _varint(1000 + i), b"q")
+                 for i in range(300)]
+        kind, columns = check_agrees(metadata(count=len(rows)), batch(rows))
+        assert kind == "ok" and [row["partition_key"] for row in columns][-1] == key.decode()
+    # and more property pairs per row than the first row had
+    rows = [(_pair(b"a", b"b") + b"\x18\x01", b"p")] + [(_pair(b"", b"") * 4 + b"\x18\x01", b"q")] * 300
+    kind, columns = check_agrees(metadata(count=len(rows)), batch(rows))
+    assert kind == "ok" and len(columns[-1]["properties"]) == 1
+
+
 # --- errors: the same as split_messages --------------------------------------------------
 
 BAD_BATCHES = {
