@@ -51,7 +51,7 @@ from ._codec_py import (  # Columns' field list, its Python-level helpers, and a
 from ._proto import PulsarApi_pb2 as pb
 from .errors import (
     BadBatchError, BadCommandError, BadMagicError, BadMetadataError, ChecksumMismatchError,
-    FrameTooLargeError, TruncatedFrameError,
+    FrameTooLargeError, PulsarWireError, TruncatedFrameError,
 )
 
 IMPLEMENTATION = "cython"
@@ -1179,6 +1179,55 @@ def count_entry_batch(entry, long count):
     """count_batch of the uncompressed batch payload in `entry`, laid out as a Send frame carries
     it and the broker stores it: [u32 metadata size][MessageMetadata][payload]. BadBatchError
     also when the metadata size points past the end."""
+    return _count_entry_batch(entry, count)
+
+
+def plan_send_run(list frames, Py_ssize_t start, Py_ssize_t end, last, first_id, duplicate):
+    """What a broker stores of frames[start:end], SendFrames of one producer in the order they
+    came, when it stores them as one run: stops before the first frame a run leaves to the
+    general path (a chunk, a delayed message, a compressed or malformed batch).
+
+    `last` is the producer's last stored sequence id (-1: none). Returns (ids, bodies,
+    checksums, publish_times, counts, highest_ids): `ids` has one item per frame taken,
+    `duplicate` for a send whose highest sequence id is not above the last one stored or taken
+    before it, else first_id + its index in the other lists, which hold each stored frame's
+    metadata-and-payload span, CRC32C, publish time, message count and highest sequence id."""
+    cdef list ids = [], bodies = [], checksums = [], publish_times = [], counts = [], highest_ids = []
+    cdef Py_ssize_t i
+    cdef SendFrame frame
+    for i in range(start, end):
+        frame = frames[i]
+        if frame.is_chunk or frame.deliver_at_time is not None:
+            break
+        highest = frame.sequence_id
+        claimed = frame.highest_sequence_id
+        if claimed is not None and claimed > highest:
+            highest = claimed
+        if highest <= last:
+            ids.append(duplicate)
+            continue
+        body = frame.metadata_and_payload
+        batch_count = frame.num_messages_in_batch
+        if batch_count is None or batch_count <= 1:
+            count = 1
+        elif frame.compression:
+            break
+        else:
+            try:
+                count = _count_entry_batch(body, batch_count)
+            except (PulsarWireError, ValueError):
+                break
+        last = highest
+        ids.append(first_id + len(bodies))
+        bodies.append(body)
+        checksums.append(frame.checksum)
+        publish_times.append(frame.publish_time)
+        counts.append(count)
+        highest_ids.append(highest)
+    return ids, bodies, checksums, publish_times, counts, highest_ids
+
+
+cdef object _count_entry_batch(entry, long count):
     cdef Py_buffer view
     cdef uint32_t metadata_size
     _simple_buffer(entry, &view)
@@ -2479,6 +2528,33 @@ def encode_send_receipt(producer_id, sequence_id, highest_sequence_id, ledger_id
 
     The broker answers every entry with one; this is its hot path.
     """
+    return _send_receipt(producer_id, sequence_id, highest_sequence_id, ledger_id, entry_id)
+
+
+def queue_send_receipts(list out, list sends, batch, producer_id, list frames, Py_ssize_t start, list ids,
+                        ledger_id, duplicate):
+    """Append to `out` the SEND_RECEIPT of each of frames[start:start + len(ids)], stored as
+    `ids` says (a `duplicate` is answered with ledger -1), and to `sends` what answering one
+    with an error instead takes: (its index in out, batch, producer_id, its sequence id).
+    Returns the bytes appended."""
+    cdef Py_ssize_t i, queued = 0
+    cdef SendFrame frame
+    cdef bytes data
+    for i in range(len(ids)):
+        frame = frames[start + i]
+        entry_id = ids[i]
+        sequence_id = frame.sequence_id
+        claimed = frame.highest_sequence_id
+        sends.append((len(out), batch, producer_id, sequence_id))
+        data = _send_receipt(producer_id, sequence_id,
+                             claimed if claimed is not None and claimed > sequence_id else sequence_id,
+                             ledger_id if entry_id != duplicate else -1, entry_id)
+        out.append(data)
+        queued += PyBytes_GET_SIZE(data)
+    return queued
+
+
+cdef bytes _send_receipt(producer_id, sequence_id, highest_sequence_id, ledger_id, entry_id):
     cdef uint8_t mid[24]
     cdef uint8_t receipt[64]
     cdef uint8_t frame[96]

@@ -788,17 +788,8 @@ class BrokerConnection(asyncio.Protocol):
             if not self._batches or self._batches[-1] is not batch:
                 self._batches.append(batch)
             if not self.closed:
-                out, sends, receipt, ledger_id = self._out, self._sends, codec.encode_send_receipt, topic.ledger_id
-                queued = 0
-                for frame, entry_id in zip(frames[start:start + len(ids)], ids):
-                    sequence_id = frame.sequence_id
-                    sends.append((len(out), batch, producer_id, sequence_id))
-                    data = receipt(producer_id, sequence_id,
-                                   highest_sequence(sequence_id, frame.highest_sequence_id),
-                                   ledger_id if entry_id != DUPLICATE else -1, entry_id)
-                    out.append(data)
-                    queued += len(data)
-                self._queued(queued)
+                self._queued(codec.queue_send_receipts(self._out, self._sends, batch, producer_id, frames, start, ids,
+                                                       topic.ledger_id, DUPLICATE))
             start += len(ids)
 
     def _store_frame(self, frame) -> None:

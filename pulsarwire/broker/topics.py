@@ -698,43 +698,8 @@ class Topic:
         malformed batch, a new segment. Returns the entry ids of the frames taken, in order,
         DUPLICATE for a send the producer made before."""
         first_id = self.log.next_entry_id
-        last = self.last_sequence.get(producer_name, -1)
-        count_batch = codec.count_entry_batch
-        ids: list[int] = []
-        bodies: list = []
-        checksums: list[int] = []
-        publish_times: list[int] = []
-        counts: list[int] = []
-        highest_ids: list[int] = []
-        for i in range(start, end):
-            frame = frames[i]
-            if frame.is_chunk or frame.deliver_at_time is not None:
-                break
-            highest = frame.sequence_id
-            claimed = frame.highest_sequence_id
-            if claimed is not None and claimed > highest:
-                highest = claimed
-            if highest <= last:
-                ids.append(DUPLICATE)
-                continue
-            body = frame.metadata_and_payload
-            batch_count = frame.num_messages_in_batch
-            if batch_count is None or batch_count <= 1:
-                count = 1
-            elif frame.compression:
-                break
-            else:
-                try:
-                    count = count_batch(body, batch_count)
-                except (PulsarWireError, ValueError):
-                    break  # append() answers it
-            last = highest
-            ids.append(first_id + len(bodies))
-            bodies.append(body)
-            checksums.append(frame.checksum)
-            publish_times.append(frame.publish_time)
-            counts.append(count)
-            highest_ids.append(highest)
+        ids, bodies, checksums, publish_times, counts, highest_ids = codec.plan_send_run(
+            frames, start, end, self.last_sequence.get(producer_name, -1), first_id, DUPLICATE)
         if not bodies:
             return ids
         stored = self.log.append_many(bodies, checksums, publish_times, counts)
