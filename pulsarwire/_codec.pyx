@@ -1227,6 +1227,38 @@ def plan_send_run(list frames, Py_ssize_t start, Py_ssize_t end, last, first_id,
     return ids, bodies, checksums, publish_times, counts, highest_ids
 
 
+def stage_entries(list bodies, list checksums, list publish_times, list counts, first_id, Py_ssize_t size,
+                  Py_ssize_t limit, header, entry_type):
+    """Records for a log's appends: for each body, while `size` (the bytes of the log segment so
+    far) is under `limit`, the body (a copy when it is not bytes or a contiguous view of bytes,
+    which could change before it is written), header.pack(body size, checksum, publish time,
+    count) before it, its position (`size` then), and entry_type(entry id, body, checksum,
+    publish time, count), entry ids from first_id. Returns (records, positions, entries, size):
+    records alternate headers and bodies; `size` is past the last record."""
+    cdef list records = [], positions = [], entries = []
+    cdef Py_ssize_t i, body_size, header_size = header.size
+    cdef object pack = header.pack
+    entry_id = first_id
+    for i in range(min(len(bodies), len(checksums), len(publish_times), len(counts))):
+        if size >= limit:
+            break
+        body = bodies[i]
+        kind = type(body)
+        if kind is not bytes and not (kind is memoryview and type(body.obj) is bytes and body.c_contiguous):
+            body = bytes(body)
+        body_size = len(body)
+        checksum = checksums[i]
+        publish_time = publish_times[i]
+        count = counts[i]
+        records.append(pack(body_size, checksum, publish_time, count))
+        records.append(body)
+        positions.append(size)
+        size += header_size + body_size
+        entries.append(entry_type(entry_id, body, checksum, publish_time, count))
+        entry_id += 1
+    return records, positions, entries, size
+
+
 cdef object _count_entry_batch(entry, long count):
     cdef Py_buffer view
     cdef uint32_t metadata_size

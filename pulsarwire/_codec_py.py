@@ -756,6 +756,30 @@ def plan_send_run(frames, start, end, last, first_id, duplicate):
     return ids, bodies, checksums, publish_times, counts, highest_ids
 
 
+def stage_entries(bodies, checksums, publish_times, counts, first_id, size, limit, header, entry_type):
+    """Records for a log's appends: for each body, while `size` (the bytes of the log segment so
+    far) is under `limit`, the body (a copy when it is not bytes or a contiguous view of bytes,
+    which could change before it is written), header.pack(body size, checksum, publish time,
+    count) before it, its position (`size` then), and entry_type(entry id, body, checksum,
+    publish time, count), entry ids from first_id. Returns (records, positions, entries, size):
+    records alternate headers and bodies; `size` is past the last record."""
+    records, positions, entries = [], [], []
+    pack, header_size, entry_id = header.pack, header.size, first_id
+    for body, checksum, publish_time, count in zip(bodies, checksums, publish_times, counts):
+        if size >= limit:
+            break
+        kind = type(body)
+        if kind is not bytes and not (kind is memoryview and type(body.obj) is bytes and body.c_contiguous):
+            body = bytes(body)
+        body_size = len(body)
+        records += (pack(body_size, checksum, publish_time, count), body)
+        positions.append(size)
+        size += header_size + body_size
+        entries.append(entry_type(entry_id, body, checksum, publish_time, count))
+        entry_id += 1
+    return records, positions, entries, size
+
+
 def queue_send_receipts(out, sends, batch, producer_id, frames, start, ids, ledger_id, duplicate):
     """Append to `out` the SEND_RECEIPT of each of frames[start:start + len(ids)], stored as
     `ids` says (a `duplicate` is answered with ledger -1), and to `sends` what answering one

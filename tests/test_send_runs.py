@@ -239,3 +239,41 @@ def test_the_twins_plan_and_answer_a_run_alike():
             assert queued == sum(len(data) for data in out[1:])
             seen.append((len(frames), _plain(planned), out, sends))
         assert all(result == seen[0] for result in seen), f"seed {seed}"
+
+
+def test_the_twins_stage_entries_alike():
+    # a log's records for a run: headers, positions, entries, and where the segment's limit stops it;
+    # a body that could change (a view of a bytearray, a bytearray, a strided view) is copied
+    import random
+    import struct
+    from .conftest import TWINS
+    header = struct.Struct(">IIQI")
+
+    def entry(*fields):
+        return fields
+
+    for seed in range(40):
+        rng = random.Random(seed)
+        bodies = []
+        for _ in range(rng.randrange(0, 12)):
+            raw = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 40)))
+            bodies.append(rng.choice([raw, memoryview(raw), memoryview(raw)[1:], bytearray(raw),
+                                      memoryview(bytearray(raw)), memoryview(raw)[::2]]))
+        checksums = [rng.randrange(2**32) for _ in bodies]
+        times = [rng.randrange(2**63) for _ in bodies]
+        counts = [rng.randrange(1, 100) for _ in bodies]
+        size = rng.choice([0, 100, 5000])
+        limit = size + rng.choice([1, 50, 200, 10**9])
+        seen = []
+        for twin in TWINS:
+            records, positions, entries, end = twin.stage_entries(bodies, checksums, times, counts, 7, size, limit,
+                                                                  header, entry)
+            for body in records[1::2]:
+                assert type(body) is bytes or (type(body) is memoryview and type(body.obj) is bytes
+                                               and body.c_contiguous)
+            seen.append(([bytes(r) for r in records], positions, [(e[0], bytes(e[1]), *e[2:]) for e in entries], end))
+        assert all(result == seen[0] for result in seen), f"seed {seed}"
+        records, positions, entries, end = seen[0]
+        assert len(entries) == len(positions) == len(records) // 2
+        assert all(position < limit for position in positions)
+        assert end == size + sum(header.size + len(body) for body in records[1::2])

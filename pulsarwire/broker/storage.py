@@ -46,6 +46,8 @@ import urllib.parse
 
 from crc32c import crc32c
 
+from .. import codec
+
 log = logging.getLogger("pulsarwire.broker.storage")
 
 _HEADER = struct.Struct(">IIQI")
@@ -373,16 +375,28 @@ class EntryCache:
     def _evict(self) -> None:
         logs = self._logs
         target = self.max_bytes - self.max_bytes // self.EVICT_STEP
-        release = self._release
+        viewed_of = self._viewed
+        held_bytes = self.bytes
         evicted = 0
-        while self.bytes > target and logs:
+        while held_bytes > target and logs:
             owner, entries = next(iter(logs.items()))
             popitem = entries.popitem
-            while entries and self.bytes > target:
-                release(popitem(last=False)[1].body)
+            while entries and held_bytes > target:
+                body = popitem(last=False)[1].body
                 evicted += 1
+                # _release, inline: this loop runs once per entry appended to a full cache
+                if type(body) is memoryview:
+                    key = id(body.obj)
+                    viewed = viewed_of[key]
+                    viewed[1] -= 1
+                    if not viewed[1]:
+                        del viewed_of[key]
+                        held_bytes -= len(viewed[0])
+                else:
+                    held_bytes -= len(body)
             if not entries:
                 del logs[owner]
+        self.bytes = held_bytes
         self.evicted_entries += evicted
 
     def discard(self, entries: collections.OrderedDict, entry_id: int) -> None:
@@ -577,16 +591,12 @@ class _Segment:
         self.positions.append(pos)
         self.size = pos + HEADER_SIZE + body_size
 
-    def append_records(self, records: list, body_sizes: list[int]) -> None:
-        """Queue records as append() does: `records` alternates headers and bodies, `body_sizes`
-        holds the bodies' sizes."""
-        pos = self.size
-        positions = self.positions
-        for body_size in body_sizes:
-            positions.append(pos)
-            pos += HEADER_SIZE + body_size
+    def append_staged(self, records: list, positions: list[int], size: int) -> None:
+        """Queue records as append() does, many at once: `records` alternates headers and bodies,
+        `positions` holds where each starts and `size` where the last ends (codec.stage_entries)."""
+        self.positions.extend(positions)
         self._pending += records
-        self.size = pos
+        self.size = size
 
     @property
     def pending(self) -> bool:
@@ -805,26 +815,12 @@ class TopicLog:
         size, limit = segment.size, self.segment_bytes
         if size >= limit and segment.positions:
             return 0
-        pack = _HEADER.pack
-        records: list = []
-        sizes: list[int] = []
-        entries: list[Entry] = []
         entry_id = self.next_entry_id
-        for body, checksum, publish_time, num_messages in zip(bodies, checksums, publish_times, counts):
-            if size >= limit:
-                break
-            kind = type(body)
-            if kind is not bytes and not (kind is memoryview and type(body.obj) is bytes and body.c_contiguous):
-                body = bytes(body)  # as append(): what is queued and cached must not change
-            body_size = len(body)
-            records += (pack(body_size, checksum, publish_time, num_messages), body)
-            sizes.append(body_size)
-            size += HEADER_SIZE + body_size
-            entries.append(Entry(entry_id, body, checksum, publish_time, num_messages))
-            entry_id += 1
+        records, positions, entries, size = codec.stage_entries(bodies, checksums, publish_times, counts, entry_id,
+                                                                size, limit, _HEADER, Entry)
         if entries:
-            segment.append_records(records, sizes)
-            self.next_entry_id = entry_id
+            segment.append_staged(records, positions, size)
+            self.next_entry_id = entry_id + len(entries)
             self.batch.count += len(entries)
             self._dirty = True
             self._shared_cache.put_many(self, self._cache, entries)
