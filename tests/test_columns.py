@@ -447,7 +447,7 @@ def repeated_plain_batches(draw):
     overlong, its bytes split into two fields, no sequence id, or a field more. The Cython
     twin takes rows that repeat the row before them at a constant stride; they must split as
     split_messages reads them."""
-    payload_size = draw(st.sampled_from([0, 1, 5, 100, 127, 128, 200, 1000]))
+    payload_size = draw(st.sampled_from([0, 1, 5, 15, 16, 17, 32, 33, 100, 127, 128, 200, 256, 257, 1000]))
     sequence = draw(st.sampled_from([None, 0, 100, 1000, 16383, 2**21, 2**40, 2**55, 2**63]))
     rng = random.Random(draw(st.integers(0, 2**32)))
     rows = []
