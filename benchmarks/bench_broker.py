@@ -28,9 +28,9 @@ first, each round on a fresh broker and data directory, removed after); medians
 are reported, and the embedded / pulsar-lite produce ratio of every round.
 
 --brokers may add "embedded-nosync": the embedded broker at pulsar-lite's durability
-(--sync-policy never: each group commit reaches the OS before its receipts, no fsync;
-pulsar-lite 0.2.0 makes no fsync call, as strace shows), beside the default "embedded"
-(an fsync every second).
+(--sync-policy never: each group commit reaches the OS before its receipts, and no fsync
+but that of each full segment, on a worker thread; pulsar-lite 0.2.0 makes no fsync call,
+as strace shows), beside the default "embedded" (an fsync every second).
 
     python benchmarks/bench_broker.py [--messages 100000] [--size 100] [--repeat 3]
         [--raw-messages 500000] [--raw-seconds 2] [--clients raw-10,raw-100]
@@ -62,9 +62,9 @@ OFFICIAL_PRODUCE = dict(callback="none", delay_ms=10, max_messages=1000, pending
 OURS_PRODUCE = dict(api="send_many", delay_ms=10, max_messages=1000, pending=5000)
 CLIENTS = ("official", "pulsarwire", "raw-10", "raw-100")
 # name -> (BrokerUnderTest kind, the embedded broker's extra arguments). "embedded" runs the
-# defaults (an fsync every second); "embedded-nosync" runs pulsar-lite's durability (each write
-# reaches the OS before its receipt, the OS decides when it reaches the disk: pulsar-lite 0.2.0
-# makes no fsync call at all, as strace shows).
+# defaults (an fsync every second); "embedded-nosync" runs about pulsar-lite's durability (each
+# write reaches the OS before its receipt, the OS decides when it reaches the disk, but for the
+# fsync of each full segment: pulsar-lite 0.2.0 makes no fsync call at all, as strace shows).
 BROKERS = {"embedded": ("embedded", []), "embedded-nosync": ("embedded", ["--sync-policy", "never"]),
            "pulsar-lite": ("pulsar-lite", [])}
 
