@@ -82,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument("--max-cache-bytes", type=int, default=None, metavar="BYTES",
                         help="recently written entries kept in memory, all topics together; past it the "
                              "least recently used topic's oldest are dropped and read from disk (default 64 MiB)")
+    broker.add_argument("--page-cache-bytes", type=int, default=None, metavar="BYTES",
+                        help="page cache each topic's appends keep behind its end once written back: older "
+                             "pages are given back to the OS, and readers of what is past the entry cache "
+                             "read ahead from disk in large reads (0: keep everything cached; default 16 MiB)")
     broker.add_argument("--max-unacked-messages-per-consumer", type=int, default=None, metavar="N",
                         help="a consumer of a Shared or Key_Shared subscription holding this many "
                              "unacknowledged messages gets no more until it acknowledges half, as Pulsar's "
@@ -199,7 +203,7 @@ def _write_json(args, results) -> None:
 async def run_broker(args) -> int:
     from .broker.server import Broker
     from .broker.core import DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER
-    from .broker.storage import DEFAULT_MAX_CACHE_BYTES
+    from .broker.storage import DEFAULT_MAX_CACHE_BYTES, DEFAULT_PAGE_CACHE_BYTES
     from .broker.v1 import DEFAULT_CONSUME_MAX_BYTES
     if args.auth_token is not None and not all(args.auth_token):
         print("pulsarwire broker: --auth-token must not be empty", file=sys.stderr)
@@ -248,6 +252,7 @@ async def run_broker(args) -> int:
                     max_unacked_messages_per_consumer=DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER
                     if args.max_unacked_messages_per_consumer is None else args.max_unacked_messages_per_consumer,
                     max_cache_bytes=DEFAULT_MAX_CACHE_BYTES if args.max_cache_bytes is None else args.max_cache_bytes,
+                    page_cache_bytes=DEFAULT_PAGE_CACHE_BYTES if args.page_cache_bytes is None else args.page_cache_bytes,
                     v1_consume_max_bytes=DEFAULT_CONSUME_MAX_BYTES if args.v1_consume_max_bytes is None
                     else args.v1_consume_max_bytes)
     await broker.start()

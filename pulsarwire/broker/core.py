@@ -11,7 +11,7 @@ import logging
 import os
 import urllib.parse
 
-from .storage import (DEFAULT_MAX_CACHE_BYTES, SYNC_INTERVAL, DataDirLock, EntryCache, FileOps, FilePool,
+from .storage import (DEFAULT_MAX_CACHE_BYTES, DEFAULT_PAGE_CACHE_BYTES, SYNC_INTERVAL, DataDirLock, EntryCache, FileOps, FilePool,
                       StorageError, read_json, topic_directory)
 from .topics import DUPLICATE, LEDGERS_FILE, Topic
 
@@ -61,7 +61,8 @@ class BrokerCore:
                  segment_bytes: int = 64 * 1024 * 1024, default_partitions: int = 0,
                  max_open_files: int | None = None, file_ops: FileOps | None = None,
                  max_cache_bytes: int = DEFAULT_MAX_CACHE_BYTES,
-                 max_unacked_messages_per_consumer: int = DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER) -> None:
+                 max_unacked_messages_per_consumer: int = DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER,
+                 page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES) -> None:
         if max_unacked_messages_per_consumer < 0:
             raise ValueError("max_unacked_messages_per_consumer must not be negative")
         self.data_dir = os.path.abspath(data_dir)
@@ -71,7 +72,8 @@ class BrokerCore:
         self.default_partitions = default_partitions
         self.topics: dict[str, Topic] = {}
         self.uncommitted: set[Topic] = set()  # topics with appends not yet handed to the OS
-        self.files = FilePool(max_open_files, file_ops)  # every segment's descriptors, bounded
+        # every segment's descriptors, bounded; and the page cache each log's appends keep
+        self.files = FilePool(max_open_files, file_ops, page_cache_bytes)
         self.cache = EntryCache(max_cache_bytes)  # recent entries of every topic, bounded in all
         self.producer_name_prefix = "pulsarwire"
         self.generation = 0  # counts broker starts on this data dir, so names never repeat across restarts

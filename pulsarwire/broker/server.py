@@ -18,7 +18,7 @@ from .core import DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER, BrokerCore
 from .pulsar import (DEFAULT_FRAME_TIMEOUT, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
                      DEFAULT_MAX_FRAME_BEFORE_CONNECT, DEFAULT_MAX_INPUT_BYTES, DEFAULT_MAX_OUTPUT_BYTES,
                      PulsarService)
-from .storage import DEFAULT_MAX_CACHE_BYTES, SYNC_INTERVAL, FileOps, descriptor_limit
+from .storage import DEFAULT_MAX_CACHE_BYTES, DEFAULT_PAGE_CACHE_BYTES, SYNC_INTERVAL, FileOps, descriptor_limit
 from .topics import Topic
 from .v1 import DEFAULT_CONSUME_MAX_BYTES, V1Server
 
@@ -57,10 +57,11 @@ class Broker:
                  frame_timeout: float = DEFAULT_FRAME_TIMEOUT, max_open_files: int | None = None,
                  file_ops: FileOps | None = None, max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
                  max_cache_bytes: int = DEFAULT_MAX_CACHE_BYTES,
-                 max_unacked_messages_per_consumer: int = DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER) -> None:
+                 max_unacked_messages_per_consumer: int = DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER,
+                 page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES) -> None:
         self.core = BrokerCore(data_dir, sync_policy=sync_policy, segment_bytes=segment_bytes,
                                default_partitions=default_partitions, max_open_files=max_open_files,
-                               file_ops=file_ops, max_cache_bytes=max_cache_bytes,
+                               file_ops=file_ops, max_cache_bytes=max_cache_bytes, page_cache_bytes=page_cache_bytes,
                                max_unacked_messages_per_consumer=max_unacked_messages_per_consumer)
         self.pulsar = PulsarService(self.core, auth_tokens=auth_tokens, auth_basic=auth_basic, auth_tls=auth_tls,
                                     max_message_size=max_message_size,

@@ -36,9 +36,11 @@ import array
 import bisect
 import collections
 import concurrent.futures
+import contextlib
 import errno
 import json
 import logging
+import mmap
 import os
 import struct
 import sys
@@ -57,6 +59,8 @@ SYNC_ALWAYS, SYNC_INTERVAL, SYNC_NEVER = "always", "interval", "never"
 _BIG_ENDIAN = sys.byteorder == "big"
 _OUT_OF_FDS = (errno.EMFILE, errno.ENFILE)
 DEFAULT_MAX_CACHE_BYTES = 64 * 1024 * 1024  # cached entry bodies, all logs of a broker together
+DEFAULT_PAGE_CACHE_BYTES = 16 * 1024 * 1024  # page cache a log's appends keep behind its end
+READ_AHEAD_BYTES = 2 * 1024 * 1024  # what one read of a log being read in order takes from the disk
 
 
 class StorageError(Exception):
@@ -133,6 +137,13 @@ class FileOps:
     def open(self, path: str) -> int:
         return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
 
+    def open_direct(self, path: str) -> int:
+        """A read-only descriptor that bypasses the page cache (O_DIRECT: reads of whole blocks
+        into aligned memory); OSError where the platform or file system has none."""
+        if _O_DIRECT is None:
+            raise OSError(errno.EINVAL, "O_DIRECT is not available here")
+        return os.open(path, os.O_RDONLY | _O_DIRECT)
+
     def open_existing(self, path: str) -> int:
         """A descriptor of an existing file, for an fsync (FileNotFoundError if it is gone)."""
         return os.open(path, os.O_RDONLY)
@@ -145,6 +156,15 @@ class FileOps:
 
     def pread(self, fd: int, size: int, offset: int) -> bytes:
         return os.pread(fd, size, offset)
+
+    def pread_into(self, fd: int, buffer, offset: int) -> int:
+        """Read into `buffer` (a writable view) from `offset`; the bytes read, which may be fewer.
+        A subclass that replaces only `pread` gets its `pread` here too."""
+        if type(self).pread is not FileOps.pread or not hasattr(os, "preadv"):
+            data = self.pread(fd, len(buffer), offset)
+            buffer[:len(data)] = data
+            return len(data)
+        return os.preadv(fd, [buffer], offset)
 
     def pwrite(self, fd: int, data, offset: int) -> int:
         return os.pwrite(fd, data, offset)
@@ -159,6 +179,18 @@ class FileOps:
 
     def truncate(self, fd: int, size: int) -> None:
         os.ftruncate(fd, size)
+
+    def start_writeback(self, fd: int, offset: int, size: int) -> None:
+        """Have the OS start writing these bytes to the disk, without waiting for it (Linux's
+        sync_file_range; nothing elsewhere). Not an fsync: it promises nothing."""
+        if _sync_file_range is not None and size > 0:
+            _sync_file_range(fd, offset, size, _SYNC_FILE_RANGE_WRITE)
+
+    def drop_cached(self, fd: int, offset: int, size: int) -> None:
+        """Ask the OS to give back the page cache these bytes use where it holds them clean (pages
+        not yet written back stay); the file is unchanged."""
+        if _FADV_DONTNEED is not None and size > 0:
+            os.posix_fadvise(fd, offset, size, _FADV_DONTNEED)
 
     def fsync(self, fd: int) -> None:
         os.fsync(fd)
@@ -180,6 +212,26 @@ class FileOps:
             raise
 
 
+def _load_sync_file_range():
+    """libc's sync_file_range through ctypes (the os module has none), or None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+        function = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    function.restype = ctypes.c_int
+    return function  # a failure (-1) is ignored: it only starts a writeback early
+
+
+_sync_file_range = _load_sync_file_range()
+_O_DIRECT = getattr(os, "O_DIRECT", None)
+_DIRECT = "\0direct"  # appended to a path: the FilePool key of its O_DIRECT descriptor
+DIRECT_ALIGN = 4096  # offsets, sizes and memory of O_DIRECT reads are multiples of it
+_SYNC_FILE_RANGE_WRITE = 2
+_FADV_DONTNEED = getattr(os, "POSIX_FADV_DONTNEED", None)
 DEFAULT_OPS = FileOps()
 
 
@@ -220,9 +272,16 @@ class FilePool:
     """Open file descriptors of every segment, at most `max_open_files` at once: the least
     recently used one is closed when another is needed, and reopened on demand."""
 
-    def __init__(self, max_open_files: int | None = None, ops: FileOps | None = None) -> None:
+    def __init__(self, max_open_files: int | None = None, ops: FileOps | None = None,
+                 page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES) -> None:
+        if page_cache_bytes < 0:
+            raise ValueError("page_cache_bytes must not be negative")
         self.max_open_files = max(2, max_open_files or default_max_open_files())
         self.ops = ops or DEFAULT_OPS
+        # what each log's appends keep of the page cache behind its end (see _Segment.commit); 0: all
+        self.page_cache_bytes = page_cache_bytes
+        # a bounded page cache reads backlogs around it (O_DIRECT), where the file system can
+        self.direct_reads = page_cache_bytes > 0 and _O_DIRECT is not None
         self.stats = StorageStats()
         self._open: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._ever_opened: set[str] = set()
@@ -237,7 +296,7 @@ class FilePool:
             self._close_oldest()
         while True:
             try:
-                fd = self.ops.open(path)
+                fd = self.ops.open_direct(path[:-len(_DIRECT)]) if path.endswith(_DIRECT) else self.ops.open(path)
                 break
             except OSError as exc:
                 if exc.errno in _OUT_OF_FDS and self._open:
@@ -245,7 +304,8 @@ class FilePool:
                     continue
                 if exc.errno in _OUT_OF_FDS:
                     self.stats.descriptor_refusals += 1
-                log.error("cannot open %s: %s", path, exc)
+                if not path.endswith(_DIRECT):  # a file system without O_DIRECT: see direct_fd
+                    log.error("cannot open %s: %s", path, exc)
                 raise StorageError(f"cannot open {path}: {exc}") from exc
         if path in self._ever_opened:
             self.stats.file_reopens += 1
@@ -260,7 +320,26 @@ class FilePool:
         except OSError as exc:
             log.warning("closing a segment file: %s", exc)
 
+    def direct_fd(self, path: str) -> int | None:
+        """An O_DIRECT descriptor of `path` (bounded with the others), or None where the file
+        system has none (then never asked again)."""
+        if not self.direct_reads:
+            return None
+        try:
+            return self.fd(path + _DIRECT)
+        except StorageError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, OSError) and cause.errno in (errno.EINVAL, errno.EOPNOTSUPP):
+                self.direct_reads = False
+                log.info("reads of backlogs go through the page cache: %s", cause)
+                return None
+            raise
+
     def release(self, path: str) -> None:
+        self._release(path + _DIRECT)
+        self._release(path)
+
+    def _release(self, path: str) -> None:
         fd = self._open.pop(path, None)
         if fd is not None:
             try:
@@ -272,12 +351,14 @@ class FilePool:
     def open_count(self) -> int:
         return len(self._open)
 
-    def sync_later(self, paths: list[str]) -> concurrent.futures.Future:
+    def sync_later(self, paths: list[str], drop: bool = False) -> concurrent.futures.Future:
         """fsync `paths` on a worker thread, off the event loop; each through a descriptor of its
-        own, so this pool may close its descriptors meanwhile. The future's exception says what failed."""
+        own, so this pool may close its descriptors meanwhile. With `drop` (a full segment, when
+        the page cache is bounded) their pages are then given back. The future's exception says
+        what failed."""
         if self._syncer is None:
             self._syncer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pulsarwire-fsync")
-        return self._syncer.submit(self._sync_paths, list(paths))
+        return self._syncer.submit(self._sync_paths, list(paths), drop and self.page_cache_bytes > 0)
 
     def stop_syncs(self) -> None:
         """Wait for the fsyncs handed to the worker thread, and end it."""
@@ -285,11 +366,13 @@ class FilePool:
             self._syncer.shutdown(wait=True)
             self._syncer = None
 
-    def _sync_paths(self, paths: list[str]) -> None:
+    def _sync_paths(self, paths: list[str], drop: bool) -> None:
         for path in paths:
             fd = self.ops.open_existing(path)
             try:
                 self.ops.fsync(fd)
+                if drop:
+                    self.ops.drop_cached(fd, 0, self.ops.size(fd))
             finally:
                 self.ops.close(fd)
 
@@ -485,6 +568,9 @@ class _Segment:
         self.committed_size = self.size  # bytes on the OS's side
         self.committed_count = 0  # entries on the OS's side
         self.index_bytes_on_disk = 0
+        # the page cache this segment's appends keep: writeback was started up to _written_back,
+        # and pages before _dropped were given back (see commit)
+        self._written_back = self._dropped = self.committed_size
         self.expected: int | None = None  # entries a non-last segment must hold (from the next base)
         self._pending: list = []  # header, body, ... of the records appended since the last commit
 
@@ -633,6 +719,37 @@ class _Segment:
         self.committed_count = len(self.positions)
         self.index_bytes_on_disk += len(index_bytes)
         self._pending.clear()
+        window = self.pool.page_cache_bytes
+        if window and self.committed_size - self._written_back >= window // 2:
+            self._write_behind(window)
+
+    def _write_behind(self, window: int) -> None:
+        """Keep what the appends hold of the page cache near `window`: start the writeback of
+        what was written since the last call, and give back the pages more than `window` behind
+        the end (written back by now; any still dirty or in writeback are kept by the OS, and
+        asked again next time). A new page cache page can cost more than the copy into it (on
+        some VMs, ten times as much once a few GB are cached), and readers of what is not in
+        the entry cache read ahead in large reads (TopicLog.read). Failures are only logged:
+        this changes nothing on disk."""
+        try:
+            fd = self.pool.fd(self.log_path)
+            self.ops.start_writeback(fd, self._written_back, self.committed_size - self._written_back)
+            self._written_back = self.committed_size
+            upto = self.committed_size - window
+            start = max(0, self._dropped - window // 2)  # again what was kept last time
+            if upto > start:
+                self.ops.drop_cached(fd, start, upto - start)
+                self._dropped = upto
+        except (OSError, StorageError) as exc:
+            log.warning("%s: page cache write-behind: %s", self.log_path, exc)
+
+    def drop_cached(self) -> None:
+        """A full segment, written back: give back its pages (when the page cache is bounded)."""
+        if self.pool.page_cache_bytes:
+            try:
+                self.ops.drop_cached(self.pool.fd(self.log_path), 0, self.committed_size)
+            except (OSError, StorageError) as exc:
+                log.warning("%s: page cache: %s", self.log_path, exc)
 
     def _roll_back(self) -> None:
         del self.positions[self.committed_count:]
@@ -664,19 +781,72 @@ class _Segment:
             body_size, checksum, publish_time, num_messages = _HEADER.unpack(self._pending[k])
             return checksum, publish_time, num_messages, self._pending[k + 1]
         pos = self.positions[index]
-        end = self.positions[index + 1] if index + 1 < self.committed_count else self.committed_size
+        raw = self._pread(pos, self._record_end(index) - pos, entry_id)
+        return self._record(raw, 0, len(raw), entry_id)
+
+    def _record_end(self, index: int) -> int:
+        return self.positions[index + 1] if index + 1 < self.committed_count else self.committed_size
+
+    def _pread(self, pos: int, size: int, entry_id: int) -> bytes:
         try:
-            raw = self.ops.pread(self.pool.fd(self.log_path), end - pos, pos)
+            return self.ops.pread(self.pool.fd(self.log_path), size, pos)
         except OSError as exc:
             log.error("%s: reading entry %d: %s", self.log_path, entry_id, exc)
             raise StorageError(f"{self.log_path}: reading entry {entry_id}: {exc}") from exc
-        if len(raw) < HEADER_SIZE:
+
+    def _record(self, raw, start: int, stop: int, entry_id: int) -> tuple[int, int, int, bytes]:
+        """The record raw[start:stop] (stop may be past what a short read got), checked; its body
+        as bytes of its own (raw may be a buffer read into again)."""
+        if stop - start < HEADER_SIZE or stop > len(raw):
             raise CorruptEntryError(f"{self.log_path}: entry {entry_id} is cut short", entry_id)
-        body_size, checksum, publish_time, num_messages = _HEADER.unpack_from(raw)
-        body = raw[HEADER_SIZE:]
+        body_size, checksum, publish_time, num_messages = _HEADER.unpack_from(raw, start)
+        body = bytes(raw[start + HEADER_SIZE:stop])
         if body_size != len(body) or crc32c(body) != checksum:
             raise CorruptEntryError(f"{self.log_path}: entry {entry_id} fails its checksum", entry_id)
         return checksum, publish_time, num_messages, body
+
+    def read_run(self, index: int, buffer: mmap.mmap) -> tuple:
+        """The committed records from `index` on, as many as fit in `buffer` (one at least: when
+        it does not fit, in bytes of its own), with one read: (segment, first index, end index,
+        file position, what holds them) for record_in(). The buffer is the reading log's own,
+        used again for each run (a new one per read would be new memory each time)."""
+        pos = self.positions[index]
+        count = self.committed_count
+        limit = len(buffer) - 2 * DIRECT_ALIGN  # room to round both ends out to whole blocks
+        k = bisect.bisect_right(self.positions, pos + limit, index + 1, count)
+        if k == count and self.committed_size - pos <= limit:
+            end_index = count
+        else:
+            end_index = max(index + 1, k - 1)
+        end = self.positions[end_index] if end_index < count else self.committed_size
+        if end - pos > limit:  # one record bigger than the buffer
+            return self, index, end_index, pos, self._pread(pos, end - pos, self.base + index)
+        start = pos
+        try:
+            fd = self.pool.direct_fd(self.log_path)
+            if fd is not None:  # whole blocks, into the (page-aligned) buffer
+                start = pos - pos % DIRECT_ALIGN
+                stop = -(-end // DIRECT_ALIGN) * DIRECT_ALIGN
+                try:
+                    got = self.ops.pread_into(fd, memoryview(buffer)[:stop - start], start)
+                except OSError as exc:
+                    if exc.errno != errno.EINVAL:
+                        raise
+                    self.pool.direct_reads = False  # this file system refuses them after all
+                    log.info("reads of backlogs go through the page cache: %s", exc)
+                    fd = None
+                    start = pos
+            if fd is None:
+                got = self.ops.pread_into(self.pool.fd(self.log_path), memoryview(buffer)[:end - pos], pos)
+        except OSError as exc:
+            log.error("%s: reading entry %d: %s", self.log_path, self.base + index, exc)
+            raise StorageError(f"{self.log_path}: reading entry {self.base + index}: {exc}") from exc
+        return self, index, end_index, start, memoryview(buffer)[:got]
+
+    def record_in(self, run: tuple, index: int) -> tuple[int, int, int, bytes]:
+        """Entry `index` out of a read_run() that holds it, checked as read() checks it."""
+        base = run[3]
+        return self._record(run[4], self.positions[index] - base, self._record_end(index) - base, self.base + index)
 
     def close(self) -> None:
         self.pool.release(self.log_path)
@@ -756,6 +926,11 @@ class TopicLog:
         self._dirty = False
         self._background_syncs: list[tuple[_Segment, concurrent.futures.Future]] = []  # full segments
         self._cache: collections.OrderedDict[int, Entry] = collections.OrderedDict()  # oldest first
+        # reads past the cache: the entry a read in order asks for next, and the records read
+        # ahead for it (_Segment.read_run), at most READ_AHEAD_BYTES, one run per log
+        self._next_read = -1
+        self._run: tuple | None = None
+        self._read_buffer: mmap.mmap | None = None
         self._shared_cache = cache if cache is not None else EntryCache(cache_bytes)
 
     @staticmethod
@@ -839,13 +1014,14 @@ class TopicLog:
         if self.sync_policy == SYNC_ALWAYS:
             try:
                 old.commit(sync=True)
+                old.drop_cached()
             except StorageError as exc:
                 self.stats.failed_syncs += 1
                 log.error("%s: fsync before starting a new segment failed: %s", old.log_path, exc)
         else:
             if self._background_syncs:  # also where the never policy, which has no sync(), sees them
                 self._check_background_syncs(wait=False)
-            self._background_syncs.append((old, self.pool.sync_later([old.log_path, old.idx_path])))
+            self._background_syncs.append((old, self.pool.sync_later([old.log_path, old.idx_path], drop=True)))
         segment = _Segment(self.pool, self.directory, self.next_entry_id)
         self._segments.append(segment)
         self._bases.append(segment.base)
@@ -888,8 +1064,21 @@ class TopicLog:
             raise KeyError(entry_id)
         i = bisect.bisect_right(self._bases, entry_id) - 1
         segment = self._segments[i]
+        index = entry_id - segment.base
+        in_order, self._next_read = entry_id == self._next_read, entry_id + 1
         try:
-            checksum, publish_time, num_messages, body = segment.read(entry_id - segment.base)
+            run = self._run
+            if run is not None and run[0] is segment and run[1] <= index < run[2]:
+                checksum, publish_time, num_messages, body = segment.record_in(run, index)
+            elif in_order and index < segment.committed_count:
+                # read in order past the entry cache (a backlog): the records after it come with it
+                if self._read_buffer is None:  # page-aligned, as O_DIRECT reads need
+                    self._read_buffer = mmap.mmap(-1, READ_AHEAD_BYTES)
+                self._run = None  # its buffer is read into again
+                self._run = run = segment.read_run(index, self._read_buffer)
+                checksum, publish_time, num_messages, body = segment.record_in(run, index)
+            else:
+                checksum, publish_time, num_messages, body = segment.read(index)
         except CorruptEntryError as exc:
             self.stats.corrupt_entries += 1
             log.error("%s: %s", self.directory, exc)
@@ -937,7 +1126,8 @@ class TopicLog:
                     self.stats.failed_syncs += 1
                     log.error("%s: %s", segment.log_path, again)
             else:
-                running.append((segment, self.pool.sync_later([segment.log_path, segment.idx_path])))
+                running.append((segment, self.pool.sync_later([segment.log_path, segment.idx_path],
+                                                              drop=segment is not self._segments[-1])))
         self._background_syncs = running
 
     def sync(self, background: bool = False) -> None:
@@ -970,6 +1160,11 @@ class TopicLog:
         except StorageError as exc:
             log.error("%s: closing: %s", self.directory, exc)
         self._check_background_syncs(wait=True)
+        self._run = None
+        if self._read_buffer is not None:
+            with contextlib.suppress(BufferError):  # a view of it still held: freed with it
+                self._read_buffer.close()
+            self._read_buffer = None
         self._shared_cache.drop(self, self._cache)
         for segment in self._segments:
             segment.close()

@@ -1,0 +1,166 @@
+"""The page cache the storage keeps, and reads of what is past the entry cache.
+
+A log's appends keep about `page_cache_bytes` of the page cache behind its end: the writeback
+of older bytes is started early and their pages given back once clean; full segments are given
+back after their fsync. Readers in order past the entry cache read runs of records with one
+read (O_DIRECT where the file system has it, around the page cache). None of it changes what is
+on disk or what a read returns: every entry reads back as written, a damaged one is still that
+entry's error alone."""
+from __future__ import annotations
+
+import concurrent.futures
+import errno
+import os
+
+import pytest
+
+from pulsarwire.broker import storage
+from pulsarwire.broker.storage import HEADER_SIZE, CorruptEntryError, FileOps, FilePool, TopicLog
+
+
+class Recorder(FileOps):
+    """Records the page cache calls; `direct` False refuses O_DIRECT as tmpfs does."""
+
+    def __init__(self, direct: bool = True) -> None:
+        self.writebacks: list[tuple[int, int]] = []
+        self.drops: list[tuple[int, int]] = []
+        self.direct_opens = 0
+        self.direct = direct
+
+    def start_writeback(self, fd, offset, size):
+        self.writebacks.append((offset, size))
+        super().start_writeback(fd, offset, size)
+
+    def drop_cached(self, fd, offset, size):
+        self.drops.append((offset, size))
+        super().drop_cached(fd, offset, size)
+
+    def open_direct(self, path):
+        self.direct_opens += 1
+        if not self.direct:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return super().open_direct(path)
+
+
+def _body(i: int, size: int = 1000) -> bytes:
+    return (b"%08d" % i) * (size // 8)
+
+
+def _fill(topic_log: TopicLog, count: int, size: int = 1000, per_commit: int = 10) -> None:
+    for i in range(count):
+        topic_log.append(_body(i, size), None, i, 1)
+        if i % per_commit == per_commit - 1:
+            assert topic_log.commit()
+    assert topic_log.commit()
+
+
+def test_appends_keep_about_the_window_of_page_cache_and_read_back_whole(tmp_path):
+    ops = Recorder()
+    window = 64 * 1024
+    topic_log = TopicLog(str(tmp_path), pool=FilePool(ops=ops, page_cache_bytes=window), cache_bytes=0)
+    _fill(topic_log, 1000)  # about 1 MB, one segment
+    segment = topic_log._segments[-1]
+    # writeback started for consecutive spans, in steps of half the window
+    assert ops.writebacks and ops.writebacks[0][0] == 0
+    assert all(a + n == b for (a, n), (b, _) in zip(ops.writebacks, ops.writebacks[1:]))
+    assert all(n >= window // 2 for _, n in ops.writebacks)
+    # pages were given back only more than the window behind the end at the time
+    assert ops.drops and max(a + n for a, n in ops.drops) <= segment.committed_size - window
+    assert [topic_log.read(i).body for i in range(1000)] == [_body(i) for i in range(1000)]
+    topic_log.close()
+    reopened = TopicLog(str(tmp_path))
+    assert [reopened.read(i).body for i in range(1000)] == [_body(i) for i in range(1000)]
+    reopened.close()
+
+
+def test_without_a_window_nothing_is_given_back_and_reads_go_through_the_page_cache(tmp_path):
+    ops = Recorder()
+    topic_log = TopicLog(str(tmp_path), segment_bytes=50_000, pool=FilePool(ops=ops, page_cache_bytes=0),
+                         cache_bytes=0)
+    _fill(topic_log, 300)
+    concurrent.futures.wait([future for _, future in topic_log._background_syncs])
+    assert [topic_log.read(i).body for i in range(300)] == [_body(i) for i in range(300)]
+    assert not ops.writebacks and not ops.drops and not ops.direct_opens
+    topic_log.close()
+
+
+def test_full_segments_are_given_back_after_their_fsync(tmp_path):
+    ops = Recorder()
+    topic_log = TopicLog(str(tmp_path), segment_bytes=50_000, pool=FilePool(ops=ops, page_cache_bytes=1 << 20))
+    _fill(topic_log, 300)  # six segments
+    concurrent.futures.wait([future for _, future in topic_log._background_syncs])
+    whole = [(offset, size) for offset, size in ops.drops if offset == 0 and size >= 50_000]
+    assert len(whole) == len(topic_log._segments) - 1
+    topic_log.close()
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_reads_in_order_past_the_cache_read_runs_across_segments(tmp_path, direct):
+    ops = Recorder(direct=direct)
+    topic_log = TopicLog(str(tmp_path), segment_bytes=300_000, pool=FilePool(ops=ops, page_cache_bytes=1 << 16),
+                         cache_bytes=0)
+    sizes = [100 + (i * 7919) % 9000 for i in range(600)]  # records of many sizes, several segments
+    for i, size in enumerate(sizes):
+        topic_log.append(_body(i, size), None, i, 1)
+    assert topic_log.commit()
+    assert len(topic_log._segments) > 3
+    reads = 0
+    original = storage._Segment.read_run
+
+    def counting(self, index, buffer):
+        nonlocal reads
+        reads += 1
+        return original(self, index, buffer)
+
+    storage._Segment.read_run = counting
+    try:
+        assert [topic_log.read(i).body for i in range(600)] == [_body(i, s) for i, s in enumerate(sizes)]
+    finally:
+        storage._Segment.read_run = original
+    # about 3 MB in runs of up to READ_AHEAD_BYTES, a run ending at each segment's end
+    assert reads <= 3_000_000 // (storage.READ_AHEAD_BYTES // 2) + len(topic_log._segments) + 1
+    assert ops.direct_opens >= 1
+    assert topic_log.pool.direct_reads == direct
+    # out of order: one record at a time, the same bodies
+    assert [topic_log.read(i).body for i in (599, 3, 300, 4)] == [_body(i, sizes[i]) for i in (599, 3, 300, 4)]
+    topic_log.close()
+
+
+def test_a_damaged_record_in_a_run_costs_that_entry_alone(tmp_path):
+    directory = str(tmp_path)
+    topic_log = TopicLog(directory, cache_bytes=0)
+    _fill(topic_log, 50)
+    position = topic_log._segments[0].positions[20]
+    topic_log.close()
+    path = os.path.join(directory, sorted(f for f in os.listdir(directory) if f.endswith(".log"))[0])
+    with open(path, "r+b") as fh:
+        fh.seek(position + HEADER_SIZE + 100)
+        byte = fh.read(1)
+        fh.seek(position + HEADER_SIZE + 100)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    reopened = TopicLog(directory, cache_bytes=0, pool=FilePool(page_cache_bytes=1 << 16))
+    bodies = []
+    for i in range(50):
+        try:
+            bodies.append(reopened.read(i).body)
+        except CorruptEntryError as exc:
+            assert exc.entry_id == 20
+            bodies.append(None)
+    assert bodies == [None if i == 20 else _body(i) for i in range(50)]
+    reopened.close()
+
+
+def test_a_record_bigger_than_the_read_buffer_is_read_alone(tmp_path):
+    topic_log = TopicLog(str(tmp_path), cache_bytes=0, pool=FilePool(page_cache_bytes=1 << 16))
+    big = storage.READ_AHEAD_BYTES + 12345
+    bodies = [_body(0), os.urandom(big), _body(2), os.urandom(big // 2), _body(4)]
+    for i, body in enumerate(bodies):
+        topic_log.append(body, None, i, 1)
+    assert topic_log.commit()
+    assert [topic_log.read(i).body for i in range(5)] == bodies
+    topic_log.close()
+
+
+def test_a_negative_window_is_refused():
+    with pytest.raises(ValueError):
+        FilePool(page_cache_bytes=-1)
