@@ -164,3 +164,21 @@ def test_a_record_bigger_than_the_read_buffer_is_read_alone(tmp_path):
 def test_a_negative_window_is_refused():
     with pytest.raises(ValueError):
         FilePool(page_cache_bytes=-1)
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_runs_read_ahead_on_the_reader_thread_and_reads_out_of_order_meanwhile(tmp_path, direct):
+    """A read in order starts reading the next run on the reader thread; reads out of order
+    meanwhile, and a read in order of another place, still return what was written."""
+    ops = Recorder(direct=direct)
+    topic_log = TopicLog(str(tmp_path), pool=FilePool(ops=ops, page_cache_bytes=1 << 16), cache_bytes=0)
+    sizes = [200 + (i * 104729) % 20000 for i in range(800)]  # about 8 MB: several runs
+    for i, size in enumerate(sizes):
+        topic_log.append(_body(i, size), None, i, 1)
+    assert topic_log.commit()
+    order = list(range(0, 300)) + [799, 5, 6, 7] + list(range(300, 500)) + [10] + list(range(600, 800))
+    for i in order:
+        assert topic_log.read(i).body == _body(i, sizes[i]), i
+    assert topic_log._prefetch is None or topic_log._prefetch[2] in topic_log._read_buffers
+    topic_log.close()
+    assert topic_log._prefetch is None and not topic_log._read_buffers

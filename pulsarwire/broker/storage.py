@@ -286,6 +286,7 @@ class FilePool:
         self._open: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._ever_opened: set[str] = set()
         self._syncer: concurrent.futures.ThreadPoolExecutor | None = None  # see sync_later
+        self._reader: concurrent.futures.ThreadPoolExecutor | None = None  # see read_later
 
     def fd(self, path: str) -> int:
         fd = self._open.get(path)
@@ -351,6 +352,19 @@ class FilePool:
     def open_count(self) -> int:
         return len(self._open)
 
+    def read_later(self, fd: int, buffer, offset: int) -> concurrent.futures.Future:
+        """Read into `buffer` from `offset` on a worker thread, then close `fd` (a duplicate the
+        caller made for it); the future's result is the bytes read."""
+        if self._reader is None:
+            self._reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pulsarwire-read")
+        return self._reader.submit(self._read_into, fd, buffer, offset)
+
+    def _read_into(self, fd: int, buffer, offset: int) -> int:
+        try:
+            return self.ops.pread_into(fd, buffer, offset)
+        finally:
+            os.close(fd)
+
     def sync_later(self, paths: list[str], drop: bool = False) -> concurrent.futures.Future:
         """fsync `paths` on a worker thread, off the event loop; each through a descriptor of its
         own, so this pool may close its descriptors meanwhile. With `drop` (a full segment, when
@@ -365,6 +379,9 @@ class FilePool:
         if self._syncer is not None:
             self._syncer.shutdown(wait=True)
             self._syncer = None
+        if self._reader is not None:
+            self._reader.shutdown(wait=True)
+            self._reader = None
 
     def _sync_paths(self, paths: list[str], drop: bool) -> None:
         for path in paths:
@@ -805,43 +822,65 @@ class _Segment:
             raise CorruptEntryError(f"{self.log_path}: entry {entry_id} fails its checksum", entry_id)
         return checksum, publish_time, num_messages, body
 
-    def read_run(self, index: int, buffer: mmap.mmap) -> tuple:
-        """The committed records from `index` on, as many as fit in `buffer` (one at least: when
-        it does not fit, in bytes of its own), with one read: (segment, first index, end index,
-        file position, what holds them) for record_in(). The buffer is the reading log's own,
-        used again for each run (a new one per read would be new memory each time)."""
+    def _plan_run(self, index: int, limit: int) -> tuple[int, int, int]:
+        """The committed records from `index` on that fit in `limit` bytes (one at least):
+        (end index, file position, end position)."""
         pos = self.positions[index]
         count = self.committed_count
-        limit = len(buffer) - 2 * DIRECT_ALIGN  # room to round both ends out to whole blocks
         k = bisect.bisect_right(self.positions, pos + limit, index + 1, count)
         if k == count and self.committed_size - pos <= limit:
             end_index = count
         else:
             end_index = max(index + 1, k - 1)
-        end = self.positions[end_index] if end_index < count else self.committed_size
+        return end_index, pos, self.positions[end_index] if end_index < count else self.committed_size
+
+    def _run_source(self, pos: int, end: int) -> tuple[int, int, int]:
+        """Where a run of [pos, end) is read from: (descriptor, first byte, last byte), whole
+        blocks of an O_DIRECT descriptor where the file system has one."""
+        fd = self.pool.direct_fd(self.log_path)
+        if fd is None:
+            return self.pool.fd(self.log_path), pos, end
+        return fd, pos - pos % DIRECT_ALIGN, -(-end // DIRECT_ALIGN) * DIRECT_ALIGN
+
+    def read_run(self, index: int, buffer: mmap.mmap) -> tuple:
+        """The committed records from `index` on, as many as fit in `buffer` (one at least: when
+        it does not fit, in bytes of its own), with one read: (segment, first index, end index,
+        file position, what holds them) for record_in(). The buffer is the reading log's own,
+        used again for each run (a new one per read would be new memory each time)."""
+        limit = len(buffer) - 2 * DIRECT_ALIGN  # room to round both ends out to whole blocks
+        end_index, pos, end = self._plan_run(index, limit)
         if end - pos > limit:  # one record bigger than the buffer
             return self, index, end_index, pos, self._pread(pos, end - pos, self.base + index)
-        start = pos
         try:
-            fd = self.pool.direct_fd(self.log_path)
-            if fd is not None:  # whole blocks, into the (page-aligned) buffer
-                start = pos - pos % DIRECT_ALIGN
-                stop = -(-end // DIRECT_ALIGN) * DIRECT_ALIGN
-                try:
-                    got = self.ops.pread_into(fd, memoryview(buffer)[:stop - start], start)
-                except OSError as exc:
-                    if exc.errno != errno.EINVAL:
-                        raise
-                    self.pool.direct_reads = False  # this file system refuses them after all
-                    log.info("reads of backlogs go through the page cache: %s", exc)
-                    fd = None
-                    start = pos
-            if fd is None:
+            fd, start, stop = self._run_source(pos, end)
+            try:
+                got = self.ops.pread_into(fd, memoryview(buffer)[:stop - start], start)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL or start == pos and stop == end:
+                    raise
+                self.pool.direct_reads = False  # this file system refuses them after all
+                log.info("reads of backlogs go through the page cache: %s", exc)
+                start = pos
                 got = self.ops.pread_into(self.pool.fd(self.log_path), memoryview(buffer)[:end - pos], pos)
         except OSError as exc:
             log.error("%s: reading entry %d: %s", self.log_path, self.base + index, exc)
             raise StorageError(f"{self.log_path}: reading entry {self.base + index}: {exc}") from exc
         return self, index, end_index, start, memoryview(buffer)[:got]
+
+    def prefetch_run(self, index: int, buffer: mmap.mmap) -> tuple | None:
+        """Start read_run(index) into `buffer` on the pool's reader thread, through a duplicate of
+        the descriptor (the pool may close its own meanwhile): (index, end index, file position,
+        future of the bytes read), or None where it cannot (read_run then reads it when asked)."""
+        limit = len(buffer) - 2 * DIRECT_ALIGN
+        end_index, pos, end = self._plan_run(index, limit)
+        if end - pos > limit:
+            return None
+        try:
+            fd, start, stop = self._run_source(pos, end)
+            duplicate = os.dup(fd)
+        except (OSError, StorageError):
+            return None
+        return index, end_index, start, self.pool.read_later(duplicate, memoryview(buffer)[:stop - start], start)
 
     def record_in(self, run: tuple, index: int) -> tuple[int, int, int, bytes]:
         """Entry `index` out of a read_run() that holds it, checked as read() checks it."""
@@ -930,7 +969,8 @@ class TopicLog:
         # ahead for it (_Segment.read_run), at most READ_AHEAD_BYTES, one run per log
         self._next_read = -1
         self._run: tuple | None = None
-        self._read_buffer: mmap.mmap | None = None
+        self._read_buffers: list[mmap.mmap] = []  # two, made when first read: one for each run
+        self._prefetch: tuple | None = None  # (segment, prefetch_run(), its buffer)
         self._shared_cache = cache if cache is not None else EntryCache(cache_bytes)
 
     @staticmethod
@@ -1071,11 +1111,14 @@ class TopicLog:
             if run is not None and run[0] is segment and run[1] <= index < run[2]:
                 checksum, publish_time, num_messages, body = segment.record_in(run, index)
             elif in_order and index < segment.committed_count:
-                # read in order past the entry cache (a backlog): the records after it come with it
-                if self._read_buffer is None:  # page-aligned, as O_DIRECT reads need
-                    self._read_buffer = mmap.mmap(-1, READ_AHEAD_BYTES)
-                self._run = None  # its buffer is read into again
-                self._run = run = segment.read_run(index, self._read_buffer)
+                # read in order past the entry cache (a backlog): the records after it come with
+                # it, and the run after that is read meanwhile
+                run = self._prefetched(segment, index)
+                if run is None:
+                    self._run = None  # its buffer is read into again
+                    run = segment.read_run(index, self._buffers[0])
+                self._run = run
+                self._prefetch_after(segment, run)
                 checksum, publish_time, num_messages, body = segment.record_in(run, index)
             else:
                 checksum, publish_time, num_messages, body = segment.read(index)
@@ -1084,6 +1127,36 @@ class TopicLog:
             log.error("%s: %s", self.directory, exc)
             raise
         return Entry(entry_id, body, checksum, publish_time, num_messages)
+
+    @property
+    def _buffers(self) -> list[mmap.mmap]:
+        if not self._read_buffers:  # page-aligned, as O_DIRECT reads need
+            self._read_buffers = [mmap.mmap(-1, READ_AHEAD_BYTES), mmap.mmap(-1, READ_AHEAD_BYTES)]
+        return self._read_buffers
+
+    def _prefetched(self, segment: _Segment, index: int) -> tuple | None:
+        """The run read ahead, when it is the one starting at `index` of `segment` (waiting for
+        the reader thread if need be); None otherwise, or when it failed (read again, in place)."""
+        prefetch, self._prefetch = self._prefetch, None
+        if prefetch is None:
+            return None
+        owner, (first, end_index, start, future), buffer = prefetch
+        try:
+            got = future.result()  # also when it is not wanted: the thread writes into the buffer
+        except Exception:  # noqa: BLE001 - read_run reads it again and reports what fails
+            return None
+        if owner is not segment or first != index:
+            return None
+        return segment, index, end_index, start, memoryview(buffer)[:got]
+
+    def _prefetch_after(self, segment: _Segment, run: tuple) -> None:
+        """Start reading the run after `run`, in the same segment, into the other buffer."""
+        if run[2] >= segment.committed_count or not isinstance(run[4], memoryview):
+            return
+        buffer = self._buffers[1] if run[4].obj is self._buffers[0] else self._buffers[0]
+        started = segment.prefetch_run(run[2], buffer)
+        if started is not None:
+            self._prefetch = (segment, started, buffer)
 
     def find_by_publish_time(self, publish_time: int) -> int:
         """The first entry published at or after `publish_time` (next_entry_id if none)."""
@@ -1161,10 +1234,11 @@ class TopicLog:
             log.error("%s: closing: %s", self.directory, exc)
         self._check_background_syncs(wait=True)
         self._run = None
-        if self._read_buffer is not None:
+        self._prefetched(None, -1)  # type: ignore[arg-type]  # waits for a read in flight, drops it
+        for buffer in self._read_buffers:
             with contextlib.suppress(BufferError):  # a view of it still held: freed with it
-                self._read_buffer.close()
-            self._read_buffer = None
+                buffer.close()
+        self._read_buffers = []
         self._shared_cache.drop(self, self._cache)
         for segment in self._segments:
             segment.close()
