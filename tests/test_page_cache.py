@@ -182,3 +182,32 @@ def test_runs_read_ahead_on_the_reader_thread_and_reads_out_of_order_meanwhile(t
     assert topic_log._prefetch is None or topic_log._prefetch[2] in topic_log._read_buffers
     topic_log.close()
     assert topic_log._prefetch is None and not topic_log._read_buffers
+
+
+class RefusesDirectReads(FileOps):
+    """Opens O_DIRECT descriptors, then refuses reads through them (EINVAL), as a file system
+    whose alignment rules the reads do not meet would."""
+
+    def pread_into(self, fd, buffer, offset):
+        if _is_direct(fd):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return super().pread_into(fd, buffer, offset)
+
+
+def _is_direct(fd: int) -> bool:
+    import fcntl
+    return bool(fcntl.fcntl(fd, fcntl.F_GETFL) & getattr(os, "O_DIRECT", 0))
+
+
+def test_runs_of_whole_blocks_fall_back_to_the_page_cache_when_direct_reads_are_refused(tmp_path):
+    ops = RefusesDirectReads()
+    topic_log = TopicLog(str(tmp_path), pool=FilePool(ops=ops, page_cache_bytes=1 << 16), cache_bytes=0)
+    body_size = storage.DIRECT_ALIGN - HEADER_SIZE  # every record one block: runs start and end on blocks
+    bodies = [_body(i, body_size + 8)[:body_size] for i in range(1500)]
+    for i, body in enumerate(bodies):
+        topic_log.append(body, None, i, 1)
+    assert topic_log.commit()
+    assert topic_log._segments[0].positions[1] == storage.DIRECT_ALIGN
+    assert [topic_log.read(i).body for i in range(1500)] == bodies
+    assert not topic_log.pool.direct_reads  # refused once, then not tried again
+    topic_log.close()

@@ -834,13 +834,13 @@ class _Segment:
             end_index = max(index + 1, k - 1)
         return end_index, pos, self.positions[end_index] if end_index < count else self.committed_size
 
-    def _run_source(self, pos: int, end: int) -> tuple[int, int, int]:
-        """Where a run of [pos, end) is read from: (descriptor, first byte, last byte), whole
-        blocks of an O_DIRECT descriptor where the file system has one."""
+    def _run_source(self, pos: int, end: int) -> tuple[int, int, int, bool]:
+        """Where a run of [pos, end) is read from: (descriptor, first byte, last byte, whether
+        it is O_DIRECT), whole blocks of an O_DIRECT descriptor where the file system has one."""
         fd = self.pool.direct_fd(self.log_path)
         if fd is None:
-            return self.pool.fd(self.log_path), pos, end
-        return fd, pos - pos % DIRECT_ALIGN, -(-end // DIRECT_ALIGN) * DIRECT_ALIGN
+            return self.pool.fd(self.log_path), pos, end, False
+        return fd, pos - pos % DIRECT_ALIGN, -(-end // DIRECT_ALIGN) * DIRECT_ALIGN, True
 
     def read_run(self, index: int, buffer: mmap.mmap) -> tuple:
         """The committed records from `index` on, as many as fit in `buffer` (one at least: when
@@ -852,11 +852,11 @@ class _Segment:
         if end - pos > limit:  # one record bigger than the buffer
             return self, index, end_index, pos, self._pread(pos, end - pos, self.base + index)
         try:
-            fd, start, stop = self._run_source(pos, end)
+            fd, start, stop, direct = self._run_source(pos, end)
             try:
                 got = self.ops.pread_into(fd, memoryview(buffer)[:stop - start], start)
             except OSError as exc:
-                if exc.errno != errno.EINVAL or start == pos and stop == end:
+                if exc.errno != errno.EINVAL or not direct:
                     raise
                 self.pool.direct_reads = False  # this file system refuses them after all
                 log.info("reads of backlogs go through the page cache: %s", exc)
@@ -876,7 +876,7 @@ class _Segment:
         if end - pos > limit:
             return None
         try:
-            fd, start, stop = self._run_source(pos, end)
+            fd, start, stop, _ = self._run_source(pos, end)
             duplicate = os.dup(fd)
         except (OSError, StorageError):
             return None
