@@ -1134,9 +1134,10 @@ class TopicLog:
             self._read_buffers = [mmap.mmap(-1, READ_AHEAD_BYTES), mmap.mmap(-1, READ_AHEAD_BYTES)]
         return self._read_buffers
 
-    def _prefetched(self, segment: _Segment, index: int) -> tuple | None:
+    def _prefetched(self, segment: _Segment | None, index: int) -> tuple | None:
         """The run read ahead, when it is the one starting at `index` of `segment` (waiting for
-        the reader thread if need be); None otherwise, or when it failed (read again, in place)."""
+        the reader thread if need be); None otherwise, or when it failed (read again, in place).
+        With no segment it only waits for a read in flight and drops it."""
         prefetch, self._prefetch = self._prefetch, None
         if prefetch is None:
             return None
@@ -1234,7 +1235,7 @@ class TopicLog:
             log.error("%s: closing: %s", self.directory, exc)
         self._check_background_syncs(wait=True)
         self._run = None
-        self._prefetched(None, -1)  # type: ignore[arg-type]  # waits for a read in flight, drops it
+        self._prefetched(None, -1)  # the reader thread writes into a buffer freed below
         for buffer in self._read_buffers:
             with contextlib.suppress(BufferError):  # a view of it still held: freed with it
                 buffer.close()
