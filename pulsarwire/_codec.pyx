@@ -1888,6 +1888,10 @@ cdef struct _RowTemplate:
     Py_ssize_t sequence_at, sequence_len   # sequence_len 0: no sequence_id
     uint64_t payload_mask, event_mask, sequence_mask  # a varint's bytes in the 8 loaded at its start
     Py_ssize_t payload_size                # the size in the row the template was made of
+    # expect and mask with payload_size's bytes held exact: a row that matches these has the
+    # template row's payload size too (_repeat_template_run)
+    uint64_t same_size_expect[_TEMPLATE_WORDS]
+    uint64_t same_size_mask[_TEMPLATE_WORDS]
 
 
 cdef inline void _template_bytes(uint8_t* expect, uint8_t* mask, Py_ssize_t start, Py_ssize_t size,
@@ -1933,9 +1937,13 @@ cdef void _make_template(_RowTemplate* t, const uint8_t* buf, Py_ssize_t base, u
         _template_bytes(expect, mask, t.pairs[pair][2], t.pairs[pair][3], False)
     if key_size >= 0:
         _template_bytes(expect, mask, key_start, key_size, False)
-    _template_bytes(expect, mask, payload_at, payload_len, True)
     _template_bytes(expect, mask, event_at, event_len, True)
     _template_bytes(expect, mask, sequence_at, sequence_len, True)
+    for pair in range(_TEMPLATE_WORDS):
+        memcpy(&t.same_size_expect[pair], expect + 8 * pair, 8)
+        memcpy(&t.same_size_mask[pair], mask + 8 * pair, 8)
+        t.same_size_expect[pair] &= t.same_size_mask[pair]
+    _template_bytes(expect, mask, payload_at, payload_len, True)
     for pair in range(_TEMPLATE_WORDS):
         memcpy(&t.expect[pair], expect + 8 * pair, 8)
         memcpy(&t.mask[pair], mask + 8 * pair, 8)
@@ -2009,6 +2017,157 @@ cdef inline bint _template_matches(const uint8_t* row, const _RowTemplate* t) no
     return diff == 0
 
 
+cdef struct _SameRows:
+    # What every row of a _repeat_template_run writes, at the same offsets from its start.
+    uint32_t size_word                      # the metadata size as loaded (big-endian bytes)
+    uint64_t expect[_TEMPLATE_WORDS]
+    uint64_t mask[_TEMPLATE_WORDS]
+    Py_ssize_t row_len, payload_at, payload_size
+    Py_ssize_t key_at[_FAST_PROPERTIES]
+    Py_ssize_t key_len[_FAST_PROPERTIES]
+    Py_ssize_t value_at[_FAST_PROPERTIES]
+    Py_ssize_t value_len[_FAST_PROPERTIES]
+    Py_ssize_t partition_key_at, partition_key_size  # size -1: none
+    Py_ssize_t event_at, sequence_at
+    uint64_t event_mask, sequence_mask
+
+
+cdef inline Py_ssize_t _same_rows(const _SameRows* same, const uint8_t* row, Py_ssize_t limit, _ColumnsOut* o,
+                                  Py_ssize_t index, Py_ssize_t pair_count) noexcept nogil:
+    """The loop of _repeat_template_run: up to `limit` rows from `row` on; how many it took.
+    Inlined with pair_count a constant for the common counts, so that the loop over pairs
+    unrolls and each row's state fits in registers."""
+    cdef Py_ssize_t count = 0, pair, word, size = same.payload_size, row_len = same.row_len
+    cdef Py_ssize_t key_size = same.partition_key_size
+    cdef uint64_t diff, loaded
+    cdef uint32_t head
+    cdef char* payload_out = o.payloads + o.payloads_size
+    cdef long long* payload_ends = o.payload_ends + index + 1
+    cdef long long payload_fill = o.payloads_size
+    cdef char* property_keys = o.properties.keys.ptr + o.properties.keys.size
+    cdef char* property_values = o.properties.values.ptr + o.properties.values.size
+    cdef long long* key_ends = o.properties.key_ends + o.properties.pairs + 1
+    cdef long long* value_ends = o.properties.value_ends + o.properties.pairs + 1
+    cdef long long key_fill = o.properties.keys.size, value_fill = o.properties.values.size
+    cdef long long pairs = o.properties.pairs
+    cdef long long* property_ends = o.property_ends + index + 1 if o.property_ends != NULL else NULL
+    cdef char* partition_keys = o.keys.ptr + o.keys.size
+    cdef long long* partition_key_ends = o.key_ends + index + 1 if o.key_ends != NULL else NULL
+    cdef long long partition_key_fill = o.keys.size
+    cdef long long* ordering_ends = o.ordering_ends + index + 1 if o.ordering_ends != NULL else NULL
+    cdef unsigned long long* event_times = o.event_times + index if same.event_mask else NULL
+    cdef unsigned long long* sequence_ids = o.sequence_ids + index if same.sequence_mask else NULL
+    while count < limit:
+        memcpy(&head, row, 4)
+        diff = head ^ same.size_word
+        for word in range(_TEMPLATE_WORDS):  # unrolled
+            memcpy(&loaded, row + 4 + 8 * word, 8)
+            diff |= (loaded & same.mask[word]) ^ same.expect[word]
+        if diff:
+            break
+        _copy_payload(payload_out, row + same.payload_at, size)
+        payload_out += size
+        payload_fill += size
+        payload_ends[count] = payload_fill
+        for pair in range(pair_count):
+            memcpy(property_keys, row + same.key_at[pair], 16)
+            property_keys += same.key_len[pair]
+            key_fill += same.key_len[pair]
+            key_ends[0] = key_fill
+            key_ends += 1
+            memcpy(property_values, row + same.value_at[pair], 16)
+            property_values += same.value_len[pair]
+            value_fill += same.value_len[pair]
+            value_ends[0] = value_fill
+            value_ends += 1
+        pairs += pair_count
+        if property_ends != NULL:
+            property_ends[count] = pairs
+        if key_size >= 0:
+            memcpy(partition_keys, row + same.partition_key_at, 16)
+            partition_keys += key_size
+            partition_key_fill += key_size
+        if partition_key_ends != NULL:
+            partition_key_ends[count] = partition_key_fill
+        if ordering_ends != NULL:
+            ordering_ends[count] = o.ordering.size
+        if event_times != NULL:
+            event_times[count] = _varint_word(_le64(row + same.event_at) & same.event_mask)
+        if sequence_ids != NULL:
+            sequence_ids[count] = _varint_word(_le64(row + same.sequence_at) & same.sequence_mask)
+        row += row_len
+        count += 1
+    o.payloads_size = payload_fill
+    o.properties.keys.size = key_fill
+    o.properties.values.size = value_fill
+    o.properties.pairs = pairs
+    o.keys.size = partition_key_fill
+    return count
+
+
+cdef Py_ssize_t _repeat_template_run(const uint8_t* buf, Py_ssize_t end, _ColumnsOut* out, Py_ssize_t index,
+                                     Py_ssize_t stop, Py_ssize_t rows, const _RowTemplate* t) noexcept nogil:
+    """Split rows from `index` to at most `stop` (the columns have room for them) while each
+    matches the template t with the payload size of its row; the index of the first row left
+    (out.pos where it starts). Returns `index` untouched where a span is longer than 16 bytes.
+
+    Every such row is the last one's length further on and writes the same bytes to every
+    column: each string is one fixed 16-byte move (the columns keep _SPAN_SLACK bytes of room
+    past what is written, and the next move overwrites the spare bytes), and the payload size
+    needs no decoding, its bytes being part of the compare."""
+    cdef _ColumnsOut o = out[0]  # a local copy: stores through char* cannot alias it
+    cdef _SameRows same
+    cdef Py_ssize_t pair, word, count, pair_count = t.pair_count
+    cdef Py_ssize_t smm_size = t.smm_size
+    cdef Py_ssize_t reach = 4 + 8 * _TEMPLATE_WORDS  # bytes read from a row's start
+    for pair in range(pair_count):
+        same.key_at[pair] = 4 + t.pairs[pair][0]
+        same.key_len[pair] = t.pairs[pair][1]
+        same.value_at[pair] = 4 + t.pairs[pair][2]
+        same.value_len[pair] = t.pairs[pair][3]
+        if same.key_len[pair] > 16 or same.value_len[pair] > 16:
+            return index
+        reach = max(reach, same.key_at[pair] + 16, same.value_at[pair] + 16)
+    same.partition_key_at = 4 + t.key_start
+    same.partition_key_size = t.key_size
+    if t.key_size > 16:
+        return index
+    if t.key_size >= 0:
+        reach = max(reach, same.partition_key_at + 16)
+    same.event_at = 4 + t.event_at
+    same.sequence_at = 4 + t.sequence_at
+    same.event_mask = t.event_mask
+    same.sequence_mask = t.sequence_mask
+    if t.event_len:
+        reach = max(reach, same.event_at + 8)
+    if t.sequence_len:
+        reach = max(reach, same.sequence_at + 8)
+    same.payload_at = 4 + smm_size
+    same.payload_size = t.payload_size
+    same.row_len = 4 + smm_size + t.payload_size
+    cdef Py_ssize_t pos = o.pos, need = max(reach, same.row_len)
+    if end - pos < need:
+        return index
+    stop = min(stop, index + (end - pos - need) // same.row_len + 1)
+    for word in range(_TEMPLATE_WORDS):
+        same.expect[word] = t.same_size_expect[word]
+        same.mask[word] = t.same_size_mask[word]
+    cdef uint8_t size_bytes[4]
+    size_bytes[0] = <uint8_t>(smm_size >> 24)
+    size_bytes[1] = <uint8_t>(smm_size >> 16)
+    size_bytes[2] = <uint8_t>(smm_size >> 8)
+    size_bytes[3] = <uint8_t>smm_size
+    memcpy(&same.size_word, size_bytes, 4)
+    count = _same_rows(&same, buf + pos, stop - index, &o, index, pair_count)
+    if t.key_size >= 0:
+        _gather_bits(&o.has_key, rows, index, index + count)
+    if t.sequence_len:
+        _gather_bits(&o.has_sequence, rows, index, index + count)
+    o.pos = pos + count * same.row_len
+    out[0] = o
+    return index + count
+
+
 cdef Py_ssize_t _template_run(const uint8_t* buf, Py_ssize_t end, _ColumnsOut* out, Py_ssize_t index,
                               Py_ssize_t rows, const _RowTemplate* t) noexcept nogil:
     """Split rows from `index` on while each matches the template t; the index of the first row
@@ -2038,6 +2197,9 @@ cdef Py_ssize_t _template_run(const uint8_t* buf, Py_ssize_t end, _ColumnsOut* o
         stop = _rows_of(o.keys.capacity - _SPAN_SLACK - o.keys.size, t.key_size, stop)
     stop += index
     # rows of the template row's payload size
+    o.pos = pos
+    index = _repeat_template_run(buf, end, &o, index, stop, rows, t)
+    pos = o.pos
     while index < stop and end - pos >= max(reach, row_len):
         if not _template_matches(buf + pos, t):
             break

@@ -371,10 +371,12 @@ def repeated_layout_batches(draw):
     of the row before; they must split as split_messages reads them."""
     pair_count = draw(st.integers(0, 3))
     key_size = draw(st.sampled_from([None, 0, 1, 5, 16, 17]))
-    text_size = draw(st.integers(0, 6))
+    # strings and payloads at the bounds of the fixed moves that copy them (16 bytes; payloads
+    # in 16-byte steps from 16 to 256)
+    text_size = draw(st.sampled_from([0, 1, 2, 3, 6, 15, 16, 17]))
     event_time = draw(st.sampled_from([None, 1, 127, 200, 2**40]))
     sequence = draw(st.sampled_from([None, 0, 5, 300]))
-    payload_size = draw(st.sampled_from([0, 1, 100, 200]))
+    payload_size = draw(st.sampled_from([0, 1, 15, 16, 17, 100, 200, 256, 257]))
     rng = random.Random(draw(st.integers(0, 2**32)))
     rows = []
     for index in range(draw(st.integers(1, 60))):
@@ -422,6 +424,29 @@ def repeated_layout_batches(draw):
 @given(batch_entries=repeated_layout_batches(), tail=st.sampled_from([b"", b"", b"\x00"]))
 def test_rows_repeating_a_layout_and_rows_departing_from_it_agree(batch_entries, tail):
     check_agrees(metadata(count=len(batch_entries)), batch(batch_entries) + tail)
+
+
+def test_repeated_rows_fill_columns_made_before_them():
+    # rows of one layout after rows that made columns the layout does not fill (ordering keys,
+    # partition keys, properties, sequence ids): each of those columns gets an empty span or
+    # nothing for every such row
+    layout = _pair(b"k", b"123") + _sized(0x12, b"key-1") + b"\x18\x64\x28\x81\x01"
+    makers = {
+        "ordering key": b"\x3a\x02ok\x18\x64",
+        "partition key only": _sized(0x12, b"pk") + b"\x18\x64",
+        "two pairs": _pair(b"a", b"b") * 2 + b"\x18\x64",
+        "sequence id": b"\x18\x64\x40\x05",
+    }
+    for name, maker in makers.items():
+        rows = [(maker, b"m" * 100)] + [(layout, bytes([i % 256]) * 100) for i in range(200)]
+        rows += [(maker, b"n" * 100)] + [(layout, b"o" * 100)] * 50
+        kind, columns = check_agrees(metadata(count=len(rows)), batch(rows))
+        assert kind == "ok" and len(columns) == 252, name
+    # rows of one layout without properties or a partition key after rows with them
+    plain_layout = b"\x18\x64\x28\x81\x01"
+    rows = [(layout, b"a" * 100)] * 3 + [(plain_layout, b"b" * 100)] * 100
+    kind, columns = check_agrees(metadata(count=len(rows)), batch(rows))
+    assert kind == "ok" and columns[-1]["partition_key"] is None and columns[-1]["properties"] == {}
 
 
 def test_a_layout_repeated_to_the_batch_end_splits_every_row():
