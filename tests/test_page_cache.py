@@ -3,7 +3,8 @@
 A log's appends keep about `page_cache_bytes` of the page cache behind its end: the writeback
 of older bytes is started early and their pages given back once clean; full segments are given
 back after their fsync. Readers in order past the entry cache read runs of records with one
-read (O_DIRECT where the file system has it, around the page cache). None of it changes what is
+read (through the page cache, giving back what they have read; O_DIRECT around it where asked
+and the file system has it). None of it changes what is
 on disk or what a read returns: every entry reads back as written, a damaged one is still that
 entry's error alone."""
 from __future__ import annotations
@@ -97,7 +98,8 @@ def test_full_segments_are_given_back_after_their_fsync(tmp_path):
 @pytest.mark.parametrize("direct", [True, False])
 def test_reads_in_order_past_the_cache_read_runs_across_segments(tmp_path, direct):
     ops = Recorder(direct=direct)
-    topic_log = TopicLog(str(tmp_path), segment_bytes=300_000, pool=FilePool(ops=ops, page_cache_bytes=1 << 16),
+    topic_log = TopicLog(str(tmp_path), segment_bytes=300_000,
+                         pool=FilePool(ops=ops, page_cache_bytes=1 << 16, direct_reads=True),
                          cache_bytes=0)
     sizes = [100 + (i * 7919) % 9000 for i in range(600)]  # records of many sizes, several segments
     for i, size in enumerate(sizes):
@@ -126,7 +128,8 @@ def test_reads_in_order_past_the_cache_read_runs_across_segments(tmp_path, direc
     topic_log.close()
 
 
-def test_a_damaged_record_in_a_run_costs_that_entry_alone(tmp_path):
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_damaged_record_in_a_run_costs_that_entry_alone(tmp_path, direct):
     directory = str(tmp_path)
     topic_log = TopicLog(directory, cache_bytes=0)
     _fill(topic_log, 50)
@@ -138,7 +141,7 @@ def test_a_damaged_record_in_a_run_costs_that_entry_alone(tmp_path):
         byte = fh.read(1)
         fh.seek(position + HEADER_SIZE + 100)
         fh.write(bytes([byte[0] ^ 0xFF]))
-    reopened = TopicLog(directory, cache_bytes=0, pool=FilePool(page_cache_bytes=1 << 16))
+    reopened = TopicLog(directory, cache_bytes=0, pool=FilePool(page_cache_bytes=1 << 16, direct_reads=direct))
     bodies = []
     for i in range(50):
         try:
@@ -150,8 +153,9 @@ def test_a_damaged_record_in_a_run_costs_that_entry_alone(tmp_path):
     reopened.close()
 
 
-def test_a_record_bigger_than_the_read_buffer_is_read_alone(tmp_path):
-    topic_log = TopicLog(str(tmp_path), cache_bytes=0, pool=FilePool(page_cache_bytes=1 << 16))
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_record_bigger_than_the_read_buffer_is_read_alone(tmp_path, direct):
+    topic_log = TopicLog(str(tmp_path), cache_bytes=0, pool=FilePool(page_cache_bytes=1 << 16, direct_reads=direct))
     big = storage.READ_AHEAD_BYTES + 12345
     bodies = [_body(0), os.urandom(big), _body(2), os.urandom(big // 2), _body(4)]
     for i, body in enumerate(bodies):
@@ -171,7 +175,8 @@ def test_runs_read_ahead_on_the_reader_thread_and_reads_out_of_order_meanwhile(t
     """A read in order starts reading the next run on the reader thread; reads out of order
     meanwhile, and a read in order of another place, still return what was written."""
     ops = Recorder(direct=direct)
-    topic_log = TopicLog(str(tmp_path), pool=FilePool(ops=ops, page_cache_bytes=1 << 16), cache_bytes=0)
+    topic_log = TopicLog(str(tmp_path), pool=FilePool(ops=ops, page_cache_bytes=1 << 16, direct_reads=True),
+                         cache_bytes=0)
     sizes = [200 + (i * 104729) % 20000 for i in range(800)]  # about 8 MB: several runs
     for i, size in enumerate(sizes):
         topic_log.append(_body(i, size), None, i, 1)
@@ -179,9 +184,172 @@ def test_runs_read_ahead_on_the_reader_thread_and_reads_out_of_order_meanwhile(t
     order = list(range(0, 300)) + [799, 5, 6, 7] + list(range(300, 500)) + [10] + list(range(600, 800))
     for i in order:
         assert topic_log.read(i).body == _body(i, sizes[i]), i
-    assert topic_log._prefetch is None or topic_log._prefetch[2] in topic_log._read_buffers
+    reader = topic_log._reader
+    assert reader.prefetch is None or reader.prefetch[2] in reader.buffers
     topic_log.close()
-    assert topic_log._prefetch is None and not topic_log._read_buffers
+    assert reader.prefetch is None and not reader.buffers and not topic_log.pool.run_holders()
+
+
+def _counting_runs(monkeypatch):
+    """The runs _Segment.read_run reads, as (segment base, first index), in a list."""
+    runs = []
+    original = storage._Segment.read_run
+
+    def counting(self, index, buffer):
+        runs.append((self.base, index))
+        return original(self, index, buffer)
+
+    monkeypatch.setattr(storage._Segment, "read_run", counting)
+    return runs
+
+
+def _backlog(tmp_path, count=600, read_runs=storage.DEFAULT_READ_RUNS, **log_options):
+    pool = FilePool(page_cache_bytes=1 << 16, read_runs=read_runs)
+    topic_log = TopicLog(str(tmp_path), pool=pool, cache_bytes=0, **log_options)
+    sizes = [100 + (i * 7919) % 20000 for i in range(count)]  # about 6 MB: several runs
+    for i, size in enumerate(sizes):
+        topic_log.append(_body(i, size), None, i, 1)
+    assert topic_log.commit()
+    return topic_log, sizes
+
+
+def test_readers_at_different_places_each_read_runs(tmp_path, monkeypatch):
+    """Two subscriptions reading one backlog at different places, in turns: each reads in runs
+    of its own (not one record at a time, as when they shared the log's one run)."""
+    topic_log, sizes = _backlog(tmp_path)
+    runs = _counting_runs(monkeypatch)
+    first, second = topic_log.reader(), topic_log.reader()
+    plain_reads = 0
+    original = storage._Segment.read
+
+    def counting(self, index):
+        nonlocal plain_reads
+        plain_reads += 1
+        return original(self, index)
+
+    monkeypatch.setattr(storage._Segment, "read", counting)
+    for step in range(300):
+        assert topic_log.read(step, first).body == _body(step, sizes[step])
+        assert topic_log.read(300 + step, second).body == _body(300 + step, sizes[300 + step])
+    assert plain_reads == 2  # the first read of each: a reader reads ahead once it reads in order
+    assert len(runs) <= 2 * (3_000_000 // (storage.READ_AHEAD_BYTES // 2) + 2)
+    assert set(topic_log.pool.run_holders()) == {first, second}
+    first.close()  # a subscription dropped: its buffers go back
+    assert topic_log.pool.run_holders() == [second]
+    assert topic_log.read(0, first).body == _body(0, sizes[0])  # and it may read again
+    with pytest.raises(ValueError):
+        _backlog(tmp_path / "other", count=1)[0].read(0, first)
+    topic_log.close()
+    assert not topic_log.pool.run_holders() and not first.buffers and not second.buffers
+
+
+def test_readers_past_the_budget_read_one_record_at_a_time_until_buffers_idle(tmp_path, monkeypatch):
+    topic_log, sizes = _backlog(tmp_path, count=200, read_runs=1)
+    clock = [1000.0]
+    monkeypatch.setattr(storage.time, "monotonic", lambda: clock[0])
+    first, second = topic_log.reader(), topic_log.reader()
+    runs = _counting_runs(monkeypatch)
+    for step in range(50):  # the first holds the only buffers while it reads
+        assert topic_log.read(step, first).body == _body(step, sizes[step])
+        assert topic_log.read(100 + step, second).body == _body(100 + step, sizes[100 + step])
+    assert runs and all(base + index < 50 for base, index in runs)  # the second read no run
+    assert topic_log.pool.run_holders() == [first] and not second.buffers
+    clock[0] += storage.READ_RUN_IDLE  # the first stops reading: the second gets its buffers
+    assert topic_log.read(150, second).body == _body(150, sizes[150])
+    assert topic_log.read(151, second).body == _body(151, sizes[151])
+    assert topic_log.pool.run_holders() == [second] and not first.buffers and first.run is None
+    assert any(base + index == 150 for base, index in runs)
+    # the first reads on, correctly, one record at a time while the second reads
+    assert [topic_log.read(i, first).body for i in range(50, 60)] == [_body(i, sizes[i]) for i in range(50, 60)]
+    topic_log.close()
+
+
+def test_a_subscription_reads_with_a_reader_of_its_own_and_gives_it_back(tmp_path):
+    from pulsarwire.broker.topics import Topic
+    pool = FilePool(page_cache_bytes=1 << 16)
+    topic = Topic("t", str(tmp_path), segment_bytes=1 << 20, sync_policy="interval", on_append=lambda t: None,
+                  pool=pool)
+    for i in range(20):
+        topic.log.append(_body(i, 5000), None, i, 1)
+    assert topic.log.commit()
+    durable = topic.subscription("durable", 0, True, True, None)
+    passing = topic.subscription("passing", 0, False, True, None)
+    assert durable.reader is not passing.reader and durable.reader.log is topic.log
+    for subscription in (durable, passing):
+        assert topic.log.read(3, subscription.reader).body == _body(3, 5000)
+        topic.log._cache.clear()
+        assert topic.log.read(4, subscription.reader).body == _body(4, 5000)
+    assert set(pool.run_holders()) <= {durable.reader, passing.reader}
+    # dispatch reads through the subscription's reader: two subscriptions at different places
+    # each read runs
+    from pulsarwire.broker.topics import ConsumerLink
+
+    class Taker(ConsumerLink):
+        writable = True
+
+        def __init__(self, subscription):
+            super().__init__(subscription, "taker", 0)
+            self.got = []
+
+        def deliver(self, entry, redelivery_count, ack_set):
+            self.got.append(entry.entry_id)
+
+        def reached_end_of_topic(self):
+            pass
+
+        def evict(self):
+            pass
+
+    topic.log._cache.clear()
+    runs_before = {id(durable.reader): durable.reader.run, id(passing.reader): passing.reader.run}
+    takers = []
+    for subscription in (durable, passing):
+        taker = Taker(subscription)
+        subscription.add_consumer(taker)
+        taker.permits = 20
+        subscription.dispatch()
+        takers.append(taker)
+    assert takers[0].got == list(range(20)) and takers[1].got == list(range(20))
+    for subscription in (durable, passing):
+        assert subscription.reader.run is not None and subscription.reader.run is not runs_before[id(subscription.reader)]
+    topic.drop_subscription("durable")
+    passing.consumers.clear()
+    passing._drop_if_unused()  # non-durable, no consumers: dropped
+    assert not pool.run_holders() and not durable.reader.buffers and not passing.reader.buffers
+    topic.close()
+
+
+def test_runs_read_through_the_page_cache_give_back_what_was_read(tmp_path):
+    """Where the file system has no O_DIRECT, a reader gives back the pages of its backlog as it
+    goes: all of a segment up to its new run (a folio is given back only when covered whole),
+    and all it read of a segment it has left; the rest when it closes."""
+    ops = Recorder(direct=False)
+    topic_log = TopicLog(str(tmp_path), segment_bytes=3_000_000, pool=FilePool(ops=ops, page_cache_bytes=1 << 16),
+                         cache_bytes=0)
+    sizes = [100 + (i * 7919) % 20000 for i in range(600)]  # about 6 MB, a few segments
+    for i, size in enumerate(sizes):
+        topic_log.append(_body(i, size), None, i, 1)
+    assert topic_log.commit()
+    concurrent.futures.wait([future for _, future in topic_log._background_syncs])
+    assert len(topic_log._segments) >= 2
+    reader = topic_log.reader()
+    ops.drops.clear()
+    assert [topic_log.read(i, reader).body for i in range(600)] == [_body(i, s) for i, s in enumerate(sizes)]
+    # every drop starts at a segment's start; each segment left behind is given back whole
+    assert ops.drops and all(offset == 0 for offset, _ in ops.drops)
+    for segment in topic_log._segments[:-1]:
+        assert (0, segment.committed_size) in ops.drops
+    whole = {(0, segment.committed_size) for segment in topic_log._segments}
+    assert [drop for drop in ops.drops if drop not in whole]  # within a segment too, not only when leaving it
+    last = topic_log._segments[-1]
+    reader.close()  # and what it read of the segment it is in
+    assert ops.drops[-1] == (0, last.committed_size)
+    topic_log.close()
+
+
+def test_a_read_run_budget_below_one_is_refused():
+    with pytest.raises(ValueError):
+        FilePool(read_runs=0)
 
 
 class RefusesDirectReads(FileOps):
@@ -201,7 +369,8 @@ def _is_direct(fd: int) -> bool:
 
 def test_runs_of_whole_blocks_fall_back_to_the_page_cache_when_direct_reads_are_refused(tmp_path):
     ops = RefusesDirectReads()
-    topic_log = TopicLog(str(tmp_path), pool=FilePool(ops=ops, page_cache_bytes=1 << 16), cache_bytes=0)
+    topic_log = TopicLog(str(tmp_path), pool=FilePool(ops=ops, page_cache_bytes=1 << 16, direct_reads=True),
+                         cache_bytes=0)
     body_size = storage.DIRECT_ALIGN - HEADER_SIZE  # every record one block: runs start and end on blocks
     bodies = [_body(i, body_size + 8)[:body_size] for i in range(1500)]
     for i, body in enumerate(bodies):

@@ -44,6 +44,7 @@ import mmap
 import os
 import struct
 import sys
+import time
 import urllib.parse
 
 from crc32c import crc32c
@@ -61,6 +62,8 @@ _OUT_OF_FDS = (errno.EMFILE, errno.ENFILE)
 DEFAULT_MAX_CACHE_BYTES = 64 * 1024 * 1024  # cached entry bodies, all logs of a broker together
 DEFAULT_PAGE_CACHE_BYTES = 16 * 1024 * 1024  # page cache a log's appends keep behind its end
 READ_AHEAD_BYTES = 2 * 1024 * 1024  # what one read of a log being read in order takes from the disk
+DEFAULT_READ_RUNS = 8  # readers reading ahead at once (two READ_AHEAD_BYTES buffers each), all logs together
+READ_RUN_IDLE = 1.0  # seconds after which a reader's buffers may go to another reader
 
 
 class StorageError(Exception):
@@ -273,20 +276,27 @@ class FilePool:
     recently used one is closed when another is needed, and reopened on demand."""
 
     def __init__(self, max_open_files: int | None = None, ops: FileOps | None = None,
-                 page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES) -> None:
+                 page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES, read_runs: int = DEFAULT_READ_RUNS,
+                 direct_reads: bool = False) -> None:
         if page_cache_bytes < 0:
             raise ValueError("page_cache_bytes must not be negative")
+        if read_runs < 1:
+            raise ValueError("read_runs must be at least 1")
         self.max_open_files = max(2, max_open_files or default_max_open_files())
         self.ops = ops or DEFAULT_OPS
         # what each log's appends keep of the page cache behind its end (see _Segment.commit); 0: all
         self.page_cache_bytes = page_cache_bytes
-        # a bounded page cache reads backlogs around it (O_DIRECT), where the file system can
-        self.direct_reads = page_cache_bytes > 0 and _O_DIRECT is not None
+        # backlogs read around the page cache (O_DIRECT), where asked and the file system can;
+        # else through it, each reader giving back what it has read (LogReader.done_before)
+        self.direct_reads = direct_reads and page_cache_bytes > 0 and _O_DIRECT is not None
         self.stats = StorageStats()
         self._open: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._ever_opened: set[str] = set()
         self._syncer: concurrent.futures.ThreadPoolExecutor | None = None  # see sync_later
         self._reader: concurrent.futures.ThreadPoolExecutor | None = None  # see read_later
+        # the readers holding read-ahead buffers (LogReader.buffers), least recently used first
+        self.read_runs = read_runs
+        self._run_holders: collections.OrderedDict[LogReader, None] = collections.OrderedDict()
 
     def fd(self, path: str) -> int:
         fd = self._open.get(path)
@@ -351,6 +361,36 @@ class FilePool:
     @property
     def open_count(self) -> int:
         return len(self._open)
+
+    def run_buffers(self, reader: LogReader) -> list[mmap.mmap] | None:
+        """The two read-ahead buffers of `reader` (page-aligned, as O_DIRECT reads need): its
+        own; else new ones while fewer than `read_runs` readers hold some; else those of the
+        reader that used its own the longest ago, when that is READ_RUN_IDLE seconds or more.
+        None otherwise: the reader then reads one record at a time. A reader that is still
+        reading keeps its buffers: taking them would make it read its run again."""
+        now = time.monotonic()
+        if reader.buffers:
+            self._run_holders.move_to_end(reader)
+            reader.used_at = now
+            return reader.buffers
+        if len(self._run_holders) < self.read_runs:
+            buffers = [mmap.mmap(-1, READ_AHEAD_BYTES), mmap.mmap(-1, READ_AHEAD_BYTES)]
+        else:
+            oldest = next(iter(self._run_holders))
+            if now - oldest.used_at < READ_RUN_IDLE:
+                return None
+            buffers = oldest.give_up_buffers()
+        reader.buffers = buffers
+        reader.used_at = now
+        self._run_holders[reader] = None
+        return buffers
+
+    def drop_run_buffers(self, reader: LogReader) -> None:
+        """`reader` holds no buffers any more."""
+        self._run_holders.pop(reader, None)
+
+    def run_holders(self) -> list[LogReader]:
+        return list(self._run_holders)
 
     def read_later(self, fd: int, buffer, offset: int) -> concurrent.futures.Future:
         """Read into `buffer` from `offset` on a worker thread, then close `fd` (a duplicate the
@@ -760,6 +800,14 @@ class _Segment:
         except (OSError, StorageError) as exc:
             log.warning("%s: page cache write-behind: %s", self.log_path, exc)
 
+    def drop_range(self, offset: int, size: int) -> None:
+        """Give back the pages of bytes a reader is done with (when the page cache is bounded)."""
+        if self.pool.page_cache_bytes:
+            try:
+                self.ops.drop_cached(self.pool.fd(self.log_path), offset, size)
+            except (OSError, StorageError) as exc:
+                log.warning("%s: page cache: %s", self.log_path, exc)
+
     def drop_cached(self) -> None:
         """A full segment, written back: give back its pages (when the page cache is bounded)."""
         if self.pool.page_cache_bytes:
@@ -965,12 +1013,8 @@ class TopicLog:
         self._dirty = False
         self._background_syncs: list[tuple[_Segment, concurrent.futures.Future]] = []  # full segments
         self._cache: collections.OrderedDict[int, Entry] = collections.OrderedDict()  # oldest first
-        # reads past the cache: the entry a read in order asks for next, and the records read
-        # ahead for it (_Segment.read_run), at most READ_AHEAD_BYTES, one run per log
-        self._next_read = -1
-        self._run: tuple | None = None
-        self._read_buffers: list[mmap.mmap] = []  # two, made when first read: one for each run
-        self._prefetch: tuple | None = None  # (segment, prefetch_run(), its buffer)
+        # reads past the cache by callers that name no reader of their own (see reader())
+        self._reader = LogReader(self)
         self._shared_cache = cache if cache is not None else EntryCache(cache_bytes)
 
     @staticmethod
@@ -1093,32 +1137,44 @@ class TopicLog:
         self.committed_entry_id = self.next_entry_id
         return True
 
-    def read(self, entry_id: int) -> Entry:
+    def reader(self) -> LogReader:
+        """A reader of this log of its own (a subscription's): its reads in order past the entry
+        cache read ahead for it alone, wherever the log's other readers are."""
+        return LogReader(self)
+
+    def read(self, entry_id: int, reader: LogReader | None = None) -> Entry:
         """The entry; KeyError outside the log, CorruptEntryError (logged) when it is unreadable,
-        StorageError when the file system refuses."""
+        StorageError when the file system refuses. `reader`: whose reads these are (see
+        reader()); the log's own when None."""
         cached = self._cache.get(entry_id)
         if cached is not None:
             self._shared_cache.touch(self)
             return cached
         if not self.first_entry_id <= entry_id < self.next_entry_id:
             raise KeyError(entry_id)
+        if reader is None:
+            reader = self._reader
+        elif reader.log is not self:
+            raise ValueError("a reader of another log")
         i = bisect.bisect_right(self._bases, entry_id) - 1
         segment = self._segments[i]
         index = entry_id - segment.base
-        in_order, self._next_read = entry_id == self._next_read, entry_id + 1
+        in_order, reader.next_read = entry_id == reader.next_read, entry_id + 1
         try:
-            run = self._run
+            run = reader.run
             if run is not None and run[0] is segment and run[1] <= index < run[2]:
+                reader.used_at = time.monotonic()  # still reading: its buffers stay its own
                 checksum, publish_time, num_messages, body = segment.record_in(run, index)
-            elif in_order and index < segment.committed_count:
+            elif in_order and index < segment.committed_count and (buffers := self.pool.run_buffers(reader)):
                 # read in order past the entry cache (a backlog): the records after it come with
                 # it, and the run after that is read meanwhile
-                run = self._prefetched(segment, index)
+                run = reader.prefetched(segment, index)
                 if run is None:
-                    self._run = None  # its buffer is read into again
-                    run = segment.read_run(index, self._buffers[0])
-                self._run = run
-                self._prefetch_after(segment, run)
+                    reader.run = None  # its buffer is read into again
+                    run = segment.read_run(index, buffers[0])
+                reader.run = run
+                reader.done_before(run)
+                reader.prefetch_after(segment, run)
                 checksum, publish_time, num_messages, body = segment.record_in(run, index)
             else:
                 checksum, publish_time, num_messages, body = segment.read(index)
@@ -1127,37 +1183,6 @@ class TopicLog:
             log.error("%s: %s", self.directory, exc)
             raise
         return Entry(entry_id, body, checksum, publish_time, num_messages)
-
-    @property
-    def _buffers(self) -> list[mmap.mmap]:
-        if not self._read_buffers:  # page-aligned, as O_DIRECT reads need
-            self._read_buffers = [mmap.mmap(-1, READ_AHEAD_BYTES), mmap.mmap(-1, READ_AHEAD_BYTES)]
-        return self._read_buffers
-
-    def _prefetched(self, segment: _Segment | None, index: int) -> tuple | None:
-        """The run read ahead, when it is the one starting at `index` of `segment` (waiting for
-        the reader thread if need be); None otherwise, or when it failed (read again, in place).
-        With no segment it only waits for a read in flight and drops it."""
-        prefetch, self._prefetch = self._prefetch, None
-        if prefetch is None:
-            return None
-        owner, (first, end_index, start, future), buffer = prefetch
-        try:
-            got = future.result()  # also when it is not wanted: the thread writes into the buffer
-        except Exception:  # noqa: BLE001 - read_run reads it again and reports what fails
-            return None
-        if owner is not segment or first != index:
-            return None
-        return segment, index, end_index, start, memoryview(buffer)[:got]
-
-    def _prefetch_after(self, segment: _Segment, run: tuple) -> None:
-        """Start reading the run after `run`, in the same segment, into the other buffer."""
-        if run[2] >= segment.committed_count or not isinstance(run[4], memoryview):
-            return
-        buffer = self._buffers[1] if run[4].obj is self._buffers[0] else self._buffers[0]
-        started = segment.prefetch_run(run[2], buffer)
-        if started is not None:
-            self._prefetch = (segment, started, buffer)
 
     def find_by_publish_time(self, publish_time: int) -> int:
         """The first entry published at or after `publish_time` (next_entry_id if none)."""
@@ -1234,17 +1259,89 @@ class TopicLog:
         except StorageError as exc:
             log.error("%s: closing: %s", self.directory, exc)
         self._check_background_syncs(wait=True)
-        self._run = None
-        self._prefetched(None, -1)  # the reader thread writes into a buffer freed below
-        for buffer in self._read_buffers:
-            with contextlib.suppress(BufferError):  # a view of it still held: freed with it
-                buffer.close()
-        self._read_buffers = []
+        for reader in self.pool.run_holders():
+            if reader.log is self:
+                reader.close()
         self._shared_cache.drop(self, self._cache)
         for segment in self._segments:
             segment.close()
         if self._own_pool:
             self.pool.stop_syncs()
+
+
+class LogReader:
+    """One reader's place in a log (TopicLog.reader()): the entry it asks for next, the run of
+    records read ahead for it (_Segment.read_run, at most READ_AHEAD_BYTES) and the run after
+    that, read meanwhile on the pool's reader thread. Its two buffers come from the log's pool
+    (FilePool.run_buffers), which bounds how many readers hold some; close() gives them back."""
+
+    __slots__ = ("log", "next_read", "run", "prefetch", "buffers", "used_at", "spent")
+
+    def __init__(self, topic_log: TopicLog) -> None:
+        self.log = topic_log
+        self.next_read = -1
+        self.run: tuple | None = None
+        self.prefetch: tuple | None = None  # (segment, prefetch_run(), its buffer)
+        self.buffers: list[mmap.mmap] = []
+        self.used_at = 0.0
+        self.spent: tuple[_Segment, int] | None = None  # the segment of the run before, and its end
+
+    def done_before(self, run: tuple) -> None:
+        """A new run is read: give back the pages of what this reader read before it (read
+        through the page cache, they would stay there). All of the segment up to this run, not
+        the last run alone: the page cache holds files in folios of up to several MiB, and a
+        folio is given back only when the range covers it whole."""
+        segment, start = run[0], run[3]
+        spent, self.spent = self.spent, (segment, start + len(run[4]))
+        if spent is None or self.log.pool.direct_reads:  # O_DIRECT reads leave no pages
+            return
+        if spent[0] is segment:
+            segment.drop_range(0, start)
+        else:
+            spent[0].drop_range(0, spent[1])
+
+    def prefetched(self, segment: _Segment | None, index: int) -> tuple | None:
+        """The run read ahead, when it is the one starting at `index` of `segment` (waiting for
+        the reader thread if need be); None otherwise, or when it failed (read again, in place).
+        With no segment it only waits for a read in flight and drops it."""
+        prefetch, self.prefetch = self.prefetch, None
+        if prefetch is None:
+            return None
+        owner, (first, end_index, start, future), buffer = prefetch
+        try:
+            got = future.result()  # also when it is not wanted: the thread writes into the buffer
+        except Exception:  # noqa: BLE001 - read_run reads it again and reports what fails
+            return None
+        if owner is not segment or first != index:
+            return None
+        return segment, index, end_index, start, memoryview(buffer)[:got]
+
+    def prefetch_after(self, segment: _Segment, run: tuple) -> None:
+        """Start reading the run after `run`, in the same segment, into the other buffer."""
+        if run[2] >= segment.committed_count or not isinstance(run[4], memoryview) or not self.buffers:
+            return
+        buffer = self.buffers[1] if run[4].obj is self.buffers[0] else self.buffers[0]
+        started = segment.prefetch_run(run[2], buffer)
+        if started is not None:
+            self.prefetch = (segment, started, buffer)
+
+    def give_up_buffers(self) -> list[mmap.mmap]:
+        """Its buffers, for another reader: the read in flight is waited for and its runs are
+        dropped (the bodies read from them were copied out), and the pages it read given back."""
+        self.prefetched(None, -1)
+        self.run = None
+        spent, self.spent = self.spent, None
+        if spent is not None and not self.log.pool.direct_reads:
+            spent[0].drop_range(0, spent[1])
+        buffers, self.buffers = self.buffers, []
+        self.log.pool.drop_run_buffers(self)
+        return buffers
+
+    def close(self) -> None:
+        """Give its buffers back (it may read again: it then asks for new ones)."""
+        for buffer in self.give_up_buffers():
+            with contextlib.suppress(BufferError):  # a view of it still held: freed with it
+                buffer.close()
 
 
 class Cursor:

@@ -145,6 +145,7 @@ class Subscription:
         self.type = sub_type
         self.durable = durable
         self.cursor = cursor
+        self.reader = topic.log.reader()  # reads ahead in a backlog for this subscription alone
         self.consumers: list[ConsumerLink] = []
         self.read_position = cursor.mark_delete + 1
         self._redeliver: list[int] = []  # heap of entries to send again
@@ -225,6 +226,7 @@ class Subscription:
     def _drop_if_unused(self) -> None:
         if not self.durable and not self.consumers and self.topic.subscriptions.get(self.name) is self:
             del self.topic.subscriptions[self.name]
+            self.reader.close()
 
     def _update_active(self) -> None:
         if self.type not in _SINGLE_ACTIVE:
@@ -445,7 +447,7 @@ class Subscription:
                     return
                 entry_id, redelivery = found
                 try:
-                    entry = topic_log.read(entry_id)
+                    entry = topic_log.read(entry_id, self.reader)
                 except CorruptEntryError:
                     self._skip_unreadable(entry_id, redelivery)
                     continue
@@ -792,11 +794,14 @@ class Topic:
                 self.save()
             except StorageError:
                 del self.subscriptions[name]
+                subscription.reader.close()
                 raise
         return subscription
 
     def drop_subscription(self, name: str) -> None:
-        self.subscriptions.pop(name, None)
+        dropped = self.subscriptions.pop(name, None)
+        if dropped is not None:
+            dropped.reader.close()
         self._state_dirty = True
         self.save()
 
