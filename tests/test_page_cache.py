@@ -380,3 +380,61 @@ def test_runs_of_whole_blocks_fall_back_to_the_page_cache_when_direct_reads_are_
     assert [topic_log.read(i).body for i in range(1500)] == bodies
     assert not topic_log.pool.direct_reads  # refused once, then not tried again
     topic_log.close()
+
+
+class Preallocations(FileOps):
+    """Records preallocate calls; `refuse` raises ENOSPC for each, as a full disk does."""
+
+    def __init__(self, refuse: bool = False) -> None:
+        self.calls: list[tuple[int, int]] = []
+        self.refuse = refuse
+
+    def preallocate(self, fd, offset, size):
+        self.calls.append((offset, size))
+        if self.refuse:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        super().preallocate(fd, offset, size)
+
+
+def test_segments_being_written_keep_blocks_allocated_ahead_never_past_their_size(tmp_path):
+    ops = Preallocations()
+    segment_bytes = 3 * storage.PREALLOCATE_BYTES // 2
+    topic_log = TopicLog(str(tmp_path), segment_bytes=segment_bytes, pool=FilePool(ops=ops), cache_bytes=0)
+    body = os.urandom(100_000)
+    for i in range(600):  # about 60 MB: several segments
+        topic_log.append(body, None, i, 1)
+        if i % 20 == 19:
+            assert topic_log.commit()
+    assert topic_log.commit()
+    assert len(topic_log._segments) > 2 and ops.calls
+    for segment in topic_log._segments:
+        assert os.path.getsize(segment.log_path) == segment.committed_size  # the size is the data's
+    ends = [offset + size for offset, size in ops.calls]
+    assert max(ends) <= segment_bytes
+    # each segment's calls are consecutive: [0, a), [a, b), ...
+    per_segment, previous_end = 0, 0
+    for offset, size in ops.calls:
+        if offset == 0:
+            per_segment += 1
+        else:
+            assert offset == previous_end
+        previous_end = offset + size
+    assert per_segment == len(topic_log._segments)
+    topic_log.close()
+    reopened = TopicLog(str(tmp_path), segment_bytes=segment_bytes, cache_bytes=0)
+    assert reopened.read(599).body == body and reopened.read(0).body == body
+    reopened.close()
+
+
+def test_a_refused_preallocation_stops_it_for_the_segment_and_writes_go_on(tmp_path):
+    ops = Preallocations(refuse=True)
+    topic_log = TopicLog(str(tmp_path), pool=FilePool(ops=ops), cache_bytes=0)
+    body = os.urandom(100_000)
+    for i in range(300):
+        topic_log.append(body, None, i, 1)
+        if i % 20 == 19:
+            assert topic_log.commit()
+    assert topic_log.commit()
+    assert len(ops.calls) == 1
+    assert [topic_log.read(i).body for i in (0, 150, 299)] == [body] * 3
+    topic_log.close()
