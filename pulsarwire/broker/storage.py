@@ -37,6 +37,7 @@ import bisect
 import collections
 import concurrent.futures
 import contextlib
+import ctypes
 import errno
 import json
 import logging
@@ -195,7 +196,7 @@ class FileOps:
         as it is (Linux's fallocate with FALLOC_FL_KEEP_SIZE; nothing elsewhere). OSError where
         the file system refuses."""
         if _fallocate is not None and size > 0 and _fallocate(fd, _FALLOC_FL_KEEP_SIZE, offset, size) != 0:
-            number = _ctypes_errno()
+            number = ctypes.get_errno()
             raise OSError(number, os.strerror(number))
 
     def drop_cached(self, fd: int, offset: int, size: int) -> None:
@@ -224,43 +225,23 @@ class FileOps:
             raise
 
 
-def _load_sync_file_range():
-    """libc's sync_file_range through ctypes (the os module has none), or None off Linux."""
+def _libc_function(name: str, *argtypes):
+    """libc's `name` through ctypes, returning an int, or None off Linux or where libc lacks it."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        import ctypes
-        function = ctypes.CDLL(None, use_errno=True).sync_file_range
+        function = getattr(ctypes.CDLL(None, use_errno=True), name)
     except (OSError, AttributeError):
         return None
-    function.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
-    function.restype = ctypes.c_int
-    return function  # a failure (-1) is ignored: it only starts a writeback early
-
-
-_sync_file_range = _load_sync_file_range()
-
-
-def _load_fallocate():
-    """libc's fallocate through ctypes (os.posix_fallocate cannot keep the size), or None off Linux."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        import ctypes
-        function = ctypes.CDLL(None, use_errno=True).fallocate
-    except (OSError, AttributeError):
-        return None
-    function.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+    function.argtypes = argtypes
     function.restype = ctypes.c_int
     return function
 
 
-def _ctypes_errno() -> int:
-    import ctypes
-    return ctypes.get_errno()
-
-
-_fallocate = _load_fallocate()
+# The os module has no sync_file_range, and its posix_fallocate cannot keep the file's size.
+# A failed sync_file_range (-1) is ignored: it only starts a writeback early.
+_sync_file_range = _libc_function("sync_file_range", ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+_fallocate = _libc_function("fallocate", ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
 _FALLOC_FL_KEEP_SIZE = 1
 _O_DIRECT = getattr(os, "O_DIRECT", None)
 _DIRECT = "\0direct"  # appended to a path: the FilePool key of its O_DIRECT descriptor
