@@ -936,3 +936,56 @@ def test_client_calls_match_the_spec(broker):
             fetched = await c.replica_fetch(topic, placed["partition"], 1, 1)
             assert fetched == {"replica": 1, "acked_offset": 1, "hw": 1, "isr": [0, 1], "under_replicated": True}
     run(main())
+
+
+# --- additions: each connection reads a partition ahead for itself ------------------------
+
+def test_connections_consuming_one_partition_at_different_offsets_each_read_ahead(tmp_path):
+    """Past the entry cache, each connection's CONSUMEs of a partition read through a reader of
+    its own (TopicLog.reader): two connections at different offsets each read runs, rather than
+    turning each other's reads into single records; a closed connection gives its buffers back."""
+    b = BrokerThread(tmp_path, v1_port=0, v1_partitions=1, max_cache_bytes=1 << 16).start()
+    try:
+        topic = unique("readers")
+        values = [f"{i:04d}" + "v" * 5000 for i in range(400)]
+
+        def holders():
+            return b.call(b.broker.core.files.run_holders)
+
+        async def main():
+            async with await connect(b) as first, await connect(b) as second:
+                for value in values:
+                    await first.produce(topic, "k", value)
+                got = {first: [], second: []}
+                offsets = {first: 0, second: 200}
+                while offsets[first] < 200:
+                    for c in (first, second):
+                        batch = await c.consume(topic, 0, offsets[c])
+                        got[c].extend(batch["messages"])
+                        offsets[c] = batch["messages"][-1][0] + 1
+                assert got[first][:200] == list(enumerate(values))[:200]
+                assert got[second] == list(enumerate(values))[200:200 + len(got[second])]
+                readers = holders()
+                assert len(readers) == 2 and readers[0] is not readers[1]
+        run(main())
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and holders():
+            time.sleep(0.05)
+        assert holders() == []
+    finally:
+        b.stop()
+
+
+def test_a_connection_keeps_a_bounded_number_of_readers(tmp_path):
+    from pulsarwire.broker.storage import FilePool, TopicLog
+    pool = FilePool()
+    logs = [TopicLog(str(tmp_path / str(i)), pool=pool) for i in range(v1_module.MAX_SESSION_READERS + 2)]
+    session = v1_module.Session()
+    readers = [session.reader(topic_log) for topic_log in logs]
+    assert session.reader(logs[-1]) is readers[-1]  # the same log: the same reader
+    assert len(session._readers) == v1_module.MAX_SESSION_READERS
+    assert session.reader(logs[0]) is not readers[0]  # the least recently read went first
+    session.close_readers()
+    assert not session._readers
+    for topic_log in logs:
+        topic_log.close()

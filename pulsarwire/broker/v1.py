@@ -33,6 +33,7 @@ import socket
 import struct
 import time
 import urllib.parse
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from .. import codec, compression
@@ -40,7 +41,7 @@ from .._proto import PulsarApi_pb2 as pb
 from ..errors import CodecError
 from ..routing import murmur3_32
 from .core import PARTITION_MARKER, BrokerCore, InvalidTopicName, close_transport
-from .storage import StorageError, TopicLog, read_json, write_json
+from .storage import LogReader, StorageError, TopicLog, read_json, write_json
 from .topics import Topic, entry_metadata
 
 log = logging.getLogger("pulsarwire.broker.v1")
@@ -59,6 +60,7 @@ except (ImportError, AttributeError):
     _OUTQ = None
 DEFAULT_CONSUME_MAX_BYTES = 8 * 1024 * 1024  # record bytes in one CONSUME reply
 MAX_CONSUME_ENTRIES = 1000  # entries one CONSUME reply reads at most
+MAX_SESSION_READERS = 8  # partitions a connection reads ahead in at once (least recently read first out)
 OFF_LOOP_BYTES = 256 * 1024  # compressed entries larger than this decompress on a worker thread
 PRODUCER_NAME = ""  # V1 records' producer name: no Pulsar producer can have it (the broker names unnamed ones), so V1 never shares dedup state with one
 DEFAULT_NAMESPACE = "persistent://public/default/"
@@ -220,13 +222,32 @@ class PartitionState:
 
 
 class Session:
-    """One V1 connection: whether it authenticated, and whether to close it."""
+    """One V1 connection: whether it authenticated, whether to close it, and its readers of the
+    partitions it consumes (so that two connections consuming one partition at different offsets
+    each read ahead in order, see TopicLog.reader)."""
 
-    __slots__ = ("authenticated", "close")
+    __slots__ = ("authenticated", "close", "_readers")
 
     def __init__(self) -> None:
         self.authenticated = False
         self.close = False
+        self._readers: collections.OrderedDict[int, LogReader] = collections.OrderedDict()
+
+    def reader(self, topic_log: TopicLog) -> LogReader:
+        """This connection's reader of `topic_log` (at most MAX_SESSION_READERS kept)."""
+        key = id(topic_log)  # a log's id is its own while a reader here holds the log
+        reader = self._readers.get(key)
+        if reader is not None:
+            self._readers.move_to_end(key)
+            return reader
+        reader = self._readers[key] = topic_log.reader()
+        while len(self._readers) > MAX_SESSION_READERS:
+            self._readers.popitem(last=False)[1].close()
+        return reader
+
+    def close_readers(self) -> None:
+        while self._readers:
+            self._readers.popitem()[1].close()
 
 
 # TCP keep-alive on V1 connections (V1 has no per-connection heartbeat): a peer gone without a
@@ -472,6 +493,7 @@ class V1Connection(asyncio.Protocol):
         self._partial_since = self._blocked_since = None
         self._wake()  # the worker ends (after the request it may be answering)
         self.server.connections.discard(self)
+        self.session.close_readers()
 
     @property
     def held_bytes(self) -> int:
@@ -535,7 +557,7 @@ class V1Server:
         # One worker: big decompressions run one at a time, off the event loop.
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pulsarwire-v1")
         self._round_robin = 0
-        self._commands = {
+        self._commands: dict[str, Callable[..., Awaitable[str | list[bytes]]]] = {
             "PING": self.ping, "PRODUCE": self.produce, "CONSUME": self.consume, "JOIN": self.join,
             "SYNC": self.sync, "HEARTBEAT": self.heartbeat, "LEAVE": self.leave, "COMMIT": self.commit,
             "OFFSET": self.offset, "REPLICA_FETCH": self.replica_fetch,
@@ -591,7 +613,12 @@ class V1Server:
 
     async def handle_line(self, raw: bytes, session: Session | None = None) -> bytes:
         """One request line in, one response line out (never raises)."""
-        session = session if session is not None else Session()
+        if session is None:  # a line of its own: its readers end with it
+            session = Session()
+            try:
+                return await self.handle_line(raw, session)
+            finally:
+                session.close_readers()
         try:
             correlation, command, args = parse_request(raw)
         except V1Error as exc:
@@ -606,7 +633,7 @@ class V1Server:
                 handler = self._commands.get(command)
                 if handler is None:
                     raise V1Error(UNKNOWN_COMMAND, f"unknown command {_show(command)}")
-                payload = await handler(args)
+                payload = await (handler(args, session) if command == "CONSUME" else handler(args))
         except V1Error as exc:
             return _error(correlation, exc.code, exc.message)
         except Exception as exc:  # noqa: BLE001 - a fault must not kill the connection
@@ -770,7 +797,7 @@ class V1Server:
                               f"{self.replication_timeout}s; the record is stored") from None
         return f"partition={partition} offset={offset} hw={self._hw(state, log_topic.log.next_entry_id)}"
 
-    async def consume(self, args: list[str]) -> str | list[bytes]:
+    async def consume(self, args: list[str], session: Session | None = None) -> str | list[bytes]:
         if len(args) != 3:
             raise _usage("CONSUME")
         partition, offset = _int(args[1], "partition"), _int(args[2], "offset")
@@ -790,7 +817,8 @@ class V1Server:
         end = min(hw, position + MAX_CONSUME_ENTRIES)
         while position < end:
             try:
-                rendered = await self._entry_records(topic_log, position, self.consume_max_bytes - used)
+                rendered = await self._entry_records(topic_log, position, self.consume_max_bytes - used,
+                                                     None if session is None else session.reader(topic_log))
             except _TooLarge as exc:
                 if records:
                     break  # the next CONSUME starts here
@@ -808,11 +836,12 @@ class V1Server:
             position += 1
         return [b"messages=", b",".join(records), b" hw=%d" % hw]
 
-    async def _entry_records(self, topic_log: TopicLog, position: int, room: int) -> list[bytes]:
+    async def _entry_records(self, topic_log: TopicLog, position: int, room: int,
+                             reader: LogReader | None = None) -> list[bytes]:
         """The entry's messages as `offset:value` texts within `room` bytes (else _TooLarge).
         The declared size is checked before anything is decompressed, and big
         decompressions run on the worker thread so that the event loop keeps serving."""
-        entry = topic_log.read(position)
+        entry = topic_log.read(position, reader)
         size = int.from_bytes(entry.body[:4], "big")
         try:
             metadata = entry_metadata(entry)
