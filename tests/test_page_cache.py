@@ -203,8 +203,8 @@ def _counting_runs(monkeypatch):
     return runs
 
 
-def _backlog(tmp_path, count=600, read_runs=storage.DEFAULT_READ_RUNS, **log_options):
-    pool = FilePool(page_cache_bytes=1 << 16, read_runs=read_runs)
+def _backlog(tmp_path, count=600, read_runs=storage.DEFAULT_READ_RUNS, ops=None, **log_options):
+    pool = FilePool(page_cache_bytes=1 << 16, read_runs=read_runs, ops=ops)
     topic_log = TopicLog(str(tmp_path), pool=pool, cache_bytes=0, **log_options)
     sizes = [100 + (i * 7919) % 20000 for i in range(count)]  # about 6 MB: several runs
     for i, size in enumerate(sizes):
@@ -244,7 +244,8 @@ def test_readers_at_different_places_each_read_runs(tmp_path, monkeypatch):
 
 
 def test_readers_past_the_budget_read_one_record_at_a_time_until_buffers_idle(tmp_path, monkeypatch):
-    topic_log, sizes = _backlog(tmp_path, count=200, read_runs=1)
+    ops = Recorder()
+    topic_log, sizes = _backlog(tmp_path, count=200, read_runs=1, ops=ops)
     clock = [1000.0]
     monkeypatch.setattr(storage.time, "monotonic", lambda: clock[0])
     first, second = topic_log.reader(), topic_log.reader()
@@ -254,6 +255,9 @@ def test_readers_past_the_budget_read_one_record_at_a_time_until_buffers_idle(tm
         assert topic_log.read(100 + step, second).body == _body(100 + step, sizes[100 + step])
     assert runs and all(base + index < 50 for base, index in runs)  # the second read no run
     assert topic_log.pool.run_holders() == [first] and not second.buffers
+    # the second, without buffers, read one record at a time and gave back what it read as it went
+    assert second.spent is not None and second.given_back > 0
+    assert (0, second.given_back) in ops.drops
     clock[0] += storage.READ_RUN_IDLE  # the first stops reading: the second gets its buffers
     assert topic_log.read(150, second).body == _body(150, sizes[150])
     assert topic_log.read(151, second).body == _body(151, sizes[151])
@@ -383,20 +387,26 @@ def test_runs_of_whole_blocks_fall_back_to_the_page_cache_when_direct_reads_are_
 
 
 class Preallocations(FileOps):
-    """Records preallocate calls; `refuse` raises ENOSPC for each, as a full disk does."""
+    """Records preallocate calls as (file, offset, size); `refuse` raises ENOSPC for each, as a
+    full disk does."""
 
     def __init__(self, refuse: bool = False) -> None:
-        self.calls: list[tuple[int, int]] = []
+        self.calls: list[tuple[str, int, int]] = []
         self.refuse = refuse
 
     def preallocate(self, fd, offset, size):
-        self.calls.append((offset, size))
+        self.calls.append((os.readlink(f"/proc/self/fd/{fd}"), offset, size))
         if self.refuse:
             raise OSError(errno.ENOSPC, "No space left on device")
         super().preallocate(fd, offset, size)
 
 
-def test_segments_being_written_keep_blocks_allocated_ahead_never_past_their_size(tmp_path):
+def _allocated_bytes(path: str) -> int:
+    return os.stat(path).st_blocks * 512
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names descriptors through /proc")
+def test_segments_being_written_keep_blocks_allocated_ahead_and_give_them_back(tmp_path):
     ops = Preallocations()
     segment_bytes = 3 * storage.PREALLOCATE_BYTES // 2
     topic_log = TopicLog(str(tmp_path), segment_bytes=segment_bytes, pool=FilePool(ops=ops), cache_bytes=0)
@@ -406,24 +416,41 @@ def test_segments_being_written_keep_blocks_allocated_ahead_never_past_their_siz
         if i % 20 == 19:
             assert topic_log.commit()
     assert topic_log.commit()
-    assert len(topic_log._segments) > 2 and ops.calls
-    for segment in topic_log._segments:
+    segments = topic_log._segments
+    assert len(segments) > 2 and ops.calls
+    for segment in segments:
         assert os.path.getsize(segment.log_path) == segment.committed_size  # the size is the data's
-    ends = [offset + size for offset, size in ops.calls]
-    assert max(ends) <= segment_bytes
-    # each segment's calls are consecutive: [0, a), [a, b), ...
-    per_segment, previous_end = 0, 0
-    for offset, size in ops.calls:
-        if offset == 0:
-            per_segment += 1
-        else:
-            assert offset == previous_end
-        previous_end = offset + size
-    assert per_segment == len(topic_log._segments)
+    by_file: dict[str, list[tuple[int, int]]] = {}
+    for path, offset, size in ops.calls:
+        by_file.setdefault(path, []).append((offset, size))
+    assert len(by_file) == len(segments)
+    for calls in by_file.values():
+        # from PREALLOCATE_FROM on, as much ahead as the segment holds at most, never past its
+        # size, each call past the last one's end
+        assert calls[0][0] >= storage.PREALLOCATE_FROM
+        assert all(offset + size <= min(segment_bytes, 2 * offset) for offset, size in calls)
+        assert all(a + n <= b for (a, n), (b, _) in zip(calls, calls[1:]))
+    # full segments gave their spare blocks back
+    page = 4096
+    for segment in segments[:-1]:
+        assert _allocated_bytes(segment.log_path) <= -(-segment.committed_size // page) * page + page
+    last_path = segments[-1].log_path
+    assert _allocated_bytes(last_path) > os.path.getsize(last_path)  # blocks ahead of the end
     topic_log.close()
+    assert _allocated_bytes(last_path) <= -(-os.path.getsize(last_path) // page) * page + page  # and back
     reopened = TopicLog(str(tmp_path), segment_bytes=segment_bytes, cache_bytes=0)
     assert reopened.read(599).body == body and reopened.read(0).body == body
     reopened.close()
+
+
+def test_a_small_segment_reserves_nothing(tmp_path):
+    ops = Preallocations()
+    topic_log = TopicLog(str(tmp_path), pool=FilePool(ops=ops), cache_bytes=0)
+    for i in range(50):
+        topic_log.append(os.urandom(10_000), None, i, 1)
+        assert topic_log.commit()
+    assert not ops.calls  # 500 KB, under PREALLOCATE_FROM
+    topic_log.close()
 
 
 def test_a_refused_preallocation_stops_it_for_the_segment_and_writes_go_on(tmp_path):
