@@ -2035,8 +2035,7 @@ cdef struct _SameRows:
 cdef inline Py_ssize_t _same_rows(const _SameRows* same, const uint8_t* row, Py_ssize_t limit, _ColumnsOut* o,
                                   Py_ssize_t index, Py_ssize_t pair_count) noexcept nogil:
     """The loop of _repeat_template_run: up to `limit` rows from `row` on; how many it took.
-    Inlined with pair_count a constant for the common counts, so that the loop over pairs
-    unrolls and each row's state fits in registers."""
+    Its state is in locals (and the layout in `same`), not in `o`, so that it stays in registers."""
     cdef Py_ssize_t count = 0, pair, word, size = same.payload_size, row_len = same.row_len
     cdef Py_ssize_t key_size = same.partition_key_size
     cdef uint64_t diff, loaded

@@ -265,7 +265,9 @@ def test_readers_past_the_budget_read_one_record_at_a_time_until_buffers_idle(tm
     assert any(base + index == 150 for base, index in runs)
     # the first reads on, correctly, one record at a time while the second reads
     assert [topic_log.read(i, first).body for i in range(50, 60)] == [_body(i, sizes[i]) for i in range(50, 60)]
-    topic_log.close()
+    assert first.spent is not None and not first.buffers
+    topic_log.close()  # closes every reader of the log, with buffers or not: what they read is given back
+    assert first.spent is None and second.spent is None and not topic_log.pool.run_holders()
 
 
 def test_a_subscription_reads_with_a_reader_of_its_own_and_gives_it_back(tmp_path):

@@ -47,6 +47,7 @@ import struct
 import sys
 import time
 import urllib.parse
+import weakref
 
 from crc32c import crc32c
 
@@ -856,18 +857,11 @@ class _Segment:
         self.limit = 0
 
     def drop_range(self, offset: int, size: int) -> None:
-        """Give back the pages of bytes a reader is done with (when the page cache is bounded)."""
+        """Give back the pages of these bytes, done with (a reader's, a full segment's once
+        written back), when the page cache is bounded."""
         if self.pool.page_cache_bytes:
             try:
                 self.ops.drop_cached(self.pool.fd(self.log_path), offset, size)
-            except (OSError, StorageError) as exc:
-                log.warning("%s: page cache: %s", self.log_path, exc)
-
-    def drop_cached(self) -> None:
-        """A full segment, written back: give back its pages (when the page cache is bounded)."""
-        if self.pool.page_cache_bytes:
-            try:
-                self.ops.drop_cached(self.pool.fd(self.log_path), 0, self.committed_size)
             except (OSError, StorageError) as exc:
                 log.warning("%s: page cache: %s", self.log_path, exc)
 
@@ -948,7 +942,7 @@ class _Segment:
     def read_run(self, index: int, buffer: mmap.mmap) -> tuple:
         """The committed records from `index` on, as many as fit in `buffer` (one at least: when
         it does not fit, in bytes of its own), with one read: (segment, first index, end index,
-        file position, what holds them) for record_in(). The buffer is the reading log's own,
+        file position, what holds them) for record_in(). The buffer is the reader's own,
         used again for each run (a new one per read would be new memory each time)."""
         limit = len(buffer) - 2 * DIRECT_ALIGN  # room to round both ends out to whole blocks
         end_index, pos, end = self._plan_run(index, limit)
@@ -1069,8 +1063,10 @@ class TopicLog:
         self._dirty = False
         self._background_syncs: list[tuple[_Segment, concurrent.futures.Future]] = []  # full segments
         self._cache: collections.OrderedDict[int, Entry] = collections.OrderedDict()  # oldest first
-        # reads past the cache by callers that name no reader of their own (see reader())
-        self._reader = LogReader(self)
+        # every reader of this log, closed with it; reads past the cache by callers that name no
+        # reader of their own go through _reader
+        self._readers: weakref.WeakSet[LogReader] = weakref.WeakSet()
+        self._reader = self.reader()
         self._shared_cache = cache if cache is not None else EntryCache(cache_bytes)
 
     @staticmethod
@@ -1154,7 +1150,7 @@ class TopicLog:
         if self.sync_policy == SYNC_ALWAYS:
             try:
                 old.commit(sync=True)
-                old.drop_cached()
+                old.drop_range(0, old.committed_size)
             except StorageError as exc:
                 self.stats.failed_syncs += 1
                 log.error("%s: fsync before starting a new segment failed: %s", old.log_path, exc)
@@ -1198,7 +1194,9 @@ class TopicLog:
     def reader(self) -> LogReader:
         """A reader of this log of its own (a subscription's): its reads in order past the entry
         cache read ahead for it alone, wherever the log's other readers are."""
-        return LogReader(self)
+        reader = LogReader(self)
+        self._readers.add(reader)
+        return reader
 
     def read(self, entry_id: int, reader: LogReader | None = None) -> Entry:
         """The entry; KeyError outside the log, CorruptEntryError (logged) when it is unreadable,
@@ -1324,9 +1322,8 @@ class TopicLog:
             log.error("%s: closing: %s", self.directory, exc)
         self._check_background_syncs(wait=True)
         self._segments[-1].release_preallocation()
-        for reader in self.pool.run_holders():
-            if reader.log is self:
-                reader.close()
+        for reader in list(self._readers):
+            reader.close()
         self._shared_cache.drop(self, self._cache)
         for segment in self._segments:
             segment.close()
@@ -1340,7 +1337,7 @@ class LogReader:
     that, read meanwhile on the pool's reader thread. Its two buffers come from the log's pool
     (FilePool.run_buffers), which bounds how many readers hold some; close() gives them back."""
 
-    __slots__ = ("log", "next_read", "run", "prefetch", "buffers", "used_at", "spent", "given_back")
+    __slots__ = ("log", "next_read", "run", "prefetch", "buffers", "used_at", "spent", "given_back", "__weakref__")
 
     def __init__(self, topic_log: TopicLog) -> None:
         self.log = topic_log
