@@ -75,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="accepted basic credentials (repeatable; enables auth)")
     broker.add_argument("--tls-trust-certs-file",
                         help="CA for client certificates: verified, and accepted as auth method tls")
+    broker.add_argument("--deduplication", action="store_true",
+                        help="drop a send whose sequence id is not above its producer's last one, in namespaces "
+                             "and topics without a deduplication policy of their own (default off, as Pulsar's "
+                             "brokerDeduplicationEnabled)")
     broker.add_argument("--sync-policy", default="interval", choices=["always", "interval", "never"])
     broker.add_argument("--max-open-files", type=int, default=None, metavar="N",
                         help="most segment files open at once; idle ones are closed and reopened on "
@@ -242,7 +246,8 @@ async def run_broker(args) -> int:
                     auth_tokens=set(args.auth_token) if args.auth_token is not None else None,
                     auth_basic=dict(c.partition(":")[::2] for c in args.auth_basic) if args.auth_basic else None,
                     auth_tls=bool(args.tls_trust_certs_file),
-                    sync_policy=args.sync_policy, replication_factor=args.replication_factor,
+                    sync_policy=args.sync_policy, deduplication=args.deduplication,
+                    replication_factor=args.replication_factor,
                     min_insync_replicas=args.min_insync_replicas, v1_partitions=args.v1_partitions,
                     replication_timeout=args.replication_timeout, replica_lag_time=args.replica_lag_time,
                     session_timeout=args.session_timeout, max_open_files=args.max_open_files, max_connections=args.max_connections,

@@ -72,6 +72,19 @@ class BrokerThread:
             return fn(*args)
         return asyncio.run_coroutine_threadsafe(invoke(), self.loop).result(10)
 
+    def set_policy(self, key: str, value, *, namespace: str | None = None, topic: str | None = None) -> None:
+        """Set a namespace's or a topic's policy (e.g. deduplicationEnabled), as the admin API does."""
+        policies = self.broker.core.policies
+
+        async def apply():
+            if topic is not None:
+                full = topic if "://" in topic else f"persistent://public/default/{topic}"
+                policies.set_topic_policy(full, key, value)
+            else:
+                policies.set_namespace_policy(namespace or "public/default", key, value)
+            await policies.save()
+        asyncio.run_coroutine_threadsafe(apply(), self.loop).result(10)
+
     @property
     def url(self) -> str:
         return self.broker.service_url

@@ -16,7 +16,7 @@ from .test_client import run
 
 
 def test_restart_keeps_messages_cursors_and_partitions(tmp_path):
-    broker = BrokerThread(tmp_path, v1_port=None).start()
+    broker = BrokerThread(tmp_path, v1_port=None, deduplication=True).start()
     topic = "persistent://public/default/durable"
     broker.call(broker.broker.create_partitioned_topic, topic + "-p", 2)
 

@@ -106,7 +106,7 @@ async def _receive_all(consumer, count, timeout_ms=20000):
 
 def test_broker_killed_and_restarted_mid_stream(tmp_path):
     """kill -9 while producing: every message is delivered, none twice, consumer resumes."""
-    broker = BrokerProcess(tmp_path / "data").start()
+    broker = BrokerProcess(tmp_path / "data", extra=["--deduplication"]).start()
     count = 1500
 
     async def main():

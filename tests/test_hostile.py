@@ -175,7 +175,7 @@ def test_invalid_topic_names_are_refused_on_the_v1_port(broker):
 # item 2: broker-assigned producer names
 
 def test_assigned_producer_names_are_unique_across_restarts(tmp_path):
-    broker = BrokerThread(tmp_path / "data", v1_port=None).start()
+    broker = BrokerThread(tmp_path / "data", v1_port=None, deduplication=True).start()
     topic = "persistent://public/default/names"
     try:
         with Raw(broker.broker.port) as raw:
@@ -1122,7 +1122,7 @@ def test_deduplication_state_keeps_at_most_max_dedup_producers_names(tmp_path):
     attached longest ago first, and never an attached producer's."""
     from pulsarwire import sync
 
-    broker = BrokerThread(tmp_path / "data", v1_port=None).start()
+    broker = BrokerThread(tmp_path / "data", v1_port=None, deduplication=True).start()
     client = sync.Client(broker.url)
     try:
         steady = client.create_producer("dedup-names", producer_name="steady")

@@ -11,14 +11,16 @@ import sys
 
 import pytest
 
-LAYERS = ["storage", "topics", "core", "pulsar", "v1", "server"]
+LAYERS = ["storage", "topics", "policies", "compatibility", "core", "pulsar", "v1", "server"]
 BELOW = {
     "storage": set(),
     "topics": {"storage"},
-    "core": {"storage", "topics"},
-    "pulsar": {"storage", "topics", "core"},
-    "v1": {"storage", "topics", "core"},
-    "server": {"storage", "topics", "core", "pulsar", "v1"},
+    "policies": {"storage"},  # namespace and topic policies, beside the domain
+    "compatibility": set(),  # schema versions, on protocol types alone
+    "core": {"storage", "topics", "policies"},
+    "pulsar": {"storage", "topics", "policies", "core", "compatibility"},
+    "v1": {"storage", "topics", "policies", "core"},
+    "server": {"storage", "topics", "policies", "core", "compatibility", "pulsar", "v1"},
 }
 
 

@@ -181,7 +181,7 @@ def test_send_many_pending_limit_queue_full_and_timeout(tmp_path):
 
 
 def test_send_many_resent_after_broker_restart_is_stored_once(tmp_path):
-    broker = BrokerProcess(tmp_path / "data").start()
+    broker = BrokerProcess(tmp_path / "data", extra=["--deduplication"]).start()
     count = 3000
 
     async def main():

@@ -270,7 +270,7 @@ def test_always_policy_fsyncs_a_full_segment_before_the_next(tmp_path):
 
 def test_failed_commit_restores_dedup_state_so_a_resend_is_stored(tmp_path):
     disk = FillingDisk()
-    core = BrokerCore(str(tmp_path), file_ops=disk)
+    core = BrokerCore(str(tmp_path), file_ops=disk, deduplication=True)
     core.open()
     topic = core.topic(TOPIC)
     assert core.publish(topic, "p", 0, None, False, _entry(0), None, 1, None, 1) == 0
@@ -328,7 +328,7 @@ def test_sends_pipelined_after_a_failed_one_are_refused_not_stored_after_the_gap
     as a duplicate (acknowledged, never stored). Now seq 1 gets SendError, the resent seq 0 is
     stored, then seq 1: in order, each once."""
     disk = FillingDisk()
-    broker = BrokerThread(tmp_path, v1_port=None, file_ops=disk).start()
+    broker = BrokerThread(tmp_path, v1_port=None, file_ops=disk, deduplication=True).start()
     T = pb.BaseCommand
 
     def send(seq: int) -> bytes:
@@ -571,7 +571,7 @@ def test_log_cut_below_cursor_and_dedup_state_loses_nothing_later(tmp_path, capl
     """A log cut by recovery (a torn tail after power loss, a truncated file) below what the cursor
     and the dedup snapshot had seen: both move back, so the resent and the new messages are
     stored and delivered, not skipped as acknowledged or dropped as duplicates."""
-    broker = BrokerThread(tmp_path, v1_port=None).start()
+    broker = BrokerThread(tmp_path, v1_port=None, deduplication=True).start()
 
     async def first():
         async with Client(broker.url) as client:

@@ -11,6 +11,7 @@ import logging
 import os
 import urllib.parse
 
+from .policies import Policies
 from .storage import (DEFAULT_MAX_CACHE_BYTES, DEFAULT_PAGE_CACHE_BYTES, SYNC_INTERVAL, DataDirLock, EntryCache, FileOps, FilePool,
                       StorageError, read_json, topic_directory)
 from .topics import DUPLICATE, LEDGERS_FILE, Topic
@@ -62,7 +63,7 @@ class BrokerCore:
                  max_open_files: int | None = None, file_ops: FileOps | None = None,
                  max_cache_bytes: int = DEFAULT_MAX_CACHE_BYTES,
                  max_unacked_messages_per_consumer: int = DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER,
-                 page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES) -> None:
+                 page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES, deduplication: bool = False) -> None:
         if max_unacked_messages_per_consumer < 0:
             raise ValueError("max_unacked_messages_per_consumer must not be negative")
         self.data_dir = os.path.abspath(data_dir)
@@ -81,12 +82,16 @@ class BrokerCore:
         self._partitioned: dict[str, int] = {}
         self._next_ledger_id = 1  # ledger 0 is what entries stored before ledger ids carry
         self._lock = DataDirLock(self.data_dir)  # one broker per data dir
+        # namespace and topic policies; `deduplication` is the broker's default, off as in Pulsar
+        self.policies = Policies(self.data_dir, self.files, deduplication=deduplication)
+        self.policies.changed = self.apply_policies
 
     def open(self) -> None:
         os.makedirs(self.data_dir, exist_ok=True)
         self._lock.acquire()  # DataDirInUseError when another broker has this data dir
         try:
             self._partitioned = read_json(self._metadata_path(), {})
+            self.policies.load()
             state_path = os.path.join(self.data_dir, "broker.json")
             state = read_json(state_path, {})
             self.generation = int(state.get("generation", 0)) + 1
@@ -195,9 +200,15 @@ class BrokerCore:
             topic = Topic(name, topic_directory(self.data_dir, name), segment_bytes=self.segment_bytes,
                           sync_policy=self.sync_policy, on_append=self.uncommitted.add, pool=self.files,
                           cache=self.cache, new_ledger_id=self.new_ledger_id,
-                          max_unacked_messages=self.max_unacked_messages_per_consumer)
+                          max_unacked_messages=self.max_unacked_messages_per_consumer,
+                          deduplication=self.policies.deduplication(name))
             self.topics[name] = topic
         return topic
+
+    def apply_policies(self) -> None:
+        """Give open topics the policies now in force (after an admin change)."""
+        for name, topic in self.topics.items():
+            topic.deduplication = self.policies.deduplication(name)
 
     def terminate_topic(self, name: str) -> int:
         topic = self.topic(name)
@@ -224,13 +235,14 @@ class BrokerCore:
     def publish(self, topic: Topic, producer_name: str, sequence_id: int, highest_sequence_id: int | None,
                 continuation_chunk: bool, body, checksum: int | None, publish_time: int,
                 deliver_at_time: int | None, batch_count: int | None, compression: int | None = None) -> int:
-        """Append one entry unless the producer sent it before; returns its entry id or DUPLICATE.
-        `batch`: (num_messages_in_batch or None, compression) when the front end read them.
+        """Append one entry unless the topic deduplicates and the producer sent it before; returns
+        its entry id or DUPLICATE. `batch`: (num_messages_in_batch or None, compression) when the
+        front end read them.
 
         A later chunk of a chunked message shares its sequence id with the first, so it is
         never a duplicate by sequence id."""
         highest = highest_sequence(sequence_id, highest_sequence_id)
-        if not continuation_chunk and highest <= topic.last_sequence.get(producer_name, -1):
+        if topic.deduplication and not continuation_chunk and highest <= topic.last_sequence.get(producer_name, -1):
             return DUPLICATE
         return topic.append(body, checksum, publish_time, deliver_at_time, batch_count, producer_name, highest,
                             compression)

@@ -734,7 +734,8 @@ class BrokerConnection(asyncio.Protocol):
         """Answer a create; a waiting producer (not ready yet) is answered again once it is granted."""
         response = pb.CommandProducerSuccess(
             request_id=request_id, producer_name=producer.name,
-            last_sequence_id=producer.topic.last_sequence.get(producer.name, -1))
+            # as Pulsar: a topic without deduplication tells no last sequence id
+            last_sequence_id=producer.topic.last_sequence.get(producer.name, -1) if producer.topic.deduplication else -1)
         if producer.producer_id in self.waiting_producers:
             response.producer_ready = False
         elif epoch is not None:

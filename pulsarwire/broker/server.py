@@ -58,8 +58,9 @@ class Broker:
                  file_ops: FileOps | None = None, max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
                  max_cache_bytes: int = DEFAULT_MAX_CACHE_BYTES,
                  max_unacked_messages_per_consumer: int = DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER,
-                 page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES) -> None:
-        self.core = BrokerCore(data_dir, sync_policy=sync_policy, segment_bytes=segment_bytes,
+                 page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES, deduplication: bool = False) -> None:
+        # deduplication: the default of namespaces and topics without a policy of their own
+        self.core = BrokerCore(data_dir, sync_policy=sync_policy, segment_bytes=segment_bytes, deduplication=deduplication,
                                default_partitions=default_partitions, max_open_files=max_open_files,
                                file_ops=file_ops, max_cache_bytes=max_cache_bytes, page_cache_bytes=page_cache_bytes,
                                max_unacked_messages_per_consumer=max_unacked_messages_per_consumer)

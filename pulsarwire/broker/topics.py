@@ -577,8 +577,11 @@ class Topic:
                  on_append: Callable[["Topic"], None], pool: FilePool | None = None,
                  cache: EntryCache | None = None,
                  new_ledger_id: Callable[[], int] = lambda: LEGACY_LEDGER_ID,
-                 max_unacked_messages: int = 0) -> None:
+                 max_unacked_messages: int = 0, deduplication: bool = True) -> None:
         self.name = name
+        # whether a send at or below its producer's last sequence id is dropped (answered as a
+        # duplicate); the sequence ids are tracked either way, for a policy switched on later
+        self.deduplication = deduplication
         # a consumer holding this many unacknowledged messages gets no more until it holds half
         # (0: no limit): what the subscription tracks per consumer stays bounded
         self.max_unacked_messages = max_unacked_messages
@@ -698,10 +701,17 @@ class Topic:
         append() would one by one (the broker's hot path: one call for a run of frames). Stops
         before the first frame that needs append(): a chunk, a delayed message, a compressed or
         malformed batch, a new segment. Returns the entry ids of the frames taken, in order,
-        DUPLICATE for a send the producer made before."""
+        DUPLICATE for a send the producer made before (only when the topic deduplicates)."""
         first_id = self.log.next_entry_id
+        last = self.last_sequence.get(producer_name, -1) if self.deduplication else -1
         ids, bodies, checksums, publish_times, counts, highest_ids = codec.plan_send_run(
-            frames, start, end, self.last_sequence.get(producer_name, -1), first_id, DUPLICATE)
+            frames, start, end, last, first_id, DUPLICATE)
+        if not self.deduplication and DUPLICATE in ids:
+            # the plan judges each frame against the ones before it in the run: without
+            # deduplication the run ends before a lower id, which the next run then stores
+            del ids[ids.index(DUPLICATE):]
+            stored = len(ids)
+            del bodies[stored:], checksums[stored:], publish_times[stored:], counts[stored:], highest_ids[stored:]
         if not bodies:
             return ids
         stored = self.log.append_many(bodies, checksums, publish_times, counts)
