@@ -21,7 +21,7 @@ from .. import __version__, codec
 from .._proto import PulsarApi_pb2 as pb
 from ..errors import BadMetadataError, ChecksumMismatchError, FrameTooLargeError, PulsarWireError
 from ..messages import ack_set_bits
-from ..schema import schema_definitions_match
+from .compatibility import IncompatibleSchema, version_for
 from .core import DUPLICATE, BrokerCore, InvalidTopicName, close_transport, highest_sequence
 from .storage import StorageError
 from .topics import (
@@ -1015,21 +1015,18 @@ class BrokerConnection(asyncio.Protocol):
     # schemas: one per topic; a producer or consumer may declare it, or the same one, or none
 
     def _attach_schema(self, request_id: int, topic: Topic, schema: pb.Schema | None) -> tuple[bool, bytes | None]:
-        """(accepted, the schema version of a declared schema, registering the first one); not
-        accepted after answering IncompatibleSchema; no version when none is declared."""
+        """(accepted, the schema version of a declared schema, registering a new one that the
+        namespace's compatibility strategy admits); not accepted after answering IncompatibleSchema;
+        no version when none is declared."""
         if schema is None:
             return True, None
-        if topic.schemas:
-            version = len(topic.schemas) - 1
-            if not schema_definitions_match(_schema_proto(topic.schemas[version]), schema):
-                self._error(request_id, pb.IncompatibleSchema,
-                            f"a {pb.Schema.Type.Name(schema.type)} schema is incompatible with the "
-                            f"{pb.Schema.Type.Name(topic.schemas[version]['type'])} schema of {topic.name}")
-                return False, None
-        else:
-            version = topic.register_schema({
-                "type": schema.type, "name": schema.name, "data": base64.b64encode(schema.schema_data).decode(),
-                "properties": {p.key: p.value for p in schema.properties}})
+        try:
+            version, record = version_for(schema, topic.schemas, self.core.policies.schema_strategy(topic.name))
+        except IncompatibleSchema as exc:
+            self._error(request_id, pb.IncompatibleSchema, f"{topic.name}: {exc}")
+            return False, None
+        if record is not None:
+            version = topic.register_schema(record)
         return True, version.to_bytes(8, "big")
 
     def on_get_schema(self, frame) -> None:
