@@ -42,7 +42,7 @@ class BrokerUnderTest:
 
     def __enter__(self) -> "BrokerUnderTest":
         if self.kind == "embedded":
-            command = [sys.executable, "-m", "pulsarwire", "broker", "--data-dir", self.data_dir,
+            command = [sys.executable, "-m", "pulsarwire", "broker", "--http-port", "-1", "--data-dir", self.data_dir,
                        "--port", str(self.port), "--v1-port", "-1", *self.extra]
         elif self.kind == "pulsar-lite":
             import pulsar_lite

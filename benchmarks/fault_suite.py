@@ -71,7 +71,7 @@ def _start_process(data_dir: str, port: int, limit: int | None = None, extra=())
     env = dict(os.environ)
     if BROKER_TREE:
         env["PYTHONPATH"] = BROKER_TREE
-    process = subprocess.Popen([sys.executable, "-m", "pulsarwire", "broker", "--data-dir", data_dir,
+    process = subprocess.Popen([sys.executable, "-m", "pulsarwire", "broker", "--http-port", "-1", "--data-dir", data_dir,
                                 "--port", str(port), "--v1-port", "-1", *extra],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=lower_limit,
                                cwd=BROKER_TREE or None, env=env)

@@ -70,7 +70,7 @@ class Broker:
                 extra += [flag, value]
         self.flags = extra
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "pulsarwire", "broker", "--data-dir", self.dir.name, "--port", str(self.port),
+            [sys.executable, "-m", "pulsarwire", "broker", "--http-port", "-1", "--data-dir", self.dir.name, "--port", str(self.port),
              "--v1-port", "-1", *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 20
         while True:

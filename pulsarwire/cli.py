@@ -5,6 +5,7 @@
     pulsarwire broker                serve the embedded broker
     pulsarwire produce / consume     send or receive a few messages
     pulsarwire perf produce|consume|e2e   load test with a final throughput/latency table
+    pulsarwire admin topics|namespaces|tenants ...   pulsar-admin's common operations (admin_cli.py)
 """
 from __future__ import annotations
 
@@ -63,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument("--data-dir", default="./pulsarwire-data")
     broker.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     broker.add_argument("--port", type=int, default=6650, help="plaintext Pulsar port (-1 to disable; needs --tls-port)")
+    broker.add_argument("--http-port", type=int, default=8080,
+                        help="admin REST API, HTTP lookup and /metrics port (-1 to disable; default 8080)")
+    broker.add_argument("--max-http-connections", type=int, default=None, metavar="N",
+                        help="HTTP connections open at once; past it one is answered 503 (default 256)")
     broker.add_argument("--tls-port", type=int, default=None, help="Pulsar over TLS port (needs the two files below)")
     broker.add_argument("--tls-cert-file", help="PEM certificate chain of the TLS listener")
     broker.add_argument("--tls-key-file", help="PEM private key of the TLS listener")
@@ -143,6 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_client_options(perf)
     _add_load_options(perf, messages=0, duration=10)
     perf.add_argument("--subscription", default="perf")
+    from . import admin_cli
+    admin_cli.add_parser(sub)
     return parser
 
 
@@ -247,6 +254,8 @@ async def run_broker(args) -> int:
                     auth_basic=dict(c.partition(":")[::2] for c in args.auth_basic) if args.auth_basic else None,
                     auth_tls=bool(args.tls_trust_certs_file),
                     sync_policy=args.sync_policy, deduplication=args.deduplication,
+                    http_port=None if args.http_port < 0 else args.http_port,
+                    max_http_connections=args.max_http_connections,
                     replication_factor=args.replication_factor,
                     min_insync_replicas=args.min_insync_replicas, v1_partitions=args.v1_partitions,
                     replication_timeout=args.replication_timeout, replica_lag_time=args.replica_lag_time,
@@ -277,7 +286,8 @@ async def run_broker(args) -> int:
         assert serving is not None
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, serving.cancel)
     urls = ", ".join(url for url in (broker.service_url, broker.service_url_tls) if url)
-    print(f"broker: {urls}" + (f", V1 on {args.host}:{broker.v1_port}" if broker.v1 else ""), flush=True)
+    print(f"broker: {urls}" + (f", V1 on {args.host}:{broker.v1_port}" if broker.v1 else "")
+          + (f", HTTP on {broker.http_url}" if broker.http_url else ""), flush=True)
     try:
         await broker.serve_forever()
     except asyncio.CancelledError:
@@ -346,6 +356,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.command == "admin":  # synchronous HTTP calls: no event loop
+        from . import admin_cli
+        return admin_cli.run(args)
     runner = {None: main_job, "broker": run_broker, "produce": run_produce, "consume": run_consume,
               "perf": run_perf}[args.command]
     try:

@@ -122,7 +122,7 @@ class BrokerProcess:
 
     def start(self) -> "BrokerProcess":
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "pulsarwire", "broker", "--data-dir", self.data_dir, "--port",
+            [sys.executable, "-m", "pulsarwire", "broker", "--http-port", "-1", "--data-dir", self.data_dir, "--port",
              str(self.port), "--v1-port", "-1", *self.extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ))
         wait_for_port(self.port, process=self.process)

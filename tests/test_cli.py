@@ -64,7 +64,7 @@ def _stop(broker: subprocess.Popen, signum: int) -> str:
 
 def test_a_partitioned_topic_flag_the_broker_cannot_honour_stops_it(tmp_path):
     data = str(tmp_path / "data")
-    base = ["broker", "--data-dir", data, "--port", "0", "--v1-port", "-1"]
+    base = ["broker", "--http-port", "-1", "--data-dir", data, "--port", "0", "--v1-port", "-1"]
     for spec in ("orders=x", "orders=0", "orders=-2"):
         refused = pulsarwire(*base, "--partitioned-topic", spec, timeout=30)
         assert refused.returncode == 2 and "takes TOPIC=N" in refused.stderr, (spec, refused.stderr)
@@ -105,7 +105,7 @@ def test_sigterm_stops_the_broker_as_ctrl_c_does(tmp_path):
     from pulsarwire.blocking import Client
     from .peers import free_port
     port = free_port()
-    command = [sys.executable, "-m", "pulsarwire", "broker", "--data-dir", str(tmp_path), "--port", str(port),
+    command = [sys.executable, "-m", "pulsarwire", "broker", "--http-port", "-1", "--data-dir", str(tmp_path), "--port", str(port),
                "--v1-port", "-1"]
     broker = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -464,7 +464,7 @@ def test_blocking_facade(embedded):
 def test_bad_arguments_are_typed(embedded):
     async def main():
         with pytest.raises(ValueError):
-            Client("http://127.0.0.1:1")
+            Client("ftp://127.0.0.1:1")  # http:// is a service URL too (HTTP lookup)
         async with client_for(embedded) as client:
             producer = await client.create_producer(unique())
             with pytest.raises(TypeError):

@@ -320,7 +320,7 @@ def test_empty_auth_token_is_refused_at_startup(tmp_path):
 
     with pytest.raises(ValueError):
         Broker(str(tmp_path / "a"), v1_port=None, auth_tokens={""})
-    done = subprocess.run([sys.executable, "-m", "pulsarwire", "broker", "--data-dir", str(tmp_path / "b"),
+    done = subprocess.run([sys.executable, "-m", "pulsarwire", "broker", "--http-port", "-1", "--data-dir", str(tmp_path / "b"),
                            "--port", str(free_port()), "--v1-port", "-1", "--auth-token", ""],
                           capture_output=True, text=True, timeout=30)
     assert done.returncode != 0 and "auth-token" in done.stderr
@@ -349,7 +349,7 @@ def test_cli_tls_only_broker(tmp_path):
     cert, key = _certificate(tmp_path)
     tls_port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "pulsarwire", "broker", "--data-dir", str(tmp_path / "data"), "--port", "-1",
+        [sys.executable, "-m", "pulsarwire", "broker", "--http-port", "-1", "--data-dir", str(tmp_path / "data"), "--port", "-1",
          "--v1-port", "-1", "--tls-port", str(tls_port), "--tls-cert-file", str(cert),
          "--tls-key-file", str(key)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -366,7 +366,7 @@ def test_cli_tls_only_broker(tmp_path):
             client.close()
     finally:
         terminate(process)
-    bad = subprocess.run([sys.executable, "-m", "pulsarwire", "broker", "--data-dir", str(tmp_path / "x"),
+    bad = subprocess.run([sys.executable, "-m", "pulsarwire", "broker", "--http-port", "-1", "--data-dir", str(tmp_path / "x"),
                           "--port", "-1", "--v1-port", "-1"], capture_output=True, text=True, timeout=30)
     assert bad.returncode != 0 and "--tls-port" in bad.stderr
 
@@ -566,7 +566,7 @@ def test_cli_limit_flags(tmp_path):
 
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "pulsarwire", "broker", "--data-dir", str(tmp_path / "data"), "--port", str(port),
+        [sys.executable, "-m", "pulsarwire", "broker", "--http-port", "-1", "--data-dir", str(tmp_path / "data"), "--port", str(port),
          "--v1-port", "-1", "--max-connections", "1", "--handshake-timeout", "0.5",
          "--max-frame-before-connect", "1024", "--frame-timeout", "1", "--max-output-bytes", "65536",
          "--max-input-bytes", str(6 * 1024 * 1024), "--max-cache-bytes", str(1024 * 1024)],

@@ -58,7 +58,7 @@ class Broker:
         self._log = open(self.log_path, "ab")
         args = ["--port", str(self.port)] if "--port" not in self.extra else []
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "pulsarwire", "broker", "--data-dir", self.data_dir, *args,
+            [sys.executable, "-m", "pulsarwire", "broker", "--http-port", "-1", "--data-dir", self.data_dir, *args,
              "--v1-port", "-1", *self.extra],
             stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=preexec)
         if wait:

@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-LAYERS = ["storage", "topics", "policies", "compatibility", "core", "pulsar", "v1", "server"]
+LAYERS = ["storage", "topics", "policies", "compatibility", "core", "pulsar", "v1", "stats", "metrics",
+          "admin_http", "server"]
 BELOW = {
     "storage": set(),
     "topics": {"storage"},
@@ -20,6 +21,10 @@ BELOW = {
     "core": {"storage", "topics", "policies"},
     "pulsar": {"storage", "topics", "policies", "core", "compatibility"},
     "v1": {"storage", "topics", "policies", "core"},
+    "stats": {"storage", "topics", "policies"},
+    "metrics": {"storage", "topics", "policies", "stats"},
+    # the HTTP front end: admin API, HTTP lookup, /metrics; server imports it only when it serves HTTP
+    "admin_http": {"storage", "topics", "policies", "core", "compatibility", "stats", "metrics"},
     "server": {"storage", "topics", "policies", "core", "compatibility", "pulsar", "v1"},
 }
 
@@ -51,14 +56,15 @@ CLIENT_DEPENDS = {
     "options": set(),
     "auth": set(),
     "reconnect": {"options"},
-    "connection": {"options"},
+    "http_lookup": set(),
+    "connection": {"options", "http_lookup"},
     "producer": {"options", "reconnect"},
     "dead_letter": set(),
     "consumer": {"options", "reconnect", "dead_letter"},
     "reader": {"options", "reconnect", "consumer", "dead_letter"},
     "table_view": {"options", "reconnect", "consumer", "dead_letter", "reader"},
     "entries": {"options", "reconnect"},
-    "client": {"options", "reconnect", "connection", "producer", "consumer", "dead_letter", "reader",
+    "client": {"options", "reconnect", "connection", "http_lookup", "producer", "consumer", "dead_letter", "reader",
                "table_view", "entries"},
 }
 # Every name `pulsarwire.client` offered when it was one module and that user code may import

@@ -662,7 +662,7 @@ def _limited_broker(data_dir, limit: int, *extra: str):
     def lower_limit():
         resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
     process = subprocess.Popen(
-        [sys.executable, "-m", "pulsarwire", "broker", "--data-dir", str(data_dir), "--port", str(port),
+        [sys.executable, "-m", "pulsarwire", "broker", "--http-port", "-1", "--data-dir", str(data_dir), "--port", str(port),
          "--v1-port", "-1", *extra], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         env=dict(os.environ), preexec_fn=lower_limit)
     wait_for_port(port, process=process)

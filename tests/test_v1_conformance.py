@@ -710,7 +710,7 @@ def test_acks_all_succeeds_once_a_silent_replica_leaves_the_isr(tmp_path):
 def start_cli_broker(data_dir, *flags: str) -> tuple[subprocess.Popen, int]:
     """`python -m pulsarwire broker` on free ports; the process and its V1 port (from the banner)."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "pulsarwire", "broker", "--data-dir", str(data_dir), "--port", "0", "--v1-port", "0",
+        [sys.executable, "-m", "pulsarwire", "broker", "--http-port", "-1", "--data-dir", str(data_dir), "--port", "0", "--v1-port", "0",
          *flags], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     banner = process.stdout.readline()
     match = re.search(r"V1 on 127\.0\.0\.1:(\d+)", banner)

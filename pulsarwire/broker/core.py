@@ -9,6 +9,7 @@ import asyncio
 import itertools
 import logging
 import os
+import shutil
 import urllib.parse
 
 from .policies import Policies
@@ -92,6 +93,7 @@ class BrokerCore:
         try:
             self._partitioned = read_json(self._metadata_path(), {})
             self.policies.load()
+            shutil.rmtree(self._deleted_path(), ignore_errors=True)  # topics deleted before a crash
             state_path = os.path.join(self.data_dir, "broker.json")
             state = read_json(state_path, {})
             self.generation = int(state.get("generation", 0)) + 1
@@ -204,6 +206,38 @@ class BrokerCore:
                           deduplication=self.policies.deduplication(name))
             self.topics[name] = topic
         return topic
+
+    def _deleted_path(self) -> str:
+        return os.path.join(self.data_dir, "deleted")
+
+    def delete_topic(self, name: str) -> str | None:
+        """Delete topic-partition `name`: its producers and consumers are closed and its folder is
+        moved out of the topics (one rename). Returns that folder, for the caller to remove off
+        the event loop (a restart removes what is left); None when the topic had no files."""
+        self.check_topic_name(name)
+        topic = self.topics.pop(name, None)
+        if topic is not None:
+            topic.evict_all()
+            topic.commit()
+            self.uncommitted.discard(topic)
+            topic.close()
+        directory = topic_directory(self.data_dir, name)
+        if not os.path.isdir(directory):
+            return None
+        os.makedirs(self._deleted_path(), exist_ok=True)
+        target = os.path.join(self._deleted_path(), f"{self.generation}-{next(self._names)}")
+        os.rename(directory, target)
+        return target
+
+    def delete_partitioned_topic(self, name: str) -> list[str]:
+        """Delete a partitioned topic and its partitions; returns the folders to remove."""
+        partitions = self._partitioned.get(name)
+        if partitions is None:
+            raise ValueError(f"{name} is not a partitioned topic")
+        del self._partitioned[name]
+        self.files.write_json(self._metadata_path(), self._partitioned)
+        folders = [self.delete_topic(f"{name}{PARTITION_MARKER}{i}") for i in range(partitions)]
+        return [folder for folder in folders if folder]
 
     def apply_policies(self) -> None:
         """Give open topics the policies now in force (after an admin change)."""

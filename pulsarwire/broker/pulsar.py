@@ -875,6 +875,8 @@ class BrokerConnection(asyncio.Protocol):
                 self._error(c.request_id, pb.ConsumerAssignError, refusal)
                 return
         subscription.type = c.subType
+        if c.read_compacted:
+            subscription.read_compacted = True  # its reads skip what compaction left out
         consumer = PulsarConsumer(self, c.consumer_id, subscription, c.consumer_name or str(c.consumer_id),
                                   c.priority_level)
         if sticky:

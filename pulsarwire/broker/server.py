@@ -58,7 +58,8 @@ class Broker:
                  file_ops: FileOps | None = None, max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
                  max_cache_bytes: int = DEFAULT_MAX_CACHE_BYTES,
                  max_unacked_messages_per_consumer: int = DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER,
-                 page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES, deduplication: bool = False) -> None:
+                 page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES, deduplication: bool = False,
+                 http_port: int | None = None, max_http_connections: int | None = None) -> None:
         # deduplication: the default of namespaces and topics without a policy of their own
         self.core = BrokerCore(data_dir, sync_policy=sync_policy, segment_bytes=segment_bytes, deduplication=deduplication,
                                default_partitions=default_partitions, max_open_files=max_open_files,
@@ -90,6 +91,11 @@ class Broker:
             # the Pulsar port's limits, a request line standing for a frame and AUTH for CONNECT
             max_output_bytes=max_output_bytes, handshake_timeout=handshake_timeout, line_timeout=frame_timeout)
         self.v1: V1Server | None = None
+        # admin REST API, HTTP lookup and /metrics (admin_http.py): off unless a port is given (0: a free one)
+        self.http_port = http_port
+        self.max_http_connections = max_http_connections
+        self.admin: Any = None
+        self.http_url = ""
         self._servers: list[asyncio.AbstractServer] = []
         self._background: asyncio.Task | None = None
         self.service_url = ""
@@ -135,6 +141,11 @@ class Broker:
         if self.v1_port is not None:
             self.v1 = V1Server(self.core, **self.v1_options)
             self.v1_port = await self.v1.start(self.host, self.v1_port)
+        if self.http_port is not None:
+            from .admin_http import DEFAULT_MAX_HTTP_CONNECTIONS, AdminServer  # aiohttp only when served
+            self.admin = AdminServer(self, max_connections=self.max_http_connections or DEFAULT_MAX_HTTP_CONNECTIONS)
+            self.http_port = await self.admin.start(self.host, self.http_port)
+            self.http_url = self.admin.url
         self._background = asyncio.ensure_future(self._maintain())
         log.info("broker on %s (data in %s)", self.service_url or self.service_url_tls, self.data_dir)
 
@@ -162,6 +173,9 @@ class Broker:
                         self.core.files.max_open_files, descriptor_limit())
 
     async def stop(self) -> None:
+        if self.admin is not None:
+            await self.admin.stop()
+            self.admin = None
         for server in self._servers:
             server.close()
         self.pulsar.close_all()

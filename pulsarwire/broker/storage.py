@@ -1095,6 +1095,11 @@ class TopicLog:
     def stats(self) -> StorageStats:
         return self.pool.stats
 
+    @property
+    def size_bytes(self) -> int:
+        """Bytes in the log's segments, pending records included (admin stats, metrics)."""
+        return sum(segment.size for segment in self._segments)
+
     def append(self, body, checksum: int | None, publish_time: int, num_messages: int) -> int:
         """Queue an entry; it reaches the OS at the next commit() (the broker commits before any
         receipt). It belongs to `self.batch` as it is at this call's return."""

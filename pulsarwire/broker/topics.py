@@ -24,6 +24,7 @@ from ..messages import ack_set_words
 from ..routing import murmur3_32
 from .storage import CorruptEntryError, Cursor, EntryCache, FilePool, StorageError, TopicLog, read_json
 
+COMPACTION_FILE = "compaction.json"
 DUPLICATE = -1  # the entry id a deduplicated send is answered with
 
 log = logging.getLogger("pulsarwire.broker")
@@ -167,6 +168,8 @@ class Subscription:
         # read_position were sent to _untracked_consumer without being tracked one by one
         self._untracked_from: int | None = None
         self._untracked_consumer: ConsumerLink | None = None
+        self.read_compacted = False  # skips what the topic's last compaction left out (see Topic.compacted)
+        self.messages_out = self.bytes_out = 0  # dispatched, redeliveries included (admin stats, metrics)
 
     # consumers
 
@@ -400,10 +403,17 @@ class Subscription:
                 continue
             return entry_id, True
         end = self.topic.log.committed_entry_id  # never an entry the OS has not taken yet
+        compacted = self.topic.compacted if self.read_compacted else None
         while self.read_position < end:
             position = self.read_position
             if self.cursor.is_acked(position) or position in self.owner or self._held(position):
                 self.read_position += 1
+                continue
+            if compacted is not None and position <= compacted[0] and position not in compacted[1]:
+                self.read_position += 1  # superseded by a later value of its key: settled unread
+                self.cursor.ack(position)
+                self._settle(position)
+                self.dirty = True
                 continue
             return position, False
         return None
@@ -471,6 +481,8 @@ class Subscription:
                               ack_set_words(partial, entry.num_messages) if partial else None)
                 messages = entry.num_messages
                 consumer.permits -= messages
+                self.messages_out += messages
+                self.bytes_out += len(entry.body)
                 if not redelivery and self.type in _SINGLE_ACTIVE and (
                         self._untracked_from is not None or len(self.owner) >= self.topic.max_tracked_entries):
                     if self._untracked_from is None:  # past the bound: the rest is one range
@@ -618,6 +630,11 @@ class Topic:
         # schema versions, oldest first: {"type", "name", "data" (base64), "properties"}
         self.schemas: list[dict] = read_json(os.path.join(self.directory, "schema.json"), [])
         self._state_dirty = False
+        self.messages_in = self.bytes_in = 0  # stored since the topic opened (admin stats, metrics)
+        # the last compaction: (the last entry it covered, the entries it kept: each the latest of a key)
+        compaction = read_json(os.path.join(self.directory, COMPACTION_FILE), None)
+        self.compacted: tuple[int, set[int]] | None = \
+            (compaction["horizon"], set(compaction["kept"])) if compaction else None
 
     def _open_ledgers(self, new_ledger_id: Callable[[], int]) -> None:
         """Which ledger id each entry's message id carries: `[first entry, ledger id]` ranges,
@@ -675,11 +692,14 @@ class Topic:
         changes, when the payload does not hold that many."""
         batch = self.log.batch
         try:
-            entry_id = self.log.append(body, checksum, publish_time, entry_message_count(body, batch_count, compression))
+            count = entry_message_count(body, batch_count, compression)
+            entry_id = self.log.append(body, checksum, publish_time, count)
         finally:
             if self.log.batch is not batch:  # starting a new segment committed the batch before
                 self._settled(batch.error is None)
         self._on_append(self)
+        self.messages_in += count
+        self.bytes_in += len(body)
         if deliver_at_time is not None and deliver_at_time > time.time() * 1000:
             self.deliver_at[entry_id] = deliver_at_time
         self._remember_sequence(producer_name, highest_sequence_id)
@@ -720,6 +740,8 @@ class Topic:
         if stored:
             self._on_append(self)
             self._remember_sequence(producer_name, highest_ids[stored - 1])
+            self.messages_in += sum(counts[:stored])
+            self.bytes_in += sum(map(len, bodies[:stored]))
         return ids
 
     def _forget_idle_producers(self) -> None:
@@ -807,6 +829,13 @@ class Topic:
                 subscription.reader.close()
                 raise
         return subscription
+
+    def set_compacted(self, horizon: int, kept: set[int]) -> None:
+        """Keep a compaction's result (on disk first): subscriptions that read compacted skip the
+        entries up to `horizon` that are not in `kept`."""
+        self.log.pool.write_json(os.path.join(self.directory, COMPACTION_FILE),
+                                 {"horizon": horizon, "kept": sorted(kept)})
+        self.compacted = (horizon, kept)
 
     def drop_subscription(self, name: str) -> None:
         dropped = self.subscriptions.pop(name, None)

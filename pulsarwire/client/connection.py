@@ -20,6 +20,7 @@ from ..session import (
     CorruptMessage, EndOfTopic, MessageArrived, ProducerClosedByBroker, RequestDone, RequestFailed,
     SendFailed, SendReceipt,
 )
+from .http_lookup import HttpLookup
 from .options import Address, partition_name
 
 if TYPE_CHECKING:
@@ -249,6 +250,11 @@ class ConnectionPool:
         self._tls_validate_hostname = tls_validate_hostname
         self._connections: dict[Address, Connection] = {}
         self._connecting: dict[Address, asyncio.Future] = {}
+        self._http: HttpLookup | None = None  # an http(s):// service URL: lookups over HTTP
+        self._http_broker: Address | None = None  # the binary address that HTTP lookup named
+        if service.http:
+            self._http = HttpLookup(service.url(), client._authentication, client._operation_timeout,
+                                    self._ssl_context(service))
 
     def __len__(self) -> int:
         return len(self._connections)
@@ -274,6 +280,8 @@ class ConnectionPool:
         when several callers ask at the same time)."""
         if self._client._closed:
             raise AlreadyClosedError("client is closed")
+        if address.http:  # the service URL is an admin URL: the broker it names speaks the protocol
+            address = await self._binary_service()
         conn = self._connections.get(address)
         if conn is not None and not conn.closed:
             return conn
@@ -347,8 +355,18 @@ class ConnectionPool:
         if self._connections.get(conn.address) is conn:
             del self._connections[conn.address]
 
+    async def _binary_service(self) -> Address:
+        """The binary-protocol address behind an http(s):// service URL (asked once)."""
+        if self._http_broker is None:
+            assert self._http is not None
+            url = await self._http.broker_url("persistent://public/default/__lookup", self._service.tls)
+            self._http_broker = Address.parse(url)
+        return self._http_broker
+
     async def lookup(self, topic: str) -> Connection:
         """The connection to the broker that owns `topic`, following redirects."""
+        if self._http is not None:
+            return await self.connection(Address.parse(await self._http.broker_url(topic, self._service.tls)))
         conn = await self.connection(self._service)
         authoritative = False
         for _ in range(20):
@@ -368,15 +386,23 @@ class ConnectionPool:
 
     async def topic_partitions(self, topic: str) -> list[str]:
         """The partition topics of `topic` (itself alone when it is not partitioned)."""
-        conn = await self.connection(self._service)
-        response = await conn.request(conn.session.partitioned_metadata, topic)
-        if response.partitions > 0:
-            return [partition_name(topic, i) for i in range(response.partitions)]
+        if self._http is not None:
+            partitions = await self._http.partitions(topic)
+        else:
+            conn = await self.connection(self._service)
+            partitions = (await conn.request(conn.session.partitioned_metadata, topic)).partitions
+        if partitions > 0:
+            return [partition_name(topic, i) for i in range(partitions)]
         return [topic]
 
     async def topics_of_namespace(self, namespace: str, mode: int, topics_pattern: str | None = None,
                                   topics_hash: str | None = None):
         """The broker's GetTopicsOfNamespace answer (topics, filtered, topics_hash, changed)."""
+        if self._http is not None:  # the admin API's list: unfiltered, always "changed"
+            mode_name = {int(pb.CommandGetTopicsOfNamespace.NON_PERSISTENT): "NON_PERSISTENT",
+                         pb.CommandGetTopicsOfNamespace.ALL: "ALL"}.get(mode, "PERSISTENT")
+            topics = await self._http.namespace_topics(namespace, mode_name)
+            return pb.CommandGetTopicsOfNamespaceResponse(request_id=0, topics=topics, filtered=False, changed=True)
         conn = await self.connection(self._service)
         return await conn.request(conn.session.get_topics_of_namespace, namespace, mode,
                                   topics_pattern, topics_hash)

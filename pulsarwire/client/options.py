@@ -122,6 +122,7 @@ class Address:
     host: str
     port: int
     tls: bool
+    http: bool = False  # an http(s):// service URL: lookups over HTTP (client/http_lookup.py)
 
     @classmethod
     def parse(cls, url: str) -> "Address":
@@ -140,10 +141,18 @@ class Address:
         scheme, separator, rest = url.partition("://")
         if not separator:
             return [cls.parse(url)]  # raises: no scheme
+        if scheme in ("http", "https"):  # an admin URL: one host, lookups over HTTP
+            parsed = urlparse(url)
+            if not parsed.hostname:
+                raise ValueError(f"service URL has no host: {url!r}")
+            tls = scheme == "https"
+            return [cls(parsed.hostname, parsed.port or (443 if tls else 80), tls, http=True)]
         hosts = rest.split("/", 1)[0]
         return [cls.parse(f"{scheme}://{host}") for host in hosts.split(",")]
 
     def url(self) -> str:
+        if self.http:
+            return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
         return f"{'pulsar+ssl' if self.tls else 'pulsar'}://{self.host}:{self.port}"
 
 
