@@ -224,6 +224,10 @@ async def run_broker(args) -> int:
     if args.port < 0 and args.tls_port is None:
         print("pulsarwire broker: --port -1 turns plaintext off and needs --tls-port", file=sys.stderr)
         return 2
+    if not 1 <= args.min_insync_replicas <= args.replication_factor:
+        print(f"pulsarwire broker: --min-insync-replicas {args.min_insync_replicas} must be between 1 and "
+              f"--replication-factor {args.replication_factor}: V1 acks=all could never be met", file=sys.stderr)
+        return 2
     partitioned = []
     for spec in args.partitioned_topic:
         name, _, count = spec.partition("=")

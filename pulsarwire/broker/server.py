@@ -20,7 +20,7 @@ from .pulsar import (DEFAULT_FRAME_TIMEOUT, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_M
                      PulsarService)
 from .storage import DEFAULT_MAX_CACHE_BYTES, DEFAULT_PAGE_CACHE_BYTES, SYNC_INTERVAL, FileOps, descriptor_limit
 from .topics import Topic
-from .v1 import DEFAULT_CONSUME_MAX_BYTES, V1Server
+from .v1 import DEFAULT_CONSUME_MAX_BYTES, V1Server, check_replication
 
 log = logging.getLogger("pulsarwire.broker")
 # descriptors kept out of every budget: listeners, state-file writes, the interpreter's own
@@ -59,6 +59,7 @@ class Broker:
                  max_cache_bytes: int = DEFAULT_MAX_CACHE_BYTES,
                  max_unacked_messages_per_consumer: int = DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER,
                  page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES) -> None:
+        check_replication(replication_factor, min_insync_replicas)  # before anything is opened
         self.core = BrokerCore(data_dir, sync_policy=sync_policy, segment_bytes=segment_bytes,
                                default_partitions=default_partitions, max_open_files=max_open_files,
                                file_ops=file_ops, max_cache_bytes=max_cache_bytes, page_cache_bytes=page_cache_bytes,

@@ -2,7 +2,7 @@
 
 One request per line, one response per line:
 
-    V1|<correlation_id>|<command>|<args>     exactly four sections; args separated by whitespace
+    V1|<correlation_id>|<command>|<args>     exactly four sections; args separated by ASCII spaces and tabs
     V1|<id>|OK[|<payload>]
     V1|<id>|ERR|<code>|<message>
     V1|0|ERR|BAD_REQUEST|...                 for a line that does not parse
@@ -101,9 +101,21 @@ _NAME = r"[A-Za-z0-9_.=:-]+"
 _SHORT_TOPIC = re.compile(_NAME)
 _FULL_TOPIC = re.compile(rf"persistent://{_NAME}/{_NAME}/{_NAME}")
 _MAX_FILE_NAME = 255
-# Characters a value cannot carry inside one V1 line: newline, carriage return, section separator.
-_LINE_UNSAFE = {ord("\n"): "\ufffd", ord("\r"): "\ufffd", ord("|"): "\ufffd"}
+# Characters a value cannot carry in a CONSUME reply: newline, carriage return, the section
+# separator, and the comma that separates records (the format has no escaping: a comma in a value
+# followed by `<digits>:` would read as a record at an offset that does not exist).
+_LINE_UNSAFE = {ord("\n"): "\ufffd", ord("\r"): "\ufffd", ord("|"): "\ufffd", ord(","): "\ufffd"}
+_VALUE_UNSAFE = ",\r"  # what PRODUCE refuses in a value (newline and `|` cannot reach one)
 _MESSAGE_UNSAFE = {ord("\n"): " ", ord("\r"): " ", ord("|"): "/"}  # in error messages
+
+
+def check_replication(replication_factor: int, min_insync_replicas: int) -> None:
+    """ValueError for settings acks=all could never meet (never weakened silently)."""
+    if replication_factor < 1:
+        raise ValueError("replication_factor must be at least 1")
+    if not 1 <= min_insync_replicas <= replication_factor:
+        raise ValueError(f"min_insync_replicas ({min_insync_replicas}) must be in 1..replication_factor "
+                         f"({replication_factor}): acks=all could never be met")
 
 
 class V1Error(Exception):
@@ -172,7 +184,15 @@ def parse_request(raw: bytes) -> tuple[str, str, list[str]]:
         raise _bad("correlation id is empty")
     if not command:
         raise _bad("command is empty")
-    return correlation, command, args.split()
+    return correlation, command, split_args(args)
+
+
+def split_args(args: str) -> list[str]:
+    """Arguments are separated by runs of ASCII spaces and tabs, and by nothing else: a value
+    keeps every other character (U+3000, U+00A0, ...), and `acks=all\u00a0` is no ack mode."""
+    if "\t" in args:
+        args = args.replace("\t", " ")
+    return [arg for arg in args.split(" ") if arg]
 
 
 def _response(correlation: str, payload: str | list[bytes] | None) -> bytes:
@@ -192,7 +212,7 @@ def _line_safe(data) -> bytes:
     """A message's value as UTF-8 that fits in a V1 line (undecodable bytes and the
     characters newline, carriage return and `|` become U+FFFD)."""
     raw = bytes(data)
-    if raw.isascii() and b"\n" not in raw and b"\r" not in raw and b"|" not in raw:
+    if raw.isascii() and b"\n" not in raw and b"\r" not in raw and b"|" not in raw and b"," not in raw:
         return raw
     return raw.decode("utf-8", "replace").translate(_LINE_UNSAFE).encode()
 
@@ -271,6 +291,9 @@ def enable_keepalive(transport) -> None:
         log.debug("no TCP keep-alive on a connection: %s", exc)
 
 
+_CUT_LINE = object()  # in a connection's queue: its last line had no newline when the stream ended
+
+
 class V1Connection(asyncio.Protocol):
     """One V1 client: request lines in, answered one at a time and in order by a worker task.
 
@@ -345,8 +368,9 @@ class V1Connection(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         self._input_ended = True
-        if self._unfinished.strip():  # a last request without its newline
-            self._lines.append(bytes(self._unfinished))
+        if self._unfinished:  # a line cut off by the end of the stream (the client died mid-write?)
+            self.server.counters["cut_lines"] += 1
+            self._lines.append(_CUT_LINE)
         self._unfinished = bytearray()
         self._partial_since = None
         self._wake()
@@ -400,6 +424,10 @@ class V1Connection(asyncio.Protocol):
                 line = lines.popleft()
                 if line is None:
                     self.close(_error("0", BAD_REQUEST, f"request line longer than {MAX_LINE} bytes"))
+                    return
+                if line is _CUT_LINE:
+                    self.close(_error("0", BAD_REQUEST, "request line cut off by the end of the stream "
+                                                        "(no newline): not executed"))
                     return
                 self._queued_bytes -= len(line)
                 if not self._reading:
@@ -518,8 +546,7 @@ class V1Server:
                  line_timeout: float = DEFAULT_LINE_TIMEOUT) -> None:
         if partitions < 1:
             raise ValueError("a V1 topic needs at least one partition")
-        if replication_factor < 1:
-            raise ValueError("replication_factor must be at least 1")
+        check_replication(replication_factor, min_insync_replicas)
         if consume_max_bytes < 1:
             raise ValueError("consume_max_bytes must be at least 1")
         for name, value in (("max_output_bytes", max_output_bytes), ("handshake_timeout", handshake_timeout),
@@ -529,7 +556,7 @@ class V1Server:
         self.core = core
         self.partitions = partitions
         self.replication_factor = replication_factor
-        self.min_insync = min(min_insync_replicas, replication_factor)
+        self.min_insync = min_insync_replicas
         self.replication_timeout = replication_timeout
         self.replica_lag_time = replica_lag_time
         self.session_timeout = session_timeout
@@ -553,7 +580,8 @@ class V1Server:
         self._watcher: asyncio.Task | None = None
         # what hostile or slow clients cost (stats())
         self.counters = dict.fromkeys(("refused_connections", "handshake_timeouts", "line_timeouts",
-                                       "output_timeouts", "oversized_lines", "output_pauses", "input_pauses"), 0)
+                                       "output_timeouts", "oversized_lines", "output_pauses", "input_pauses",
+                                       "cut_lines"), 0)
         # One worker: big decompressions run one at a time, off the event loop.
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pulsarwire-v1")
         self._round_robin = 0
@@ -757,6 +785,10 @@ class V1Server:
         key, colon, value = record.partition(":")
         if not colon:
             raise _bad(f"PRODUCE needs a <key>:<value> record, got {_show(record)}")
+        for unsafe in _VALUE_UNSAFE:
+            if unsafe in value:
+                raise _bad(f"a value cannot hold {unsafe!r}: a CONSUME reply could not carry it "
+                           f"(its records are separated by commas, without escaping)")
         full = self._full_name(topic)
         count = self._create(full)
         if key:
