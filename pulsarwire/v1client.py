@@ -119,15 +119,18 @@ class V1Client:
     async def connect(cls, host: str, port: int, *, token: str | None = None,
                       max_line: int = DEFAULT_MAX_LINE) -> "V1Client":
         """Connect, and authenticate with `token` when given (a broker with token auth
-        serves nothing else before AUTH)."""
+        serves nothing else before AUTH), else PING: the broker closes a connection that has
+        not sent a valid request within its handshake timeout (10 s by default)."""
         reader, writer = await asyncio.open_connection(host, port, limit=max_line)
         client = cls(reader, writer)
-        if token is not None:
-            try:
+        try:
+            if token is not None:
                 await client.auth(token)
-            except BaseException:
-                await client.close()
-                raise
+            else:
+                await client.raw(f"V1|{next(client._ids)}|PING|")  # answered UNAUTHORIZED on a broker with tokens
+        except BaseException:
+            await client.close()
+            raise
         return client
 
     async def __aenter__(self) -> "V1Client":

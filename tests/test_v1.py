@@ -1057,3 +1057,79 @@ def test_min_insync_replicas_above_the_replication_factor_is_refused(tmp_path):
                            "--min-insync-replicas", "2"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done
     assert "--min-insync-replicas" in done.stderr and "--replication-factor" in done.stderr, done.stderr
+
+
+# --- additions: no lock-out by connections that never become established (docs/v1.md) ------------
+
+def _silent(port: int):
+    import socket
+    return socket.create_connection(("127.0.0.1", port), timeout=5)
+
+
+def _first_line(sock) -> bytes:
+    sock.settimeout(5)
+    return sock.makefile("rb").readline()
+
+
+def test_connections_per_client_address_are_limited(tmp_path):
+    b = BrokerThread(tmp_path, v1_port=0, v1_max_connections_per_address=3).start()
+    try:
+        held = [_silent(b.v1_port) for _ in range(3)]
+        with _silent(b.v1_port) as extra:
+            line = _first_line(extra)
+            assert line.startswith(b"V1|0|ERR|TOO_MANY_CONNECTIONS|") and b"one address" in line, line
+        held.pop().close()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and b.call(lambda: sum(b.broker.v1.per_address.values())) > 2:
+            time.sleep(0.02)
+        with _silent(b.v1_port) as again:  # the place given back is free again
+            again.sendall(b"V1|1|PING|\n")
+            assert _first_line(again) == b"V1|1|OK|PONG\n"
+        for s in held:
+            s.close()
+    finally:
+        b.stop()
+
+
+def test_silent_connections_cannot_take_the_places_kept_for_established_ones(tmp_path):
+    b = BrokerThread(tmp_path, v1_port=0, max_connections=8).start()  # 2 kept for established connections
+    try:
+        async def main():
+            async with await connect(b) as working:  # established: it sent a valid request
+                silent = [_silent(b.v1_port) for _ in range(6)]
+                try:
+                    with _silent(b.v1_port) as seventh:
+                        line = _first_line(seventh)
+                        assert line.startswith(b"V1|0|ERR|TOO_MANY_CONNECTIONS|"), line
+                        assert b"kept for established" in line
+                    assert await working.ping() == "PONG"
+                    stats = b.call(b.broker.v1.stats)
+                    assert stats["connections"] == 7 and stats["pending_connections"] == 6
+                finally:
+                    for s in silent:
+                        s.close()
+        run(main())
+    finally:
+        b.stop()
+
+
+def test_wrong_tokens_are_answered_late_without_blocking_the_broker(tmp_path):
+    b = BrokerThread(tmp_path, v1_port=0, auth_tokens={"secret"}).start()
+    try:
+        b.broker.v1.auth_failure_delay = 0.6
+        import socket
+        with _silent(b.v1_port) as guess:
+            guess.sendall(b"V1|1|AUTH|guess\n")
+
+            async def meanwhile():
+                async with await connect(b, token="secret") as other:
+                    return await other.ping()
+            assert run(meanwhile()) == "PONG"  # served while the guess waits
+            guess.settimeout(0.3)
+            with pytest.raises(socket.timeout):
+                guess.recv(100)  # not answered yet
+            guess.settimeout(5)
+            assert guess.makefile("rb").readline() == b"V1|1|ERR|UNAUTHORIZED|authentication failed\n"
+        assert b.call(b.broker.v1.stats)["auth_failures"] == 1
+    finally:
+        b.stop()
