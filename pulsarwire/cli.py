@@ -115,8 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="unsent output per connection before the broker stops dispatching to it and "
                              "reading from it (V1: answering it) (default 4 MiB)")
     broker.add_argument("--handshake-timeout", type=float, default=10.0, metavar="SECONDS",
-                        help="a connection without an accepted CONNECT (V1 with --auth-token: AUTH) this "
-                             "long is closed (default 10)")
+                        help="a connection without an accepted CONNECT (V1: a successful AUTH with --auth-token, "
+                             "else a valid request) this long is closed (default 10)")
     broker.add_argument("--max-frame-before-connect", type=int, default=64 * 1024, metavar="BYTES",
                         help="largest frame before CONNECT is accepted (default 64 KiB)")
     broker.add_argument("--max-input-bytes", type=int, default=256 * 1024 * 1024, metavar="BYTES",
@@ -125,6 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument("--frame-timeout", type=float, default=30.0, metavar="SECONDS",
                         help="a frame (V1: a request line) still incomplete after this long closes its "
                              "connection; so does a V1 client taking none of its replies this long (default 30)")
+    broker.add_argument("--v1-max-connections-per-address", type=int, default=None, metavar="N",
+                        help="V1 connections one client address may hold at once; more are refused (default 100)")
     broker.add_argument("--v1-consume-max-bytes", type=int, default=None, metavar="BYTES",
                         help="most record bytes in one V1 CONSUME reply (default 8 MiB)")
 
@@ -235,6 +237,10 @@ async def run_broker(args) -> int:
     if args.port < 0 and args.tls_port is None:
         print("pulsarwire broker: --port -1 turns plaintext off and needs --tls-port", file=sys.stderr)
         return 2
+    if not 1 <= args.min_insync_replicas <= args.replication_factor:
+        print(f"pulsarwire broker: --min-insync-replicas {args.min_insync_replicas} must be between 1 and "
+              f"--replication-factor {args.replication_factor}: V1 acks=all could never be met", file=sys.stderr)
+        return 2
     partitioned = []
     for spec in args.partitioned_topic:
         name, _, count = spec.partition("=")
@@ -268,7 +274,9 @@ async def run_broker(args) -> int:
                     max_cache_bytes=DEFAULT_MAX_CACHE_BYTES if args.max_cache_bytes is None else args.max_cache_bytes,
                     page_cache_bytes=DEFAULT_PAGE_CACHE_BYTES if args.page_cache_bytes is None else args.page_cache_bytes,
                     v1_consume_max_bytes=DEFAULT_CONSUME_MAX_BYTES if args.v1_consume_max_bytes is None
-                    else args.v1_consume_max_bytes)
+                    else args.v1_consume_max_bytes,
+                    **({} if args.v1_max_connections_per_address is None
+                       else {"v1_max_connections_per_address": args.v1_max_connections_per_address}))
     await broker.start()
     _tune_collector()
     from .client import topic_name

@@ -8,8 +8,9 @@
         await v1.heartbeat("g", "orders", "c1", member["generation"])
         await v1.commit("g", "orders", "c1", member["generation"], 0, 4)
 
-Every argument travels as one whitespace-free token without `|`: keys, values, topic,
-group and consumer names with spaces cannot be sent (ValueError before anything is sent).
+Every argument travels as one token without ASCII space, tab, `|`, newline or carriage return
+(and a value without a comma, which a CONSUME reply could not carry): such keys, values, topic,
+group and consumer names cannot be sent (ValueError before anything is sent).
 A CONSUME reply returns whole entries up to the high watermark and within the broker's
 byte budget; continue from the last offset + 1. An entry too large for one reply (or one
 that does not decode) answers V1Error with code RECORD_TOO_LARGE (or CORRUPT_RECORD) and
@@ -92,10 +93,16 @@ def parse_payload(payload: str) -> dict:
     return out
 
 
-def _token(value, what: str, allow_empty: bool = False) -> str:
+_SEPARATORS = frozenset(" \t|\n\r")  # what ends an argument, a section or the line
+
+
+def _token(value, what: str, allow_empty: bool = False, refuse: str = "") -> str:
+    """One argument: without ASCII space, tab, '|', newline, carriage return (nor `refuse`).
+    Other characters, Unicode spaces included, travel as they are."""
     text = str(value)
-    if (not text and not allow_empty) or "|" in text or any(c.isspace() for c in text):
-        raise ValueError(f"{what} must be one non-empty token without whitespace or '|', got {text!r}")
+    if (not text and not allow_empty) or any(c in _SEPARATORS or c in refuse for c in text):
+        raise ValueError(f"{what} must be one non-empty token without space, tab, '|', newline"
+                         f"{', ' + repr(refuse) if refuse else ''} or carriage return, got {text!r}")
     return text
 
 
@@ -112,15 +119,18 @@ class V1Client:
     async def connect(cls, host: str, port: int, *, token: str | None = None,
                       max_line: int = DEFAULT_MAX_LINE) -> "V1Client":
         """Connect, and authenticate with `token` when given (a broker with token auth
-        serves nothing else before AUTH)."""
+        serves nothing else before AUTH), else PING: the broker closes a connection that has
+        not sent a valid request within its handshake timeout (10 s by default)."""
         reader, writer = await asyncio.open_connection(host, port, limit=max_line)
         client = cls(reader, writer)
-        if token is not None:
-            try:
+        try:
+            if token is not None:
                 await client.auth(token)
-            except BaseException:
-                await client.close()
-                raise
+            else:
+                await client.raw(f"V1|{next(client._ids)}|PING|")  # answered UNAUTHORIZED on a broker with tokens
+        except BaseException:
+            await client.close()
+            raise
         return client
 
     async def __aenter__(self) -> "V1Client":
@@ -175,7 +185,8 @@ class V1Client:
         key = _token(key, "key", allow_empty=True)
         if ":" in key:
             raise ValueError(f"key must not contain ':', got {key!r}")
-        args = [_token(topic, "topic"), f"{key}:{_token(value, 'value', allow_empty=True)}"]
+        # a comma cannot come back in a CONSUME reply (the broker refuses it: BAD_REQUEST)
+        args = [_token(topic, "topic"), f"{key}:{_token(value, 'value', allow_empty=True, refuse=',')}"]
         if acks is not None:
             if str(acks) not in ("0", "1", "all"):
                 raise ValueError(f"acks must be 0, 1 or 'all', got {acks!r}")

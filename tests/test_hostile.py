@@ -829,20 +829,23 @@ def test_v1_half_sent_line_is_closed_after_the_frame_timeout(strict_v1):
     assert wait_until(lambda: _v1_stats(strict_v1)["connections"] == 0)
 
 
-def test_v1_idle_connections_hold_a_place_until_the_connection_limit(strict_v1):
-    """Without tokens V1 has no handshake: a silent connection is a legitimate idle client, and
-    the connection limit bounds how many there are."""
+def test_v1_silent_connections_are_closed_after_the_handshake_timeout(strict_v1):
+    """Without tokens a V1 connection must send a valid request within the handshake timeout
+    (issue 30: silent connections filling the limit locked every client out)."""
     held = [socket.create_connection(("127.0.0.1", strict_v1.v1_port), timeout=5) for _ in range(3)]
     try:
-        assert not _closed_by_broker(held[0], 1.5)  # well past the handshake timeout
-        with socket.create_connection(("127.0.0.1", strict_v1.v1_port), timeout=5) as extra:
-            assert _v1_lines(extra)[0].startswith(b"V1|0|ERR|TOO_MANY_CONNECTIONS|")
         held[1].sendall(b"V1|1|PING|\n")
         assert held[1].makefile("rb").readline() == b"V1|1|OK|PONG\n"
+        for s in (held[0], held[2]):
+            assert _v1_lines(s) == [b"V1|0|ERR|BAD_REQUEST|no valid request within 0.5s\n"]
+        assert not _closed_by_broker(held[1], 1.0)  # established: an idle client keeps its place
+        with socket.create_connection(("127.0.0.1", strict_v1.v1_port), timeout=5) as newcomer:
+            newcomer.sendall(b"V1|2|PING|\n")
+            assert newcomer.makefile("rb").readline() == b"V1|2|OK|PONG\n"
     finally:
         for s in held:
             s.close()
-    assert _v1_stats(strict_v1)["refused_connections"] == 1
+    assert _v1_stats(strict_v1)["idle_timeouts"] == 2
 
 
 def test_v1_connection_without_auth_is_closed_after_the_handshake_timeout(tmp_path):

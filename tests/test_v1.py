@@ -595,7 +595,8 @@ def test_cli_options_reach_the_v1_port(tmp_path):
     v1_port = free_port()
     process = BrokerProcess(tmp_path / "data", extra=[
         "--v1-port", str(v1_port), "--auth-token", "cli-secret", "--v1-consume-max-bytes", "64",
-        "--v1-partitions", "2", "--replication-factor", "1", "--session-timeout", "600"]).start()
+        "--v1-partitions", "2", "--replication-factor", "1", "--min-insync-replicas", "1",
+        "--session-timeout", "600"]).start()
     try:
         wait_for_port(v1_port)
 
@@ -989,3 +990,146 @@ def test_a_connection_keeps_a_bounded_number_of_readers(tmp_path):
     assert not session._readers
     for topic_log in logs:
         topic_log.close()
+
+
+# --- values, arguments, lines and settings the specification leaves open (docs/v1.md) ----------
+
+def test_produce_refuses_a_value_a_consume_reply_cannot_carry(broker):
+    """A comma in a value would forge records in CONSUME's `messages=<offset:value,...>` (a client
+    resuming at the forged offset + 1 would skip real records): refused, nothing stored."""
+    topic = unique("forge")
+    for record in ("k:x,999999:forged", "k:a,b", "k:,", "k:a\rb"):
+        assert is_error(ask1(broker, f"V1|7|PRODUCE|{topic} {record}"), "7", "BAD_REQUEST"), record
+    assert nothing_stored(broker, topic)
+    placed = produced(broker, topic, "k", "real")
+    assert ask1(broker, f"V1|8|CONSUME|{topic} {placed['partition']} 0") == "V1|8|OK|messages=0:real hw=1"
+
+
+def test_a_comma_pulsar_wrote_cannot_forge_a_record(broker):
+    topic = unique("forge-pulsar")
+    ask1(broker, f"V1|1|PRODUCE|{topic} k:v1")  # creates the V1 topic
+
+    async def main():
+        async with Client(broker.url) as client:
+            producer = await client.create_producer(f"{topic}-partition-0", batching_enabled=False)
+            await producer.send(b"x,999999:forged")
+    run(main())
+    answer = ask1(broker, f"V1|2|CONSUME|{topic} 0 0")
+    assert "999999:" not in answer.replace("\ufffd999999:", "") and ",999999:" not in answer, answer
+
+
+def test_arguments_are_split_on_ascii_spaces_and_tabs_only(broker):
+    topic = unique("split")
+    answer = ask1(broker, f"V1|1|PRODUCE|{topic} k:東京\u3000駅")
+    assert answer.startswith("V1|1|OK|"), answer
+    partition = parse_payload(payload(answer))["partition"]
+    assert ask1(broker, f"V1|2|CONSUME|{topic} {partition} 0") == f"V1|2|OK|messages=0:東京\u3000駅 hw=1"
+    # "exactly acks=all" means exactly: a no-break space is part of the token
+    assert is_error(ask1(broker, f"V1|3|PRODUCE|{topic} k:v acks=all\u00a0"), "3", "BAD_REQUEST")
+    assert is_error(ask1(broker, f"V1|4|PRODUCE|{topic}\u2003k:v"), "4", "BAD_REQUEST")
+    # tabs separate arguments as spaces do (docs/v1.md)
+    answer = ask1(broker, f"V1|5|PRODUCE|{topic}\tk:tabbed\t acks=1")
+    assert answer.startswith("V1|5|OK|"), answer
+
+
+def test_a_line_cut_off_by_the_end_of_the_stream_is_not_executed(broker):
+    import socket
+    topic = unique("cut")
+    with socket.create_connection(("127.0.0.1", broker.v1_port), timeout=10) as sock:
+        sock.sendall(f"V1|1|PING|\nV1|2|PRODUCE|{topic} k:trunc".encode())
+        sock.shutdown(socket.SHUT_WR)  # the client died mid-write
+        answers = sock.makefile("rb").read().decode().splitlines()
+    assert answers[0] == "V1|1|OK|PONG"
+    assert len(answers) == 2 and is_error(answers[1], "0", "BAD_REQUEST"), answers
+    assert nothing_stored(broker, topic)
+
+
+def test_min_insync_replicas_above_the_replication_factor_is_refused(tmp_path):
+    from pulsarwire.broker.server import Broker
+    for replication_factor, min_insync in ((1, 2), (3, 4), (2, 0)):
+        with pytest.raises(ValueError, match="min_insync_replicas"):
+            Broker(str(tmp_path / "b"), replication_factor=replication_factor, min_insync_replicas=min_insync)
+    assert not os.path.exists(tmp_path / "b")  # refused before anything was opened
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-m", "pulsarwire", "broker", "--data-dir", str(tmp_path / "c"),
+                           "--port", "0", "--v1-port", "0", "--replication-factor", "1",
+                           "--min-insync-replicas", "2"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done
+    assert "--min-insync-replicas" in done.stderr and "--replication-factor" in done.stderr, done.stderr
+
+
+# --- additions: no lock-out by connections that never become established (docs/v1.md) ------------
+
+def _silent(port: int):
+    import socket
+    return socket.create_connection(("127.0.0.1", port), timeout=5)
+
+
+def _first_line(sock) -> bytes:
+    sock.settimeout(5)
+    return sock.makefile("rb").readline()
+
+
+def test_connections_per_client_address_are_limited(tmp_path):
+    b = BrokerThread(tmp_path, v1_port=0, v1_max_connections_per_address=3).start()
+    try:
+        held = [_silent(b.v1_port) for _ in range(3)]
+        with _silent(b.v1_port) as extra:
+            line = _first_line(extra)
+            assert line.startswith(b"V1|0|ERR|TOO_MANY_CONNECTIONS|") and b"one address" in line, line
+        held.pop().close()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and b.call(lambda: sum(b.broker.v1.per_address.values())) > 2:
+            time.sleep(0.02)
+        with _silent(b.v1_port) as again:  # the place given back is free again
+            again.sendall(b"V1|1|PING|\n")
+            assert _first_line(again) == b"V1|1|OK|PONG\n"
+        for s in held:
+            s.close()
+    finally:
+        b.stop()
+
+
+def test_silent_connections_cannot_take_the_places_kept_for_established_ones(tmp_path):
+    b = BrokerThread(tmp_path, v1_port=0, max_connections=8).start()  # 2 kept for established connections
+    try:
+        async def main():
+            async with await connect(b) as working:  # established: it sent a valid request
+                silent = [_silent(b.v1_port) for _ in range(6)]
+                try:
+                    with _silent(b.v1_port) as seventh:
+                        line = _first_line(seventh)
+                        assert line.startswith(b"V1|0|ERR|TOO_MANY_CONNECTIONS|"), line
+                        assert b"kept for established" in line
+                    assert await working.ping() == "PONG"
+                    stats = b.call(b.broker.v1.stats)
+                    assert stats["connections"] == 7 and stats["pending_connections"] == 6
+                finally:
+                    for s in silent:
+                        s.close()
+        run(main())
+    finally:
+        b.stop()
+
+
+def test_wrong_tokens_are_answered_late_without_blocking_the_broker(tmp_path):
+    b = BrokerThread(tmp_path, v1_port=0, auth_tokens={"secret"}).start()
+    try:
+        b.broker.v1.auth_failure_delay = 0.6
+        import socket
+        with _silent(b.v1_port) as guess:
+            guess.sendall(b"V1|1|AUTH|guess\n")
+
+            async def meanwhile():
+                async with await connect(b, token="secret") as other:
+                    return await other.ping()
+            assert run(meanwhile()) == "PONG"  # served while the guess waits
+            guess.settimeout(0.3)
+            with pytest.raises(socket.timeout):
+                guess.recv(100)  # not answered yet
+            guess.settimeout(5)
+            assert guess.makefile("rb").readline() == b"V1|1|ERR|UNAUTHORIZED|authentication failed\n"
+        assert b.call(b.broker.v1.stats)["auth_failures"] == 1
+    finally:
+        b.stop()

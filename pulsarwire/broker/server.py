@@ -20,7 +20,8 @@ from .pulsar import (DEFAULT_FRAME_TIMEOUT, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_M
                      PulsarService)
 from .storage import DEFAULT_MAX_CACHE_BYTES, DEFAULT_PAGE_CACHE_BYTES, SYNC_INTERVAL, FileOps, descriptor_limit
 from .topics import Topic
-from .v1 import DEFAULT_CONSUME_MAX_BYTES, V1Server
+from .v1 import DEFAULT_CONSUME_MAX_BYTES, V1Server, check_replication
+from .v1 import DEFAULT_MAX_CONNECTIONS_PER_ADDRESS as DEFAULT_V1_MAX_CONNECTIONS_PER_ADDRESS
 
 log = logging.getLogger("pulsarwire.broker")
 # descriptors kept out of every budget: listeners, state-file writes, the interpreter's own
@@ -59,7 +60,9 @@ class Broker:
                  max_cache_bytes: int = DEFAULT_MAX_CACHE_BYTES,
                  max_unacked_messages_per_consumer: int = DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER,
                  page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES, deduplication: bool = False,
-                 http_port: int | None = None, max_http_connections: int | None = None) -> None:
+                 http_port: int | None = None, max_http_connections: int | None = None,
+                 v1_max_connections_per_address: int = DEFAULT_V1_MAX_CONNECTIONS_PER_ADDRESS) -> None:
+        check_replication(replication_factor, min_insync_replicas)  # before anything is opened
         # deduplication: the default of namespaces and topics without a policy of their own
         self.core = BrokerCore(data_dir, sync_policy=sync_policy, segment_bytes=segment_bytes, deduplication=deduplication,
                                default_partitions=default_partitions, max_open_files=max_open_files,
@@ -89,7 +92,8 @@ class Broker:
             consume_max_bytes=v1_consume_max_bytes, auth_tokens=auth_tokens,  # V1 asks for AUTH too
             max_connections=DEFAULT_MAX_CONNECTIONS if max_connections is None else max_connections,
             # the Pulsar port's limits, a request line standing for a frame and AUTH for CONNECT
-            max_output_bytes=max_output_bytes, handshake_timeout=handshake_timeout, line_timeout=frame_timeout)
+            max_output_bytes=max_output_bytes, handshake_timeout=handshake_timeout, line_timeout=frame_timeout,
+            max_connections_per_address=v1_max_connections_per_address)
         self.v1: V1Server | None = None
         # admin REST API, HTTP lookup and /metrics (admin_http.py): off unless a port is given (0: a free one)
         self.http_port = http_port

@@ -2,7 +2,7 @@
 
 One request per line, one response per line:
 
-    V1|<correlation_id>|<command>|<args>     exactly four sections; args separated by whitespace
+    V1|<correlation_id>|<command>|<args>     exactly four sections; args separated by ASCII spaces and tabs
     V1|<id>|OK[|<payload>]
     V1|<id>|ERR|<code>|<message>
     V1|0|ERR|BAD_REQUEST|...                 for a line that does not parse
@@ -52,6 +52,12 @@ MAX_QUEUED_LINES_BYTES = 2 * MAX_LINE  # complete request lines waiting for thei
 DEFAULT_MAX_OUTPUT_BYTES = 4 * 1024 * 1024  # unsent replies per connection before answering stops
 DEFAULT_HANDSHAKE_TIMEOUT = 10.0  # seconds from accept to AUTH, on a broker with tokens
 DEFAULT_LINE_TIMEOUT = 30.0  # seconds a request line may take to arrive, and a reply to be taken
+DEFAULT_MAX_CONNECTIONS_PER_ADDRESS = 100  # V1 connections from one client address at once
+AUTH_FAILURE_DELAY = 1.0  # seconds before a wrong token is answered (and its connection closed)
+# Of max_connections, this share is kept for established connections (authenticated, or on a broker
+# without tokens having sent a valid request): new ones cannot take it, so silent ones cannot lock out
+# the clients already working.
+ESTABLISHED_SHARE = 4  # a quarter
 try:  # bytes a socket's kernel send queue holds (Linux): a client reading behind it makes progress
     import fcntl
     import termios
@@ -101,9 +107,21 @@ _NAME = r"[A-Za-z0-9_.=:-]+"
 _SHORT_TOPIC = re.compile(_NAME)
 _FULL_TOPIC = re.compile(rf"persistent://{_NAME}/{_NAME}/{_NAME}")
 _MAX_FILE_NAME = 255
-# Characters a value cannot carry inside one V1 line: newline, carriage return, section separator.
-_LINE_UNSAFE = {ord("\n"): "\ufffd", ord("\r"): "\ufffd", ord("|"): "\ufffd"}
+# Characters a value cannot carry in a CONSUME reply: newline, carriage return, the section
+# separator, and the comma that separates records (the format has no escaping: a comma in a value
+# followed by `<digits>:` would read as a record at an offset that does not exist).
+_LINE_UNSAFE = {ord("\n"): "\ufffd", ord("\r"): "\ufffd", ord("|"): "\ufffd", ord(","): "\ufffd"}
+_VALUE_UNSAFE = ",\r"  # what PRODUCE refuses in a value (newline and `|` cannot reach one)
 _MESSAGE_UNSAFE = {ord("\n"): " ", ord("\r"): " ", ord("|"): "/"}  # in error messages
+
+
+def check_replication(replication_factor: int, min_insync_replicas: int) -> None:
+    """ValueError for settings acks=all could never meet (never weakened silently)."""
+    if replication_factor < 1:
+        raise ValueError("replication_factor must be at least 1")
+    if not 1 <= min_insync_replicas <= replication_factor:
+        raise ValueError(f"min_insync_replicas ({min_insync_replicas}) must be in 1..replication_factor "
+                         f"({replication_factor}): acks=all could never be met")
 
 
 class V1Error(Exception):
@@ -172,7 +190,15 @@ def parse_request(raw: bytes) -> tuple[str, str, list[str]]:
         raise _bad("correlation id is empty")
     if not command:
         raise _bad("command is empty")
-    return correlation, command, args.split()
+    return correlation, command, split_args(args)
+
+
+def split_args(args: str) -> list[str]:
+    """Arguments are separated by runs of ASCII spaces and tabs, and by nothing else: a value
+    keeps every other character (U+3000, U+00A0, ...), and `acks=all\u00a0` is no ack mode."""
+    if "\t" in args:
+        args = args.replace("\t", " ")
+    return [arg for arg in args.split(" ") if arg]
 
 
 def _response(correlation: str, payload: str | list[bytes] | None) -> bytes:
@@ -192,7 +218,7 @@ def _line_safe(data) -> bytes:
     """A message's value as UTF-8 that fits in a V1 line (undecodable bytes and the
     characters newline, carriage return and `|` become U+FFFD)."""
     raw = bytes(data)
-    if raw.isascii() and b"\n" not in raw and b"\r" not in raw and b"|" not in raw:
+    if raw.isascii() and b"\n" not in raw and b"\r" not in raw and b"|" not in raw and b"," not in raw:
         return raw
     return raw.decode("utf-8", "replace").translate(_LINE_UNSAFE).encode()
 
@@ -226,10 +252,12 @@ class Session:
     partitions it consumes (so that two connections consuming one partition at different offsets
     each read ahead in order, see TopicLog.reader)."""
 
-    __slots__ = ("authenticated", "close", "_readers")
+    __slots__ = ("authenticated", "established", "auth_failed", "close", "_readers")
 
     def __init__(self) -> None:
         self.authenticated = False
+        self.established = False  # authenticated, or sent a valid request on a broker without tokens
+        self.auth_failed = False
         self.close = False
         self._readers: collections.OrderedDict[int, LogReader] = collections.OrderedDict()
 
@@ -271,15 +299,19 @@ def enable_keepalive(transport) -> None:
         log.debug("no TCP keep-alive on a connection: %s", exc)
 
 
+_CUT_LINE = object()  # in a connection's queue: its last line had no newline when the stream ended
+
+
 class V1Connection(asyncio.Protocol):
     """One V1 client: request lines in, answered one at a time and in order by a worker task.
 
     What it can make the broker hold is bounded: the unfinished line (MAX_LINE bytes, and
     `line_timeout` from its first byte), complete lines waiting (reading stops past
     MAX_QUEUED_LINES_BYTES), unsent replies (answering stops past `max_output_bytes` and the
-    connection is closed when the client takes none of them for `line_timeout`), and, on a
-    broker with tokens, the time to AUTH (`handshake_timeout`). A limit that closes the connection
-    first sends `V1|0|ERR|<code>|<why>`, unless the client reads nothing (then it is aborted)."""
+    connection is closed when the client takes none of them for `line_timeout`), and the time to
+    become established (`handshake_timeout`: AUTH on a broker with tokens, else a valid request).
+    A limit that closes the connection first sends `V1|0|ERR|<code>|<why>`, unless the client
+    reads nothing (then it is aborted). A wrong token is answered after `auth_failure_delay`."""
 
     def __init__(self, server: "V1Server") -> None:
         self.server = server
@@ -287,6 +319,8 @@ class V1Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.accepted_at = time.monotonic()
         self.closed = False
+        self.address: str | None = None  # the client's IP address, counted in server.per_address
+        self._pending = False  # counted in server.pending (not established yet)
         self._unfinished = bytearray()  # the start of the next line
         self._partial_since: float | None = None  # when the unfinished line's first byte arrived
         self._lines: collections.deque = collections.deque()  # complete lines not answered yet (None: too long)
@@ -306,13 +340,19 @@ class V1Connection(asyncio.Protocol):
         server = self.server
         budget = server.max_output_bytes
         transport.set_write_buffer_limits(high=budget, low=budget // 2)
-        if len(server.connections) >= server.max_connections:
+        peer = transport.get_extra_info("peername")
+        address = peer[0] if isinstance(peer, tuple) and peer else None
+        refusal = server.refusal(address)
+        if refusal is not None:
             server.counters["refused_connections"] += 1
-            log.warning("refusing a V1 connection: at the limit of %d connections", server.max_connections)
-            self.close(_error("0", TOO_MANY_CONNECTIONS,
-                              f"this broker serves at most {server.max_connections} V1 connections"))
+            log.warning("refusing a V1 connection from %s: %s", address, refusal)
+            self.close(_error("0", TOO_MANY_CONNECTIONS, refusal))
             return
         server.connections.add(self)
+        self.address = address
+        server.per_address[address] += 1
+        self._pending = True
+        server.pending += 1
         server.watch()
         enable_keepalive(transport)
         self._worker = asyncio.ensure_future(self._answer())
@@ -345,8 +385,9 @@ class V1Connection(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         self._input_ended = True
-        if self._unfinished.strip():  # a last request without its newline
-            self._lines.append(bytes(self._unfinished))
+        if self._unfinished:  # a line cut off by the end of the stream (the client died mid-write?)
+            self.server.counters["cut_lines"] += 1
+            self._lines.append(_CUT_LINE)
         self._unfinished = bytearray()
         self._partial_since = None
         self._wake()
@@ -401,14 +442,25 @@ class V1Connection(asyncio.Protocol):
                 if line is None:
                     self.close(_error("0", BAD_REQUEST, f"request line longer than {MAX_LINE} bytes"))
                     return
+                if line is _CUT_LINE:
+                    self.close(_error("0", BAD_REQUEST, "request line cut off by the end of the stream "
+                                                        "(no newline): not executed"))
+                    return
                 self._queued_bytes -= len(line)
                 if not self._reading:
                     self._set_reading()
-                reply = await self.server.handle_line(line, self.session)
+                session = self.session
+                reply = await self.server.handle_line(line, session)
                 if self.closed:
                     return
+                if self._pending and session.established:
+                    self._settle_pending()
+                if session.auth_failed:  # slow down token guessing, without blocking the loop
+                    await asyncio.sleep(self.server.auth_failure_delay)
+                    if self.closed:
+                        return
                 transport.write(reply)
-                if self.session.close:
+                if session.close:
                     self.close()
                     return
         except asyncio.CancelledError:
@@ -446,11 +498,21 @@ class V1Connection(asyncio.Protocol):
             log.warning("closing a V1 connection that took none of its replies for %.0fs (%d bytes held)",
                         server.line_timeout, self.held_bytes)
             self.close(abort=True)
-        elif server.auth_tokens is not None and not self.session.authenticated and \
-                now - self.accepted_at > server.handshake_timeout:
-            counters["handshake_timeouts"] += 1
-            log.warning("closing a V1 connection that did not AUTH within %.0fs", server.handshake_timeout)
-            self.close(_error("0", UNAUTHORIZED, f"no AUTH within {server.handshake_timeout:g}s"))
+        elif self._pending and not self._lines and now - self.accepted_at > server.handshake_timeout:
+            # nothing complete waits for an answer (that would be the broker's delay, not the client's)
+            if server.auth_tokens is not None:
+                counters["handshake_timeouts"] += 1
+                log.warning("closing a V1 connection that did not AUTH within %.0fs", server.handshake_timeout)
+                self.close(_error("0", UNAUTHORIZED, f"no AUTH within {server.handshake_timeout:g}s"))
+            else:
+                counters["idle_timeouts"] += 1
+                log.warning("closing a V1 connection that sent no valid request within %.0fs",
+                            server.handshake_timeout)
+                self.close(_error("0", BAD_REQUEST, f"no valid request within {server.handshake_timeout:g}s"))
+
+    def _settle_pending(self) -> None:
+        self._pending = False
+        self.server.pending -= 1
 
     def _unsent(self) -> int:
         """Reply bytes the client has not taken: the transport's buffer and the socket's send queue."""
@@ -492,7 +554,14 @@ class V1Connection(asyncio.Protocol):
         self._queued_bytes = 0
         self._partial_since = self._blocked_since = None
         self._wake()  # the worker ends (after the request it may be answering)
-        self.server.connections.discard(self)
+        server = self.server
+        if self in server.connections:
+            server.connections.discard(self)
+            if self._pending:
+                self._settle_pending()
+            server.per_address[self.address] -= 1
+            if not server.per_address[self.address]:
+                del server.per_address[self.address]
         self.session.close_readers()
 
     @property
@@ -515,26 +584,30 @@ class V1Server:
                  auth_tokens: set[str] | None = None, max_connections: int = 1000,
                  max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
                  handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
-                 line_timeout: float = DEFAULT_LINE_TIMEOUT) -> None:
+                 line_timeout: float = DEFAULT_LINE_TIMEOUT,
+                 max_connections_per_address: int = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+                 auth_failure_delay: float = AUTH_FAILURE_DELAY) -> None:
         if partitions < 1:
             raise ValueError("a V1 topic needs at least one partition")
-        if replication_factor < 1:
-            raise ValueError("replication_factor must be at least 1")
+        check_replication(replication_factor, min_insync_replicas)
         if consume_max_bytes < 1:
             raise ValueError("consume_max_bytes must be at least 1")
         for name, value in (("max_output_bytes", max_output_bytes), ("handshake_timeout", handshake_timeout),
-                            ("line_timeout", line_timeout)):
+                            ("line_timeout", line_timeout), ("max_connections", max_connections),
+                            ("max_connections_per_address", max_connections_per_address)):
             if value <= 0:
                 raise ValueError(f"{name} must be positive")
         self.core = core
         self.partitions = partitions
         self.replication_factor = replication_factor
-        self.min_insync = min(min_insync_replicas, replication_factor)
+        self.min_insync = min_insync_replicas
         self.replication_timeout = replication_timeout
         self.replica_lag_time = replica_lag_time
         self.session_timeout = session_timeout
         self.consume_max_bytes = consume_max_bytes
         self.max_connections = max_connections
+        self.max_connections_per_address = max_connections_per_address
+        self.auth_failure_delay = auth_failure_delay
         self.max_output_bytes = max_output_bytes
         self.handshake_timeout = handshake_timeout
         self.line_timeout = line_timeout
@@ -550,10 +623,13 @@ class V1Server:
             group["assignments"] = group.get("assignments", group.pop("assignment", {}))  # older files
         self._server: asyncio.AbstractServer | None = None
         self.connections: set[V1Connection] = set()
+        self.per_address: collections.Counter[str | None] = collections.Counter()
+        self.pending = 0  # connections not established yet (see Session.established)
         self._watcher: asyncio.Task | None = None
         # what hostile or slow clients cost (stats())
         self.counters = dict.fromkeys(("refused_connections", "handshake_timeouts", "line_timeouts",
-                                       "output_timeouts", "oversized_lines", "output_pauses", "input_pauses"), 0)
+                                       "output_timeouts", "oversized_lines", "output_pauses", "input_pauses",
+                                       "cut_lines", "idle_timeouts", "auth_failures"), 0)
         # One worker: big decompressions run one at a time, off the event loop.
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pulsarwire-v1")
         self._round_robin = 0
@@ -589,6 +665,22 @@ class V1Server:
 
     # connection
 
+    @property
+    def max_pending(self) -> int:
+        """Connections not established yet that may be open at once: the rest is kept for established ones."""
+        return self.max_connections - self.max_connections // ESTABLISHED_SHARE
+
+    def refusal(self, address: str | None) -> str | None:
+        """Why a new connection from `address` is refused, or None to serve it."""
+        if len(self.connections) >= self.max_connections:
+            return f"this broker serves at most {self.max_connections} V1 connections"
+        if self.per_address[address] >= self.max_connections_per_address:
+            return f"this broker serves at most {self.max_connections_per_address} V1 connections from one address"
+        if self.pending >= self.max_pending:
+            return (f"{self.pending} V1 connections have not sent a valid request yet; the other "
+                    f"{self.max_connections - self.max_pending} places are kept for established connections")
+        return None
+
     def watch(self) -> None:
         """Start the sweep that closes connections past their deadlines (while any are open)."""
         if self._watcher is None or self._watcher.done():
@@ -607,7 +699,7 @@ class V1Server:
 
     def stats(self) -> dict:
         """Open connections, what they hold (input and unsent replies), and the counters."""
-        return dict(self.counters, connections=len(self.connections),
+        return dict(self.counters, connections=len(self.connections), pending_connections=self.pending,
                     held_bytes=sum(c.held_bytes for c in self.connections),
                     paused_connections=sum(1 for c in self.connections if not c._writable))
 
@@ -623,6 +715,8 @@ class V1Server:
             correlation, command, args = parse_request(raw)
         except V1Error as exc:
             return _error("0", exc.code, exc.message)
+        if self.auth_tokens is None:
+            session.established = True  # a valid request
         payload: str | list[bytes]
         try:
             if command == "AUTH":
@@ -649,9 +743,10 @@ class V1Server:
             # compare with every token, so the time taken does not tell which one nearly matched
             matched = [hmac.compare_digest(offered, token) for token in self.auth_tokens]
             if not any(matched):
-                session.close = True
+                self.counters["auth_failures"] += 1
+                session.close = session.auth_failed = True
                 raise V1Error(UNAUTHORIZED, "authentication failed")
-        session.authenticated = True
+        session.authenticated = session.established = True
         return "authenticated=true"
 
     # topics and replication
@@ -757,6 +852,10 @@ class V1Server:
         key, colon, value = record.partition(":")
         if not colon:
             raise _bad(f"PRODUCE needs a <key>:<value> record, got {_show(record)}")
+        for unsafe in _VALUE_UNSAFE:
+            if unsafe in value:
+                raise _bad(f"a value cannot hold {unsafe!r}: a CONSUME reply could not carry it "
+                           f"(its records are separated by commas, without escaping)")
         full = self._full_name(topic)
         count = self._create(full)
         if key:
