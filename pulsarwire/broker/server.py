@@ -14,7 +14,7 @@ import ssl
 from typing import Any, Callable
 
 from .. import codec
-from .core import DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER, BrokerCore
+from .core import DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER, DEFAULT_TOPIC_IDLE_TIMEOUT, BrokerCore
 from .pulsar import (DEFAULT_FRAME_TIMEOUT, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
                      DEFAULT_MAX_FRAME_BEFORE_CONNECT, DEFAULT_MAX_INPUT_BYTES, DEFAULT_MAX_OUTPUT_BYTES,
                      PulsarService)
@@ -58,7 +58,9 @@ class Broker:
                  file_ops: FileOps | None = None, max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
                  max_cache_bytes: int = DEFAULT_MAX_CACHE_BYTES,
                  max_unacked_messages_per_consumer: int = DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER,
-                 page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES) -> None:
+                 page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES,
+                 topic_idle_timeout: float = DEFAULT_TOPIC_IDLE_TIMEOUT) -> None:
+        self.topic_idle_timeout = topic_idle_timeout
         self.core = BrokerCore(data_dir, sync_policy=sync_policy, segment_bytes=segment_bytes,
                                default_partitions=default_partitions, max_open_files=max_open_files,
                                file_ops=file_ops, max_cache_bytes=max_cache_bytes, page_cache_bytes=page_cache_bytes,
@@ -193,7 +195,10 @@ class Broker:
             except asyncio.CancelledError:
                 return
             elapsed += step
-            jobs: list[tuple[str, Callable[[], object]]] = [("saving cursors and dedup state", self.core.save)]
+            jobs: list[tuple[str, Callable[[], object]]] = [("saving cursors and dedup state", self.core.save),
+                                                            ("retrying metadata writes", self.core.retry_writes),
+                                                            ("closing idle topics", lambda: self.core.unload_idle_topics(
+                                                                self.topic_idle_timeout))]
             if self.v1 is not None:
                 jobs.append(("V1 upkeep", self.v1.tick))
             if self.sync_policy == SYNC_INTERVAL and elapsed >= self.sync_interval:
