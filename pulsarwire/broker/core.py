@@ -106,12 +106,14 @@ class BrokerCore:
         os.makedirs(self.data_dir, exist_ok=True)
         self._lock.acquire()  # DataDirInUseError when another broker has this data dir
         try:
-            self._partitioned = self._load_partitioned()
+            self._partitioned, rebuilt = self._load_partitioned()
             self.generation = self._load_generation()
             self._next_ledger_id = self._load_next_ledger_id()
             try:  # the starts counted, and a first block of ledger ids, on disk before anything is served
                 metafile.write(self._broker_path(), {"generation": self.generation}, self.files.ops)
                 self._reserve_ledger_ids(wait=True)
+                if rebuilt:
+                    metafile.write(self._metadata_path(), self._partitioned, self.files.ops)
             except StorageError as exc:
                 self._enter_read_only(exc)
         except BaseException:
@@ -258,12 +260,13 @@ class BrokerCore:
                 found[parent] = max(found.get(parent, 0), int(index) + 1)
         return found
 
-    def _load_partitioned(self) -> dict[str, int]:
-        """Partitioned topics and their partition counts. A damaged file is rebuilt from its
-        previous copy and the partitions' directories (the higher count of the two)."""
+    def _load_partitioned(self) -> tuple[dict[str, int], bool]:
+        """Partitioned topics and their partition counts, and whether they were rebuilt: a
+        damaged file is, from its previous copy and the partitions' directories (the higher
+        count of the two)."""
         loaded = metafile.load(self._metadata_path(), _partitioned_topics)
         if loaded.source in (CURRENT, MISSING):
-            return loaded.data or {}
+            return loaded.data or {}, False
         rebuilt = dict(loaded.data or {})
         for parent, count in self._partition_directories().items():
             rebuilt[parent] = max(rebuilt.get(parent, 0), count)
@@ -271,7 +274,7 @@ class BrokerCore:
         report_damage(loaded, "the partitioned topics and their partition counts",
                       f"rebuilt from {source}the partitions' directories: {len(rebuilt)} partitioned topics "
                       "(partitions never written to may be missing from a count)")
-        return rebuilt
+        return rebuilt, True
 
     def partitioned_count(self, name: str) -> int | None:
         """How many partitions the partitioned topic `name` has; None if it is not one."""

@@ -186,7 +186,7 @@ class MetadataWriter:
 
     def __init__(self, ops: FileOps | None = None) -> None:
         self.ops = ops or DEFAULT_OPS
-        self._pending: collections.OrderedDict[str, tuple[bytes, concurrent.futures.Future]] = \
+        self._pending: collections.OrderedDict[str, tuple[bytes, type, concurrent.futures.Future]] = \
             collections.OrderedDict()
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -203,11 +203,11 @@ class MetadataWriter:
         with self._lock:
             queued = self._pending.get(path)
             if queued is not None:
-                future = queued[1]
+                future = queued[2]
                 self.coalesced += 1
             else:
                 future = concurrent.futures.Future()
-            self._pending[path] = (raw, future)
+            self._pending[path] = (raw, type(data), future)
             if self._thread is None:
                 self._stopping = False
                 self._thread = threading.Thread(target=self._run, name="pulsarwire-metadata", daemon=True)
@@ -245,10 +245,10 @@ class MetadataWriter:
                 self._lock.wait_for(lambda: self._pending or self._stopping)
                 if not self._pending:
                     return
-                path, (raw, future) = self._pending.popitem(last=False)
+                path, (raw, kind, future) = self._pending.popitem(last=False)
                 self._busy += 1
             try:
-                write_file(path, raw, self.ops)
+                write_file(path, raw, kind, self.ops)
             except StorageError as exc:
                 self.failed += 1
                 future.set_exception(exc)
@@ -264,34 +264,34 @@ class MetadataWriter:
                     self._lock.notify_all()
 
 
-def write_file(path: str, raw: bytes, ops: FileOps = DEFAULT_OPS) -> None:
-    """Replace `path` by `raw` (already encoded) atomically, keeping the current file as the
-    previous copy. StorageError (logged) when the file system refuses."""
+def write_file(path: str, raw: bytes, kind: type, ops: FileOps = DEFAULT_OPS) -> None:
+    """Replace `path` by `raw` (already encoded data of type `kind`) atomically, keeping the
+    current file as the previous copy. StorageError (logged) when the file system refuses."""
     try:
         previous = path + PREVIOUS
-        if _is_good(path):  # a damaged file never replaces the previous good copy
+        if _is_good(path, kind):  # a damaged file never replaces the previous good copy
             ops.keep_copy(path, previous)
         ops.replace_file(path, raw)
-        if not os.path.exists(previous):  # a first write: its copy stands in until there is a previous one
-            ops.keep_copy(path, previous)
+        if not _is_good(previous, kind):  # a first write (or a damaged copy): a copy of this one stands in
+            ops.replace_file(previous, raw)  # bytes of its own, not a link: damage to one spares the other
         ops.sync_directory(os.path.dirname(path) or ".")
     except OSError as exc:
         log.error("cannot write %s: %s", path, exc)
         raise StorageError(f"cannot write {path}: {exc}") from exc
 
 
-def _is_good(path: str) -> bool:
+def _is_good(path: str, kind: type) -> bool:
+    """Whether `path` holds a good file of data of type `kind` (not, e.g., an editor's `[]`)."""
     try:
         with open(path, "rb") as fh:
-            decode(fh.read())
+            return type(decode(fh.read())) is kind
     except (OSError, DamagedFile):
         return False
-    return True
 
 
 def write(path: str, data: Any, ops: FileOps = DEFAULT_OPS) -> None:
     """Write `data` to `path` now, on the caller's thread (before the event loop runs, or tools)."""
-    write_file(path, encode(data), ops)
+    write_file(path, encode(data), type(data), ops)
 
 
 class BatchedFile:
