@@ -3,6 +3,7 @@
     pulsarwire                       the main job: embedded broker + produce/consume + report
     pulsarwire --service-url URL     the same workload against a real cluster
     pulsarwire broker                serve the embedded broker
+    pulsarwire fsck DATA_DIR         check (--repair: fix) a stopped broker's metadata files
     pulsarwire produce / consume     send or receive a few messages
     pulsarwire perf produce|consume|e2e   load test with a final throughput/latency table
     pulsarwire admin topics|namespaces|tenants ...   pulsar-admin's common operations (admin_cli.py)
@@ -129,6 +130,18 @@ def build_parser() -> argparse.ArgumentParser:
                         help="V1 connections one client address may hold at once; more are refused (default 100)")
     broker.add_argument("--v1-consume-max-bytes", type=int, default=None, metavar="BYTES",
                         help="most record bytes in one V1 CONSUME reply (default 8 MiB)")
+    broker.add_argument("--topic-idle-timeout", type=float, default=None, metavar="SECONDS",
+                        help="a topic without producers, consumers or readers this long is closed (its "
+                             "files and memory given back) until it is used again (default 600)")
+    broker.add_argument("--check", nargs="?", const="", default=None, metavar="DATA_DIR",
+                        help="report every damaged or inconsistent metadata file of DATA_DIR (default: "
+                             "--data-dir) and what a start would do about it, change nothing, and exit")
+    broker.add_argument("--repair", action="store_true",
+                        help="with --check: do what a start would do about each damaged file, then exit")
+
+    fsck = sub.add_parser("fsck", help="check a stopped broker's metadata files (the same as broker --check)")
+    fsck.add_argument("data_dir", metavar="DATA_DIR")
+    fsck.add_argument("--repair", action="store_true", help="do what a start would do about each damaged file")
 
     produce = sub.add_parser("produce", help="send messages")
     _add_client_options(produce, service_url=DEFAULT_SERVICE_URL)
@@ -213,9 +226,20 @@ def _write_json(args, results) -> None:
             json.dump({"codec": codec.IMPLEMENTATION, "results": [r.as_dict() for r in results]}, fh, indent=1)
 
 
+async def run_fsck(args) -> int:
+    from .broker import fsck
+    return fsck.run(args.data_dir, args.repair, sys.stdout)
+
+
 async def run_broker(args) -> int:
     from .broker.server import Broker
-    from .broker.core import DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER
+    from .broker.core import DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER, DEFAULT_TOPIC_IDLE_TIMEOUT
+    if args.check is not None:
+        args.data_dir = args.check or args.data_dir
+        return await run_fsck(args)
+    if args.repair:
+        print("pulsarwire broker: --repair goes with --check", file=sys.stderr)
+        return 2
     from .broker.storage import DEFAULT_MAX_CACHE_BYTES, DEFAULT_PAGE_CACHE_BYTES
     from .broker.v1 import DEFAULT_CONSUME_MAX_BYTES
     if args.auth_token is not None and not all(args.auth_token):
@@ -275,6 +299,8 @@ async def run_broker(args) -> int:
                     page_cache_bytes=DEFAULT_PAGE_CACHE_BYTES if args.page_cache_bytes is None else args.page_cache_bytes,
                     v1_consume_max_bytes=DEFAULT_CONSUME_MAX_BYTES if args.v1_consume_max_bytes is None
                     else args.v1_consume_max_bytes,
+                    topic_idle_timeout=DEFAULT_TOPIC_IDLE_TIMEOUT if args.topic_idle_timeout is None
+                    else args.topic_idle_timeout,
                     **({} if args.v1_max_connections_per_address is None
                        else {"v1_max_connections_per_address": args.v1_max_connections_per_address}))
     await broker.start()
@@ -368,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         from . import admin_cli
         return admin_cli.run(args)
     runner = {None: main_job, "broker": run_broker, "produce": run_produce, "consume": run_consume,
-              "perf": run_perf}[args.command]
+              "perf": run_perf, "fsck": run_fsck}[args.command]
     try:
         return asyncio.run(runner(args))
     except KeyboardInterrupt:

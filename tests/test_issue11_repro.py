@@ -7,7 +7,6 @@ byte or one bad client costs that alone, every error is answered.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import resource
@@ -23,6 +22,7 @@ import pytest
 
 from pulsarwire import codec
 from pulsarwire._proto import PulsarApi_pb2 as pb
+from pulsarwire.broker import metafile
 
 from .helpers import wait_until
 from .peers import free_port, wait_for_port
@@ -396,7 +396,7 @@ def test_1_disk_full_cursors_persist_again_once_space_returns(tmp_path):
         def persisted_position() -> int:
             try:
                 with open(cursors) as fh:
-                    return json.load(fh)["sub"]["mark_delete"]
+                    return metafile.decode(fh.buffer.read())["sub"]["mark_delete"]
             except (OSError, ValueError, KeyError):
                 return -1
         wait_until(lambda: persisted_position() == 19)  # the broker persists cursors in the background

@@ -5,7 +5,6 @@ ids, and Key_Shared sticky hash ranges."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import threading
@@ -17,6 +16,7 @@ from pulsarwire import client as pw
 from pulsarwire import errors
 from pulsarwire._proto import PulsarApi_pb2 as pb
 from pulsarwire.routing import murmur3_32
+from pulsarwire.broker import metafile
 
 from .conftest import unique
 from .helpers import wait_until
@@ -282,9 +282,10 @@ def test_data_stored_with_ledger_zero_stays_readable(broker, official):
     broker.stop()
     # what a data dir written before ledger ids looks like: no allocation, no ranges
     data = broker.data_dir
-    os.remove(os.path.join(data, "ledger-ids.json"))
-    for name in os.listdir(os.path.join(data, "topics")):
-        os.remove(os.path.join(data, "topics", name, "ledgers.json"))
+    for prefix in ("ledger-ids.json", *(os.path.join("topics", name, "ledgers.json")
+                                         for name in os.listdir(os.path.join(data, "topics")))):
+        for suffix in ("", metafile.PREVIOUS):  # nor the previous copies this release keeps
+            os.remove(os.path.join(data, prefix + suffix))
     broker.start()
     client = pulsar.Client(broker.url, operation_timeout_seconds=10,
                            logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
@@ -306,7 +307,7 @@ def test_data_stored_with_ledger_zero_stays_readable(broker, official):
     finally:
         client.close()
     with open(os.path.join(broker.data_dir, "ledger-ids.json")) as fh:
-        assert json.load(fh)["next"] > new_id.ledger_id()
+        assert metafile.decode(fh.buffer.read())["next"] > new_id.ledger_id()
 
 
 # -- GetTopicsOfNamespace and pattern subscriptions -------------------------------------------

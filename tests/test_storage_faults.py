@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import errno
-import json
 import logging
 import os
 import resource
@@ -19,6 +18,7 @@ import pytest
 
 from pulsarwire import Client, InitialPosition, MessageId, codec, errors
 from pulsarwire._proto import PulsarApi_pb2 as pb
+from pulsarwire.broker import metafile
 from pulsarwire.broker.core import DUPLICATE, BrokerCore
 from pulsarwire.broker.topics import ProducerLink
 from pulsarwire.broker.storage import HEADER_SIZE, CorruptEntryError, FileOps, FilePool, TopicLog, topic_directory
@@ -484,13 +484,13 @@ def test_maintenance_survives_failing_state_writes_and_persists_later(tmp_path, 
                 consumer.acknowledge(await consumer.receive(5000))
             await asyncio.sleep(0.8)
             with open(cursors) as fh:
-                assert json.load(fh)["sub"]["mark_delete"] < 4  # not persisted while failing
+                assert metafile.decode(fh.buffer.read())["sub"]["mark_delete"] < 4  # not persisted while failing
             assert not broker.broker._background.done()
             disk.json_fails = False
 
             def persisted() -> int:
                 with open(cursors) as fh:
-                    return json.load(fh)["sub"]["mark_delete"]
+                    return metafile.decode(fh.buffer.read())["sub"]["mark_delete"]
             await wait_until_async(lambda: persisted() == 4)
             assert persisted() == 4  # retried and persisted
 

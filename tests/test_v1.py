@@ -8,7 +8,6 @@ need a timeout to happen; those wait for conditions with generous deadlines."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import threading
@@ -19,6 +18,7 @@ import pytest
 import zstandard
 
 from pulsarwire import Client, CompressionType, InitialPosition, MessageId
+from pulsarwire.broker import metafile
 from pulsarwire.broker import v1 as v1_module
 from pulsarwire.v1client import V1Client, V1Error, parse_payload
 
@@ -528,7 +528,7 @@ def test_session_timeout_is_enforced_without_further_requests(impatient):
     deadline = time.monotonic() + 30
     while True:  # the broker's maintenance expires both and persists the group
         with open(path) as fh:
-            saved = json.load(fh)[group]
+            saved = metafile.decode(fh.buffer.read())[group]
         if not saved["members"]:
             break
         assert time.monotonic() < deadline
@@ -544,10 +544,10 @@ def test_groups_and_offsets_survive_restart(tmp_path):
             "V1|1|OK|generation=1 assigned=[0,1]", "V1|2|OK|generation=2 assigned=[1]",
             "V1|3|OK|committed=true", "V1|4|OK|committed=true"]
         with open(tmp_path / "groups.json") as fh:
-            assert json.load(fh)["pg"] == {"topic": "persist", "assignor": "range", "generation": 2,
-                                           "members": ["m1", "m2"], "assignments": {"m1": [0], "m2": [1]}}
+            assert metafile.decode(fh.buffer.read())["pg"] == {"topic": "persist", "assignor": "range", "generation": 2,
+                                                               "members": ["m1", "m2"], "assignments": {"m1": [0], "m2": [1]}}
         with open(tmp_path / "offsets.json") as fh:
-            assert json.load(fh) == {"pg": {"persist": {"0": 7, "1": 3}}}
+            assert metafile.decode(fh.buffer.read()) == {"pg": {"persist": {"0": 7, "1": 3}}}
         broker.restart()
         assert ask(broker, "V1|5|OFFSET|pg persist 0", "V1|6|OFFSET|pg persist 1", "V1|7|SYNC|pg persist m1 2",
                    "V1|8|HEARTBEAT|pg persist m2 2", "V1|9|JOIN|pg persist m3") == [

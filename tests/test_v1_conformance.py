@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from pulsarwire.broker import metafile
 from tests.peers import BrokerThread
 
 PRODUCE_OK = re.compile(r"^partition=(\d+) offset=(\d+) hw=(\d+)$")
@@ -496,7 +497,7 @@ def test_groups_and_offsets_survive_restart(tmp_path):
         conn.close()
         running.stop()
         # "Group metadata is persisted to groups.json under the broker data directory."
-        groups = json.loads((tmp_path / "groups.json").read_text())
+        groups = metafile.decode((tmp_path / "groups.json").read_bytes())
         text = json.dumps(groups)
         for word in ("g-durable", "topic-d", "range", '"a"', '"b"', str(gen)):
             assert word in text, (word, text)

@@ -778,8 +778,7 @@ class AdminServer:
         _, topics = self._schema_topics(request)
         version = len(topics[0].schemas)
         for topic in topics:
-            topic.schemas.clear()
-            topic.log.pool.write_json(f"{topic.directory}/schema.json", [])
+            topic.clear_schemas()
         return _json({"version": version})
 
     async def check_schema(self, request: web.Request) -> web.Response:

@@ -6,22 +6,33 @@ transport step both front ends share).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import logging
 import os
 import shutil
+import time
 import urllib.parse
 
+from . import metafile
+from .metafile import CURRENT, LOST, MISSING, PREVIOUS_COPY, MetadataError, MetadataWriter, report_damage
 from .policies import Policies
 from .storage import (DEFAULT_MAX_CACHE_BYTES, DEFAULT_PAGE_CACHE_BYTES, SYNC_INTERVAL, DataDirLock, EntryCache, FileOps, FilePool,
-                      StorageError, read_json, topic_directory)
-from .topics import DUPLICATE, LEDGERS_FILE, Topic
+                      StorageError, topic_directory)
+from .topics import DUPLICATE, LEDGERS_FILE, Topic, read_ledger_ranges
 
 log = logging.getLogger("pulsarwire.broker")
 
 PARTITION_MARKER = "-partition-"
 MAX_FILE_NAME = 255  # bytes in one file name on common file systems
 CLOSE_GRACE = 5.0  # seconds a closing connection may take to send its last bytes before it is aborted
+BROKER_FILE = "broker.json"
+LEDGER_IDS_FILE = "ledger-ids.json"
+PARTITIONED_FILE = "topics.json"
+# Ledger ids are reserved on disk this many at a time, so creating a topic writes no broker-wide
+# file; the next block is reserved (by the metadata writer) when half of one is left.
+LEDGER_ID_BLOCK = 1024
+DEFAULT_TOPIC_IDLE_TIMEOUT = 600.0  # seconds a topic nobody uses stays open (its files, its memory)
 
 
 class InvalidTopicName(ValueError):
@@ -84,45 +95,151 @@ class BrokerCore:
         self._next_ledger_id = 1  # ledger 0 is what entries stored before ledger ids carry
         self._lock = DataDirLock(self.data_dir)  # one broker per data dir
         # namespace and topic policies; `deduplication` is the broker's default, off as in Pulsar
-        self.policies = Policies(self.data_dir, self.files, deduplication=deduplication)
+        self.metadata = MetadataWriter(self.files.ops)  # every metadata file is written through it
+        self.policies = Policies(self.data_dir, self.metadata, deduplication=deduplication)
         self.policies.changed = self.apply_policies
+        self._ledger_ids_reserved = 1  # ids below it may have been given out (they are on disk)
+        self._reserving: tuple[int, concurrent.futures.Future] | None = None
+        self._generation_write: concurrent.futures.Future | None = None
+        # why the broker cannot write (a full disk at start); None when it can
+        self.read_only: str | None = None
+        self._idle_since: dict[str, float] = {}  # open topics nobody uses, since when
+        self._closing: dict[str, list[concurrent.futures.Future]] = {}  # unloaded topics' last writes
+        self.unloaded_topics = 0
 
     def open(self) -> None:
         os.makedirs(self.data_dir, exist_ok=True)
         self._lock.acquire()  # DataDirInUseError when another broker has this data dir
         try:
-            self._partitioned = read_json(self._metadata_path(), {})
+            self._partitioned, rebuilt = self._load_partitioned()
             self.policies.load()
             shutil.rmtree(self._deleted_path(), ignore_errors=True)  # topics deleted before a crash
-            state_path = os.path.join(self.data_dir, "broker.json")
-            state = read_json(state_path, {})
-            self.generation = int(state.get("generation", 0)) + 1
-            self.files.write_json(state_path, dict(state, generation=self.generation))
-            allocation = read_json(self._ledgers_path(), None)
-            self._next_ledger_id = allocation["next"] if allocation else self._highest_ledger_on_disk() + 1
+            self.generation = self._load_generation()
+            self._next_ledger_id = self._load_next_ledger_id()
+            try:  # the starts counted, and a first block of ledger ids, on disk before anything is served
+                metafile.write(self._broker_path(), {"generation": self.generation}, self.files.ops)
+                self._reserve_ledger_ids(wait=True)
+                if rebuilt:
+                    metafile.write(self._metadata_path(), self._partitioned, self.files.ops)
+            except StorageError as exc:
+                self._enter_read_only(exc)
         except BaseException:
             self._lock.release()
             raise
 
+    def _broker_path(self) -> str:
+        return os.path.join(self.data_dir, BROKER_FILE)
+
+    def _has_topics(self) -> bool:
+        root = os.path.join(self.data_dir, "topics")
+        return os.path.isdir(root) and bool(os.listdir(root))
+
+    def _load_generation(self) -> int:
+        """This start's generation. Producer names carry it, so it must never repeat: a damaged
+        file gives way to its previous copy plus two (the damaged one may have counted one more
+        start), or without one to the clock in seconds, above any count of starts."""
+        loaded = metafile.load(self._broker_path(), _broker_state)
+        if loaded.source == CURRENT:
+            return loaded.data + 1
+        if loaded.source == PREVIOUS_COPY:
+            generation = loaded.data + 2
+            report_damage(loaded, "the count of broker starts",
+                          f"restored from the previous copy: this start is generation {generation}")
+            return generation
+        if loaded.source == MISSING and not self._has_topics():
+            return 1  # a new data dir
+        generation = int(time.time())
+        report_damage(loaded if loaded.problem else metafile.Loaded(loaded.path, None, LOST, "missing", "nothing"),
+                      "the count of broker starts",
+                      f"rebuilt from the clock: this start is generation {generation}, above any earlier one")
+        return generation
+
+    def _enter_read_only(self, exc: Exception) -> None:
+        self.read_only = f"the broker cannot write its metadata ({exc}); it serves reads only until it can"
+        log.error("%s: starting read-only", self.read_only)
+
+    def retry_writes(self) -> None:
+        """While read-only: try writing again (the maintenance loop calls this); once a write
+        succeeds, the broker takes writes again."""
+        if self.read_only is None:
+            return
+        pending = self._generation_write
+        if pending is None:
+            self._generation_write = self.metadata.write(self._broker_path(), {"generation": self.generation})
+            return
+        if not pending.done():
+            return
+        self._generation_write = None
+        if pending.exception() is None:
+            self.read_only = None
+            self._reserve_ledger_ids(wait=False)
+            log.warning("the broker can write its metadata again: taking writes")
+
     # ledger ids: unique per broker across topics and restarts, as in Pulsar
 
     def _ledgers_path(self) -> str:
-        return os.path.join(self.data_dir, "ledger-ids.json")
+        return os.path.join(self.data_dir, LEDGER_IDS_FILE)
+
+    def _load_next_ledger_id(self) -> int:
+        """Ids below the one returned may have been given out. A damaged file is rebuilt from
+        the topics' ledgers (what its previous copy says too, when higher)."""
+        loaded = metafile.load(self._ledgers_path(), _ledger_allocation)
+        if loaded.source == CURRENT:
+            return loaded.data
+        on_disk = self._highest_ledger_on_disk() + 1
+        if loaded.source == MISSING:
+            return on_disk  # a new data dir, or one written before ledger ids
+        rebuilt = max(on_disk, loaded.data or 0)
+        source = "and its previous copy" if loaded.source == PREVIOUS_COPY else "(no good previous copy)"
+        report_damage(loaded, "the next ledger id to give out",
+                      f"rebuilt from the ledgers of the topics on disk {source}: next id {rebuilt}")
+        return rebuilt
 
     def _highest_ledger_on_disk(self) -> int:
         """Without the allocation file (a new or older data dir): the highest id any topic holds."""
         highest = 0
         root = os.path.join(self.data_dir, "topics")
         for name in os.listdir(root) if os.path.isdir(root) else ():
-            ranges = read_json(os.path.join(root, name, LEDGERS_FILE), [])
+            ranges = read_ledger_ranges(os.path.join(root, name, LEDGERS_FILE)).data or []
             highest = max([highest] + [int(ledger) for _, ledger in ranges])
         return highest
 
+    def _reserve_ledger_ids(self, wait: bool) -> None:
+        """Put the next block of ledger ids on disk (at once with `wait`, else by the writer)."""
+        reserved = max(self._ledger_ids_reserved, self._next_ledger_id) + LEDGER_ID_BLOCK
+        future = self.metadata.write(self._ledgers_path(), {"next": reserved})
+        self._reserving = (reserved, future)
+        if wait:
+            self._settle_reservation(wait=True)
+
+    def _settle_reservation(self, wait: bool) -> None:
+        if self._reserving is None:
+            return
+        reserved, future = self._reserving
+        if not wait and not future.done():
+            return
+        self._reserving = None
+        future.result()  # StorageError when it could not be written
+        self._ledger_ids_reserved = max(self._ledger_ids_reserved, reserved)
+
     def new_ledger_id(self) -> int:
         """A ledger id no topic of this broker has had; the allocation is on disk before it is used."""
+        if self.read_only is not None:
+            raise MetadataError(self.read_only)
+        try:
+            self._settle_reservation(wait=False)
+            if self._next_ledger_id >= self._ledger_ids_reserved:  # the block ran out before the next was written
+                if self._reserving is None:
+                    self._reserve_ledger_ids(wait=True)
+                else:
+                    self._settle_reservation(wait=True)
+        except StorageError:
+            self._reserving = None
+            raise
         ledger_id = self._next_ledger_id
-        self.files.write_json(self._ledgers_path(), {"next": ledger_id + 1})
         self._next_ledger_id = ledger_id + 1
+        if self._reserving is None and self._ledger_ids_reserved - self._next_ledger_id < LEDGER_ID_BLOCK // 2:
+            self._reserve_ledger_ids(wait=False)
         return ledger_id
 
     def close(self) -> None:
@@ -130,13 +247,41 @@ class BrokerCore:
         for topic in self.topics.values():
             topic.close()
         self.topics.clear()
+        self.metadata.close()  # what is queued is written before the data dir is let go
         self.files.stop_syncs()
         self._lock.release()
 
     # topics
 
     def _metadata_path(self) -> str:
-        return os.path.join(self.data_dir, "topics.json")
+        return os.path.join(self.data_dir, PARTITIONED_FILE)
+
+    def _partition_directories(self) -> dict[str, int]:
+        """Partitioned topics as their partitions' directories show them: at least one more
+        partition than the highest index found."""
+        found: dict[str, int] = {}
+        root = os.path.join(self.data_dir, "topics")
+        for entry in os.listdir(root) if os.path.isdir(root) else ():
+            parent, marker, index = urllib.parse.unquote(entry).rpartition(PARTITION_MARKER)
+            if marker and parent and index.isdigit():
+                found[parent] = max(found.get(parent, 0), int(index) + 1)
+        return found
+
+    def _load_partitioned(self) -> tuple[dict[str, int], bool]:
+        """Partitioned topics and their partition counts, and whether they were rebuilt: a
+        damaged file is, from its previous copy and the partitions' directories (the higher
+        count of the two)."""
+        loaded = metafile.load(self._metadata_path(), _partitioned_topics)
+        if loaded.source in (CURRENT, MISSING):
+            return loaded.data or {}, False
+        rebuilt = dict(loaded.data or {})
+        for parent, count in self._partition_directories().items():
+            rebuilt[parent] = max(rebuilt.get(parent, 0), count)
+        source = "its previous copy and " if loaded.source == PREVIOUS_COPY else ""
+        report_damage(loaded, "the partitioned topics and their partition counts",
+                      f"rebuilt from {source}the partitions' directories: {len(rebuilt)} partitioned topics "
+                      "(partitions never written to may be missing from a count)")
+        return rebuilt, True
 
     def partitioned_count(self, name: str) -> int | None:
         """How many partitions the partitioned topic `name` has; None if it is not one."""
@@ -173,8 +318,18 @@ class BrokerCore:
         existing = self._partitioned.get(name, 0)
         if partitions < existing:  # the dropped partitions' messages would become unreachable
             raise ValueError(f"{name} has {existing} partitions; partitions can be added, never removed")
+        if self.read_only is not None:
+            raise MetadataError(self.read_only)
+        previous = self._partitioned.get(name)
         self._partitioned[name] = partitions
-        self.files.write_json(self._metadata_path(), self._partitioned)
+        try:  # on disk before it is answered
+            self.metadata.write_now(self._metadata_path(), self._partitioned)
+        except StorageError:
+            if previous is None:
+                del self._partitioned[name]
+            else:
+                self._partitioned[name] = previous
+            raise
 
     def topics_of_namespace(self, namespace: str, persistent: bool = True, non_persistent: bool = False) -> list[str]:
         """The topic-partitions of `tenant/namespace` (open, on disk, or partitions of a
@@ -192,19 +347,32 @@ class BrokerCore:
                       if n.startswith(prefixes) and "/" not in n.split("://", 1)[1][len(namespace) + 1:])
 
     def topic(self, name: str) -> Topic | None:
-        """The topic-partition `name`, created on first use; None for a partitioned parent."""
+        """The topic-partition `name`, opened (or created) on first use; None for a partitioned
+        parent. StorageError when it cannot be opened (MetadataError when its metadata is the
+        cause); nothing else escapes, so a front end can always answer."""
         topic = self.topics.get(name)
         if topic is None:
             if name in self._partitioned:
                 return None
             self.check_topic_name(name)
-            # StorageError (logged) when the file system refuses, e.g. no descriptors left
-            topic = Topic(name, topic_directory(self.data_dir, name), segment_bytes=self.segment_bytes,
-                          sync_policy=self.sync_policy, on_append=self.uncommitted.add, pool=self.files,
-                          cache=self.cache, new_ledger_id=self.new_ledger_id,
-                          max_unacked_messages=self.max_unacked_messages_per_consumer,
-                          deduplication=self.policies.deduplication(name))
+            directory = topic_directory(self.data_dir, name)
+            if self.read_only is not None and not os.path.isdir(directory):
+                raise MetadataError(f"{name} cannot be created: {self.read_only}")
+            concurrent.futures.wait(self._closing.pop(name, ()))  # its last writes, if it was unloaded
+            try:
+                # StorageError (logged) when the file system refuses, e.g. no descriptors left
+                topic = Topic(name, directory, segment_bytes=self.segment_bytes,
+                              sync_policy=self.sync_policy, on_append=self.uncommitted.add, pool=self.files,
+                              cache=self.cache, new_ledger_id=self.new_ledger_id,
+                              max_unacked_messages=self.max_unacked_messages_per_consumer, metadata=self.metadata,
+                              deduplication=self.policies.deduplication(name))
+            except StorageError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - whatever its files hold, the front end answers an error
+                log.exception("topic %s cannot be opened", name)
+                raise MetadataError(f"topic {name} cannot be opened: {exc}") from exc
             self.topics[name] = topic
+        self._idle_since.pop(name, None)
         return topic
 
     def _deleted_path(self) -> str:
@@ -235,7 +403,7 @@ class BrokerCore:
         if partitions is None:
             raise ValueError(f"{name} is not a partitioned topic")
         del self._partitioned[name]
-        self.files.write_json(self._metadata_path(), self._partitioned)
+        self.metadata.write_now(self._metadata_path(), self._partitioned)
         folders = [self.delete_topic(f"{name}{PARTITION_MARKER}{i}") for i in range(partitions)]
         return [folder for folder in folders if folder]
 
@@ -243,6 +411,30 @@ class BrokerCore:
         """Give open topics the policies now in force (after an admin change)."""
         for name, topic in self.topics.items():
             topic.deduplication = self.policies.deduplication(name)
+
+    def unload_idle_topics(self, idle_timeout: float, now: float | None = None) -> int:
+        """Close the topics nobody has used for `idle_timeout` seconds (no producer, consumer or
+        reader, nothing pending): their files are closed and their memory given back; they open
+        again on their next use. Returns how many were closed."""
+        now = time.monotonic() if now is None else now
+        closed = 0
+        for name, topic in list(self.topics.items()):
+            if topic.in_use() or topic in self.uncommitted:
+                self._idle_since.pop(name, None)
+                continue
+            since = self._idle_since.setdefault(name, now)
+            if now - since < idle_timeout:
+                continue
+            del self._idle_since[name]
+            del self.topics[name]
+            self._closing[name] = topic.close()
+            closed += 1
+        if closed:
+            self.unloaded_topics += closed
+            for name in [n for n, futures in self._closing.items() if all(f.done() for f in futures)]:
+                del self._closing[name]
+            log.info("%d idle topics closed (%d open)", closed, len(self.topics))
+        return closed
 
     def terminate_topic(self, name: str) -> int:
         topic = self.topic(name)
@@ -322,7 +514,32 @@ class BrokerCore:
         entry cache (bytes held, its budget, entries evicted)."""
         return dict(self.files.stats.as_dict(), open_files=self.files.open_count,
                     max_open_files=self.files.max_open_files, cache_bytes=self.cache.bytes,
-                    max_cache_bytes=self.cache.max_bytes, cache_evicted_entries=self.cache.evicted_entries)
+                    max_cache_bytes=self.cache.max_bytes, cache_evicted_entries=self.cache.evicted_entries,
+                    open_topics=len(self.topics), unloaded_topics=self.unloaded_topics,
+                    damaged_metadata_files=metafile.damage_count.damaged,
+                    metadata_writes=self.metadata.written, metadata_write_failures=self.metadata.failed,
+                    metadata_writes_coalesced=self.metadata.coalesced, read_only=self.read_only is not None)
+
+
+def _broker_state(data) -> int:
+    generation = metafile.expect(dict)(data).get("generation", 0)
+    if not isinstance(generation, int) or generation < 0:
+        raise ValueError(f"generation {generation!r}")
+    return generation
+
+
+def _ledger_allocation(data) -> int:
+    next_id = metafile.expect(dict)(data)["next"]
+    if not isinstance(next_id, int) or next_id < 1:
+        raise ValueError(f"next ledger id {next_id!r}")
+    return next_id
+
+
+def _partitioned_topics(data) -> dict[str, int]:
+    for name, count in metafile.expect(dict)(data).items():
+        if not isinstance(count, int) or count < 1:
+            raise ValueError(f"{name}: {count!r} partitions")
+    return data
 
 
 def close_transport(transport, abort: bool, last_words=None) -> None:

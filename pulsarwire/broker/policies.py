@@ -9,7 +9,8 @@ import copy
 import os
 from typing import Any, Callable
 
-from .storage import FilePool, read_json
+from . import metafile
+from .metafile import LOST, PREVIOUS_COPY, MetadataWriter, report_damage
 
 POLICIES_FILE = "policies.json"
 DEFAULT_TENANT = "public"
@@ -52,12 +53,12 @@ class Policies:
 
     `changed()` is called after each change, so the broker can apply it to open topics."""
 
-    def __init__(self, data_dir: str, files: FilePool, *, deduplication: bool = False,
+    def __init__(self, data_dir: str, writer: MetadataWriter, *, deduplication: bool = False,
                  schema_compatibility_strategy: str = DEFAULT_SCHEMA_STRATEGY) -> None:
         if schema_compatibility_strategy not in SCHEMA_STRATEGIES[1:]:
             raise ValueError(f"schema_compatibility_strategy must be one of {', '.join(SCHEMA_STRATEGIES[1:])}")
         self.path = os.path.join(data_dir, POLICIES_FILE)
-        self.files = files
+        self.writer = writer  # writes off the event loop, atomically, keeping the previous copy
         self.default_deduplication = deduplication
         self.default_schema_strategy = schema_compatibility_strategy
         self.tenants: dict[str, dict[str, Any]] = {}
@@ -67,7 +68,13 @@ class Policies:
         self._write_lock: asyncio.Lock | None = None
 
     def load(self) -> None:
-        state = read_json(self.path, {})
+        loaded = metafile.load(self.path, metafile.expect(dict))
+        if loaded.source == PREVIOUS_COPY:
+            report_damage(loaded, "the tenants, namespaces and their policies", "restored from the previous copy")
+        elif loaded.source == LOST:
+            report_damage(loaded, "the tenants, namespaces and their policies",
+                          "lost (no good copy): the broker's defaults apply until they are set again")
+        state = loaded.data or {}
         self.tenants = state.get("tenants", {})
         self.namespaces = state.get("namespaces", {})
         self.topics = state.get("topics", {})
@@ -81,7 +88,7 @@ class Policies:
             self._write_lock = asyncio.Lock()
         async with self._write_lock:
             snapshot = copy.deepcopy({"tenants": self.tenants, "namespaces": self.namespaces, "topics": self.topics})
-            await asyncio.to_thread(self.files.write_json, self.path, snapshot)
+            await asyncio.wrap_future(self.writer.write(self.path, snapshot))
         self.changed()
 
     # what a topic gets

@@ -14,7 +14,7 @@ import ssl
 from typing import Any, Callable
 
 from .. import codec
-from .core import DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER, BrokerCore
+from .core import DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER, DEFAULT_TOPIC_IDLE_TIMEOUT, BrokerCore
 from .pulsar import (DEFAULT_FRAME_TIMEOUT, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
                      DEFAULT_MAX_FRAME_BEFORE_CONNECT, DEFAULT_MAX_INPUT_BYTES, DEFAULT_MAX_OUTPUT_BYTES,
                      PulsarService)
@@ -61,8 +61,10 @@ class Broker:
                  max_unacked_messages_per_consumer: int = DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER,
                  page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES, deduplication: bool = False,
                  http_port: int | None = None, max_http_connections: int | None = None,
-                 v1_max_connections_per_address: int = DEFAULT_V1_MAX_CONNECTIONS_PER_ADDRESS) -> None:
+                 v1_max_connections_per_address: int = DEFAULT_V1_MAX_CONNECTIONS_PER_ADDRESS,
+                 topic_idle_timeout: float = DEFAULT_TOPIC_IDLE_TIMEOUT) -> None:
         check_replication(replication_factor, min_insync_replicas)  # before anything is opened
+        self.topic_idle_timeout = topic_idle_timeout
         # deduplication: the default of namespaces and topics without a policy of their own
         self.core = BrokerCore(data_dir, sync_policy=sync_policy, segment_bytes=segment_bytes, deduplication=deduplication,
                                default_partitions=default_partitions, max_open_files=max_open_files,
@@ -212,7 +214,10 @@ class Broker:
             except asyncio.CancelledError:
                 return
             elapsed += step
-            jobs: list[tuple[str, Callable[[], object]]] = [("saving cursors and dedup state", self.core.save)]
+            jobs: list[tuple[str, Callable[[], object]]] = [("saving cursors and dedup state", self.core.save),
+                                                            ("retrying metadata writes", self.core.retry_writes),
+                                                            ("closing idle topics", lambda: self.core.unload_idle_topics(
+                                                                self.topic_idle_timeout))]
             if self.v1 is not None:
                 jobs.append(("V1 upkeep", self.v1.tick))
             if self.sync_policy == SYNC_INTERVAL and elapsed >= self.sync_interval:

@@ -39,7 +39,6 @@ import concurrent.futures
 import contextlib
 import ctypes
 import errno
-import json
 import logging
 import mmap
 import os
@@ -225,6 +224,30 @@ class FileOps:
             except OSError:
                 pass
             raise
+
+    def keep_copy(self, path: str, copy: str) -> None:
+        """Make `copy` hold what `path` holds now (a hard link, put in place by a rename), so a
+        later replace_file of `path` leaves the copy as it was."""
+        tmp = copy + ".tmp"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        try:
+            os.link(path, tmp)
+        except OSError:  # a file system without hard links: a copy of the bytes
+            with open(path, "rb") as src, open(tmp, "wb") as dst:
+                dst.write(src.read())
+        os.replace(tmp, copy)
+
+    def sync_directory(self, path: str) -> None:
+        """fsync a directory, so the renames in it survive a power loss."""
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        except OSError:  # e.g. Windows: directories cannot be opened
+            return
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _libc_function(name: str, *argtypes):
@@ -448,9 +471,6 @@ class FilePool:
             finally:
                 self.ops.close(fd)
 
-    def write_json(self, path: str, data) -> None:
-        write_json(path, data, self.ops)
-
 
 class EntryCache:
     """Recently appended entries of every log that shares it, at most `max_bytes` in all. Each
@@ -569,25 +589,6 @@ class EntryCache:
     @property
     def log_count(self) -> int:
         return len(self._logs)
-
-
-def write_json(path: str, data, ops: FileOps = DEFAULT_OPS) -> None:
-    try:
-        ops.replace_file(path, json.dumps(data).encode())
-    except OSError as exc:
-        log.error("cannot write %s: %s", path, exc)
-        raise StorageError(f"cannot write {path}: {exc}") from exc
-
-
-def read_json(path: str, default):
-    try:
-        with open(path) as fh:
-            return json.load(fh)
-    except FileNotFoundError:
-        return default
-    except (OSError, ValueError) as exc:
-        log.error("%s is unreadable: %s", path, exc)
-        raise StorageError(f"{path} is unreadable: {exc}") from exc
 
 
 class CommitBatch:

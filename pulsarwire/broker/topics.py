@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import bisect
+import concurrent.futures
 import heapq
 import logging
 import os
@@ -22,7 +23,9 @@ from .._proto import PulsarApi_pb2 as pb
 from ..errors import PulsarWireError
 from ..messages import ack_set_words
 from ..routing import murmur3_32
-from .storage import CorruptEntryError, Cursor, EntryCache, FilePool, StorageError, TopicLog, read_json
+from . import metafile
+from .metafile import CURRENT, LOST, MISSING, PREVIOUS_COPY, MetadataWriter, report_damage
+from .storage import CorruptEntryError, Cursor, EntryCache, FilePool, StorageError, TopicLog
 
 COMPACTION_FILE = "compaction.json"
 DUPLICATE = -1  # the entry id a deduplicated send is answered with
@@ -33,6 +36,9 @@ COUNT_MAX_UNCOMPRESSED = 8 * 1024 * 1024  # a compressed batch larger than this 
 LEGACY_LEDGER_ID = 0  # the ledger of entries stored before topics had their own ledger ids
 LEDGERS_FILE = "ledgers.json"
 EPOCH_FILE = "producer-epoch.json"
+STATE_FILE = "state.json"
+CURSORS_FILE = "cursors.json"
+SCHEMA_FILE = "schema.json"
 EARLIEST = -1  # a start position before every entry
 LATEST = 1 << 63  # a start position after every entry
 # A seek closes the consumers so they re-subscribe at the new position; a non-durable
@@ -589,7 +595,8 @@ class Topic:
                  on_append: Callable[["Topic"], None], pool: FilePool | None = None,
                  cache: EntryCache | None = None,
                  new_ledger_id: Callable[[], int] = lambda: LEGACY_LEDGER_ID,
-                 max_unacked_messages: int = 0, deduplication: bool = True) -> None:
+                 max_unacked_messages: int = 0, deduplication: bool = True,
+                 metadata: MetadataWriter | None = None) -> None:
         self.name = name
         # whether a send at or below its producer's last sequence id is dropped (answered as a
         # duplicate); the sequence ids are tracked either way, for a policy switched on later
@@ -603,7 +610,13 @@ class Topic:
         self.directory = directory
         self.log = TopicLog(self.directory, segment_bytes=segment_bytes, sync_policy=sync_policy, pool=pool,
                            cache=cache)
-        self._open_ledgers(new_ledger_id)
+        self.metadata = metadata if metadata is not None else MetadataWriter(self.log.pool.ops)
+        self._writes: dict[str, concurrent.futures.Future] = {}  # the last write of each of its files
+        try:
+            self._open_ledgers(new_ledger_id)
+        except BaseException:
+            self.log.close()
+            raise
         self._on_append = on_append
         self._dedup_undo: dict[str, int | None] = {}  # producer -> its sequence id before this batch
         # producers with sends in a failed commit: until they attach again, a send of theirs that
@@ -617,41 +630,123 @@ class Topic:
                                            Callable[[Exception], None]]] = []
         # bumped each time an exclusive producer takes the topic; kept on disk so that a fenced
         # producer stays fenced across restarts
-        self.epoch = int(read_json(os.path.join(self.directory, EPOCH_FILE), {}).get("epoch", 0))
+        self.epoch = self._load_epoch()
         self.subscriptions: dict[str, Subscription] = {}
         self.deliver_at: dict[int, int] = {}  # entry -> epoch ms before which Shared subs hold it
-        state = read_json(os.path.join(self.directory, "state.json"), {})
+        self._state_dirty = False
+        self._cursors_dirty = False
+        state = self._load_state()
         self.terminated = state.get("terminated", False)
+        # set when cursors.json was lost with no good copy: every durable subscription made from
+        # then on starts at the earliest entry, as it may be one that was lost (redelivery, never a skip)
+        self.cursors_lost = state.get("cursors_lost", False)
         self.last_sequence: dict[str, int] = state.get("dedup", {})
         self._recover_dedup(state.get("dedup_upto", -1))
-        for sub_name, data in read_json(os.path.join(self.directory, "cursors.json"), {}).items():
-            self.subscriptions[sub_name] = Subscription(self, sub_name, data.get("type", 0), True,
-                                                        Cursor.from_json(data))
+        self._load_cursors()
         # schema versions, oldest first: {"type", "name", "data" (base64), "properties"}
-        self.schemas: list[dict] = read_json(os.path.join(self.directory, "schema.json"), [])
-        self._state_dirty = False
+        self.schemas: list[dict] = self._load_schemas()
+        if self._state_dirty or self._cursors_dirty:
+            self.save()  # what recovery rebuilt, on disk again
         self.messages_in = self.bytes_in = 0  # stored since the topic opened (admin stats, metrics)
         # the last compaction: (the last entry it covered, the entries it kept: each the latest of a key)
-        compaction = read_json(os.path.join(self.directory, COMPACTION_FILE), None)
-        self.compacted: tuple[int, set[int]] | None = \
-            (compaction["horizon"], set(compaction["kept"])) if compaction else None
+        self.compacted: tuple[int, set[int]] | None = self._load_compaction()
 
     def _open_ledgers(self, new_ledger_id: Callable[[], int]) -> None:
         """Which ledger id each entry's message id carries: `[first entry, ledger id]` ranges,
-        persisted before any entry of a new range is written. A topic gets a broker-unique ledger
+        persisted before any entry of a new range is committed. A topic gets a broker-unique ledger
         id when created; entries stored before ledger ids existed keep ledger 0."""
-        path = os.path.join(self.directory, LEDGERS_FILE)
-        ranges = read_json(path, None)
+        loaded = read_ledger_ranges(self._path(LEDGERS_FILE))
+        ranges = loaded.data
+        if loaded.source == PREVIOUS_COPY:
+            report_damage(loaded, f"the ledger ids of topic {self.name}'s message ids",
+                          "restored from the previous copy")
         if not ranges:
             ranges = []
             if self.log.next_entry_id > self.log.first_entry_id:
                 ranges.append([0, LEGACY_LEDGER_ID])
             ranges.append([self.log.next_entry_id, new_ledger_id()])
-            self.log.pool.write_json(path, ranges)
+            if loaded.source == LOST:
+                report_damage(loaded, f"the ledger ids of topic {self.name}'s message ids",
+                              f"rebuilt from the log: entries 0..{self.log.next_entry_id - 1} carry ledger "
+                              f"{LEGACY_LEDGER_ID} in their message ids from now on, new ones ledger {ranges[-1][1]}")
+        if loaded.source != CURRENT:
+            # on disk before an entry of the new range is committed (commit() waits for it)
+            self._write(LEDGERS_FILE, ranges)
         self._ledger_starts = [int(first) for first, _ in ranges]
         self._ledger_ids = [int(ledger) for _, ledger in ranges]
         self.ledger_id = self._ledger_ids[-1]  # the ledger new entries go to
         self.ledger_start = self._ledger_starts[-1]
+
+    # its metadata files
+
+    def _path(self, file_name: str) -> str:
+        return os.path.join(self.directory, file_name)
+
+    def _write(self, file_name: str, data) -> concurrent.futures.Future:
+        future = self._writes[file_name] = self.metadata.write(self._path(file_name), data)
+        return future
+
+    def _written(self, file_name: str) -> None:
+        """Wait until the last write of `file_name` is on disk (StorageError if it failed)."""
+        future = self._writes.get(file_name)
+        if future is not None:
+            future.result()
+
+    def _load_epoch(self) -> int:
+        loaded = metafile.load(self._path(EPOCH_FILE), _epoch)
+        if loaded.source == PREVIOUS_COPY:
+            report_damage(loaded, f"the producer epoch of topic {self.name}",
+                          f"restored from the previous copy (epoch {loaded.data}): a producer fenced after "
+                          "it may take the topic again")
+            self._write(EPOCH_FILE, {"epoch": loaded.data})
+        elif loaded.source == LOST:
+            report_damage(loaded, f"the producer epoch of topic {self.name}",
+                          "lost (no good copy): epoch 0, a fenced producer may take the topic again")
+            self._write(EPOCH_FILE, {"epoch": 0})
+        return loaded.data or 0
+
+    def _load_state(self) -> dict:
+        """Termination and the deduplication snapshot (the entries after the snapshot complete
+        it, see _recover_dedup)."""
+        loaded = metafile.load(self._path(STATE_FILE), _topic_state)
+        if loaded.source == PREVIOUS_COPY:
+            report_damage(loaded, f"the termination and deduplication state of topic {self.name}",
+                          "restored from the previous copy; deduplication state after it rebuilt from the log")
+            self._state_dirty = True
+        elif loaded.source == LOST:
+            report_damage(loaded, f"the termination and deduplication state of topic {self.name}",
+                          "deduplication state rebuilt from the log; a termination it held is lost")
+            self._state_dirty = True
+        return loaded.data or {}
+
+    def _load_cursors(self) -> None:
+        loaded = metafile.load(self._path(CURSORS_FILE), _cursors)
+        for sub_name, data in (loaded.data or {}).items():
+            self.subscriptions[sub_name] = Subscription(self, sub_name, data.get("type", 0), True,
+                                                        Cursor.from_json(data))
+        if loaded.source == PREVIOUS_COPY:
+            report_damage(loaded, f"the cursors of topic {self.name}'s durable subscriptions",
+                          f"restored from the previous copy ({len(self.subscriptions)} subscriptions): what was "
+                          "acknowledged after it is delivered again")
+            self._cursors_dirty = True
+        elif loaded.source == LOST:
+            report_damage(loaded, f"the cursors of topic {self.name}'s durable subscriptions",
+                          "lost (no good copy): each durable subscription starts again at the earliest entry "
+                          "(everything is delivered again)")
+            self.cursors_lost = self._state_dirty = self._cursors_dirty = True
+
+    def _load_schemas(self) -> list[dict]:
+        loaded = metafile.load(self._path(SCHEMA_FILE), _schemas)
+        if loaded.source == PREVIOUS_COPY:
+            report_damage(loaded, f"the schema versions of topic {self.name}",
+                          f"restored from the previous copy ({len(loaded.data)} versions): a version registered "
+                          "after it is registered again by the next producer or consumer declaring it")
+            self._write(SCHEMA_FILE, loaded.data)
+        elif loaded.source == LOST:
+            report_damage(loaded, f"the schema versions of topic {self.name}",
+                          "lost (no good copy): the next producer or consumer declaring a schema registers it")
+            self._write(SCHEMA_FILE, [])
+        return loaded.data or []
 
     def ledger_of(self, entry_id: int) -> int:
         """The ledger id of entry `entry_id`'s message id."""
@@ -662,7 +757,11 @@ class Topic:
     def register_schema(self, record: dict) -> int:
         """Store a new schema version (durably, before the producer or consumer is answered)."""
         self.schemas.append(record)
-        self.log.pool.write_json(os.path.join(self.directory, "schema.json"), self.schemas)
+        try:
+            self.metadata.write_now(self._path(SCHEMA_FILE), self.schemas)
+        except StorageError:
+            self.schemas.pop()
+            raise
         return len(self.schemas) - 1
 
     def _recover_dedup(self, upto: int) -> None:
@@ -774,6 +873,15 @@ class Topic:
         the file system refused (the log is rolled back, and so is the dedup state)."""
         if not self.log.batch.count:
             return True
+        ledgers = self._writes.get(LEDGERS_FILE)
+        if ledgers is not None:  # the ledger ids of these entries' message ids on disk first
+            try:
+                ledgers.result()
+                del self._writes[LEDGERS_FILE]
+            except StorageError as exc:
+                log.error("topic %s: its ledger ids could not be written (%s); trying again", self.name, exc)
+                self._write(LEDGERS_FILE, [[first, ledger] for first, ledger in
+                                           zip(self._ledger_starts, self._ledger_ids)])
         ok = self.log.commit()
         self._settled(ok)
         return ok
@@ -811,7 +919,8 @@ class Topic:
         if existing is not None:
             return existing
         if durable:
-            mark = self.log.first_entry_id - 1 if initial_earliest else self.log.committed_entry_id - 1
+            earliest = initial_earliest or self.cursors_lost
+            mark = self.log.first_entry_id - 1 if earliest else self.log.committed_entry_id - 1
         else:
             position = start_entry(start, self.log) if start is not None else \
                 (self.log.first_entry_id if initial_earliest else self.log.committed_entry_id)
@@ -823,7 +932,7 @@ class Topic:
             # on disk before the subscribe is answered, as in Pulsar: after a crash, the subscription
             # must not be made again at its initial position, skipping what was published meanwhile
             try:
-                self.save()
+                self.save(wait=True)
             except StorageError:
                 del self.subscriptions[name]
                 subscription.reader.close()
@@ -833,16 +942,29 @@ class Topic:
     def set_compacted(self, horizon: int, kept: set[int]) -> None:
         """Keep a compaction's result (on disk first): subscriptions that read compacted skip the
         entries up to `horizon` that are not in `kept`."""
-        self.log.pool.write_json(os.path.join(self.directory, COMPACTION_FILE),
-                                 {"horizon": horizon, "kept": sorted(kept)})
+        self.metadata.write_now(self._path(COMPACTION_FILE), {"horizon": horizon, "kept": sorted(kept)})
         self.compacted = (horizon, kept)
+
+    def _load_compaction(self) -> tuple[int, set[int]] | None:
+        loaded = metafile.load(self._path(COMPACTION_FILE), _compaction)
+        if loaded.source == PREVIOUS_COPY:
+            report_damage(loaded, f"topic {self.name}'s last compaction", "restored from the previous copy")
+        elif loaded.source == LOST:
+            report_damage(loaded, f"topic {self.name}'s last compaction",
+                          "lost: compacted reads give every entry until the topic is compacted again")
+        return loaded.data
+
+    def clear_schemas(self) -> None:
+        """Delete every schema version (durably, before the admin request is answered)."""
+        self.metadata.write_now(self._path(SCHEMA_FILE), [])
+        self.schemas.clear()
 
     def drop_subscription(self, name: str) -> None:
         dropped = self.subscriptions.pop(name, None)
         if dropped is not None:
             dropped.reader.close()
-        self._state_dirty = True
-        self.save()
+        self._cursors_dirty = True
+        self.save(wait=True)
 
     def last_position(self) -> tuple[int, int]:
         """(entry id, batch index) of the last message; (-1, -1) when the topic is empty."""
@@ -857,29 +979,45 @@ class Topic:
                 batch_index = md.num_messages_in_batch - 1
         return last, batch_index
 
-    def save(self) -> None:
+    def save(self, wait: bool = False) -> None:
         """Persist cursors and dedup state when they changed (pending appends are committed
-        first, so that no failed send's sequence id is saved). A failed write raises
-        StorageError and leaves them marked changed, so the next save tries again."""
+        first, so that no failed send's sequence id is saved), through the metadata writer; with
+        `wait`, once they are on disk (StorageError if they cannot be). A write that failed
+        leaves them marked changed, so the next save tries again."""
         self.commit()
+        for file_name in (CURSORS_FILE, STATE_FILE):
+            future = self._writes.get(file_name)
+            if future is not None and future.done():
+                del self._writes[file_name]
+                if future.exception() is not None:  # logged by the writer
+                    if file_name == CURSORS_FILE:
+                        self._cursors_dirty = True
+                    else:
+                        self._state_dirty = True
         dirty = [s for s in self.subscriptions.values() if s.dirty]
-        if dirty or self._state_dirty:
+        if dirty or self._cursors_dirty:
             cursors = {name: dict(s.cursor.to_json(), type=s.type)
                        for name, s in self.subscriptions.items() if s.durable}
-            self.log.pool.write_json(os.path.join(self.directory, "cursors.json"), cursors)
+            self._write(CURSORS_FILE, cursors)
             for s in dirty:
                 s.dirty = False
+            self._cursors_dirty = False
         if self._state_dirty:
-            self.log.pool.write_json(os.path.join(self.directory, "state.json"),
-                                     {"terminated": self.terminated, "dedup": self.last_sequence,
-                                      "dedup_upto": self.log.committed_entry_id - 1})
+            state = {"terminated": self.terminated, "dedup": self.last_sequence,
+                     "dedup_upto": self.log.committed_entry_id - 1}
+            if self.cursors_lost:
+                state["cursors_lost"] = True
+            self._write(STATE_FILE, state)
             self._state_dirty = False
+        if wait:
+            self._written(CURSORS_FILE)
+            self._written(STATE_FILE)
 
     def terminate(self) -> int:
         """No more appends; consumers that have everything are told so. Returns the last entry id."""
         self.terminated = True
         self._state_dirty = True
-        self.save()
+        self.save(wait=True)
         for subscription in self.subscriptions.values():
             subscription.check_end_of_topic()
         return self.log.last_entry_id
@@ -924,7 +1062,7 @@ class Topic:
 
     def _grant(self, producer: ProducerLink, epoch: int) -> int:
         if epoch != self.epoch:
-            self.log.pool.write_json(os.path.join(self.directory, EPOCH_FILE), {"epoch": epoch})
+            self.metadata.write_now(self._path(EPOCH_FILE), {"epoch": epoch})
             self.epoch = epoch
         self.exclusive_producer = producer
         self._attached(producer)
@@ -960,12 +1098,76 @@ class Topic:
                 closed += 1
         return closed
 
-    def close(self) -> None:
+    def in_use(self) -> bool:
+        """Whether anything holds the topic open: a producer, a consumer or reader, delayed
+        entries it must remember, or appends not yet committed."""
+        return bool(self.producers or self.waiting_producers or self.exclusive_producer is not None
+                    or self.deliver_at or self.log.batch.count
+                    or any(s.consumers or not s.durable for s in self.subscriptions.values()))
+
+    def close(self) -> list[concurrent.futures.Future]:
+        """Save what changed and close the log; returns the writes still under way (the metadata
+        writer finishes them)."""
         try:
             self.save()
         except StorageError as exc:
             log.error("topic %s: state not saved on close: %s", self.name, exc)
-        self.log.close()
+        self.log.close()  # and every reader it made
+        return [f for f in self._writes.values() if not f.done()]
+
+
+def _compaction(data) -> tuple[int, set[int]]:
+    data = metafile.expect(dict)(data)
+    return int(data["horizon"]), {int(entry) for entry in data["kept"]}
+
+
+def read_ledger_ranges(path: str) -> metafile.Loaded:
+    return metafile.load(path, _ledger_ranges)
+
+
+def _ledger_ranges(data) -> list:
+    ranges = metafile.expect(list)(data)
+    starts = []
+    for item in ranges:
+        first, ledger = item
+        if not isinstance(first, int) or not isinstance(ledger, int) or first < 0 or ledger < 0:
+            raise ValueError(f"ledger range {item!r}")
+        starts.append(first)
+    if not ranges or starts != sorted(starts):
+        raise ValueError("no ledger ranges, or out of order")
+    return ranges
+
+
+def _epoch(data) -> int:
+    epoch = metafile.expect(dict)(data).get("epoch", 0)
+    if not isinstance(epoch, int) or epoch < 0:
+        raise ValueError(f"epoch {epoch!r}")
+    return epoch
+
+
+def _topic_state(data) -> dict:
+    state = metafile.expect(dict)(data)
+    if not isinstance(state.get("terminated", False), bool) or not isinstance(state.get("dedup_upto", -1), int):
+        raise ValueError("terminated or dedup_upto of the wrong type")
+    dedup = metafile.expect(dict)(state.get("dedup", {}))
+    if not all(isinstance(v, int) for v in dedup.values()):
+        raise ValueError("a sequence id that is not a number")
+    return state
+
+
+def _cursors(data) -> dict:
+    for name, cursor in metafile.expect(dict)(data).items():
+        Cursor.from_json(metafile.expect(dict)(cursor))
+        if not isinstance(cursor["mark_delete"], int):
+            raise ValueError(f"subscription {name}: mark_delete {cursor['mark_delete']!r}")
+    return data
+
+
+def _schemas(data) -> list:
+    for record in metafile.expect(list)(data):
+        if not isinstance(record, dict) or "type" not in record:
+            raise ValueError(f"schema version {record!r}")
+    return data
 
 
 def _partition_index(name: str) -> int:

@@ -41,7 +41,8 @@ from .._proto import PulsarApi_pb2 as pb
 from ..errors import CodecError
 from ..routing import murmur3_32
 from .core import PARTITION_MARKER, BrokerCore, InvalidTopicName, close_transport
-from .storage import LogReader, StorageError, TopicLog, read_json, write_json
+from . import metafile
+from .storage import LogReader, StorageError, TopicLog
 from .topics import Topic, entry_metadata
 
 log = logging.getLogger("pulsarwire.broker.v1")
@@ -615,8 +616,13 @@ class V1Server:
         self.state: dict[tuple[str, int], PartitionState] = {}
         self.groups_path = os.path.join(core.data_dir, "groups.json")
         self.offsets_path = os.path.join(core.data_dir, "offsets.json")
-        self.groups: dict = read_json(self.groups_path, {})
-        self.offsets: dict = read_json(self.offsets_path, {})
+        self.groups: dict = _load_group_file(self.groups_path, "the V1 groups: members and assignments",
+                                             "members join again")
+        self.offsets: dict = _load_group_file(self.offsets_path, "the V1 groups' committed offsets",
+                                              "their groups consume again from an older or no committed offset")
+        # written off the event loop, each write holding every change made meanwhile
+        self._groups_file = metafile.BatchedFile(core.metadata, self.groups_path, self._groups_snapshot)
+        self._offsets_file = metafile.BatchedFile(core.metadata, self.offsets_path, lambda: self.offsets)
         now = time.monotonic()
         for group in self.groups.values():  # members get a fresh session after a restart
             group["members"] = {member: {"seen": now} for member in group.get("members", ())}
@@ -660,8 +666,11 @@ class V1Server:
         if self._server is not None:
             await self._server.wait_closed()
         self._executor.shutdown(wait=True, cancel_futures=True)
-        self._save_groups()
-        self._save_offsets()
+        for batched in (self._groups_file, self._offsets_file):
+            try:
+                batched.write_now()
+            except StorageError:
+                pass  # logged by the writer
 
     # connection
 
@@ -1092,6 +1101,7 @@ class V1Server:
         group["members"][member] = {"seen": now}
         if changed:
             self._rebalance(group)
+            return await self._groups_stored(self._assignment(group, member))
         return self._assignment(group, member)
 
     async def sync(self, args: list[str]) -> str:
@@ -1115,7 +1125,7 @@ class V1Server:
         group = self._member_of(args[0], args[1], args[2], generation)
         del group["members"][args[2]]
         self._rebalance(group)
-        return "left=true"
+        return await self._groups_stored("left=true")
 
     async def commit(self, args: list[str]) -> str:
         if len(args) != 6:
@@ -1131,7 +1141,9 @@ class V1Server:
             raise V1Error(GENERATION_MISMATCH, f"partition {partition} is not assigned to {_show(member)} in "
                                                f"generation {generation}")
         self.offsets.setdefault(name, {}).setdefault(group["topic"], {})[str(partition)] = offset
-        self._save_offsets()  # durable before it is acknowledged
+        error = await self._offsets_file.changed()  # durable before it is acknowledged
+        if error is not None:
+            raise V1Error(INTERNAL_ERROR, f"offset not committed: {error}")
         return "committed=true"
 
     async def offset(self, args: list[str]) -> str:
@@ -1150,18 +1162,39 @@ class V1Server:
         now = time.monotonic()
         for group in self.groups.values():
             self._expire(group, now)
+        self._groups_file.retry()
+        self._offsets_file.retry()
         for (full, partition), state in self.state.items():
             if state.waiters:
                 topic = self.core.topics.get(f"{full}{PARTITION_MARKER}{partition}")
                 if topic is not None:
                     self._wake(state, topic.log.next_entry_id)
 
-    def _save_groups(self) -> None:
-        """groups.json: per group its topic, generation, assignor, members and assignments."""
-        groups = {name: {"topic": g["topic"], "generation": g["generation"], "assignor": g["assignor"],
-                         "members": sorted(g["members"]), "assignments": g["assignments"]}
-                  for name, g in self.groups.items()}
-        write_json(self.groups_path, groups)
+    def _save_groups(self) -> asyncio.Future:
+        """A group changed: the future is done once groups.json holds the change (its result:
+        None, or the error that kept it from the disk)."""
+        return self._groups_file.changed()
 
-    def _save_offsets(self) -> None:
-        write_json(self.offsets_path, self.offsets)
+    def _groups_snapshot(self) -> dict:
+        """groups.json: per group its topic, generation, assignor, members and assignments."""
+        return {name: {"topic": g["topic"], "generation": g["generation"], "assignor": g["assignor"],
+                       "members": sorted(g["members"]), "assignments": g["assignments"]}
+                for name, g in self.groups.items()}
+
+    async def _groups_stored(self, answer: str) -> str:
+        """`answer`, once the group change it reports is on disk."""
+        error = await self._groups_file.changed()
+        if error is not None:
+            raise V1Error(INTERNAL_ERROR, f"the group's new state is not stored: {error}")
+        return answer
+
+
+def _load_group_file(path: str, what: str, cost: str) -> dict:
+    """groups.json or offsets.json; when damaged, its previous copy, else nothing (what it held
+    costs only the V1 groups: `cost`)."""
+    loaded = metafile.load(path, metafile.expect(dict))
+    if loaded.source == metafile.PREVIOUS_COPY:
+        metafile.report_damage(loaded, what, f"restored from the previous copy: changes after it are lost ({cost})")
+    elif loaded.source == metafile.LOST:
+        metafile.report_damage(loaded, what, f"lost (no good copy): the V1 groups start empty ({cost})")
+    return loaded.data or {}
