@@ -11,21 +11,23 @@ import sys
 
 import pytest
 
-LAYERS = ["storage", "topics", "policies", "compatibility", "core", "pulsar", "v1", "stats", "metrics",
-          "admin_http", "server"]
+LAYERS = ["storage", "metafile", "topics", "policies", "compatibility", "core", "fsck", "pulsar", "v1", "stats",
+          "metrics", "admin_http", "server"]
 BELOW = {
     "storage": set(),
-    "topics": {"storage"},
-    "policies": {"storage"},  # namespace and topic policies, beside the domain
+    "metafile": {"storage"},  # the broker's small metadata files, beside the log
+    "topics": {"storage", "metafile"},
+    "policies": {"storage", "metafile"},  # namespace and topic policies, beside the domain
     "compatibility": set(),  # schema versions, on protocol types alone
-    "core": {"storage", "topics", "policies"},
-    "pulsar": {"storage", "topics", "policies", "core", "compatibility"},
-    "v1": {"storage", "topics", "policies", "core"},
-    "stats": {"storage", "topics", "policies"},
-    "metrics": {"storage", "topics", "policies", "stats"},
+    "core": {"storage", "metafile", "topics", "policies"},
+    "fsck": {"storage", "metafile", "topics", "policies", "core"},  # checks a stopped broker's files
+    "pulsar": {"storage", "metafile", "topics", "policies", "core", "compatibility"},
+    "v1": {"storage", "metafile", "topics", "policies", "core"},
+    "stats": {"storage", "metafile", "topics", "policies"},
+    "metrics": {"storage", "metafile", "topics", "policies", "stats"},
     # the HTTP front end: admin API, HTTP lookup, /metrics; server imports it only when it serves HTTP
-    "admin_http": {"storage", "topics", "policies", "core", "compatibility", "stats", "metrics"},
-    "server": {"storage", "topics", "policies", "core", "compatibility", "pulsar", "v1"},
+    "admin_http": {"storage", "metafile", "topics", "policies", "core", "compatibility", "stats", "metrics"},
+    "server": {"storage", "metafile", "topics", "policies", "core", "compatibility", "pulsar", "v1"},
 }
 
 
