@@ -12,6 +12,7 @@ import logging
 import re
 import struct
 import select
+import ssl
 import time
 from typing import Any, Callable
 
@@ -42,6 +43,9 @@ DEFAULT_HANDSHAKE_TIMEOUT = 10.0  # seconds from accept to an accepted CONNECT
 DEFAULT_MAX_FRAME_BEFORE_CONNECT = 64 * 1024
 DEFAULT_FRAME_TIMEOUT = 30.0  # seconds one frame may take to arrive in full
 DEFAULT_MAX_INPUT_BYTES = 256 * 1024 * 1024  # unfinished frames held, all connections together
+DEFAULT_IDLE_TIMEOUT = 300.0  # seconds a connected connection with no producer or consumer may make no request
+# the share of max_connections only connections past CONNECT (authenticated, with auth on) may take
+DEFAULT_AUTHENTICATED_SHARE = 0.25
 _U64 = 0xFFFFFFFFFFFFFFFF
 _I64_MAX = 0x7FFFFFFFFFFFFFFF
 
@@ -70,7 +74,16 @@ class PulsarService:
                  handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
                  max_frame_before_connect: int = DEFAULT_MAX_FRAME_BEFORE_CONNECT,
                  frame_timeout: float = DEFAULT_FRAME_TIMEOUT,
-                 max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> None:
+                 max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
+                 max_connections_per_address: int | None = None,
+                 authenticated_share: float = DEFAULT_AUTHENTICATED_SHARE,
+                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT) -> None:
+        if not 0 <= authenticated_share < 1:
+            raise ValueError("authenticated_share must be at least 0 and below 1")
+        if max_connections_per_address is not None and max_connections_per_address < 1:
+            raise ValueError("max_connections_per_address must be positive")
+        if idle_timeout <= 0:
+            raise ValueError("idle_timeout must be positive")
         if max_input_bytes < max_message_size + codec.FRAME_PADDING:
             raise ValueError("max_input_bytes must hold at least one frame of the max message size")
         for name, value in (("max_connections", max_connections), ("max_output_bytes", max_output_bytes),
@@ -86,10 +99,18 @@ class PulsarService:
         self.max_frame_before_connect = max_frame_before_connect
         self.frame_timeout = frame_timeout
         self.max_input_bytes = max_input_bytes
+        self._max_per_address = max_connections_per_address
+        self.authenticated_share = authenticated_share
+        self.idle_timeout = idle_timeout
+        self.per_address: collections.Counter[str] = collections.Counter()  # live connections by peer address
+        # not past CONNECT (or refused it), oldest first
+        self.unauthenticated: dict[BrokerConnection, None] = {}
         self.input_bytes = 0  # bytes of unfinished frames held by every connection
         self._input_paused: set[BrokerConnection] = set()
         # what hostile or slow clients cost: refused/closed connections, pauses, peak output held
         self.counters: collections.Counter[str] = collections.Counter()
+        self._last_refusal_log = -1.0
+        self._logged_suppressed = 0
         self._sweeper: asyncio.Task | None = None
         if auth_tokens is not None and (not auth_tokens or any(not token for token in auth_tokens)):
             raise ValueError("auth tokens must be non-empty strings (an empty one would admit a CONNECT without a token)")
@@ -101,6 +122,69 @@ class PulsarService:
         self.connections: set[BrokerConnection] = set()
         self.lookup_url = ""  # what lookups answer: this broker, or a proxy in front of it
         self.service_url_tls = ""
+
+    @property
+    def max_connections_per_address(self) -> int:
+        """Connections one peer address may hold (default: half of max_connections, at least 8)."""
+        if self._max_per_address is not None:
+            return self._max_per_address
+        return max(8, self.max_connections // 2)
+
+    @property
+    def max_unauthenticated(self) -> int:
+        """Connections that have not CONNECTed (or were refused authentication) held at once: the
+        rest of max_connections is kept for those that have."""
+        return max(1, self.max_connections - int(self.max_connections * self.authenticated_share))
+
+    def admit(self, conn: "BrokerConnection") -> str | None:
+        """Take a place for a new connection, or say why there is none (its peer address holds its
+        share, or every place is held by a connection past CONNECT). When the places connections
+        before CONNECT may hold are taken, or all are, the one that has waited longest makes room:
+        connections that never CONNECT cannot lock a client out, as a client CONNECTs at once."""
+        if conn.address is not None and self.per_address[conn.address] >= self.max_connections_per_address:
+            self.counters["refused_address_connections"] += 1
+            return (f"too many connections from {conn.address}: at most {self.max_connections_per_address} "
+                    "from one address")
+        if len(self.connections) >= self.max_connections or len(self.unauthenticated) >= self.max_unauthenticated:
+            if not self.unauthenticated:
+                self.counters["refused_connections"] += 1
+                return f"too many connections: this broker serves at most {self.max_connections}"
+            oldest = next(iter(self.unauthenticated))
+            self.counters["displaced_unauthenticated_connections"] += 1
+            oldest.displace(f"too many connections waiting to CONNECT: this one waited longest of "
+                            f"{len(self.unauthenticated)}")
+        self.connections.add(conn)
+        self.unauthenticated[conn] = None
+        if conn.address is not None:
+            self.per_address[conn.address] += 1
+        return None
+
+    def release(self, conn: "BrokerConnection") -> None:
+        if conn in self.connections:
+            self.connections.discard(conn)
+            self.unauthenticated.pop(conn, None)
+            if conn.address is not None:
+                self.per_address[conn.address] -= 1
+                if self.per_address[conn.address] <= 0:
+                    del self.per_address[conn.address]
+
+    def refusal_frame(self) -> bytes:
+        """What a connection refused before it is served is sent: ServiceNotReady."""
+        cmd = T(type=T.ERROR, error=pb.CommandError(request_id=_U64, error=pb.ServiceNotReady,
+                                                    message="no room for another connection: try again later"))
+        return codec.encode_command(cmd)
+
+    def log_refusal(self, message: str) -> None:
+        """A warning about a refused connection, at most one a second: a flood must not flood the log
+        (the counters count every one)."""
+        now = time.monotonic()
+        if now - self._last_refusal_log >= 1.0:
+            suppressed = self.counters["refusals_not_logged"] - self._logged_suppressed
+            self._logged_suppressed = self.counters["refusals_not_logged"]
+            log.warning("%s%s", message, f" ({suppressed} more refused since the last warning)" if suppressed else "")
+            self._last_refusal_log = now
+        else:
+            self.counters["refusals_not_logged"] += 1
 
     @property
     def auth_enabled(self) -> bool:
@@ -123,8 +207,11 @@ class PulsarService:
             return subject.get("commonName", "tls")
         return None
 
-    def protocol(self, tls: bool = False) -> Callable[[], "BrokerConnection"]:
-        return lambda: BrokerConnection(self, tls)
+    def protocol(self, ssl_context: ssl.SSLContext | None = None) -> Callable[[], "BrokerConnection"]:
+        """Connections of a listener; with `ssl_context` each does its TLS handshake after it is
+        accepted, so a handshake counts against the connection limit and the handshake timeout
+        from the first byte (a listener made with ssl= would hide it until it completes)."""
+        return lambda: BrokerConnection(self, ssl_context)
 
     def close_all(self) -> None:
         if self._sweeper is not None:
@@ -136,7 +223,7 @@ class PulsarService:
     def stats(self) -> dict[str, int]:
         """The counters, plus what live connections hold now: unsent output and unfinished input."""
         live = list(self.connections)
-        return dict(self.counters, connections=len(live),
+        return dict(self.counters, connections=len(live), unauthenticated_connections=len(self.unauthenticated),
                     output_bytes=sum(c.output_bytes for c in live),
                     input_bytes=self.input_bytes,
                     paused_connections=sum(1 for c in live if not c.writable))
@@ -154,13 +241,18 @@ class PulsarService:
             self._sweeper = asyncio.ensure_future(self._sweep())
 
     async def _sweep(self) -> None:
-        step = max(0.05, min(1.0, self.handshake_timeout / 4, self.frame_timeout / 4))
+        step = max(0.05, min(1.0, self.handshake_timeout / 4, self.frame_timeout / 4, self.idle_timeout / 4))
         try:
             while True:
                 await asyncio.sleep(step)
                 now = time.monotonic()
                 for conn in list(self.connections):
-                    conn.check_deadlines(now)
+                    try:
+                        conn.check_deadlines(now)
+                    except Exception as exc:  # noqa: BLE001 - the sweep must outlive any one connection
+                        log.error("closing a connection: its deadline check failed: %s: %s",
+                                  type(exc).__name__, exc)
+                        conn.close(abort=True)
                 self.release_input()
         except asyncio.CancelledError:
             pass
@@ -225,10 +317,13 @@ class PulsarProducer(ProducerLink):
 
 
 class BrokerConnection(asyncio.Protocol):
-    def __init__(self, service: PulsarService, tls: bool = False) -> None:
+    def __init__(self, service: PulsarService, ssl_context: ssl.SSLContext | None = None) -> None:
         self.service = service
         self.core = service.core
-        self.tls = tls
+        self.tls = ssl_context is not None
+        self._ssl_context = ssl_context
+        self._handshake: asyncio.Task | None = None  # the TLS handshake, while it runs
+        self._early_input: list[bytes] = []
         self.transport: asyncio.Transport | None = None
         self.reader = codec.FrameReader(service.max_message_size + codec.FRAME_PADDING, send_fast_path=True)
         self.connected = False
@@ -241,6 +336,8 @@ class BrokerConnection(asyncio.Protocol):
         self.consumers: dict[int, PulsarConsumer] = {}
         self.last_received = time.monotonic()
         self.accepted_at = self.last_received
+        self.last_request = self.last_received  # the last request but PING and PONG
+        self.address: str | None = None  # the peer's address, for its share of the connections
         self._partial_since: float | None = None  # when the unfinished frame in the reader began
         self._keepalive: asyncio.Task | None = None
         self._out: list[bytes] = []
@@ -262,20 +359,68 @@ class BrokerConnection(asyncio.Protocol):
         service = self.service
         budget = service.max_output_bytes
         transport.set_write_buffer_limits(high=budget, low=budget // 2)
-        if len(service.connections) >= service.max_connections:
-            service.counters["refused_connections"] += 1
-            log.warning("refusing a connection: at the limit of %d connections", service.max_connections)
-            self._error(_U64, pb.ServiceNotReady,
-                        f"too many connections: this broker serves at most {service.max_connections}")
+        peer = transport.get_extra_info("peername")
+        self.address = peer[0] if isinstance(peer, tuple) and peer else None
+        refusal = service.admit(self)
+        if refusal is not None:
+            service.log_refusal(f"refusing a connection: {refusal}")
+            if self.tls:  # no TLS session to answer in: a refusal costs no handshake
+                self.close(abort=True)
+                return
+            self._error(_U64, pb.ServiceNotReady, refusal)
             self.close()
             return
         self.reader.max_frame_size = service.max_frame_before_connect
-        service.connections.add(self)
         service.watch()
         self._keepalive = asyncio.ensure_future(self._keep_alive())
+        if self.tls:
+            transport.pause_reading()  # start_tls takes the bytes from here on
+            self._handshake = asyncio.ensure_future(self._start_tls(transport))
+
+    def displace(self, reason: str) -> None:
+        """Close a connection that has not CONNECTed to make room for a newer one."""
+        self.service.log_refusal(f"closing a connection: {reason}")
+        if self._handshake is not None:  # no TLS session yet to answer in
+            self.close(abort=True)
+            return
+        self._error(_U64, pb.ServiceNotReady, reason)
+        self.close()
+
+    async def _start_tls(self, raw) -> None:
+        """The server side of the TLS handshake, within what is left of the handshake timeout (the
+        sweep also closes a connection that has not CONNECTed by then)."""
+        service = self.service
+        left = service.handshake_timeout - (time.monotonic() - self.accepted_at)
+        try:
+            transport = await asyncio.get_running_loop().start_tls(
+                raw, self, self._ssl_context, server_side=True, ssl_handshake_timeout=max(left, 0.01))
+        except asyncio.CancelledError:
+            raw.abort()
+            raise
+        except (OSError, ssl.SSLError, asyncio.TimeoutError, ConnectionError) as exc:
+            service.counters["tls_handshake_failures"] += 1
+            log.info("TLS handshake failed: %s", exc)
+            raw.abort()
+            self._cleanup()
+            return
+        finally:
+            self._handshake = None
+        if self.closed:
+            transport.abort()
+            return
+        self.transport = transport
+        transport.set_write_buffer_limits(high=service.max_output_bytes, low=service.max_output_bytes // 2)
+        early, self._early_input = self._early_input, []
+        for data in early:
+            self.data_received(data)
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
+            return
+        if self._handshake is not None:
+            # TLS bytes that came with the handshake's end, before start_tls returned the transport
+            # to answer on: read once it has
+            self._early_input.append(data)
             return
         now = self.last_received = time.monotonic()
         try:
@@ -329,6 +474,13 @@ class BrokerConnection(asyncio.Protocol):
                 self.service.counters["oversized_frames_before_connect"] += 1
             log.warning("closing connection: %s", exc)
             self.close()
+        except Exception as exc:  # noqa: BLE001 - a defect costs this connection, never the loop's log
+            # sends read but not stored get no receipt: the client resends them on its next connection
+            sends.clear()
+            self.service.counters["failed_connections"] += 1
+            log.error("closing a connection after an internal error: %s: %s", type(exc).__name__, exc)
+            log.debug("internal error", exc_info=True)
+            self.close()
         if not self.reader.buffered:
             self._partial_since = None
         elif completed:  # the unfinished frame began after the last complete one
@@ -364,6 +516,13 @@ class BrokerConnection(asyncio.Protocol):
             log.warning("closing a connection whose frame took over %.0fs (%d bytes arrived)",
                         service.frame_timeout, self.reader.buffered)
             self.close(abort=True)
+        elif now - self.last_request > service.idle_timeout and not self.producers and not self.consumers \
+                and not self.waiting_producers:
+            # past CONNECT, holding nothing and asking nothing: its place goes to another client (a
+            # client opens a new connection when it needs one)
+            service.counters["idle_timeouts"] += 1
+            log.info("closing a connection idle for %.0fs", service.idle_timeout)
+            self.close()
 
     def connection_lost(self, exc) -> None:
         self._cleanup()
@@ -511,7 +670,9 @@ class BrokerConnection(asyncio.Protocol):
         self._out_bytes = 0
         if self._keepalive is not None:
             self._keepalive.cancel()
-        self.service.connections.discard(self)
+        if self._handshake is not None:
+            self._handshake.cancel()
+        self.service.release(self)
         for producer in list(self.producers.values()) + list(self.waiting_producers.values()):
             producer.topic.remove_producer(producer)
         self.producers.clear()
@@ -538,6 +699,8 @@ class BrokerConnection(asyncio.Protocol):
 
     def _handle(self, frame) -> None:
         kind = frame.command.type
+        if kind != T.PING and kind != T.PONG:
+            self.last_request = time.monotonic()
         if not self.connected and kind != T.CONNECT:
             raise PulsarWireError(f"command {kind} before CONNECT")
         if self.refused and kind not in (T.PING, T.PONG):
@@ -550,15 +713,28 @@ class BrokerConnection(asyncio.Protocol):
             if request_id is not None:
                 self._error(request_id, pb.NotAllowedError, f"command {kind} is not supported")
             return
+        if kind not in _WITHOUT_TEXT:
+            undecodable = _undecodable_text(frame.command)
+            if undecodable is not None:
+                if kind == T.CONNECT:
+                    raise PulsarWireError(f"CONNECT's {undecodable} is not UTF-8")
+                self._fail_request(frame.command, pb.InvalidTopicName if "topic" in undecodable.lower()
+                                   else pb.MetadataError, f"{undecodable} is not UTF-8 text")
+                return
         try:
             handler(self, frame)
-        except StorageError as exc:
-            # the file system refused (no descriptors left, disk full): an error reply, and the
-            # connection stays up for the client to retry
-            log.error("command %s failed: %s", kind, exc)
-            request_id = _request_id(frame.command)
-            if request_id is not None:
-                self._error(request_id, pb.PersistenceError, str(exc))
+        except PulsarWireError:
+            raise  # a protocol violation: the connection closes
+        except Exception as exc:  # noqa: BLE001 - a request fails alone, never the connection
+            code = _error_code(exc)
+            # the file system refused (no descriptors left, disk full), a name or a metadata file
+            # is bad, or a defect: the request is answered with a typed error at once (not left to
+            # the client's timeout) and the connection stays up for the client to retry
+            log.log(logging.INFO if code == pb.InvalidTopicName else logging.ERROR, "%s failed: %s: %s",
+                    T.Type.Name(kind), type(exc).__name__, exc)
+            log.debug("%s failed", T.Type.Name(kind), exc_info=True)
+            self.service.counters["failed_requests"] += 1
+            self._fail_request(frame.command, code, f"{pb.ServerError.Name(code)}: {exc}")
 
     def _error(self, request_id: int, code: Any, message: str) -> None:
         self.command(T.ERROR, "error", pb.CommandError(request_id=request_id, error=code, message=message))
@@ -605,6 +781,7 @@ class BrokerConnection(asyncio.Protocol):
                     else "the credentials are not accepted")
         self.connected = True
         if not self.refused:  # an unauthenticated connection keeps the small frame limit
+            self.service.unauthenticated.pop(self, None)
             self.reader.max_frame_size = self.service.max_message_size + codec.FRAME_PADDING
         response = pb.CommandConnected(server_version=SERVER_VERSION,
                                        protocol_version=min(c.protocol_version, MAX_PROTOCOL_VERSION),
@@ -613,24 +790,36 @@ class BrokerConnection(asyncio.Protocol):
 
     def _refuse(self, command) -> None:
         """Answer one request on an unauthenticated connection with AuthenticationError."""
+        self._fail_request(command, pb.AuthenticationError, self.refused)
+
+    def _fail_request(self, command, code: Any, message: str) -> None:
+        """Answer one request with error `code`, in the response its client waits for (a lookup
+        or metadata response, a send error, a schema response, else CommandError). A command
+        without a request id (FLOW, REDELIVER, ...) has no answer."""
         kind = command.type
         if kind == T.LOOKUP:
             self.command(T.LOOKUP_RESPONSE, "lookupTopicResponse", pb.CommandLookupTopicResponse(
                 request_id=command.lookupTopic.request_id, response=pb.CommandLookupTopicResponse.Failed,
-                error=pb.AuthenticationError, message=self.refused))
+                error=code, message=message))
         elif kind == T.PARTITIONED_METADATA:
             self.command(T.PARTITIONED_METADATA_RESPONSE, "partitionMetadataResponse",
                          pb.CommandPartitionedTopicMetadataResponse(
                              request_id=command.partitionMetadata.request_id,
                              response=pb.CommandPartitionedTopicMetadataResponse.Failed,
-                             error=pb.AuthenticationError, message=self.refused))
+                             error=code, message=message))
         elif kind == T.SEND:
-            self._send_error(command.send.producer_id, command.send.sequence_id, pb.AuthenticationError,
-                             self.refused)
+            self._send_error(command.send.producer_id, command.send.sequence_id, code, message)
+        elif kind == T.GET_SCHEMA:
+            self.command(T.GET_SCHEMA_RESPONSE, "getSchemaResponse", pb.CommandGetSchemaResponse(
+                request_id=command.getSchema.request_id, error_code=code, error_message=message))
+        elif kind == T.ACK and command.ack.HasField("request_id"):
+            self.command(T.ACK_RESPONSE, "ackResponse", pb.CommandAckResponse(
+                consumer_id=command.ack.consumer_id, request_id=command.ack.request_id, error=code,
+                message=message))
         else:
             request_id = _request_id(command)
             if request_id is not None:
-                self._error(request_id, pb.AuthenticationError, self.refused)
+                self._error(request_id, code, message)
 
     def on_ping(self, frame) -> None:
         self.command(T.PONG, "pong", pb.CommandPong())
@@ -1119,6 +1308,36 @@ def topics_hash(topics: list[str]) -> str:
 def _schema_proto(record: dict) -> pb.Schema:
     return pb.Schema(type=record["type"], name=record["name"], schema_data=base64.b64decode(record["data"]),
                      properties=[pb.KeyValue(key=k, value=v) for k, v in sorted(record["properties"].items())])
+
+
+_WITHOUT_TEXT = frozenset((T.PING, T.PONG, T.FLOW, T.ACK))  # frequent, and no text the broker reads
+
+
+def _undecodable_text(message, prefix: str = "") -> str | None:
+    """The first string field of `message` that arrived as bytes (not UTF-8: protobuf then hands
+    over the raw bytes), by its path; None when every one is text."""
+    for field, value in message.ListFields():
+        if field.type == field.TYPE_STRING:
+            values = value if field.is_repeated else (value,)
+            if any(isinstance(item, bytes) for item in values):
+                return prefix + field.name
+        elif field.type == field.TYPE_MESSAGE:
+            for item in (value if field.is_repeated else (value,)):
+                found = _undecodable_text(item, f"{prefix}{field.name}.")
+                if found is not None:
+                    return found
+    return None
+
+
+def _error_code(exc: Exception) -> int:
+    """The ServerError a failed request is answered with."""
+    if isinstance(exc, InvalidTopicName):
+        return pb.InvalidTopicName
+    if isinstance(exc, (StorageError, OSError)):
+        return pb.PersistenceError  # the file system refused: the client may retry
+    if isinstance(exc, (ValueError, KeyError, TypeError, IndexError)):
+        return pb.MetadataError  # what the request names or what is stored about it does not hold
+    return pb.ServiceNotReady
 
 
 def _request_id(command) -> int | None:
