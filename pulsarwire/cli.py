@@ -125,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument("--idle-timeout", type=float, default=300.0, metavar="SECONDS",
                         help="a Pulsar connection with no producer or consumer that makes no request but "
                              "PING this long is closed (default 300)")
+    broker.add_argument("--memory-budget", type=int, default=256 * 1024 * 1024, metavar="BYTES",
+                        help="unsent output of all Pulsar connections plus the entry cache (--max-cache-bytes); "
+                             "past it, connections holding output get no more until they take it (default 256 MiB)")
     broker.add_argument("--v1-consume-max-bytes", type=int, default=None, metavar="BYTES",
                         help="most record bytes in one V1 CONSUME reply (default 8 MiB)")
 
@@ -259,6 +262,7 @@ async def run_broker(args) -> int:
                     max_frame_before_connect=args.max_frame_before_connect, frame_timeout=args.frame_timeout,
                     max_input_bytes=args.max_input_bytes, max_connections_per_address=args.max_connections_per_address,
                     authenticated_share=args.authenticated_share, idle_timeout=args.idle_timeout,
+                    memory_budget=args.memory_budget,
                     max_unacked_messages_per_consumer=DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER
                     if args.max_unacked_messages_per_consumer is None else args.max_unacked_messages_per_consumer,
                     max_cache_bytes=DEFAULT_MAX_CACHE_BYTES if args.max_cache_bytes is None else args.max_cache_bytes,

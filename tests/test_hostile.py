@@ -1559,3 +1559,44 @@ def test_a_connection_idle_after_connect_is_closed_and_one_with_a_producer_is_no
             assert _stats(broker)["idle_timeouts"] == 1
     finally:
         broker.stop()
+
+
+# issue 26 goal 5: one memory budget for the output of all connections and the entry cache
+
+def test_consumers_that_never_read_stay_within_the_broker_wide_output_budget(tmp_path):
+    """30 subscriptions that never read a topic of 40 entries of 256 KiB (10 MiB each, 300 MiB in
+    all with a 4 MiB output budget per connection): the broker holds at most its output budget (the
+    memory budget less the entry cache) plus one entry per connection, and an honest consumer
+    still reads everything meanwhile."""
+    entry, count, budget, cache = 256 * 1024, 40, 12 * 1024 * 1024, 4 * 1024 * 1024
+    broker = BrokerThread(tmp_path / "data", v1_port=None, memory_budget=budget, max_cache_bytes=cache).start()
+    topic = "persistent://public/default/unread-by-many"
+    stuck = []
+    try:
+        with Raw(broker.broker.port) as producer:
+            producer.producer(topic)
+            for seq in range(count):
+                assert producer.publish(1, seq, bytes([seq]) * entry).type == T.SEND_RECEIPT
+        for i in range(30):
+            raw = Raw(broker.broker.port, receive_buffer=4096)
+            assert raw.subscribe(topic, sub=f"never-{i}").type == T.SUCCESS
+            raw.flow(1, 1000)
+            stuck.append(raw)
+        assert wait_until(lambda: _stats(broker)["squeezed"] == 1)
+        time.sleep(0.5)  # whatever could still be dispatched has been
+        stats = _stats(broker)
+        limit = budget - cache + 30 * (entry + 1024)
+        assert stats["output_bytes"] <= limit and stats["max_total_output_bytes"] == budget - cache
+        with Raw(broker.broker.port) as honest:
+            honest.subscribe(topic, sub="reads")
+            honest.flow(1, 1000)
+            ids = [honest.next().command.message.message_id.entryId for _ in range(count)]
+            assert ids == list(range(count))
+        assert _stats(broker)["output_bytes"] <= limit
+        for raw in stuck:
+            raw.close()
+        assert wait_until(lambda: _stats(broker)["squeezed"] == 0 and _stats(broker)["output_bytes"] == 0)
+    finally:
+        for raw in stuck:
+            raw.close()
+        broker.stop()

@@ -43,6 +43,11 @@ DEFAULT_HANDSHAKE_TIMEOUT = 10.0  # seconds from accept to an accepted CONNECT
 DEFAULT_MAX_FRAME_BEFORE_CONNECT = 64 * 1024
 DEFAULT_FRAME_TIMEOUT = 30.0  # seconds one frame may take to arrive in full
 DEFAULT_MAX_INPUT_BYTES = 256 * 1024 * 1024  # unfinished frames held, all connections together
+# output unsent to every connection together, when no memory budget says otherwise
+DEFAULT_MAX_TOTAL_OUTPUT_BYTES = 192 * 1024 * 1024
+# output one connection may queue per round while the broker is squeezed (then it waits until all is sent)
+SQUEEZED_OUTPUT_BYTES = 64 * 1024
+RELAX_BELOW = 0.75  # the share of the total output budget under which squeezed connections take output again
 DEFAULT_IDLE_TIMEOUT = 300.0  # seconds a connected connection with no producer or consumer may make no request
 # the share of max_connections only connections past CONNECT (authenticated, with auth on) may take
 DEFAULT_AUTHENTICATED_SHARE = 0.25
@@ -77,7 +82,10 @@ class PulsarService:
                  max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
                  max_connections_per_address: int | None = None,
                  authenticated_share: float = DEFAULT_AUTHENTICATED_SHARE,
-                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT) -> None:
+                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+                 max_total_output_bytes: int = DEFAULT_MAX_TOTAL_OUTPUT_BYTES) -> None:
+        if max_total_output_bytes < max_output_bytes:
+            raise ValueError("max_total_output_bytes must hold at least one connection's max_output_bytes")
         if not 0 <= authenticated_share < 1:
             raise ValueError("authenticated_share must be at least 0 and below 1")
         if max_connections_per_address is not None and max_connections_per_address < 1:
@@ -106,6 +114,12 @@ class PulsarService:
         # not past CONNECT (or refused it), oldest first
         self.unauthenticated: dict[BrokerConnection, None] = {}
         self.input_bytes = 0  # bytes of unfinished frames held by every connection
+        # unsent output of every connection (as each last measured its own), and its broker-wide bound:
+        # past it the broker is squeezed, and a connection holding any output takes no more until
+        # it has sent all it holds
+        self.max_total_output_bytes = max_total_output_bytes
+        self.output_total = 0
+        self.squeezed = False
         self._input_paused: set[BrokerConnection] = set()
         # what hostile or slow clients cost: refused/closed connections, pauses, peak output held
         self.counters: collections.Counter[str] = collections.Counter()
@@ -168,6 +182,22 @@ class PulsarService:
                 if self.per_address[conn.address] <= 0:
                     del self.per_address[conn.address]
 
+    def output_changed(self, delta: int) -> None:
+        """A connection's unsent output grew or shrank by `delta`: squeeze or relax the broker."""
+        self.output_total += delta
+        if not self.squeezed:
+            if self.output_total > self.max_total_output_bytes:
+                self.squeezed = True
+                self.counters["output_budget_squeezes"] += 1
+                self.log_refusal(f"unsent output of all connections is over {self.max_total_output_bytes} "
+                                 "bytes: connections holding output get no more until they take it")
+                for conn in list(self.connections):
+                    conn.squeeze()
+        elif delta < 0 and self.output_total <= self.max_total_output_bytes * RELAX_BELOW:
+            self.squeezed = False
+            for conn in list(self.connections):
+                conn.relax()
+
     def refusal_frame(self) -> bytes:
         """What a connection refused before it is served is sent: ServiceNotReady."""
         cmd = T(type=T.ERROR, error=pb.CommandError(request_id=_U64, error=pb.ServiceNotReady,
@@ -224,6 +254,7 @@ class PulsarService:
         """The counters, plus what live connections hold now: unsent output and unfinished input."""
         live = list(self.connections)
         return dict(self.counters, connections=len(live), unauthenticated_connections=len(self.unauthenticated),
+                    max_total_output_bytes=self.max_total_output_bytes, squeezed=int(self.squeezed),
                     output_bytes=sum(c.output_bytes for c in live),
                     input_bytes=self.input_bytes,
                     paused_connections=sum(1 for c in live if not c.writable))
@@ -248,6 +279,7 @@ class PulsarService:
                 now = time.monotonic()
                 for conn in list(self.connections):
                     try:
+                        conn.measure_output()  # what drained since its last write
                         conn.check_deadlines(now)
                     except Exception as exc:  # noqa: BLE001 - the sweep must outlive any one connection
                         log.error("closing a connection: its deadline check failed: %s: %s",
@@ -350,6 +382,7 @@ class BrokerConnection(asyncio.Protocol):
         self._transport_paused = False  # between the transport's pause_writing and resume_writing
         self._input_paused = False  # while unfinished frames of all connections are over their budget
         self._input_held = 0  # this connection's share of service.input_bytes
+        self._output_held = 0  # this connection's share of service.output_total
         self._reading = True
 
     # asyncio.Protocol
@@ -357,8 +390,7 @@ class BrokerConnection(asyncio.Protocol):
     def connection_made(self, transport) -> None:
         self.transport = transport
         service = self.service
-        budget = service.max_output_bytes
-        transport.set_write_buffer_limits(high=budget, low=budget // 2)
+        self.relax()
         peer = transport.get_extra_info("peername")
         self.address = peer[0] if isinstance(peer, tuple) and peer else None
         refusal = service.admit(self)
@@ -409,7 +441,7 @@ class BrokerConnection(asyncio.Protocol):
             transport.abort()
             return
         self.transport = transport
-        transport.set_write_buffer_limits(high=service.max_output_bytes, low=service.max_output_bytes // 2)
+        self.relax()
         early, self._early_input = self._early_input, []
         for data in early:
             self.data_received(data)
@@ -533,7 +565,32 @@ class BrokerConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._transport_paused = False
+        self.measure_output()
         self._resume()
+
+    def squeeze(self) -> None:
+        """The broker is over its total output budget: pause (no dispatch, no reading) as soon as
+        anything is unsent, and resume only once all of it is sent."""
+        if self.transport is not None and not self.closed and self._handshake is None:
+            self.transport.set_write_buffer_limits(high=0, low=0)
+
+    def relax(self) -> None:
+        """This connection's own output budget, or the squeeze while the broker is squeezed."""
+        if self.transport is None or self.closed or self._handshake is not None:
+            return
+        if self.service.squeezed:
+            self.transport.set_write_buffer_limits(high=0, low=0)
+        else:
+            budget = self.service.max_output_bytes
+            self.transport.set_write_buffer_limits(high=budget, low=budget // 2)
+
+    def measure_output(self) -> None:
+        """Count what this connection holds unsent in the broker-wide output total."""
+        held = 0 if self.closed or self.transport is None else \
+            self._out_bytes + self.transport.get_write_buffer_size()
+        if held != self._output_held:
+            delta, self._output_held = held - self._output_held, held
+            self.service.output_changed(delta)
 
     def _resume_unless_transport_paused(self) -> None:
         if not self._transport_paused:
@@ -605,9 +662,10 @@ class BrokerConnection(asyncio.Protocol):
     def _queued(self, size: int) -> None:
         """`size` bytes were put in self._out: pause past the output budget, schedule a flush."""
         self._out_bytes += size
-        if self.writable and self._out_bytes + self._transport_bytes > self.service.max_output_bytes:
+        budget = SQUEEZED_OUTPUT_BYTES if self.service.squeezed else self.service.max_output_bytes
+        if self.writable and self._out_bytes + self._transport_bytes > budget:
             self._transport_bytes = self.transport.get_write_buffer_size() if self.transport is not None else 0
-            if self._out_bytes + self._transport_bytes > self.service.max_output_bytes:
+            if self._out_bytes + self._transport_bytes > budget:
                 self._pause()
         if not self._flush_scheduled:
             self._flush_scheduled = True
@@ -628,6 +686,7 @@ class BrokerConnection(asyncio.Protocol):
         self._sends.clear()
         self._batches.clear()
         self._out_bytes = 0
+        self.measure_output()
         if not self.writable and not self.closed and not self._transport_paused:
             # the transport holds at most the budget and will send no resume_writing: resume
             # (scheduled, as flush runs inside _process)
@@ -668,6 +727,7 @@ class BrokerConnection(asyncio.Protocol):
         self.service.release_input()
         self._out.clear()
         self._out_bytes = 0
+        self.measure_output()  # closed: gives back all it held
         if self._keepalive is not None:
             self._keepalive.cancel()
         if self._handshake is not None:

@@ -24,6 +24,8 @@ from .topics import Topic
 from .v1 import DEFAULT_CONSUME_MAX_BYTES, V1Server
 
 log = logging.getLogger("pulsarwire.broker")
+# unsent output of all Pulsar connections plus the entry cache (DEFAULT_MAX_CACHE_BYTES)
+DEFAULT_MEMORY_BUDGET = 256 * 1024 * 1024
 # descriptors kept out of every budget: listeners, state-file writes, the interpreter's own
 _SPARE_DESCRIPTORS = 32
 
@@ -62,7 +64,11 @@ class Broker:
                  page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES,
                  max_connections_per_address: int | None = None,
                  authenticated_share: float = DEFAULT_AUTHENTICATED_SHARE,
-                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT) -> None:
+                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+                 memory_budget: int = DEFAULT_MEMORY_BUDGET) -> None:
+        if memory_budget < max_cache_bytes + max_output_bytes:
+            raise ValueError("memory_budget must hold the entry cache (max_cache_bytes) and one connection's "
+                             "output (max_output_bytes)")
         self.core = BrokerCore(data_dir, sync_policy=sync_policy, segment_bytes=segment_bytes,
                                default_partitions=default_partitions, max_open_files=max_open_files,
                                file_ops=file_ops, max_cache_bytes=max_cache_bytes, page_cache_bytes=page_cache_bytes,
@@ -76,7 +82,9 @@ class Broker:
                                     max_frame_before_connect=max_frame_before_connect,
                                     frame_timeout=frame_timeout, max_input_bytes=max_input_bytes,
                                     max_connections_per_address=max_connections_per_address,
-                                    authenticated_share=authenticated_share, idle_timeout=idle_timeout)
+                                    authenticated_share=authenticated_share, idle_timeout=idle_timeout,
+                                    # what the entry cache leaves of the memory budget
+                                    max_total_output_bytes=memory_budget - max_cache_bytes)
         self._connections_fit_descriptors = max_connections is None  # else the caller's choice stands
         self.data_dir = self.core.data_dir
         self.host = host
