@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import errno
+import os
 import hmac
 import logging
 import re
@@ -48,6 +50,8 @@ DEFAULT_MAX_TOTAL_OUTPUT_BYTES = 192 * 1024 * 1024
 # output one connection may queue per round while the broker is squeezed (then it waits until all is sent)
 SQUEEZED_OUTPUT_BYTES = 64 * 1024
 RELAX_BELOW = 0.75  # the share of the total output budget under which squeezed connections take output again
+SPACE_PROBE_INTERVAL = 0.5  # seconds between checks whether a full disk has room again
+SPACE_PROBE_BYTES = 64 * 1024  # what a check writes (and gives back) to see whether the disk has room
 DEFAULT_IDLE_TIMEOUT = 300.0  # seconds a connected connection with no producer or consumer may make no request
 # the share of max_connections only connections past CONNECT (authenticated, with auth on) may take
 DEFAULT_AUTHENTICATED_SHARE = 0.25
@@ -120,6 +124,12 @@ class PulsarService:
         self.max_total_output_bytes = max_total_output_bytes
         self.output_total = 0
         self.squeezed = False
+        # the disk was found full: sends are neither stored nor answered (the client's send timeout
+        # fires) until a probe finds room, then connections that went unanswered are closed, and
+        # their clients resend what they still hold
+        self.out_of_space = False
+        self._space_probed_at = 0.0
+        self._space_watch: asyncio.Task | None = None
         self._input_paused: set[BrokerConnection] = set()
         # what hostile or slow clients cost: refused/closed connections, pauses, peak output held
         self.counters: collections.Counter[str] = collections.Counter()
@@ -198,6 +208,45 @@ class PulsarService:
             for conn in list(self.connections):
                 conn.relax()
 
+    def storage_failed(self, error: BaseException) -> None:
+        """A send was not stored: when for want of space, the broker is out of space until a probe
+        finds room again."""
+        if self.out_of_space or not _out_of_space(error):
+            return
+        self.out_of_space = True
+        self._space_probed_at = time.monotonic()
+        self.counters["out_of_space"] += 1
+        log.error("the disk is full: sends are not stored, nor answered, until it has room again (%s)", error)
+        if self._space_watch is None or self._space_watch.done():
+            self._space_watch = asyncio.ensure_future(self._watch_space())
+
+    def still_out_of_space(self) -> bool:
+        """Whether sends that arrived must still wait: a probe for each arrival (one per run of sends
+        read together), so that sends arriving once room returned are stored at once."""
+        if self.out_of_space:
+            self._probe_space()
+        return self.out_of_space
+
+    def _probe_space(self) -> None:
+        self._space_probed_at = time.monotonic()
+        if not _has_room(self.core.files.ops, os.path.join(self.core.data_dir, ".space-probe")):
+            return
+        self.out_of_space = False
+        unanswered = [conn for conn in self.connections if conn.unanswered_sends]
+        log.warning("the disk has room again: storing; closing %d connections whose sends went unanswered "
+                    "(their clients send them again)", len(unanswered))
+        for conn in unanswered:
+            conn.close()
+
+    async def _watch_space(self) -> None:
+        try:
+            while self.out_of_space:
+                await asyncio.sleep(SPACE_PROBE_INTERVAL)
+                if self.out_of_space:
+                    self._probe_space()
+        except asyncio.CancelledError:
+            pass
+
     def refusal_frame(self) -> bytes:
         """What a connection refused before it is served is sent: ServiceNotReady."""
         cmd = T(type=T.ERROR, error=pb.CommandError(request_id=_U64, error=pb.ServiceNotReady,
@@ -244,6 +293,8 @@ class PulsarService:
         return lambda: BrokerConnection(self, ssl_context)
 
     def close_all(self) -> None:
+        if self._space_watch is not None:
+            self._space_watch.cancel()
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
@@ -383,6 +434,7 @@ class BrokerConnection(asyncio.Protocol):
         self._input_paused = False  # while unfinished frames of all connections are over their budget
         self._input_held = 0  # this connection's share of service.input_bytes
         self._output_held = 0  # this connection's share of service.output_total
+        self.unanswered_sends = 0  # sends dropped while the disk was full: closed once it has room
         self._reading = True
 
     # asyncio.Protocol
@@ -692,11 +744,20 @@ class BrokerConnection(asyncio.Protocol):
             # (scheduled, as flush runs inside _process)
             asyncio.get_running_loop().call_soon(self._resume_unless_transport_paused)
 
+    def _leave_unanswered(self, count: int) -> None:
+        """Sends that arrived while the disk is full: not stored and not answered, so that a
+        client's send timeout reports them (a SendError makes common clients reconnect and resend at
+        once, over and over, and their timeouts never fire); the connection is closed once the disk
+        has room, and its client resends what it still holds."""
+        self.unanswered_sends += count
+        self.service.counters["unanswered_sends"] += count
+
     def _fail_uncommitted_sends(self) -> None:
         """The file system refused a group commit: each of its sends is answered SendError
         in place of its receipt (the log and the dedup state were rolled back)."""
         for index, batch, producer_id, sequence_id in self._sends:
             if batch.error is not None:
+                self.service.storage_failed(batch.error)
                 cmd = T(type=T.SEND_ERROR)
                 cmd.send_error.CopyFrom(pb.CommandSendError(
                     producer_id=producer_id, sequence_id=sequence_id, error=pb.PersistenceError,
@@ -1015,6 +1076,9 @@ class BrokerConnection(asyncio.Protocol):
             frames.clear()
 
     def _store_runs(self, frames: list) -> None:
+        if frames and self.service.out_of_space and self.service.still_out_of_space():
+            self._leave_unanswered(len(frames))
+            return
         start, end = 0, len(frames)
         while start < end:
             frame = frames[start]
@@ -1055,6 +1119,9 @@ class BrokerConnection(asyncio.Protocol):
         if producer is None:
             self._send_error(producer_id, sequence_id, pb.NotAllowedError, "unknown producer id")
             return
+        if self.service.out_of_space and self.service.still_out_of_space():
+            self._leave_unanswered(1)
+            return
         topic = producer.topic
         if topic.terminated:
             self._send_error(producer_id, sequence_id, pb.TopicTerminatedError, "topic is terminated")
@@ -1070,6 +1137,7 @@ class BrokerConnection(asyncio.Protocol):
         except StorageError as exc:
             topic.fence(producer)
             self._send_error(producer_id, sequence_id, pb.PersistenceError, f"not stored: {exc}")
+            self.service.storage_failed(exc)
             return
         except MalformedBatchError as exc:
             # ChecksumError: the official client fails that one message and keeps its connection
@@ -1387,6 +1455,37 @@ def _undecodable_text(message, prefix: str = "") -> str | None:
                 if found is not None:
                     return found
     return None
+
+
+def _out_of_space(error: BaseException | None) -> bool:
+    """Whether a storage error (or what caused it) is a full disk or quota."""
+    seen = 0
+    while error is not None and seen < 8:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left" in str(error) or "Disk quota exceeded" in str(error):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
+
+
+def _has_room(ops, path: str) -> bool:
+    """Whether SPACE_PROBE_BYTES can be written at `path` (then given back)."""
+    try:
+        fd = ops.open(path)
+    except OSError:
+        return False
+    try:
+        try:
+            return ops.pwrite(fd, bytes(SPACE_PROBE_BYTES), 0) == SPACE_PROBE_BYTES
+        except OSError:
+            return False
+        finally:
+            ops.truncate(fd, 0)
+    except OSError:
+        return False
+    finally:
+        ops.close(fd)
 
 
 def _error_code(exc: Exception) -> int:
