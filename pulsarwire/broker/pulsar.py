@@ -9,6 +9,13 @@ import base64
 import collections
 import errno
 import os
+try:
+    import fcntl
+    import termios
+    _SIOCOUTQ = termios.TIOCOUTQ if hasattr(termios, "TIOCOUTQ") else None  # the same request on sockets
+except ImportError:  # not POSIX
+    fcntl = None
+    _SIOCOUTQ = None
 import hmac
 import logging
 import re
@@ -351,7 +358,8 @@ class PulsarConsumer(ConsumerLink):
 
     @property
     def writable(self) -> bool:
-        return self.conn.writable
+        conn = self.conn
+        return conn.writable and (not conn.service.squeezed or conn.takes_output())
 
     def deliver(self, entry, redelivery_count: int, ack_set) -> None:
         cmd = pb.BaseCommand(type=pb.BaseCommand.MESSAGE)
@@ -434,6 +442,8 @@ class BrokerConnection(asyncio.Protocol):
         self._input_paused = False  # while unfinished frames of all connections are over their budget
         self._input_held = 0  # this connection's share of service.input_bytes
         self._output_held = 0  # this connection's share of service.output_total
+        self._backlog_retry: asyncio.TimerHandle | None = None  # a dispatch once the kernel sent more
+        self._backlog_wait = 0.0
         self.unanswered_sends = 0  # sends dropped while the disk was full: closed once it has room
         self._reading = True
 
@@ -636,6 +646,27 @@ class BrokerConnection(asyncio.Protocol):
             budget = self.service.max_output_bytes
             self.transport.set_write_buffer_limits(high=budget, low=budget // 2)
 
+    def takes_output(self) -> bool:
+        """While the broker is squeezed: whether this connection holds no unsent output and its
+        peer is taking what the kernel holds for it, so an entry sent now will not stay in memory
+        here (a consumer that does not read gets nothing more)."""
+        if self._output_held or self._out_bytes:
+            return False  # resume_writing dispatches again once all is sent
+        if _kernel_backlog(self.transport) < SQUEEZED_OUTPUT_BYTES:
+            self._backlog_wait = 0.0
+            return True
+        if self._backlog_retry is None:  # nothing else would tell when the kernel has sent it
+            self._backlog_wait = min(max(2 * self._backlog_wait, 0.005), 0.5)
+            self._backlog_retry = asyncio.get_running_loop().call_later(self._backlog_wait, self._redispatch)
+        return False
+
+    def _redispatch(self) -> None:
+        self._backlog_retry = None
+        if not self.closed and self.writable:
+            for consumer in list(self.consumers.values()):
+                consumer.subscription.dispatch()
+            self.flush()
+
     def measure_output(self) -> None:
         """Count what this connection holds unsent in the broker-wide output total."""
         held = 0 if self.closed or self.transport is None else \
@@ -793,6 +824,8 @@ class BrokerConnection(asyncio.Protocol):
             self._keepalive.cancel()
         if self._handshake is not None:
             self._handshake.cancel()
+        if self._backlog_retry is not None:
+            self._backlog_retry.cancel()
         self.service.release(self)
         for producer in list(self.producers.values()) + list(self.waiting_producers.values()):
             producer.topic.remove_producer(producer)
@@ -1455,6 +1488,17 @@ def _undecodable_text(message, prefix: str = "") -> str | None:
                 if found is not None:
                     return found
     return None
+
+
+def _kernel_backlog(transport) -> int:
+    """Bytes the kernel holds unsent for this connection's socket (Linux: SIOCOUTQ); 0 where unknown."""
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None or _SIOCOUTQ is None:
+        return 0
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), _SIOCOUTQ, b"\0\0\0\0"))[0]
+    except OSError:
+        return 0
 
 
 def _out_of_space(error: BaseException | None) -> bool:
