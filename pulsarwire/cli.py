@@ -128,6 +128,18 @@ def build_parser() -> argparse.ArgumentParser:
                              "connection; so does a V1 client taking none of its replies this long (default 30)")
     broker.add_argument("--v1-max-connections-per-address", type=int, default=None, metavar="N",
                         help="V1 connections one client address may hold at once; more are refused (default 100)")
+    broker.add_argument("--max-connections-per-address", type=int, default=None, metavar="N",
+                        help="Pulsar connections one client address may hold (default: half of "
+                             "--max-connections, at least 8)")
+    broker.add_argument("--authenticated-share", type=float, default=0.25, metavar="FRACTION",
+                        help="share of --max-connections kept for Pulsar connections past CONNECT "
+                             "(authenticated, with auth on): connections before it hold the rest (default 0.25)")
+    broker.add_argument("--idle-timeout", type=float, default=300.0, metavar="SECONDS",
+                        help="a Pulsar connection with no producer or consumer that makes no request but "
+                             "PING this long is closed (default 300)")
+    broker.add_argument("--memory-budget", type=int, default=256 * 1024 * 1024, metavar="BYTES",
+                        help="unsent output of all Pulsar connections plus the entry cache (--max-cache-bytes); "
+                             "past it, connections holding output get no more until they take it (default 256 MiB)")
     broker.add_argument("--v1-consume-max-bytes", type=int, default=None, metavar="BYTES",
                         help="most record bytes in one V1 CONSUME reply (default 8 MiB)")
     broker.add_argument("--topic-idle-timeout", type=float, default=None, metavar="SECONDS",
@@ -292,7 +304,9 @@ async def run_broker(args) -> int:
                     session_timeout=args.session_timeout, max_open_files=args.max_open_files, max_connections=args.max_connections,
                     max_output_bytes=args.max_output_bytes, handshake_timeout=args.handshake_timeout,
                     max_frame_before_connect=args.max_frame_before_connect, frame_timeout=args.frame_timeout,
-                    max_input_bytes=args.max_input_bytes,
+                    max_input_bytes=args.max_input_bytes, max_connections_per_address=args.max_connections_per_address,
+                    authenticated_share=args.authenticated_share, idle_timeout=args.idle_timeout,
+                    memory_budget=args.memory_budget,
                     max_unacked_messages_per_consumer=DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER
                     if args.max_unacked_messages_per_consumer is None else args.max_unacked_messages_per_consumer,
                     max_cache_bytes=DEFAULT_MAX_CACHE_BYTES if args.max_cache_bytes is None else args.max_cache_bytes,

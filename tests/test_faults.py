@@ -260,3 +260,63 @@ def test_malformed_frames_from_a_peer_reconnect_cleanly(tmp_path):
         run(main(), timeout=60)
     finally:
         broker.stop()
+
+
+def test_official_client_sees_its_send_timeout_while_the_disk_stays_full(tmp_path):
+    """Issue 26 goal 6: while the disk stays full, sends the broker cannot store reach the
+    application as errors within about their send timeout (a SendError alone made the official
+    client reconnect and resend over and over, never timing out); storing resumes by itself once
+    space returns, and every message acknowledged is stored, once."""
+    import threading
+    import time
+
+    pulsar = pytest.importorskip("pulsar")
+    from .test_storage_faults import FillingDisk
+
+    disk = FillingDisk()
+    broker = BrokerThread(tmp_path, v1_port=None, file_ops=disk).start()
+    topic = "persistent://public/default/full-disk"
+    client = pulsar.Client(broker.url, operation_timeout_seconds=10)
+    results: dict[bytes, object] = {}
+    lock = threading.Lock()
+
+    def callback(payload):
+        def done(result, message_id):
+            with lock:
+                results[payload] = result
+        return done
+    try:
+        producer = client.create_producer(topic, send_timeout_millis=1500, batching_enabled=False)
+        producer.send(b"before")
+        disk.room = 2000  # a few records fit
+        full = [b"full-%03d" % i for i in range(60)]
+        for payload in full:
+            producer.send_async(payload, callback(payload))
+            time.sleep(0.01)
+        deadline = time.monotonic() + 8
+        while len(results) < len(full) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with lock:
+            answered = dict(results)
+        assert len(answered) == len(full), f"{len(full) - len(answered)} sends never answered"
+        assert any(result != pulsar.Result.Ok for result in answered.values())
+        assert broker.call(broker.broker.pulsar.stats)["out_of_space"] >= 1
+        disk.room = None  # space returns: storing resumes by itself
+        after = [b"after-%03d" % i for i in range(20)]
+        for payload in after:
+            producer.send_async(payload, callback(payload))
+        producer.flush()
+        deadline = time.monotonic() + 10
+        while not all(p in results for p in after) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert all(results.get(p) == pulsar.Result.Ok for p in after), {str(results.get(p)) for p in after}
+        reader = client.create_reader(topic, pulsar.MessageId.earliest)
+        stored = []
+        while reader.has_message_available():
+            stored.append(reader.read_next(5000).data())
+        acknowledged = [b"before"] + [p for p in full + after if results.get(p) == pulsar.Result.Ok]
+        assert [m for m in stored if m in set(acknowledged)] == acknowledged  # in order, none lost
+        assert len(stored) == len(set(stored))  # and none twice
+    finally:
+        client.close()
+        broker.stop()

@@ -1196,3 +1196,410 @@ def test_v1_connections_probe_a_silent_peer_with_tcp_keepalive(tmp_path):
             assert keepalive and (idle, interval, probes) == (KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES)
     finally:
         broker.stop()
+
+
+# issue 32 item 5 / issue 26 goal 3: no exception escapes a request handler
+
+def _broker_process(tmp_path, *flags: str, nofile: int | None = None, tls: tuple | None = None):
+    """A broker subprocess logging to a file: (process, Pulsar port, log path). `nofile` lowers its
+    descriptor limit; `tls` (cert, key) adds a TLS port, whose number is the process's `tls_port`."""
+    import resource
+    import subprocess
+    import sys
+
+    from .peers import wait_for_port
+
+    port = free_port()
+    extra = list(flags)
+    tls_port = None
+    if tls is not None:
+        tls_port = free_port()
+        extra += ["--tls-port", str(tls_port), "--tls-cert-file", tls[0], "--tls-key-file", tls[1]]
+    log_path = tmp_path / "broker.log"
+
+    def lower_limit():
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+    with open(log_path, "wb") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "pulsarwire", "broker", "--data-dir", str(tmp_path / "data"), "--port",
+             str(port), "--v1-port", "-1", *extra], stdout=log_file, stderr=subprocess.STDOUT,
+            preexec_fn=lower_limit)
+    wait_for_port(port, process=process)
+    process.tls_port = tls_port
+    return process, port, log_path
+
+
+_INVALID_UTF8_MARK = "\u2603MARK"  # replaced by as many bytes that are not UTF-8 once encoded
+_FUZZ_STRINGS = ["persistent://public/default/fuzz", "fuzz", "a/../b", "", "x" * 300, "persistent://public//x",
+                 "bad\x00name", "non-persistent://public/default/f", "persistent://public/default/fuzz-partition-0",
+                 "public/default", "public", "\u00e9" * 200, ".*", "(a+)+$", "s", "token",
+                 "persistent://public/default/" + _INVALID_UTF8_MARK]
+_FUZZ_FIELDS = {T.LOOKUP: "lookupTopic", T.PARTITIONED_METADATA: "partitionMetadata", T.PRODUCER: "producer",
+                T.CLOSE_PRODUCER: "close_producer", T.SUBSCRIBE: "subscribe", T.FLOW: "flow", T.ACK: "ack",
+                T.REDELIVER_UNACKNOWLEDGED_MESSAGES: "redeliverUnacknowledgedMessages", T.SEEK: "seek",
+                T.UNSUBSCRIBE: "unsubscribe", T.CLOSE_CONSUMER: "close_consumer",
+                T.GET_LAST_MESSAGE_ID: "getLastMessageId", T.GET_TOPICS_OF_NAMESPACE: "getTopicsOfNamespace",
+                T.GET_SCHEMA: "getSchema", T.PING: "ping", T.AUTH_RESPONSE: "authResponse",
+                T.GET_OR_CREATE_SCHEMA: "getOrCreateSchema", T.CONNECT: "connect", T.SEND: "send"}
+
+
+def _fuzz_value(rng, field, depth: int):
+    from google.protobuf.descriptor import FieldDescriptor as F
+
+    kind = field.cpp_type
+    if kind == F.CPPTYPE_STRING:
+        if field.type == F.TYPE_BYTES:
+            return rng.randbytes(rng.choice([0, 1, 8, 40]))
+        return rng.choice(_FUZZ_STRINGS)
+    if kind == F.CPPTYPE_BOOL:
+        return rng.random() < 0.5
+    if kind == F.CPPTYPE_ENUM:
+        return rng.choice(field.enum_type.values).number
+    if kind in (F.CPPTYPE_UINT64, F.CPPTYPE_INT64):
+        values = [0, 1, 2, (1 << 63) - 1, rng.randrange(1 << 40)]
+        values += [(1 << 64) - 1, 1 << 63] if kind == F.CPPTYPE_UINT64 else [-1, -(1 << 63)]
+        return rng.choice(values)
+    if kind in (F.CPPTYPE_UINT32, F.CPPTYPE_INT32):
+        return rng.choice([0, 1, 2, 21, (1 << 31) - 1] + ([(1 << 32) - 1] if kind == F.CPPTYPE_UINT32 else [-1]))
+    if kind in (F.CPPTYPE_DOUBLE, F.CPPTYPE_FLOAT):
+        return rng.choice([0.0, -1.0, 1e300])
+    return None  # a message: filled by _fuzz_fill
+
+
+def _fuzz_fill(rng, message, depth: int = 0) -> None:
+    """Set a random choice of `message`'s fields (every required one) to edge values."""
+    from google.protobuf.descriptor import FieldDescriptor as F
+
+    for field in message.DESCRIPTOR.fields:
+        required = field.is_required
+        if not required and rng.random() < 0.5:
+            continue
+        if field.cpp_type == F.CPPTYPE_MESSAGE:
+            if depth > 2 and not required:
+                continue
+            if field.is_repeated:
+                for _ in range(rng.randrange(3)):
+                    _fuzz_fill(rng, getattr(message, field.name).add(), depth + 1)
+            else:
+                _fuzz_fill(rng, getattr(message, field.name), depth + 1)
+                getattr(message, field.name).SetInParent()
+        elif field.is_repeated:
+            getattr(message, field.name).extend(_fuzz_value(rng, field, depth) for _ in range(rng.randrange(4)))
+        else:
+            setattr(message, field.name, _fuzz_value(rng, field, depth))
+
+
+def _fuzz_frame(rng) -> bytes:
+    """One request with edge-valued fields, sometimes with bytes of its command flipped."""
+    kind = rng.choice(sorted(set(_FUZZ_FIELDS) - {T.CONNECT}) if rng.random() < 0.98 else [T.CONNECT])
+    cmd = T(type=kind)
+    _fuzz_fill(rng, getattr(cmd, _FUZZ_FIELDS[kind]))
+    getattr(cmd, _FUZZ_FIELDS[kind]).SetInParent()
+    if kind == T.SEND:
+        metadata = pb.MessageMetadata()
+        _fuzz_fill(rng, metadata)
+        data = codec.encode_payload_command(cmd, metadata, rng.randbytes(rng.choice([0, 10, 300])))
+    else:
+        data = codec.encode_command(cmd)
+    mark = _INVALID_UTF8_MARK.encode()
+    data = data.replace(mark, b"\xff" * len(mark))
+    if rng.random() < 0.05:  # flip bytes inside the command, keeping the frame's sizes
+        body = bytearray(data)
+        for _ in range(rng.randrange(1, 4)):
+            body[rng.randrange(8, len(body))] ^= 1 << rng.randrange(8)
+        data = bytes(body)
+    return data
+
+
+def test_fuzzed_requests_get_typed_errors_never_a_traceback(tmp_path):
+    """1 200 seeded requests with edge values (bad names, names that are not UTF-8, unknown ids,
+    extreme numbers, flipped bytes) after CONNECT: the broker answers or closes that connection,
+    logs no traceback, and serves an honest client throughout."""
+    import random
+
+    rng = random.Random(20260326)
+    process, port, log_path = _broker_process(tmp_path)
+    topic = "persistent://public/default/fuzz"
+    try:
+        survived = 0
+        for _ in range(60):
+            with Raw(port) as raw:
+                raw.producer(topic)
+                raw.subscribe(topic)
+                raw.send(b"".join(_fuzz_frame(rng) for _ in range(20)))
+                raw.sock.settimeout(10)
+                try:
+                    raw.send(command(T.PING, "ping", pb.CommandPing()))
+                    frame = raw.next()  # the answers come first, in order; then the PONG
+                    while frame is not None and frame.type != T.PONG:
+                        frame = raw.next()
+                    survived += frame is not None
+                except ConnectionError:
+                    pass
+        assert survived >= 30  # most bad requests cost an error reply, not the connection
+        with Raw(port) as honest:
+            assert honest.ping()
+            honest.producer("persistent://public/default/after-fuzz")
+            assert honest.publish(1, 0, b"fine").type == T.SEND_RECEIPT
+            assert honest.subscribe("persistent://public/default/after-fuzz").type == T.SUCCESS
+            honest.flow(1, 10)
+            assert honest.next().type == T.MESSAGE
+        assert process.poll() is None
+    finally:
+        terminate_process = __import__("tests.peers", fromlist=["terminate"]).terminate
+        terminate_process(process)
+    log_text = log_path.read_text(errors="replace")
+    assert "Traceback" not in log_text and "Fatal error" not in log_text, log_text[-3000:]
+    assert "pulsarwire: error" not in log_text and process.returncode in (0, -15), log_text[-3000:]
+
+
+def test_topic_names_that_are_not_utf8_and_get_schema_of_a_bad_name_are_answered(broker):
+    with Raw(broker.broker.port) as raw:
+        cmd = command(T.PRODUCER, "producer", pb.CommandProducer(
+            topic="persistent://public/default/" + _INVALID_UTF8_MARK, producer_id=1, request_id=7))
+        mark = _INVALID_UTF8_MARK.encode()
+        raw.send(cmd.replace(mark, b"\xff" * len(mark)))
+        answer = raw.next()
+        assert answer.type == T.ERROR and answer.command.error.error == pb.InvalidTopicName
+        raw.send(command(T.GET_SCHEMA, "getSchema", pb.CommandGetSchema(request_id=8, topic="a/../b")))
+        answer = raw.next()
+        assert answer.type == T.GET_SCHEMA_RESPONSE
+        assert answer.command.getSchemaResponse.error_code == pb.InvalidTopicName
+        assert raw.ping()  # the connection stays usable
+
+
+def test_a_request_whose_handler_fails_is_answered_and_the_connection_stays_up(broker, monkeypatch):
+    """A failure the broker did not foresee (here a damaged metadata read) answers that request with
+    a typed error at once, instead of leaving the client to its timeout."""
+    from pulsarwire.broker.core import BrokerCore
+
+    def damaged(self, name):
+        raise ValueError("topics.json holds a list, not an object")
+    monkeypatch.setattr(BrokerCore, "partitions_of", damaged)
+    with Raw(broker.broker.port) as raw:
+        raw.send(command(T.PARTITIONED_METADATA, "partitionMetadata", pb.CommandPartitionedTopicMetadata(
+            topic="persistent://public/default/m", request_id=5)))
+        answer = raw.next().command.partitionMetadataResponse
+        assert answer.request_id == 5 and answer.error == pb.MetadataError
+        assert "topics.json" in answer.message
+        assert raw.ping()
+
+
+# issue 32 item 1: TLS handshakes count from the first byte; a descriptor in reserve to refuse with
+
+def _closed_soon(sock: socket.socket, timeout: float) -> bool:
+    try:
+        return _closed_by_broker(sock, timeout)
+    except OSError:
+        return True
+
+
+def _tls_connect(port: int, cert) -> bool:
+    """A TLS client's handshake and CONNECT: whether the broker answered CONNECTED."""
+    import ssl
+
+    context = ssl.create_default_context(cafile=str(cert))
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as plain:
+        with context.wrap_socket(plain, server_hostname="127.0.0.1") as tls:
+            tls.sendall(command(T.CONNECT, "connect", pb.CommandConnect(client_version="tls", protocol_version=21)))
+            reader = codec.FrameReader()
+            while True:
+                data = tls.recv(65536)
+                if not data:
+                    return False
+                reader.feed(data)
+                frame = reader.next_frame()
+                if frame is not None:
+                    return frame.type == T.CONNECTED
+
+
+def test_tls_connections_that_never_handshake_count_against_the_limit_and_the_timeout(tmp_path):
+    from .peers import terminate
+
+    cert, key = _certificate(tmp_path)
+    process, port, log_path = _broker_process(tmp_path, "--max-connections", "20", "--handshake-timeout", "1",
+                                              tls=(str(cert), str(key)))
+    try:
+        stalled = [socket.create_connection(("127.0.0.1", process.tls_port), timeout=5) for _ in range(50)]
+        closed = sum(_closed_soon(s, 0.05) for s in stalled)
+        assert closed >= 30  # past --max-connections at once, handshake or not
+        assert all(_closed_soon(s, 5) for s in stalled)  # --handshake-timeout bounds a stalled handshake
+        for s in stalled:
+            s.close()
+        assert _tls_connect(process.tls_port, cert)
+        with Raw(port) as plain:
+            assert plain.connected.type == T.CONNECTED
+    finally:
+        terminate(process)
+    assert process.returncode in (0, -15)
+
+
+def test_a_flood_past_the_descriptors_is_refused_from_the_reserve_without_flooding_the_log(tmp_path):
+    """With --max-connections past what the descriptor limit holds, a flood takes every descriptor:
+    the broker still accepts and refuses (ServiceNotReady, from a descriptor kept in reserve), logs
+    that at most once a second, and serves again once the flood goes."""
+    from .peers import terminate
+
+    process, port, log_path = _broker_process(tmp_path, "--max-connections", "1000", nofile=96)
+    try:
+        with Raw(port) as honest:
+            flood = []
+            for _ in range(150):
+                try:
+                    flood.append(socket.create_connection(("127.0.0.1", port), timeout=2))
+                except OSError:
+                    break
+            time.sleep(1.5)
+            answers = []
+            for s in flood:
+                s.settimeout(0.01)
+                try:
+                    answers.append(s.recv(4096))
+                except (socket.timeout, OSError):
+                    pass
+            assert any(b"no room for another connection" in a for a in answers)
+            assert honest.ping()  # a connection served before the flood goes on
+            for s in flood:
+                s.close()
+        with wait_until(lambda: _connected(port)) as again:
+            assert again.ping()
+    finally:
+        terminate(process)
+    log_text = log_path.read_text(errors="replace")
+    assert "Too many open files" not in log_text and "Traceback" not in log_text, log_text[-2000:]
+    assert log_text.count("no descriptors left") <= 10
+
+
+# issue 30 item 5, the Pulsar port: one address, or connections that never CONNECT, cannot lock others out
+
+def _from(address: str, port: int) -> socket.socket:
+    """A connection from another loopback address (127.0.0.0/8 is all loopback)."""
+    s = socket.socket()
+    s.settimeout(5)
+    s.bind((address, 0))
+    s.connect(("127.0.0.1", port))
+    return s
+
+
+def _answer(s: socket.socket, timeout: float = 2):
+    """The first frame the broker sends on `s`, or None when it closed or sent nothing."""
+    s.settimeout(timeout)
+    reader = codec.FrameReader()
+    try:
+        while True:
+            data = s.recv(65536)
+            if not data:
+                return None
+            reader.feed(data)
+            frame = reader.next_frame()
+            if frame is not None:
+                return frame
+    except (socket.timeout, OSError):
+        return None
+
+
+def test_one_address_holds_at_most_its_share_of_the_connections(tmp_path):
+    broker = BrokerThread(tmp_path / "data", v1_port=None, max_connections=40, max_connections_per_address=10).start()
+    connect = command(T.CONNECT, "connect", pb.CommandConnect(client_version="greedy", protocol_version=21))
+    greedy = []
+    try:
+        for _ in range(30):
+            s = _from("127.0.0.2", broker.broker.port)
+            s.sendall(connect)
+            greedy.append(s)
+        answers = [_answer(s) for s in greedy]
+        assert sum(a is not None and a.type == T.CONNECTED for a in answers) == 10
+        refused = [a for a in answers if a is not None and a.type == T.ERROR]
+        assert len(refused) == 20 and all(a.command.error.error == pb.ServiceNotReady for a in refused)
+        assert "from 127.0.0.2" in refused[0].command.error.message
+        with Raw(broker.broker.port) as honest:  # another address still gets in
+            assert honest.connected.type == T.CONNECTED and honest.ping()
+        assert _stats(broker)["refused_address_connections"] == 20
+    finally:
+        for s in greedy:
+            s.close()
+        broker.stop()
+
+
+def test_connections_that_never_connect_leave_a_share_of_places_to_those_that_do(tmp_path):
+    """20 places, 40 connections that send nothing (auth on, so CONNECT means authenticated): they
+    hold at most 15, each newer one taking the place of the one that waited longest, so a client with
+    a token still gets in while they wait out the handshake timeout."""
+    broker = BrokerThread(tmp_path / "data", v1_port=None, max_connections=20, max_connections_per_address=100,
+                          auth_tokens={"secret"}, handshake_timeout=30).start()
+    silent = []
+    try:
+        for _ in range(40):
+            silent.append(socket.create_connection(("127.0.0.1", broker.broker.port), timeout=5))
+        assert wait_until(lambda: _stats(broker).get("displaced_unauthenticated_connections") == 25)
+        assert _stats(broker)["unauthenticated_connections"] == 15
+        assert sum(_closed_soon(s, 0.05) for s in silent) == 25  # the oldest ones
+        with Raw(broker.broker.port, token="secret") as honest:
+            assert honest.connected.type == T.CONNECTED and honest.ping()
+            assert honest.producer("persistent://public/default/share").type == T.PRODUCER_SUCCESS
+            # a wrong token takes no kept place: it stays among the connections that wait
+            with Raw(broker.broker.port, token="guess") as wrong:
+                assert wrong.ping()
+                stats = _stats(broker)
+                assert stats["unauthenticated_connections"] == 15 and stats["connections"] == 16
+    finally:
+        for s in silent:
+            s.close()
+        broker.stop()
+
+
+def test_a_connection_idle_after_connect_is_closed_and_one_with_a_producer_is_not(tmp_path):
+    broker = BrokerThread(tmp_path / "data", v1_port=None, idle_timeout=0.5).start()
+    try:
+        with Raw(broker.broker.port) as idle, Raw(broker.broker.port) as busy:
+            busy.producer("persistent://public/default/busy")
+            idle.sock.settimeout(5)
+            started = time.monotonic()
+            assert idle.ping()  # PINGs are no requests: they keep no connection open
+            assert idle.next() is None and time.monotonic() - started < 5
+            assert busy.ping()
+            assert _stats(broker)["idle_timeouts"] == 1
+    finally:
+        broker.stop()
+
+
+# issue 26 goal 5: one memory budget for the output of all connections and the entry cache
+
+def test_consumers_that_never_read_stay_within_the_broker_wide_output_budget(tmp_path):
+    """30 subscriptions that never read a topic of 40 entries of 256 KiB (10 MiB each, 300 MiB in
+    all with a 4 MiB output budget per connection): the broker holds at most its output budget (the
+    memory budget less the entry cache) plus a little per connection (a consumer whose kernel buffer
+    is full gets nothing more), and an honest consumer still reads everything meanwhile."""
+    entry, count, budget, cache = 256 * 1024, 40, 12 * 1024 * 1024, 4 * 1024 * 1024
+    broker = BrokerThread(tmp_path / "data", v1_port=None, memory_budget=budget, max_cache_bytes=cache).start()
+    topic = "persistent://public/default/unread-by-many"
+    stuck = []
+    try:
+        with Raw(broker.broker.port) as producer:
+            producer.producer(topic)
+            for seq in range(count):
+                assert producer.publish(1, seq, bytes([seq]) * entry).type == T.SEND_RECEIPT
+        for i in range(30):
+            raw = Raw(broker.broker.port, receive_buffer=4096)
+            assert raw.subscribe(topic, sub=f"never-{i}").type == T.SUCCESS
+            raw.flow(1, 1000)
+            stuck.append(raw)
+        assert wait_until(lambda: _stats(broker)["squeezed"] == 1)
+        time.sleep(0.5)  # whatever could still be dispatched has been
+        stats = _stats(broker)
+        limit = budget - cache + entry + 30 * 64 * 1024
+        assert stats["output_bytes"] <= limit and stats["max_total_output_bytes"] == budget - cache
+        with Raw(broker.broker.port) as honest:
+            honest.subscribe(topic, sub="reads")
+            honest.flow(1, 1000)
+            ids = [honest.next().command.message.message_id.entryId for _ in range(count)]
+            assert ids == list(range(count))
+        assert _stats(broker)["output_bytes"] <= limit
+        for raw in stuck:
+            raw.close()
+        assert wait_until(lambda: _stats(broker)["squeezed"] == 0 and _stats(broker)["output_bytes"] == 0)
+    finally:
+        for raw in stuck:
+            raw.close()
+        broker.stop()

@@ -43,6 +43,8 @@ def check_topic_name(data_dir: str, name: str, partitions: int = 0) -> None:
     """Refuse a name that is empty, has a `.`/`..`/empty path segment (`a/../b`, `a//b`),
     control characters, or a directory name over MAX_FILE_NAME bytes (for a partitioned
     topic, that of its last partition)."""
+    if not isinstance(name, str):  # protobuf hands over a string field that is not UTF-8 as bytes
+        raise InvalidTopicName(f"topic name {name[:64]!r} is not UTF-8 text")
     if not name:
         raise InvalidTopicName("the topic name is empty")
     if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in name):

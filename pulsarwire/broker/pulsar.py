@@ -7,11 +7,21 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import errno
+import os
+try:
+    import fcntl
+    import termios
+    _SIOCOUTQ = termios.TIOCOUTQ if hasattr(termios, "TIOCOUTQ") else None  # the same request on sockets
+except ImportError:  # not POSIX
+    fcntl = None
+    _SIOCOUTQ = None
 import hmac
 import logging
 import re
 import struct
 import select
+import ssl
 import time
 from typing import Any, Callable
 
@@ -42,6 +52,16 @@ DEFAULT_HANDSHAKE_TIMEOUT = 10.0  # seconds from accept to an accepted CONNECT
 DEFAULT_MAX_FRAME_BEFORE_CONNECT = 64 * 1024
 DEFAULT_FRAME_TIMEOUT = 30.0  # seconds one frame may take to arrive in full
 DEFAULT_MAX_INPUT_BYTES = 256 * 1024 * 1024  # unfinished frames held, all connections together
+# output unsent to every connection together, when no memory budget says otherwise
+DEFAULT_MAX_TOTAL_OUTPUT_BYTES = 192 * 1024 * 1024
+# output one connection may queue per round while the broker is squeezed (then it waits until all is sent)
+SQUEEZED_OUTPUT_BYTES = 64 * 1024
+RELAX_BELOW = 0.75  # the share of the total output budget under which squeezed connections take output again
+SPACE_PROBE_INTERVAL = 0.5  # seconds between checks whether a full disk has room again
+SPACE_PROBE_BYTES = 64 * 1024  # what a check writes (and gives back) to see whether the disk has room
+DEFAULT_IDLE_TIMEOUT = 300.0  # seconds a connected connection with no producer or consumer may make no request
+# the share of max_connections only connections past CONNECT (authenticated, with auth on) may take
+DEFAULT_AUTHENTICATED_SHARE = 0.25
 _U64 = 0xFFFFFFFFFFFFFFFF
 _I64_MAX = 0x7FFFFFFFFFFFFFFF
 
@@ -70,7 +90,19 @@ class PulsarService:
                  handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
                  max_frame_before_connect: int = DEFAULT_MAX_FRAME_BEFORE_CONNECT,
                  frame_timeout: float = DEFAULT_FRAME_TIMEOUT,
-                 max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> None:
+                 max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
+                 max_connections_per_address: int | None = None,
+                 authenticated_share: float = DEFAULT_AUTHENTICATED_SHARE,
+                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+                 max_total_output_bytes: int = DEFAULT_MAX_TOTAL_OUTPUT_BYTES) -> None:
+        if max_total_output_bytes < max_output_bytes:
+            raise ValueError("max_total_output_bytes must hold at least one connection's max_output_bytes")
+        if not 0 <= authenticated_share < 1:
+            raise ValueError("authenticated_share must be at least 0 and below 1")
+        if max_connections_per_address is not None and max_connections_per_address < 1:
+            raise ValueError("max_connections_per_address must be positive")
+        if idle_timeout <= 0:
+            raise ValueError("idle_timeout must be positive")
         if max_input_bytes < max_message_size + codec.FRAME_PADDING:
             raise ValueError("max_input_bytes must hold at least one frame of the max message size")
         for name, value in (("max_connections", max_connections), ("max_output_bytes", max_output_bytes),
@@ -86,10 +118,30 @@ class PulsarService:
         self.max_frame_before_connect = max_frame_before_connect
         self.frame_timeout = frame_timeout
         self.max_input_bytes = max_input_bytes
+        self._max_per_address = max_connections_per_address
+        self.authenticated_share = authenticated_share
+        self.idle_timeout = idle_timeout
+        self.per_address: collections.Counter[str] = collections.Counter()  # live connections by peer address
+        # not past CONNECT (or refused it), oldest first
+        self.unauthenticated: dict[BrokerConnection, None] = {}
         self.input_bytes = 0  # bytes of unfinished frames held by every connection
+        # unsent output of every connection (as each last measured its own), and its broker-wide bound:
+        # past it the broker is squeezed, and a connection holding any output takes no more until
+        # it has sent all it holds
+        self.max_total_output_bytes = max_total_output_bytes
+        self.output_total = 0
+        self.squeezed = False
+        # the disk was found full: sends are neither stored nor answered (the client's send timeout
+        # fires) until a probe finds room, then connections that went unanswered are closed, and
+        # their clients resend what they still hold
+        self.out_of_space = False
+        self._space_probed_at = 0.0
+        self._space_watch: asyncio.Task | None = None
         self._input_paused: set[BrokerConnection] = set()
         # what hostile or slow clients cost: refused/closed connections, pauses, peak output held
         self.counters: collections.Counter[str] = collections.Counter()
+        self._last_refusal_log = -1.0
+        self._logged_suppressed = 0
         self._sweeper: asyncio.Task | None = None
         if auth_tokens is not None and (not auth_tokens or any(not token for token in auth_tokens)):
             raise ValueError("auth tokens must be non-empty strings (an empty one would admit a CONNECT without a token)")
@@ -101,6 +153,124 @@ class PulsarService:
         self.connections: set[BrokerConnection] = set()
         self.lookup_url = ""  # what lookups answer: this broker, or a proxy in front of it
         self.service_url_tls = ""
+
+    @property
+    def max_connections_per_address(self) -> int:
+        """Connections one peer address may hold (default: half of max_connections, at least 8)."""
+        if self._max_per_address is not None:
+            return self._max_per_address
+        return max(8, self.max_connections // 2)
+
+    @property
+    def max_unauthenticated(self) -> int:
+        """Connections that have not CONNECTed (or were refused authentication) held at once: the
+        rest of max_connections is kept for those that have."""
+        return max(1, self.max_connections - int(self.max_connections * self.authenticated_share))
+
+    def admit(self, conn: "BrokerConnection") -> str | None:
+        """Take a place for a new connection, or say why there is none (its peer address holds its
+        share, or every place is held by a connection past CONNECT). When the places connections
+        before CONNECT may hold are taken, or all are, the one that has waited longest makes room:
+        connections that never CONNECT cannot lock a client out, as a client CONNECTs at once."""
+        if conn.address is not None and self.per_address[conn.address] >= self.max_connections_per_address:
+            self.counters["refused_address_connections"] += 1
+            return (f"too many connections from {conn.address}: at most {self.max_connections_per_address} "
+                    "from one address")
+        if len(self.connections) >= self.max_connections or len(self.unauthenticated) >= self.max_unauthenticated:
+            if not self.unauthenticated:
+                self.counters["refused_connections"] += 1
+                return f"too many connections: this broker serves at most {self.max_connections}"
+            oldest = next(iter(self.unauthenticated))
+            self.counters["displaced_unauthenticated_connections"] += 1
+            oldest.displace(f"too many connections waiting to CONNECT: this one waited longest of "
+                            f"{len(self.unauthenticated)}")
+        self.connections.add(conn)
+        self.unauthenticated[conn] = None
+        if conn.address is not None:
+            self.per_address[conn.address] += 1
+        return None
+
+    def release(self, conn: "BrokerConnection") -> None:
+        if conn in self.connections:
+            self.connections.discard(conn)
+            self.unauthenticated.pop(conn, None)
+            if conn.address is not None:
+                self.per_address[conn.address] -= 1
+                if self.per_address[conn.address] <= 0:
+                    del self.per_address[conn.address]
+
+    def output_changed(self, delta: int) -> None:
+        """A connection's unsent output grew or shrank by `delta`: squeeze or relax the broker."""
+        self.output_total += delta
+        if not self.squeezed:
+            if self.output_total > self.max_total_output_bytes:
+                self.squeezed = True
+                self.counters["output_budget_squeezes"] += 1
+                self.log_refusal(f"unsent output of all connections is over {self.max_total_output_bytes} "
+                                 "bytes: connections holding output get no more until they take it")
+                for conn in list(self.connections):
+                    conn.squeeze()
+        elif delta < 0 and self.output_total <= self.max_total_output_bytes * RELAX_BELOW:
+            self.squeezed = False
+            for conn in list(self.connections):
+                conn.relax()
+
+    def storage_failed(self, error: BaseException) -> None:
+        """A send was not stored: when for want of space, the broker is out of space until a probe
+        finds room again."""
+        if self.out_of_space or not _out_of_space(error):
+            return
+        self.out_of_space = True
+        self._space_probed_at = time.monotonic()
+        self.counters["out_of_space"] += 1
+        log.error("the disk is full: sends are not stored, nor answered, until it has room again (%s)", error)
+        if self._space_watch is None or self._space_watch.done():
+            self._space_watch = asyncio.ensure_future(self._watch_space())
+
+    def still_out_of_space(self) -> bool:
+        """Whether sends that arrived must still wait: a probe for each arrival (one per run of sends
+        read together), so that sends arriving once room returned are stored at once."""
+        if self.out_of_space:
+            self._probe_space()
+        return self.out_of_space
+
+    def _probe_space(self) -> None:
+        self._space_probed_at = time.monotonic()
+        if not _has_room(self.core.files.ops, os.path.join(self.core.data_dir, ".space-probe")):
+            return
+        self.out_of_space = False
+        unanswered = [conn for conn in self.connections if conn.unanswered_sends]
+        log.warning("the disk has room again: storing; closing %d connections whose sends went unanswered "
+                    "(their clients send them again)", len(unanswered))
+        for conn in unanswered:
+            conn.close()
+
+    async def _watch_space(self) -> None:
+        try:
+            while self.out_of_space:
+                await asyncio.sleep(SPACE_PROBE_INTERVAL)
+                if self.out_of_space:
+                    self._probe_space()
+        except asyncio.CancelledError:
+            pass
+
+    def refusal_frame(self) -> bytes:
+        """What a connection refused before it is served is sent: ServiceNotReady."""
+        cmd = T(type=T.ERROR, error=pb.CommandError(request_id=_U64, error=pb.ServiceNotReady,
+                                                    message="no room for another connection: try again later"))
+        return codec.encode_command(cmd)
+
+    def log_refusal(self, message: str) -> None:
+        """A warning about a refused connection, at most one a second: a flood must not flood the log
+        (the counters count every one)."""
+        now = time.monotonic()
+        if now - self._last_refusal_log >= 1.0:
+            suppressed = self.counters["refusals_not_logged"] - self._logged_suppressed
+            self._logged_suppressed = self.counters["refusals_not_logged"]
+            log.warning("%s%s", message, f" ({suppressed} more refused since the last warning)" if suppressed else "")
+            self._last_refusal_log = now
+        else:
+            self.counters["refusals_not_logged"] += 1
 
     @property
     def auth_enabled(self) -> bool:
@@ -123,10 +293,15 @@ class PulsarService:
             return subject.get("commonName", "tls")
         return None
 
-    def protocol(self, tls: bool = False) -> Callable[[], "BrokerConnection"]:
-        return lambda: BrokerConnection(self, tls)
+    def protocol(self, ssl_context: ssl.SSLContext | None = None) -> Callable[[], "BrokerConnection"]:
+        """Connections of a listener; with `ssl_context` each does its TLS handshake after it is
+        accepted, so a handshake counts against the connection limit and the handshake timeout
+        from the first byte (a listener made with ssl= would hide it until it completes)."""
+        return lambda: BrokerConnection(self, ssl_context)
 
     def close_all(self) -> None:
+        if self._space_watch is not None:
+            self._space_watch.cancel()
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
@@ -136,7 +311,8 @@ class PulsarService:
     def stats(self) -> dict[str, int]:
         """The counters, plus what live connections hold now: unsent output and unfinished input."""
         live = list(self.connections)
-        return dict(self.counters, connections=len(live),
+        return dict(self.counters, connections=len(live), unauthenticated_connections=len(self.unauthenticated),
+                    max_total_output_bytes=self.max_total_output_bytes, squeezed=int(self.squeezed),
                     output_bytes=sum(c.output_bytes for c in live),
                     input_bytes=self.input_bytes,
                     paused_connections=sum(1 for c in live if not c.writable))
@@ -154,13 +330,19 @@ class PulsarService:
             self._sweeper = asyncio.ensure_future(self._sweep())
 
     async def _sweep(self) -> None:
-        step = max(0.05, min(1.0, self.handshake_timeout / 4, self.frame_timeout / 4))
+        step = max(0.05, min(1.0, self.handshake_timeout / 4, self.frame_timeout / 4, self.idle_timeout / 4))
         try:
             while True:
                 await asyncio.sleep(step)
                 now = time.monotonic()
                 for conn in list(self.connections):
-                    conn.check_deadlines(now)
+                    try:
+                        conn.measure_output()  # what drained since its last write
+                        conn.check_deadlines(now)
+                    except Exception as exc:  # noqa: BLE001 - the sweep must outlive any one connection
+                        log.error("closing a connection: its deadline check failed: %s: %s",
+                                  type(exc).__name__, exc)
+                        conn.close(abort=True)
                 self.release_input()
         except asyncio.CancelledError:
             pass
@@ -176,7 +358,8 @@ class PulsarConsumer(ConsumerLink):
 
     @property
     def writable(self) -> bool:
-        return self.conn.writable
+        conn = self.conn
+        return conn.writable and (not conn.service.squeezed or conn.takes_output())
 
     def deliver(self, entry, redelivery_count: int, ack_set) -> None:
         cmd = pb.BaseCommand(type=pb.BaseCommand.MESSAGE)
@@ -225,10 +408,13 @@ class PulsarProducer(ProducerLink):
 
 
 class BrokerConnection(asyncio.Protocol):
-    def __init__(self, service: PulsarService, tls: bool = False) -> None:
+    def __init__(self, service: PulsarService, ssl_context: ssl.SSLContext | None = None) -> None:
         self.service = service
         self.core = service.core
-        self.tls = tls
+        self.tls = ssl_context is not None
+        self._ssl_context = ssl_context
+        self._handshake: asyncio.Task | None = None  # the TLS handshake, while it runs
+        self._early_input: list[bytes] = []
         self.transport: asyncio.Transport | None = None
         self.reader = codec.FrameReader(service.max_message_size + codec.FRAME_PADDING, send_fast_path=True)
         self.connected = False
@@ -241,6 +427,8 @@ class BrokerConnection(asyncio.Protocol):
         self.consumers: dict[int, PulsarConsumer] = {}
         self.last_received = time.monotonic()
         self.accepted_at = self.last_received
+        self.last_request = self.last_received  # the last request but PING and PONG
+        self.address: str | None = None  # the peer's address, for its share of the connections
         self._partial_since: float | None = None  # when the unfinished frame in the reader began
         self._keepalive: asyncio.Task | None = None
         self._out: list[bytes] = []
@@ -253,6 +441,10 @@ class BrokerConnection(asyncio.Protocol):
         self._transport_paused = False  # between the transport's pause_writing and resume_writing
         self._input_paused = False  # while unfinished frames of all connections are over their budget
         self._input_held = 0  # this connection's share of service.input_bytes
+        self._output_held = 0  # this connection's share of service.output_total
+        self._backlog_retry: asyncio.TimerHandle | None = None  # a dispatch once the kernel sent more
+        self._backlog_wait = 0.0
+        self.unanswered_sends = 0  # sends dropped while the disk was full: closed once it has room
         self._reading = True
 
     # asyncio.Protocol
@@ -260,22 +452,69 @@ class BrokerConnection(asyncio.Protocol):
     def connection_made(self, transport) -> None:
         self.transport = transport
         service = self.service
-        budget = service.max_output_bytes
-        transport.set_write_buffer_limits(high=budget, low=budget // 2)
-        if len(service.connections) >= service.max_connections:
-            service.counters["refused_connections"] += 1
-            log.warning("refusing a connection: at the limit of %d connections", service.max_connections)
-            self._error(_U64, pb.ServiceNotReady,
-                        f"too many connections: this broker serves at most {service.max_connections}")
+        self.relax()
+        peer = transport.get_extra_info("peername")
+        self.address = peer[0] if isinstance(peer, tuple) and peer else None
+        refusal = service.admit(self)
+        if refusal is not None:
+            service.log_refusal(f"refusing a connection: {refusal}")
+            if self.tls:  # no TLS session to answer in: a refusal costs no handshake
+                self.close(abort=True)
+                return
+            self._error(_U64, pb.ServiceNotReady, refusal)
             self.close()
             return
         self.reader.max_frame_size = service.max_frame_before_connect
-        service.connections.add(self)
         service.watch()
         self._keepalive = asyncio.ensure_future(self._keep_alive())
+        if self.tls:
+            transport.pause_reading()  # start_tls takes the bytes from here on
+            self._handshake = asyncio.ensure_future(self._start_tls(transport))
+
+    def displace(self, reason: str) -> None:
+        """Close a connection that has not CONNECTed to make room for a newer one."""
+        self.service.log_refusal(f"closing a connection: {reason}")
+        if self._handshake is not None:  # no TLS session yet to answer in
+            self.close(abort=True)
+            return
+        self._error(_U64, pb.ServiceNotReady, reason)
+        self.close()
+
+    async def _start_tls(self, raw) -> None:
+        """The server side of the TLS handshake, within what is left of the handshake timeout (the
+        sweep also closes a connection that has not CONNECTed by then)."""
+        service = self.service
+        left = service.handshake_timeout - (time.monotonic() - self.accepted_at)
+        try:
+            transport = await asyncio.get_running_loop().start_tls(
+                raw, self, self._ssl_context, server_side=True, ssl_handshake_timeout=max(left, 0.01))
+        except asyncio.CancelledError:
+            raw.abort()
+            raise
+        except (OSError, ssl.SSLError, asyncio.TimeoutError, ConnectionError) as exc:
+            service.counters["tls_handshake_failures"] += 1
+            log.info("TLS handshake failed: %s", exc)
+            raw.abort()
+            self._cleanup()
+            return
+        finally:
+            self._handshake = None
+        if self.closed:
+            transport.abort()
+            return
+        self.transport = transport
+        self.relax()
+        early, self._early_input = self._early_input, []
+        for data in early:
+            self.data_received(data)
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
+            return
+        if self._handshake is not None:
+            # TLS bytes that came with the handshake's end, before start_tls returned the transport
+            # to answer on: read once it has
+            self._early_input.append(data)
             return
         now = self.last_received = time.monotonic()
         try:
@@ -329,6 +568,13 @@ class BrokerConnection(asyncio.Protocol):
                 self.service.counters["oversized_frames_before_connect"] += 1
             log.warning("closing connection: %s", exc)
             self.close()
+        except Exception as exc:  # noqa: BLE001 - a defect costs this connection, never the loop's log
+            # sends read but not stored get no receipt: the client resends them on its next connection
+            sends.clear()
+            self.service.counters["failed_connections"] += 1
+            log.error("closing a connection after an internal error: %s: %s", type(exc).__name__, exc)
+            log.debug("internal error", exc_info=True)
+            self.close()
         if not self.reader.buffered:
             self._partial_since = None
         elif completed:  # the unfinished frame began after the last complete one
@@ -364,6 +610,13 @@ class BrokerConnection(asyncio.Protocol):
             log.warning("closing a connection whose frame took over %.0fs (%d bytes arrived)",
                         service.frame_timeout, self.reader.buffered)
             self.close(abort=True)
+        elif now - self.last_request > service.idle_timeout and not self.producers and not self.consumers \
+                and not self.waiting_producers:
+            # past CONNECT, holding nothing and asking nothing: its place goes to another client (a
+            # client opens a new connection when it needs one)
+            service.counters["idle_timeouts"] += 1
+            log.info("closing a connection idle for %.0fs", service.idle_timeout)
+            self.close()
 
     def connection_lost(self, exc) -> None:
         self._cleanup()
@@ -374,7 +627,53 @@ class BrokerConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._transport_paused = False
+        self.measure_output()
         self._resume()
+
+    def squeeze(self) -> None:
+        """The broker is over its total output budget: pause (no dispatch, no reading) as soon as
+        anything is unsent, and resume only once all of it is sent."""
+        if self.transport is not None and not self.closed and self._handshake is None:
+            self.transport.set_write_buffer_limits(high=0, low=0)
+
+    def relax(self) -> None:
+        """This connection's own output budget, or the squeeze while the broker is squeezed."""
+        if self.transport is None or self.closed or self._handshake is not None:
+            return
+        if self.service.squeezed:
+            self.transport.set_write_buffer_limits(high=0, low=0)
+        else:
+            budget = self.service.max_output_bytes
+            self.transport.set_write_buffer_limits(high=budget, low=budget // 2)
+
+    def takes_output(self) -> bool:
+        """While the broker is squeezed: whether this connection holds no unsent output and its
+        peer is taking what the kernel holds for it, so an entry sent now will not stay in memory
+        here (a consumer that does not read gets nothing more)."""
+        if self._output_held or self._out_bytes:
+            return False  # resume_writing dispatches again once all is sent
+        if _kernel_backlog(self.transport) < SQUEEZED_OUTPUT_BYTES:
+            self._backlog_wait = 0.0
+            return True
+        if self._backlog_retry is None:  # nothing else would tell when the kernel has sent it
+            self._backlog_wait = min(max(2 * self._backlog_wait, 0.005), 0.5)
+            self._backlog_retry = asyncio.get_running_loop().call_later(self._backlog_wait, self._redispatch)
+        return False
+
+    def _redispatch(self) -> None:
+        self._backlog_retry = None
+        if not self.closed and self.writable:
+            for consumer in list(self.consumers.values()):
+                consumer.subscription.dispatch()
+            self.flush()
+
+    def measure_output(self) -> None:
+        """Count what this connection holds unsent in the broker-wide output total."""
+        held = 0 if self.closed or self.transport is None else \
+            self._out_bytes + self.transport.get_write_buffer_size()
+        if held != self._output_held:
+            delta, self._output_held = held - self._output_held, held
+            self.service.output_changed(delta)
 
     def _resume_unless_transport_paused(self) -> None:
         if not self._transport_paused:
@@ -446,9 +745,10 @@ class BrokerConnection(asyncio.Protocol):
     def _queued(self, size: int) -> None:
         """`size` bytes were put in self._out: pause past the output budget, schedule a flush."""
         self._out_bytes += size
-        if self.writable and self._out_bytes + self._transport_bytes > self.service.max_output_bytes:
+        budget = SQUEEZED_OUTPUT_BYTES if self.service.squeezed else self.service.max_output_bytes
+        if self.writable and self._out_bytes + self._transport_bytes > budget:
             self._transport_bytes = self.transport.get_write_buffer_size() if self.transport is not None else 0
-            if self._out_bytes + self._transport_bytes > self.service.max_output_bytes:
+            if self._out_bytes + self._transport_bytes > budget:
                 self._pause()
         if not self._flush_scheduled:
             self._flush_scheduled = True
@@ -469,16 +769,26 @@ class BrokerConnection(asyncio.Protocol):
         self._sends.clear()
         self._batches.clear()
         self._out_bytes = 0
+        self.measure_output()
         if not self.writable and not self.closed and not self._transport_paused:
             # the transport holds at most the budget and will send no resume_writing: resume
             # (scheduled, as flush runs inside _process)
             asyncio.get_running_loop().call_soon(self._resume_unless_transport_paused)
+
+    def _leave_unanswered(self, count: int) -> None:
+        """Sends that arrived while the disk is full: not stored and not answered, so that a
+        client's send timeout reports them (a SendError makes common clients reconnect and resend at
+        once, over and over, and their timeouts never fire); the connection is closed once the disk
+        has room, and its client resends what it still holds."""
+        self.unanswered_sends += count
+        self.service.counters["unanswered_sends"] += count
 
     def _fail_uncommitted_sends(self) -> None:
         """The file system refused a group commit: each of its sends is answered SendError
         in place of its receipt (the log and the dedup state were rolled back)."""
         for index, batch, producer_id, sequence_id in self._sends:
             if batch.error is not None:
+                self.service.storage_failed(batch.error)
                 cmd = T(type=T.SEND_ERROR)
                 cmd.send_error.CopyFrom(pb.CommandSendError(
                     producer_id=producer_id, sequence_id=sequence_id, error=pb.PersistenceError,
@@ -509,9 +819,14 @@ class BrokerConnection(asyncio.Protocol):
         self.service.release_input()
         self._out.clear()
         self._out_bytes = 0
+        self.measure_output()  # closed: gives back all it held
         if self._keepalive is not None:
             self._keepalive.cancel()
-        self.service.connections.discard(self)
+        if self._handshake is not None:
+            self._handshake.cancel()
+        if self._backlog_retry is not None:
+            self._backlog_retry.cancel()
+        self.service.release(self)
         for producer in list(self.producers.values()) + list(self.waiting_producers.values()):
             producer.topic.remove_producer(producer)
         self.producers.clear()
@@ -538,6 +853,8 @@ class BrokerConnection(asyncio.Protocol):
 
     def _handle(self, frame) -> None:
         kind = frame.command.type
+        if kind != T.PING and kind != T.PONG:
+            self.last_request = time.monotonic()
         if not self.connected and kind != T.CONNECT:
             raise PulsarWireError(f"command {kind} before CONNECT")
         if self.refused and kind not in (T.PING, T.PONG):
@@ -550,15 +867,28 @@ class BrokerConnection(asyncio.Protocol):
             if request_id is not None:
                 self._error(request_id, pb.NotAllowedError, f"command {kind} is not supported")
             return
+        if kind not in _WITHOUT_TEXT:
+            undecodable = _undecodable_text(frame.command)
+            if undecodable is not None:
+                if kind == T.CONNECT:
+                    raise PulsarWireError(f"CONNECT's {undecodable} is not UTF-8")
+                self._fail_request(frame.command, pb.InvalidTopicName if "topic" in undecodable.lower()
+                                   else pb.MetadataError, f"{undecodable} is not UTF-8 text")
+                return
         try:
             handler(self, frame)
-        except StorageError as exc:
-            # the file system refused (no descriptors left, disk full): an error reply, and the
-            # connection stays up for the client to retry
-            log.error("command %s failed: %s", kind, exc)
-            request_id = _request_id(frame.command)
-            if request_id is not None:
-                self._error(request_id, pb.PersistenceError, str(exc))
+        except PulsarWireError:
+            raise  # a protocol violation: the connection closes
+        except Exception as exc:  # noqa: BLE001 - a request fails alone, never the connection
+            code = _error_code(exc)
+            # the file system refused (no descriptors left, disk full), a name or a metadata file
+            # is bad, or a defect: the request is answered with a typed error at once (not left to
+            # the client's timeout) and the connection stays up for the client to retry
+            log.log(logging.INFO if code == pb.InvalidTopicName else logging.ERROR, "%s failed: %s: %s",
+                    T.Type.Name(kind), type(exc).__name__, exc)
+            log.debug("%s failed", T.Type.Name(kind), exc_info=True)
+            self.service.counters["failed_requests"] += 1
+            self._fail_request(frame.command, code, f"{pb.ServerError.Name(code)}: {exc}")
 
     def _error(self, request_id: int, code: Any, message: str) -> None:
         self.command(T.ERROR, "error", pb.CommandError(request_id=request_id, error=code, message=message))
@@ -605,6 +935,7 @@ class BrokerConnection(asyncio.Protocol):
                     else "the credentials are not accepted")
         self.connected = True
         if not self.refused:  # an unauthenticated connection keeps the small frame limit
+            self.service.unauthenticated.pop(self, None)
             self.reader.max_frame_size = self.service.max_message_size + codec.FRAME_PADDING
         response = pb.CommandConnected(server_version=SERVER_VERSION,
                                        protocol_version=min(c.protocol_version, MAX_PROTOCOL_VERSION),
@@ -613,24 +944,36 @@ class BrokerConnection(asyncio.Protocol):
 
     def _refuse(self, command) -> None:
         """Answer one request on an unauthenticated connection with AuthenticationError."""
+        self._fail_request(command, pb.AuthenticationError, self.refused)
+
+    def _fail_request(self, command, code: Any, message: str) -> None:
+        """Answer one request with error `code`, in the response its client waits for (a lookup
+        or metadata response, a send error, a schema response, else CommandError). A command
+        without a request id (FLOW, REDELIVER, ...) has no answer."""
         kind = command.type
         if kind == T.LOOKUP:
             self.command(T.LOOKUP_RESPONSE, "lookupTopicResponse", pb.CommandLookupTopicResponse(
                 request_id=command.lookupTopic.request_id, response=pb.CommandLookupTopicResponse.Failed,
-                error=pb.AuthenticationError, message=self.refused))
+                error=code, message=message))
         elif kind == T.PARTITIONED_METADATA:
             self.command(T.PARTITIONED_METADATA_RESPONSE, "partitionMetadataResponse",
                          pb.CommandPartitionedTopicMetadataResponse(
                              request_id=command.partitionMetadata.request_id,
                              response=pb.CommandPartitionedTopicMetadataResponse.Failed,
-                             error=pb.AuthenticationError, message=self.refused))
+                             error=code, message=message))
         elif kind == T.SEND:
-            self._send_error(command.send.producer_id, command.send.sequence_id, pb.AuthenticationError,
-                             self.refused)
+            self._send_error(command.send.producer_id, command.send.sequence_id, code, message)
+        elif kind == T.GET_SCHEMA:
+            self.command(T.GET_SCHEMA_RESPONSE, "getSchemaResponse", pb.CommandGetSchemaResponse(
+                request_id=command.getSchema.request_id, error_code=code, error_message=message))
+        elif kind == T.ACK and command.ack.HasField("request_id"):
+            self.command(T.ACK_RESPONSE, "ackResponse", pb.CommandAckResponse(
+                consumer_id=command.ack.consumer_id, request_id=command.ack.request_id, error=code,
+                message=message))
         else:
             request_id = _request_id(command)
             if request_id is not None:
-                self._error(request_id, pb.AuthenticationError, self.refused)
+                self._error(request_id, code, message)
 
     def on_ping(self, frame) -> None:
         self.command(T.PONG, "pong", pb.CommandPong())
@@ -767,6 +1110,9 @@ class BrokerConnection(asyncio.Protocol):
             frames.clear()
 
     def _store_runs(self, frames: list) -> None:
+        if frames and self.service.out_of_space and self.service.still_out_of_space():
+            self._leave_unanswered(len(frames))
+            return
         start, end = 0, len(frames)
         while start < end:
             frame = frames[start]
@@ -807,6 +1153,9 @@ class BrokerConnection(asyncio.Protocol):
         if producer is None:
             self._send_error(producer_id, sequence_id, pb.NotAllowedError, "unknown producer id")
             return
+        if self.service.out_of_space and self.service.still_out_of_space():
+            self._leave_unanswered(1)
+            return
         topic = producer.topic
         if topic.terminated:
             self._send_error(producer_id, sequence_id, pb.TopicTerminatedError, "topic is terminated")
@@ -822,6 +1171,7 @@ class BrokerConnection(asyncio.Protocol):
         except StorageError as exc:
             topic.fence(producer)
             self._send_error(producer_id, sequence_id, pb.PersistenceError, f"not stored: {exc}")
+            self.service.storage_failed(exc)
             return
         except MalformedBatchError as exc:
             # ChecksumError: the official client fails that one message and keeps its connection
@@ -1119,6 +1469,78 @@ def topics_hash(topics: list[str]) -> str:
 def _schema_proto(record: dict) -> pb.Schema:
     return pb.Schema(type=record["type"], name=record["name"], schema_data=base64.b64decode(record["data"]),
                      properties=[pb.KeyValue(key=k, value=v) for k, v in sorted(record["properties"].items())])
+
+
+_WITHOUT_TEXT = frozenset((T.PING, T.PONG, T.FLOW, T.ACK))  # frequent, and no text the broker reads
+
+
+def _undecodable_text(message, prefix: str = "") -> str | None:
+    """The first string field of `message` that arrived as bytes (not UTF-8: protobuf then hands
+    over the raw bytes), by its path; None when every one is text."""
+    for field, value in message.ListFields():
+        if field.type == field.TYPE_STRING:
+            values = value if field.is_repeated else (value,)
+            if any(isinstance(item, bytes) for item in values):
+                return prefix + field.name
+        elif field.type == field.TYPE_MESSAGE:
+            for item in (value if field.is_repeated else (value,)):
+                found = _undecodable_text(item, f"{prefix}{field.name}.")
+                if found is not None:
+                    return found
+    return None
+
+
+def _kernel_backlog(transport) -> int:
+    """Bytes the kernel holds unsent for this connection's socket (Linux: SIOCOUTQ); 0 where unknown."""
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None or _SIOCOUTQ is None:
+        return 0
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), _SIOCOUTQ, b"\0\0\0\0"))[0]
+    except OSError:
+        return 0
+
+
+def _out_of_space(error: BaseException | None) -> bool:
+    """Whether a storage error (or what caused it) is a full disk or quota."""
+    seen = 0
+    while error is not None and seen < 8:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left" in str(error) or "Disk quota exceeded" in str(error):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
+
+
+def _has_room(ops, path: str) -> bool:
+    """Whether SPACE_PROBE_BYTES can be written at `path` (then given back)."""
+    try:
+        fd = ops.open(path)
+    except OSError:
+        return False
+    try:
+        try:
+            return ops.pwrite(fd, bytes(SPACE_PROBE_BYTES), 0) == SPACE_PROBE_BYTES
+        except OSError:
+            return False
+        finally:
+            ops.truncate(fd, 0)
+    except OSError:
+        return False
+    finally:
+        ops.close(fd)
+
+
+def _error_code(exc: Exception) -> int:
+    """The ServerError a failed request is answered with."""
+    if isinstance(exc, InvalidTopicName):
+        return pb.InvalidTopicName
+    if isinstance(exc, (StorageError, OSError)):
+        return pb.PersistenceError  # the file system refused: the client may retry
+    if isinstance(exc, (ValueError, KeyError, TypeError, IndexError)):
+        return pb.MetadataError  # what the request names or what is stored about it does not hold
+    return pb.ServiceNotReady
 
 
 def _request_id(command) -> int | None:

@@ -14,8 +14,9 @@ import ssl
 from typing import Any, Callable
 
 from .. import codec
+from .listener import DescriptorReserve, Listener
 from .core import DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER, DEFAULT_TOPIC_IDLE_TIMEOUT, BrokerCore
-from .pulsar import (DEFAULT_FRAME_TIMEOUT, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
+from .pulsar import (DEFAULT_AUTHENTICATED_SHARE, DEFAULT_IDLE_TIMEOUT, DEFAULT_FRAME_TIMEOUT, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
                      DEFAULT_MAX_FRAME_BEFORE_CONNECT, DEFAULT_MAX_INPUT_BYTES, DEFAULT_MAX_OUTPUT_BYTES,
                      PulsarService)
 from .storage import DEFAULT_MAX_CACHE_BYTES, DEFAULT_PAGE_CACHE_BYTES, SYNC_INTERVAL, FileOps, descriptor_limit
@@ -24,6 +25,8 @@ from .v1 import DEFAULT_CONSUME_MAX_BYTES, V1Server, check_replication
 from .v1 import DEFAULT_MAX_CONNECTIONS_PER_ADDRESS as DEFAULT_V1_MAX_CONNECTIONS_PER_ADDRESS
 
 log = logging.getLogger("pulsarwire.broker")
+# unsent output of all Pulsar connections plus the entry cache (DEFAULT_MAX_CACHE_BYTES)
+DEFAULT_MEMORY_BUDGET = 256 * 1024 * 1024
 # descriptors kept out of every budget: listeners, state-file writes, the interpreter's own
 _SPARE_DESCRIPTORS = 32
 
@@ -62,8 +65,15 @@ class Broker:
                  page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES, deduplication: bool = False,
                  http_port: int | None = None, max_http_connections: int | None = None,
                  v1_max_connections_per_address: int = DEFAULT_V1_MAX_CONNECTIONS_PER_ADDRESS,
-                 topic_idle_timeout: float = DEFAULT_TOPIC_IDLE_TIMEOUT) -> None:
+                 topic_idle_timeout: float = DEFAULT_TOPIC_IDLE_TIMEOUT,
+                 max_connections_per_address: int | None = None,
+                 authenticated_share: float = DEFAULT_AUTHENTICATED_SHARE,
+                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+                 memory_budget: int = DEFAULT_MEMORY_BUDGET) -> None:
         check_replication(replication_factor, min_insync_replicas)  # before anything is opened
+        if memory_budget < max_cache_bytes + max_output_bytes:
+            raise ValueError("memory_budget must hold the entry cache (max_cache_bytes) and one connection's "
+                             "output (max_output_bytes)")
         self.topic_idle_timeout = topic_idle_timeout
         # deduplication: the default of namespaces and topics without a policy of their own
         self.core = BrokerCore(data_dir, sync_policy=sync_policy, segment_bytes=segment_bytes, deduplication=deduplication,
@@ -77,7 +87,11 @@ class Broker:
                                     else max_connections,
                                     max_output_bytes=max_output_bytes, handshake_timeout=handshake_timeout,
                                     max_frame_before_connect=max_frame_before_connect,
-                                    frame_timeout=frame_timeout, max_input_bytes=max_input_bytes)
+                                    frame_timeout=frame_timeout, max_input_bytes=max_input_bytes,
+                                    max_connections_per_address=max_connections_per_address,
+                                    authenticated_share=authenticated_share, idle_timeout=idle_timeout,
+                                    # what the entry cache leaves of the memory budget
+                                    max_total_output_bytes=memory_budget - max_cache_bytes)
         self._connections_fit_descriptors = max_connections is None  # else the caller's choice stands
         self.data_dir = self.core.data_dir
         self.host = host
@@ -102,7 +116,8 @@ class Broker:
         self.max_http_connections = max_http_connections
         self.admin: Any = None
         self.http_url = ""
-        self._servers: list[asyncio.AbstractServer] = []
+        self._servers: list[Listener] = []
+        self._reserve: DescriptorReserve | None = None  # one descriptor held back to refuse with
         self._background: asyncio.Task | None = None
         self.service_url = ""
         self.service_url_tls = ""
@@ -120,6 +135,7 @@ class Broker:
         if self.tls_port is not None and self.ssl_context is None:
             raise ValueError("tls_port needs an ssl_context")
         self.core.open()
+        self._reserve = DescriptorReserve()
         try:
             await self._start_listeners()
         except BaseException:
@@ -129,15 +145,16 @@ class Broker:
 
     async def _start_listeners(self) -> None:
         self._fit_descriptor_limit()
-        loop = asyncio.get_running_loop()
         if self.port is not None:
-            server = await loop.create_server(self.pulsar.protocol(), self.host, self.port)
+            server = Listener(self.pulsar.protocol(), self.host, self.port, reserve=self._reserve,
+                              refusal=self.pulsar.refusal_frame(), counters=self.pulsar.counters)
             self._servers.append(server)
             self.port = server.sockets[0].getsockname()[1]
             self.service_url = f"pulsar://{self.host}:{self.port}"
         if self.tls_port is not None:
-            tls_server = await loop.create_server(self.pulsar.protocol(tls=True), self.host,
-                                                  self.tls_port, ssl=self.ssl_context)
+            # plain TCP: each connection does its handshake once accepted and counted (pulsar.py)
+            tls_server = Listener(self.pulsar.protocol(self.ssl_context), self.host, self.tls_port,
+                                  reserve=self._reserve, counters=self.pulsar.counters)
             self._servers.append(tls_server)
             self.tls_port = tls_server.sockets[0].getsockname()[1]
             self.service_url_tls = f"pulsar+ssl://{self.host}:{self.tls_port}"
@@ -175,7 +192,7 @@ class Broker:
                 self.v1_options["max_connections"] = v1_room
         else:
             log.warning("max_connections %d (Pulsar) and %d (V1) and %d segment files exceed the descriptor "
-                        "limit (%d): past it, new connections wait until descriptors free up", pulsar_max, v1_max,
+                        "limit (%d): past it, new connections are refused until descriptors free up", pulsar_max, v1_max,
                         self.core.files.max_open_files, descriptor_limit())
 
     async def stop(self) -> None:
@@ -188,6 +205,8 @@ class Broker:
         for server in self._servers:
             await server.wait_closed()
         self._servers.clear()
+        if self._reserve is not None:
+            self._reserve.close()
         if self._background is not None:
             self._background.cancel()
         if self.v1 is not None:

@@ -1,0 +1,157 @@
+"""A TCP listener that can always accept and refuse.
+
+asyncio's own server, when `accept` fails for want of descriptors (EMFILE), logs a traceback for
+every connection waiting in the backlog and retries each a second later, so a flood fills the log
+and waiting clients get nothing. This listener keeps one descriptor in reserve: with none left it
+gives the reserve back, accepts one waiting connection, refuses it (a short error for the plaintext
+Pulsar port, a close otherwise), takes the reserve again and stops accepting for a moment; it says
+so in one warning a second at most. Accepted connections go to a protocol as with `create_server`.
+"""
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import socket
+import time
+from typing import Callable
+
+log = logging.getLogger("pulsarwire.broker")
+
+ACCEPTS_PER_TICK = 32  # connections accepted before the loop serves anything else
+PAUSE_WITHOUT_DESCRIPTORS = 0.1  # seconds without accepting after the descriptors ran out
+_OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+
+
+class DescriptorReserve:
+    """One descriptor held back (on /dev/null) for the moment every other one is taken."""
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+        self.restore()
+
+    def release(self) -> bool:
+        """Give the reserve back to the process; False when it was not held."""
+        if self._fd is None:
+            return False
+        os.close(self._fd)
+        self._fd = None
+        return True
+
+    def restore(self) -> None:
+        if self._fd is None:
+            try:
+                self._fd = os.open(os.devnull, os.O_RDONLY)
+            except OSError:
+                self._fd = None  # tried again on the next refusal
+
+    def close(self) -> None:
+        self.release()
+
+
+class Listener:
+    """Accepts on `host:port` and hands each connection to a new `protocol_factory()` protocol.
+    `refusal` is what a connection refused for want of descriptors is sent before it is closed.
+    The interface of asyncio's Server that the broker uses: sockets, close, wait_closed,
+    serve_forever."""
+
+    def __init__(self, protocol_factory: Callable[[], asyncio.Protocol], host: str, port: int, *,
+                 reserve: DescriptorReserve, refusal: bytes = b"", counters=None,
+                 backlog: int = 1024) -> None:
+        self._factory = protocol_factory
+        self._reserve = reserve
+        self._refusal = refusal
+        self.counters = counters if counters is not None else {}
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        self._sock = socket.create_server((host, port), family=family, backlog=backlog)
+        self._sock.setblocking(False)
+        self.sockets = [self._sock]
+        self._loop = asyncio.get_running_loop()
+        self._closed = self._loop.create_future()
+        self._accepting = False
+        self._last_warning = -1.0
+        self._unlogged = 0
+        self._pending: set[asyncio.Task] = set()
+        self._resume_accepting()
+
+    def _resume_accepting(self) -> None:
+        if not self._accepting and not self._closed.done():
+            self._accepting = True
+            self._loop.add_reader(self._sock.fileno(), self._accept_ready)
+
+    def _pause_accepting(self, seconds: float) -> None:
+        if self._accepting:
+            self._accepting = False
+            self._loop.remove_reader(self._sock.fileno())
+        self._loop.call_later(seconds, self._resume_accepting)
+
+    def _accept_ready(self) -> None:
+        for _ in range(ACCEPTS_PER_TICK):
+            try:
+                conn, _ = self._sock.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError as exc:
+                if exc.errno not in _OUT_OF_DESCRIPTORS:
+                    log.warning("accept failed: %s", exc)
+                    return
+                self._refuse_without_descriptors()
+                return
+            conn.setblocking(False)
+            task = self._loop.create_task(self._serve(conn))
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
+
+    async def _serve(self, conn: socket.socket) -> None:
+        try:
+            await self._loop.connect_accepted_socket(self._factory, conn)
+        except asyncio.CancelledError:
+            conn.close()
+            raise
+        except Exception as exc:  # noqa: BLE001 - one connection's failure, not the listener's
+            log.info("dropping an accepted connection: %s", exc)
+            conn.close()
+
+    def _refuse_without_descriptors(self) -> None:
+        """No descriptor left: refuse one waiting connection with the reserve, then pause."""
+        self.counters["refused_no_descriptors"] = self.counters.get("refused_no_descriptors", 0) + 1
+        if self._reserve.release():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                conn = None
+            if conn is not None:
+                try:
+                    if self._refusal:
+                        conn.send(self._refusal)
+                except OSError:
+                    pass
+                conn.close()
+            self._reserve.restore()
+        now = time.monotonic()
+        if now - self._last_warning >= 1.0:
+            more = f" ({self._unlogged} more since the last warning)" if self._unlogged else ""
+            log.warning("no descriptors left: refusing connections on port %d%s",
+                        self._sock.getsockname()[1], more)
+            self._last_warning, self._unlogged = now, 0
+        else:
+            self._unlogged += 1
+        self._pause_accepting(PAUSE_WITHOUT_DESCRIPTORS)
+
+    def close(self) -> None:
+        if self._closed.done():
+            return
+        if self._accepting:
+            self._loop.remove_reader(self._sock.fileno())
+            self._accepting = False
+        self._sock.close()
+        for task in self._pending:
+            task.cancel()
+        self._closed.set_result(None)
+
+    async def wait_closed(self) -> None:
+        await asyncio.shield(self._closed)
+
+    async def serve_forever(self) -> None:
+        await asyncio.shield(self._closed)
