@@ -11,10 +11,11 @@ import sys
 
 import pytest
 
-LAYERS = ["storage", "metafile", "topics", "policies", "compatibility", "core", "fsck", "pulsar", "v1", "stats",
+LAYERS = ["storage", "listener", "metafile", "topics", "policies", "compatibility", "core", "fsck", "pulsar", "v1", "stats",
           "metrics", "admin_http", "server"]
 BELOW = {
     "storage": set(),
+    "listener": set(),  # accepting sockets within the descriptor budget
     "metafile": {"storage"},  # the broker's small metadata files, beside the log
     "topics": {"storage", "metafile"},
     "policies": {"storage", "metafile"},  # namespace and topic policies, beside the domain
@@ -27,7 +28,7 @@ BELOW = {
     "metrics": {"storage", "metafile", "topics", "policies", "stats"},
     # the HTTP front end: admin API, HTTP lookup, /metrics; server imports it only when it serves HTTP
     "admin_http": {"storage", "metafile", "topics", "policies", "core", "compatibility", "stats", "metrics"},
-    "server": {"storage", "metafile", "topics", "policies", "core", "compatibility", "pulsar", "v1"},
+    "server": {"storage", "listener", "metafile", "topics", "policies", "core", "compatibility", "pulsar", "v1"},
 }
 
 
