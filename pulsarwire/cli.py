@@ -69,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument("--v1-port", type=int, default=6680, help="V1 text protocol port (-1 to disable)")
     broker.add_argument("--partitioned-topic", action="append", default=[], metavar="TOPIC=N",
                         help="create a partitioned topic (repeatable)")
+    broker.add_argument("--tenant", action="append", default=[], metavar="NAME",
+                        help="a tenant topics may be made in, besides public and pulsar and those of stored "
+                             "topics (repeatable; a topic of another tenant is not found, as in Pulsar)")
+    broker.add_argument("--advertised-listener", action="append", default=[], metavar="NAME=URL",
+                        help="a listener clients name in lookups (listener_name), answered with URL "
+                             "(pulsar://host:port or pulsar+ssl://host:port; repeatable)")
     broker.add_argument("--auth-token", action="append", default=None,
                         help="accepted token (repeatable; enables auth; an empty token is refused)")
     broker.add_argument("--auth-basic", action="append", default=None, metavar="USER:PASSWORD",
@@ -224,6 +230,14 @@ async def run_broker(args) -> int:
     if args.port < 0 and args.tls_port is None:
         print("pulsarwire broker: --port -1 turns plaintext off and needs --tls-port", file=sys.stderr)
         return 2
+    listeners = {}
+    for spec in args.advertised_listener:
+        name, _, url = spec.partition("=")
+        if not name or not url.startswith(("pulsar://", "pulsar+ssl://")):
+            print(f"pulsarwire broker: --advertised-listener {spec}: takes NAME=pulsar://host:port "
+                  "(or pulsar+ssl://)", file=sys.stderr)
+            return 2
+        listeners[name] = url
     partitioned = []
     for spec in args.partitioned_topic:
         name, _, count = spec.partition("=")
@@ -254,7 +268,7 @@ async def run_broker(args) -> int:
                     max_cache_bytes=DEFAULT_MAX_CACHE_BYTES if args.max_cache_bytes is None else args.max_cache_bytes,
                     page_cache_bytes=DEFAULT_PAGE_CACHE_BYTES if args.page_cache_bytes is None else args.page_cache_bytes,
                     v1_consume_max_bytes=DEFAULT_CONSUME_MAX_BYTES if args.v1_consume_max_bytes is None
-                    else args.v1_consume_max_bytes)
+                    else args.v1_consume_max_bytes, advertised_listeners=listeners, tenants=tuple(args.tenant))
     await broker.start()
     _tune_collector()
     from .client import topic_name

@@ -26,6 +26,19 @@ class InvalidTopicName(ValueError):
     """A topic name the broker refuses: it could not be stored safely under the data dir."""
 
 
+class UnknownTenant(LookupError):
+    """A topic of a tenant this broker does not have: Pulsar answers TopicNotFound (tenants are
+    made by an administrator; a topic never makes one)."""
+
+
+# the tenants a Pulsar standalone starts with
+DEFAULT_TENANTS = ("public", "pulsar")
+
+
+def tenant_of(name: str) -> str:
+    return (name.split("://", 1)[1] if "://" in name else name).split("/", 1)[0]
+
+
 def check_topic_name(data_dir: str, name: str, partitions: int = 0) -> None:
     """Refuse a name that is empty, has a `.`/`..`/empty path segment (`a/../b`, `a//b`),
     control characters, or a directory name over MAX_FILE_NAME bytes (for a partitioned
@@ -62,7 +75,7 @@ class BrokerCore:
                  max_open_files: int | None = None, file_ops: FileOps | None = None,
                  max_cache_bytes: int = DEFAULT_MAX_CACHE_BYTES,
                  max_unacked_messages_per_consumer: int = DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER,
-                 page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES) -> None:
+                 page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES, tenants: tuple[str, ...] = ()) -> None:
         if max_unacked_messages_per_consumer < 0:
             raise ValueError("max_unacked_messages_per_consumer must not be negative")
         self.data_dir = os.path.abspath(data_dir)
@@ -81,6 +94,9 @@ class BrokerCore:
         self._partitioned: dict[str, int] = {}
         self._next_ledger_id = 1  # ledger 0 is what entries stored before ledger ids carry
         self._lock = DataDirLock(self.data_dir)  # one broker per data dir
+        # tenants topics may be made in: Pulsar's defaults, those configured, and (from open())
+        # those of every topic the data dir holds, so that no stored topic becomes unreachable
+        self.tenants: set[str] = set(DEFAULT_TENANTS) | set(tenants)
 
     def open(self) -> None:
         os.makedirs(self.data_dir, exist_ok=True)
@@ -93,6 +109,10 @@ class BrokerCore:
             self.files.write_json(state_path, dict(state, generation=self.generation))
             allocation = read_json(self._ledgers_path(), None)
             self._next_ledger_id = allocation["next"] if allocation else self._highest_ledger_on_disk() + 1
+            root = os.path.join(self.data_dir, "topics")
+            self.tenants.update(tenant_of(urllib.parse.unquote(entry))
+                                for entry in (os.listdir(root) if os.path.isdir(root) else ()))
+            self.tenants.update(tenant_of(name) for name in self._partitioned)
         except BaseException:
             self._lock.release()
             raise
@@ -139,6 +159,11 @@ class BrokerCore:
         """Raise InvalidTopicName for a name that cannot be a topic here."""
         check_topic_name(self.data_dir, name, partitions)
 
+    def check_tenant(self, name: str) -> None:
+        """Raise UnknownTenant when topic `name` is in a tenant this broker does not have."""
+        if tenant_of(name) not in self.tenants:
+            raise UnknownTenant(f"tenant {tenant_of(name)[:64]!r} does not exist (topic {name[:128]})")
+
     def non_partitioned_exists(self, name: str) -> bool:
         """Whether `name` is a non-partitioned topic, open or only on disk (topics open lazily)."""
         if name in self.topics:
@@ -168,6 +193,7 @@ class BrokerCore:
             raise ValueError(f"{name} has {existing} partitions; partitions can be added, never removed")
         self._partitioned[name] = partitions
         self.files.write_json(self._metadata_path(), self._partitioned)
+        self.tenants.add(tenant_of(name))  # made by an operator (CLI, admin): its tenant exists
 
     def topics_of_namespace(self, namespace: str, persistent: bool = True, non_persistent: bool = False) -> list[str]:
         """The topic-partitions of `tenant/namespace` (open, on disk, or partitions of a
@@ -197,6 +223,7 @@ class BrokerCore:
                           cache=self.cache, new_ledger_id=self.new_ledger_id,
                           max_unacked_messages=self.max_unacked_messages_per_consumer)
             self.topics[name] = topic
+            self.tenants.add(tenant_of(name))  # a V1 client may make topics in any tenant
         return topic
 
     def terminate_topic(self, name: str) -> int:

@@ -58,11 +58,13 @@ class Broker:
                  file_ops: FileOps | None = None, max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
                  max_cache_bytes: int = DEFAULT_MAX_CACHE_BYTES,
                  max_unacked_messages_per_consumer: int = DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER,
-                 page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES) -> None:
+                 page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES,
+                 advertised_listeners: dict[str, str] | None = None, tenants: tuple[str, ...] = ()) -> None:
         self.core = BrokerCore(data_dir, sync_policy=sync_policy, segment_bytes=segment_bytes,
                                default_partitions=default_partitions, max_open_files=max_open_files,
                                file_ops=file_ops, max_cache_bytes=max_cache_bytes, page_cache_bytes=page_cache_bytes,
-                               max_unacked_messages_per_consumer=max_unacked_messages_per_consumer)
+                               max_unacked_messages_per_consumer=max_unacked_messages_per_consumer,
+                               tenants=tuple(tenants))
         self.pulsar = PulsarService(self.core, auth_tokens=auth_tokens, auth_basic=auth_basic, auth_tls=auth_tls,
                                     max_message_size=max_message_size,
                                     keep_alive_interval=keep_alive_interval,
@@ -72,6 +74,10 @@ class Broker:
                                     max_frame_before_connect=max_frame_before_connect,
                                     frame_timeout=frame_timeout, max_input_bytes=max_input_bytes)
         self._connections_fit_descriptors = max_connections is None  # else the caller's choice stands
+        for name, url in (advertised_listeners or {}).items():
+            if not name or not url.startswith(("pulsar://", "pulsar+ssl://")):
+                raise ValueError(f"advertised listener {name!r}: takes a name and a pulsar:// or pulsar+ssl:// URL")
+        self.pulsar.advertised_listeners = dict(advertised_listeners or {})
         self.data_dir = self.core.data_dir
         self.host = host
         self.port = port
