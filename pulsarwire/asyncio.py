@@ -364,7 +364,8 @@ class Client(_Handle):
             self._client._pool.close_all()
 
     async def close(self) -> None:
-        if self._shut_down:  # as the official client: closing what shutdown() closed is no error
+        if self._shut_down:  # as the official client: closing once what shutdown() closed is no error
+            self._shut_down = False
             return
         client = self._native()
         await self._await(client.close())

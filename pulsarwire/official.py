@@ -438,10 +438,14 @@ class Message:
     def redelivery_count(self) -> int:
         return self._message.redelivery_count()
 
-    def schema_version(self) -> str | bytes:
+    def schema_version(self) -> str:
+        """A str, as the official client gives it (its C++ string): `.encode()` gives the stored
+        bytes back for the versions Pulsar writes (8-byte counters below 128)."""
         version = getattr(self._message, "schema_version", None)
         value = version() if callable(version) else getattr(getattr(self._message, "_metadata", None),
                                                               "schema_version", b"")
+        if isinstance(value, (bytes, bytearray)):
+            return bytes(value).decode("latin-1")  # every byte kept, one character each
         return value or ""
 
     def producer_name(self) -> str:
@@ -812,6 +816,7 @@ def send_options(properties, partition_key, ordering_key, sequence_id, replicati
     check_type_or_none(str, ordering_key, "ordering_key")
     check_type_or_none(int, sequence_id, "sequence_id")
     check_type_or_none(list, replication_clusters, "replication_clusters")
+    check_type(bool, disable_replication, "disable_replication")
     check_type_or_none(int, event_timestamp, "event_timestamp")
     check_type_or_none(int, deliver_at, "deliver_at")
     check_type_or_none(timedelta, deliver_after, "deliver_after")

@@ -152,6 +152,8 @@ class _ListenerThreads:
 class Client(_Facade):
     """The client: `Client("pulsar://localhost:6650")`, with the official keyword arguments."""
 
+    _shut_down = False
+
     def __init__(self, service_url, authentication=None, operation_timeout_seconds=30, io_threads=1,
                  message_listener_threads=1, concurrent_lookup_requests=50000, log_conf_file_path=None,
                  stats_interval_in_seconds=600, use_tls=False, tls_trust_certs_file_path=None,
@@ -300,7 +302,7 @@ class Client(_Facade):
         """Close at once, without waiting for what is in flight (which fails with AlreadyClosed)."""
         if self._closed:
             return
-        self._closed = True
+        self._closed = self._shut_down = True
         for handle in self._handles:
             handle._closed = True
 
@@ -315,6 +317,9 @@ class Client(_Facade):
 
     def close(self) -> None:
         """Close every producer, consumer and reader of this client, then the client."""
+        if self._shut_down:  # as the official client: closing once what shutdown() closed is no error
+            self._shut_down = False
+            return
         if self._closed:
             raise AlreadyClosed(official.error_text(Result.AlreadyClosed))
         if threading.current_thread() is self._loop.thread:  # before anything is marked closed

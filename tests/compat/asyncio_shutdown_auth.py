@@ -25,6 +25,11 @@ async def main():
         print("after shutdown:", error.error())
     await client.close()
     print("close after shutdown: ok")
+    try:
+        await client.close()
+        print("second close: ok")
+    except PulsarException as error:
+        print("second close:", error.error())
     client = Client(service_url, operation_timeout_seconds=5,
                     authentication=pulsar.AuthenticationToken(failing_supplier))
     results = []
