@@ -498,3 +498,24 @@ def test_a_blocked_call_on_the_main_thread_is_interrupted_by_a_signal_sent_elsew
     finally:
         signal.signal(signal.SIGUSR1, previous)
         client.close()
+
+
+def test_a_records_json_bytes_are_written_as_the_official_client_writes_them():
+    from pulsarwire.schema import Bytes, JsonSchema, Record, String
+
+    class Sample(Record):
+        name = String()
+        blob = Bytes()
+
+    ours = JsonSchema(Sample)
+    encoded = ours.encode(Sample(name="n", blob=b"raw"))
+    assert ours.decode(encoded).blob == b"raw"  # it comes back as it went
+    official_schema = pytest.importorskip("pulsar.schema")
+
+    class OfficialSample(official_schema.Record):
+        name = official_schema.String()
+        blob = official_schema.Bytes()
+
+    theirs = official_schema.JsonSchema(OfficialSample)
+    assert theirs.decode(encoded).blob == b"raw"
+    assert ours.decode(theirs.encode(OfficialSample(name="n", blob=b"raw"))).blob == b"raw"
