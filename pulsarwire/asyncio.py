@@ -219,6 +219,8 @@ class Client(_Handle):
     """The asyncio client: `Client(service_url, **kwargs)` with `pulsar.Client`'s keyword arguments.
     It may be made outside a running loop; it starts on the loop of its first call."""
 
+    _shut_down = False
+
     def __init__(self, service_url, **kwargs) -> None:
         if not isinstance(service_url, str):
             raise ValueError("Argument service_url is expected to be of type 'str'")
@@ -354,7 +356,7 @@ class Client(_Handle):
         """Close at once, without waiting for what is in flight."""
         if self._closed:
             return
-        self._closed = True
+        self._closed = self._shut_down = True
         for handle in self._handles:
             handle._closed = True
         if self._client is not None:
@@ -362,6 +364,9 @@ class Client(_Handle):
             self._client._pool.close_all()
 
     async def close(self) -> None:
+        if self._shut_down:  # as the official client: closing once what shutdown() closed is no error
+            self._shut_down = False
+            return
         client = self._native()
         await self._await(client.close())
         self._closed = True

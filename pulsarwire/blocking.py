@@ -8,12 +8,36 @@ coroutine to it and waits. Callbacks (`send_async`) run on that loop's thread.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
+import time
 from typing import Any, Callable
 
 from . import client as aio
 from .errors import AlreadyClosedError, ConnectionClosedError, TopicTerminatedError
 from .messages import Message, MessageId, MessageIds
+
+
+# how often a caller blocked on the main thread wakes to let Python run signal handlers
+SIGNAL_CHECK_INTERVAL = 0.1
+
+
+def _wait(future: concurrent.futures.Future, timeout: float | None):
+    """`future.result(timeout)`; on the main thread in slices, so that Ctrl-C interrupts the wait
+    even when the signal reached another thread (as the official client checks every 100 ms)."""
+    if threading.current_thread() is not threading.main_thread():
+        return future.result(timeout)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        step = SIGNAL_CHECK_INTERVAL if deadline is None else \
+            max(0.0, min(SIGNAL_CHECK_INTERVAL, deadline - time.monotonic()))
+        try:
+            return future.result(step)
+        except concurrent.futures.TimeoutError:
+            if future.done():  # done meanwhile, or its own TimeoutError: what it holds is the answer
+                return future.result()
+            if deadline is not None and time.monotonic() >= deadline:
+                raise
 
 
 class LoopThread:
@@ -43,7 +67,7 @@ class LoopThread:
         self.refuse_own_thread()
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
-            return future.result(timeout)
+            return _wait(future, timeout)
         except BaseException:
             # an interrupted caller (Ctrl-C, a timeout) must not leave the operation running on
             # the loop: an orphaned receive would take a message that nobody gets

@@ -75,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument("--v1-port", type=int, default=6680, help="V1 text protocol port (-1 to disable)")
     broker.add_argument("--partitioned-topic", action="append", default=[], metavar="TOPIC=N",
                         help="create a partitioned topic (repeatable)")
+    broker.add_argument("--tenant", action="append", default=[], metavar="NAME",
+                        help="a tenant topics may be made in, besides public and pulsar and those of stored "
+                             "topics (repeatable; a topic of another tenant is not found, as in Pulsar)")
+    broker.add_argument("--advertised-listener", action="append", default=[], metavar="NAME=URL",
+                        help="a listener clients name in lookups (listener_name), answered with URL "
+                             "(pulsar://host:port or pulsar+ssl://host:port; repeatable)")
     broker.add_argument("--auth-token", action="append", default=None,
                         help="accepted token (repeatable; enables auth; an empty token is refused)")
     broker.add_argument("--auth-basic", action="append", default=None, metavar="USER:PASSWORD",
@@ -277,6 +283,14 @@ async def run_broker(args) -> int:
         print(f"pulsarwire broker: --min-insync-replicas {args.min_insync_replicas} must be between 1 and "
               f"--replication-factor {args.replication_factor}: V1 acks=all could never be met", file=sys.stderr)
         return 2
+    listeners = {}
+    for spec in args.advertised_listener:
+        name, _, url = spec.partition("=")
+        if not name or not url.startswith(("pulsar://", "pulsar+ssl://")):
+            print(f"pulsarwire broker: --advertised-listener {spec}: takes NAME=pulsar://host:port "
+                  "(or pulsar+ssl://)", file=sys.stderr)
+            return 2
+        listeners[name] = url
     partitioned = []
     for spec in args.partitioned_topic:
         name, _, count = spec.partition("=")
@@ -315,6 +329,7 @@ async def run_broker(args) -> int:
                     else args.v1_consume_max_bytes,
                     topic_idle_timeout=DEFAULT_TOPIC_IDLE_TIMEOUT if args.topic_idle_timeout is None
                     else args.topic_idle_timeout,
+                    advertised_listeners=listeners, tenants=tuple(args.tenant),
                     **({} if args.v1_max_connections_per_address is None
                        else {"v1_max_connections_per_address": args.v1_max_connections_per_address}))
     await broker.start()

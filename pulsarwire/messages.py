@@ -60,7 +60,10 @@ class MessageId:
                    data.batch_index, data.batch_size, topic)
 
     def serialize(self) -> bytes:
-        return self.to_proto().SerializeToString()
+        data = self.to_proto()
+        if not self.batch_size:  # unknown (a hand-built id): left out, as the official client does
+            data.ClearField("batch_size")
+        return data.SerializeToString()
 
     @classmethod
     def deserialize(cls, raw: bytes) -> "MessageId":

@@ -36,6 +36,13 @@ class OfficialEnum(enum.IntEnum):
     def __format__(self, spec: str) -> str:
         return format(str(self), spec)
 
+    @classmethod
+    def _missing_(cls, value):
+        # the official module's enum of the same name (a partly switched program passes it)
+        if is_official(value, cls.__name__):
+            return cls.__members__.get(value.name)
+        return None
+
 
 class Result(OfficialEnum):
     """The outcome of an operation, as the official client numbers it."""
@@ -89,6 +96,30 @@ class Result(OfficialEnum):
 
 
 RESULT_NAMES = tuple(result.name for result in Result)
+
+# what the official client's C++ library calls a result in its error messages (strResult), where
+# that differs from the result's name
+_RESULT_TEXT = {
+    Result.Timeout: "TimeOut",
+    **{result: f"Result{result.name}" for result in (
+        Result.ConsumerAssignError, Result.CumulativeAcknowledgementNotAllowedError,
+        Result.TransactionCoordinatorNotFoundError, Result.InvalidTxnStatusError, Result.NotAllowedError,
+        Result.TransactionConflict, Result.TransactionNotFound, Result.ProducerFenced, Result.MemoryBufferIsFull,
+        Result.Interrupted)},
+}
+
+
+def error_text(result: Result) -> str:
+    """The message of an official exception: `Pulsar error: TimeOut`."""
+    return "Pulsar error: " + _RESULT_TEXT.get(result, result.name)
+
+
+def is_official(value, class_name: str | None = None) -> bool:
+    """Whether `value` is an object of the official module (`pulsar`, `_pulsar`), of the class
+    named `class_name` when given: pulsarwire takes those where they mean the same thing."""
+    cls = type(value)
+    module = cls.__module__.split(".")[0]
+    return module in ("pulsar", "_pulsar") and (class_name is None or cls.__name__ == class_name)
 
 
 class CompressionType(OfficialEnum):
@@ -292,7 +323,7 @@ class MessageId:
         return self._msg_id.partition
 
     def serialize(self) -> bytes:
-        return self._msg_id.serialize()
+        return self._msg_id.serialize()  # the official bytes: batch_size only when known
 
     @staticmethod
     def deserialize(message_id_bytes: bytes, topic: str | None = None) -> "MessageId":
@@ -339,6 +370,8 @@ def native_id(message_id) -> messages.MessageId:
         return message_id._msg_id
     if isinstance(message_id, messages.MessageId):
         return message_id
+    if is_official(message_id, "MessageId"):  # the official module's own (pulsar. or _pulsar.MessageId)
+        return messages.MessageId.deserialize(message_id.serialize())
     raise ValueError(f"expected a MessageId, got {type(message_id).__name__}")
 
 
@@ -405,10 +438,14 @@ class Message:
     def redelivery_count(self) -> int:
         return self._message.redelivery_count()
 
-    def schema_version(self) -> str | bytes:
+    def schema_version(self) -> str:
+        """A str, as the official client gives it (its C++ string): `.encode()` gives the stored
+        bytes back for the versions Pulsar writes (8-byte counters below 128)."""
         version = getattr(self._message, "schema_version", None)
         value = version() if callable(version) else getattr(getattr(self._message, "_metadata", None),
                                                               "schema_version", b"")
+        if isinstance(value, (bytes, bytearray)):
+            return bytes(value).decode("latin-1")  # every byte kept, one character each
         return value or ""
 
     def producer_name(self) -> str:
@@ -624,7 +661,7 @@ class ConsoleLogger:
     """Accepted as `Client(logger=...)` and ignored: pulsarwire logs to the `pulsarwire` logging logger."""
 
     def __init__(self, log_level=LoggerLevel.Info) -> None:
-        check_type(LoggerLevel, log_level, "log_level")
+        log_level = accept(LoggerLevel, log_level, "log_level")
         self.log_level = log_level
 
 
@@ -632,22 +669,39 @@ class FileLogger:
     """Accepted as `Client(logger=...)` and ignored: pulsarwire logs to the `pulsarwire` logging logger."""
 
     def __init__(self, log_level, log_file: str) -> None:
-        check_type(LoggerLevel, log_level, "log_level")
+        log_level = accept(LoggerLevel, log_level, "log_level")
         _check_str(log_file, "log_file")
         self.log_level, self.log_file = log_level, log_file
 
 
 # --- official keyword arguments -> the asyncio client's ------------------------------------
 
+def _same_meaning(var_type, var) -> bool:
+    """An official object where pulsarwire's `var_type` is expected: the policies (same accessors)
+    and enums (converted by `accept`); official authentication objects are refused (their
+    credentials live in the C++ library, out of reach)."""
+    if isinstance(var_type, type) and issubclass(var_type, Authentication) and is_official(var):
+        raise ValueError(f"an official pulsar.{type(var).__name__} keeps its credentials inside the official "
+                         f"C++ library, where pulsarwire cannot read them: make it with pulsarwire.sync."
+                         f"{type(var).__name__}(...) instead")
+    return isinstance(var_type, type) and is_official(var, var_type.__name__)
+
+
 def check_type(var_type, var, name: str) -> None:
-    if not isinstance(var, var_type):
+    if not isinstance(var, var_type) and not _same_meaning(var_type, var):
         raise ValueError(f"Argument {name} is expected to be of type '{var_type.__name__}' and not "
                          f"'{type(var).__name__}'")
 
 
 def check_type_or_none(var_type, var, name: str) -> None:
-    if var is not None and not isinstance(var, var_type):
+    if var is not None and not isinstance(var, var_type) and not _same_meaning(var_type, var):
         raise ValueError(f"Argument {name} is expected to be either None or of type '{var_type.__name__}'")
+
+
+def accept(enum_type: type[OfficialEnum], var, name: str) -> OfficialEnum:
+    """`var` as pulsarwire's `enum_type`: checked as `check_type` does, an official enum converted."""
+    check_type(enum_type, var, name)
+    return enum_type(var)
 
 
 class Unsupported(ValueError):
@@ -703,10 +757,10 @@ def producer_options(*, producer_name, schema, initial_sequence_id, send_timeout
     check_type(bool, chunking_enabled, "chunking_enabled")
     check_type_or_none(dict, properties, "properties")
     check_type(bool, lazy_start_partitioned_producers, "lazy_start_partitioned_producers")
-    check_type(CompressionType, compression_type, "compression_type")
-    check_type(PartitionsRoutingMode, message_routing_mode, "message_routing_mode")
-    check_type(BatchingType, batching_type, "batching_type")
-    check_type(ProducerAccessMode, access_mode, "access_mode")
+    compression_type = accept(CompressionType, compression_type, "compression_type")
+    message_routing_mode = accept(PartitionsRoutingMode, message_routing_mode, "message_routing_mode")
+    batching_type = accept(BatchingType, batching_type, "batching_type")
+    access_mode = accept(ProducerAccessMode, access_mode, "access_mode")
     if encryption_key or crypto_key_reader is not None:
         raise Unsupported("pulsarwire does not encrypt messages (encryption_key, crypto_key_reader)")
     if batching_max_messages <= 1:
@@ -762,6 +816,7 @@ def send_options(properties, partition_key, ordering_key, sequence_id, replicati
     check_type_or_none(str, ordering_key, "ordering_key")
     check_type_or_none(int, sequence_id, "sequence_id")
     check_type_or_none(list, replication_clusters, "replication_clusters")
+    check_type(bool, disable_replication, "disable_replication")
     check_type_or_none(int, event_timestamp, "event_timestamp")
     check_type_or_none(int, deliver_at, "deliver_at")
     check_type_or_none(timedelta, deliver_after, "deliver_after")
@@ -780,10 +835,10 @@ def send_options(properties, partition_key, ordering_key, sequence_id, replicati
         options["deliver_at"] = deliver_at
     if deliver_after:
         options["deliver_after_ms"] = int(deliver_after / timedelta(milliseconds=1))
-    if replication_clusters:
-        options["replication_clusters"] = replication_clusters
-    if disable_replication:
-        options["disable_replication"] = True
+    # geo-replication: a single cluster stores the message whatever the list names (Pulsar stores
+    # it locally too) and has no other cluster to send it to, so both mean nothing more here
+    for cluster in replication_clusters or ():
+        check_type(str, cluster, "replication_clusters")
     return options
 
 
@@ -801,9 +856,9 @@ def consumer_options(*, topic, consumer_type, schema, receiver_queue_size,
                      max_pending_chunked_message, auto_ack_oldest_chunked_message_on_queue_full,
                      start_message_id_inclusive, key_shared_policy, batch_index_ack_enabled,
                      regex_subscription_mode, dead_letter_policy) -> dict:
-    check_type(ConsumerType, consumer_type, "consumer_type")
-    check_type(InitialPosition, initial_position, "initial_position")
-    check_type(RegexSubscriptionMode, regex_subscription_mode, "regex_subscription_mode")
+    consumer_type = accept(ConsumerType, consumer_type, "consumer_type")
+    initial_position = accept(InitialPosition, initial_position, "initial_position")
+    regex_subscription_mode = accept(RegexSubscriptionMode, regex_subscription_mode, "regex_subscription_mode")
     check_type(int, receiver_queue_size, "receiver_queue_size")
     check_type(int, max_total_receiver_queue_size_across_partitions,
                "max_total_receiver_queue_size_across_partitions")

@@ -231,6 +231,8 @@ class Record(metaclass=RecordMeta):
     _fields: dict[str, Any] = {}
 
     def __init__(self, default=None, required_default: bool = False, required: bool = False, *args, **kwargs):
+        if type(self) is Record:  # as the official module: only a declared record has fields
+            raise TypeError("Record itself has no fields: declare a subclass (class User(Record): ...)")
         self._required_default = required_default
         self._default = default
         self._required = required

@@ -280,10 +280,20 @@ class JsonSchema(_RecordSchema):
 
     def encode(self, value) -> bytes:
         self._check(value)
-        return json.dumps(_to_plain(value, enum_as_name=False), default=_json_default).encode()
+        # a Record's bytes fields as the official client writes them: their UTF-8 text (its
+        # decode reads them back through the field); dataclasses and dicts: base64, as Java
+        official_record = self._record_cls is not None and not dataclasses.is_dataclass(self._record_cls)
+        return json.dumps(_to_plain(value, enum_as_name=False),
+                          default=_json_text if official_record else _json_default).encode()
 
     def decode(self, data: bytes):
         return self._build(json.loads(bytes(data)), enum_by_name=False)
+
+
+def _json_text(value):
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode()  # UnicodeDecodeError (a ValueError) for bytes that are not UTF-8
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 def _json_default(value):

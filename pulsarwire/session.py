@@ -200,10 +200,12 @@ class ClientSession:
         self._next_request_id += 1
         return self._next_request_id
 
-    def lookup(self, topic: str, authoritative: bool = False) -> int:
+    def lookup(self, topic: str, authoritative: bool = False, listener_name: str | None = None) -> int:
         rid = self.new_request_id()
-        self._command(T.LOOKUP, "lookupTopic",
-                      pb.CommandLookupTopic(topic=topic, request_id=rid, authoritative=authoritative))
+        command = pb.CommandLookupTopic(topic=topic, request_id=rid, authoritative=authoritative)
+        if listener_name:
+            command.advertised_listener_name = listener_name
+        self._command(T.LOOKUP, "lookupTopic", command)
         return rid
 
     def partitioned_metadata(self, topic: str) -> int:

@@ -75,10 +75,13 @@ def _official_error(exc: BaseException, closed: bool = False) -> BaseException:
         return exc
     if isinstance(exc, official.Unsupported):
         return OperationNotSupported(str(exc))
-    result = official.official_result(exc, closed)
+    # Ctrl-C (or any signal handler raising KeyboardInterrupt) while a call waits: the official
+    # client checks for signals as it waits and raises Interrupted
+    result = Result.Interrupted if isinstance(exc, KeyboardInterrupt) else official.official_result(exc, closed)
     if result is None:
         return exc
-    error = _EXCEPTIONS[result](f"Pulsar error: {result.name}" + (f": {exc}" if str(exc) else ""))
+    # the official message; pulsarwire's detail stays in the chained cause
+    error = _EXCEPTIONS[result](official.error_text(result))
     error.__cause__ = exc
     return error
 
@@ -92,7 +95,7 @@ class _Facade:
     def _run(self, coro, closed_check: bool = True):
         if closed_check and self._closed:
             coro.close()
-            raise AlreadyClosed("Pulsar error: AlreadyClosed")
+            raise AlreadyClosed(official.error_text(Result.AlreadyClosed))
         try:
             return self._loop.run(coro)
         except BaseException as exc:  # noqa: BLE001 - translated, never swallowed
@@ -100,7 +103,7 @@ class _Facade:
 
     def _call(self, fn: Callable, *args):
         if self._closed:
-            raise AlreadyClosed("Pulsar error: AlreadyClosed")
+            raise AlreadyClosed(official.error_text(Result.AlreadyClosed))
         try:
             return self._loop.call(fn, *args)
         except BaseException as exc:  # noqa: BLE001
@@ -148,6 +151,8 @@ class _ListenerThreads:
 
 class Client(_Facade):
     """The client: `Client("pulsar://localhost:6650")`, with the official keyword arguments."""
+
+    _shut_down = False
 
     def __init__(self, service_url, authentication=None, operation_timeout_seconds=30, io_threads=1,
                  message_listener_threads=1, concurrent_lookup_requests=50000, log_conf_file_path=None,
@@ -226,7 +231,7 @@ class Client(_Facade):
         try:
             topics = official.subscribe_topic(topic)
         except official.BadTopicName as exc:
-            raise InvalidTopicName(f"Pulsar error: InvalidTopicName: {exc}") from None
+            raise InvalidTopicName(official.error_text(Result.InvalidTopicName)) from None
         try:
             options = official.consumer_options(
                 topic=topics, consumer_type=consumer_type, schema=schema, receiver_queue_size=receiver_queue_size,
@@ -279,13 +284,13 @@ class Client(_Facade):
         official.check_type_or_none(str, subscription_name, "subscription_name")
         factory = getattr(self._client, "create_table_view", None)
         if factory is None:
-            raise OperationNotSupported("Pulsar error: OperationNotSupported: this pulsarwire has no table view")
+            raise OperationNotSupported(official.error_text(Result.OperationNotSupported))
         options: dict[str, Any] = {}
         if subscription_name is not None:
             options["subscription_name"] = subscription_name
         if schema is not None and type(schema).__name__ != "BytesSchema":
             options["schema"] = schema
-        view = TableView(self, self._run(factory(topic, **options)), topic, subscription_name)
+        view = TableView(self, self._run(factory(topic, **options)), topic, subscription_name, schema)
         self._handles.append(view)
         return view
 
@@ -297,7 +302,7 @@ class Client(_Facade):
         """Close at once, without waiting for what is in flight (which fails with AlreadyClosed)."""
         if self._closed:
             return
-        self._closed = True
+        self._closed = self._shut_down = True
         for handle in self._handles:
             handle._closed = True
 
@@ -312,8 +317,11 @@ class Client(_Facade):
 
     def close(self) -> None:
         """Close every producer, consumer and reader of this client, then the client."""
+        if self._shut_down:  # as the official client: closing once what shutdown() closed is no error
+            self._shut_down = False
+            return
         if self._closed:
-            raise AlreadyClosed("Pulsar error: AlreadyClosed")
+            raise AlreadyClosed(official.error_text(Result.AlreadyClosed))
         if threading.current_thread() is self._loop.thread:  # before anything is marked closed
             raise RuntimeError("close() waits for the event loop it was called from: call it from another "
                                "thread, or shutdown() to close at once")
@@ -346,7 +354,7 @@ def _checked_topic(topic) -> None:
     try:
         official.check_topic(topic)
     except official.BadTopicName as exc:
-        raise InvalidTopicName(f"Pulsar error: InvalidTopicName: {exc}") from None
+        raise InvalidTopicName(official.error_text(Result.InvalidTopicName)) from None
 
 
 def _default_message_id() -> MessageId:
@@ -397,7 +405,7 @@ class Producer(_Facade):
         options = official.send_options(properties, partition_key, ordering_key, sequence_id, replication_clusters,
                                         disable_replication, event_timestamp, deliver_at, deliver_after)
         if self._closed:
-            raise AlreadyClosed("Pulsar error: AlreadyClosed")
+            raise AlreadyClosed(official.error_text(Result.AlreadyClosed))
         self._loop.refuse_own_thread()
         answer: concurrent.futures.Future = concurrent.futures.Future()
 
@@ -452,8 +460,8 @@ class Producer(_Facade):
     @property
     def _refusal(self) -> Any:  # an official exception class's instance
         if self._closed or self._loop.stopped:
-            return AlreadyClosed("Pulsar error: AlreadyClosed")
-        return ProducerQueueIsFull("Pulsar error: ProducerQueueIsFull")
+            return AlreadyClosed(official.error_text(Result.AlreadyClosed))
+        return ProducerQueueIsFull(official.error_text(Result.ProducerQueueIsFull))
 
     def _accept(self, content, options: dict, done: Callable) -> bool:
         """Queue one send if the bound on pending messages lets it in, waiting for room when the
@@ -547,7 +555,7 @@ class Producer(_Facade):
     def close(self) -> None:
         """Close the producer once every pending message is acknowledged."""
         if self._closed:
-            raise AlreadyClosed("Pulsar error: AlreadyClosed")
+            raise AlreadyClosed(official.error_text(Result.AlreadyClosed))
         self._stop_listening()  # first: a call blocked meanwhile reads AlreadyClosed
 
         async def close():
@@ -630,7 +638,7 @@ class _Listening(_Facade):
 
     def _check_no_listener(self) -> None:
         if self._listener_task is not None:
-            raise InvalidConfiguration("Pulsar error: InvalidConfiguration: messages go to the listener")
+            raise InvalidConfiguration(official.error_text(Result.InvalidConfiguration))
 
 
 def _finish(future: _asyncio.Future) -> None:
@@ -709,7 +717,7 @@ class Consumer(_Listening):
         """Acknowledge every message up to and including this one (not on Shared or Key_Shared)."""
         if self._type in (ConsumerType.Shared, ConsumerType.KeyShared):
             raise CumulativeAcknowledgementNotAllowedError(
-                "Pulsar error: CumulativeAcknowledgementNotAllowedError")
+                official.error_text(Result.CumulativeAcknowledgementNotAllowedError))
         self._call(self._consumer.acknowledge_cumulative, _native_target(message))
 
     def negative_acknowledge(self, message) -> None:
@@ -741,14 +749,14 @@ class Consumer(_Listening):
 
     def unsubscribe(self) -> None:
         if self._closed:
-            raise AlreadyClosed("Pulsar error: AlreadyClosed")
+            raise AlreadyClosed(official.error_text(Result.AlreadyClosed))
         self._stop_listening()
         self._closed = True
         self._run(self._consumer.unsubscribe(), closed_check=False)
 
     def close(self) -> None:
         if self._closed:
-            raise AlreadyClosed("Pulsar error: AlreadyClosed")
+            raise AlreadyClosed(official.error_text(Result.AlreadyClosed))
         self._stop_listening()
         self._closed = True
         self._run(self._consumer.close(), closed_check=False)
@@ -794,7 +802,7 @@ class Reader(_Listening):
 
     def close(self) -> None:
         if self._closed:
-            raise AlreadyClosed("Pulsar error: AlreadyClosed")
+            raise AlreadyClosed(official.error_text(Result.AlreadyClosed))
         self._stop_listening()
         self._closed = True
         self._run(self._reader.close(), closed_check=False)
@@ -803,12 +811,28 @@ class Reader(_Listening):
 class TableView(_Facade):
     """Blocking view over the asyncio client's table view (what it returns awaitable is awaited)."""
 
-    def __init__(self, client: Client, view, topic: str, subscription_name: str | None) -> None:
+    def __init__(self, client: Client, view, topic: str, subscription_name: str | None, schema=None) -> None:
         self._client = client
         self._loop = client._loop
         self._view = view
         self._topic = topic
         self._subscription = subscription_name
+        self._schema = schema
+
+    def _removed_value(self):
+        """What a listener gets for a removed key: the official client decodes the empty value
+        (b'' without a schema, '' with a StringSchema)."""
+        if self._schema is None:
+            return b""
+        try:
+            return self._schema.decode(b"")
+        except Exception:  # noqa: BLE001 - a schema with no empty value: the raw empty value
+            return b""
+
+    def _official_values(self, callback: Callable) -> Callable:
+        def call(key, value):
+            callback(key, self._removed_value() if value is None else value)
+        return call
 
     def _stop_listening(self) -> None:
         pass
@@ -824,7 +848,7 @@ class TableView(_Facade):
         self._blocking("for_each", callback)
 
     def for_each_and_listen(self, callback: Callable) -> None:
-        self._blocking("for_each_and_listen", callback)
+        self._blocking("for_each_and_listen", self._official_values(callback))
 
     def close(self) -> None:
         self._blocking("close")

@@ -396,3 +396,126 @@ def test_send_async_refuses_a_callback_that_cannot_be_called(embedded):
         producer.flush()
     finally:
         client.close()
+
+
+def test_listener_name_gets_the_advertised_listener_and_an_unknown_one_is_refused(tmp_path):
+    from .peers import BrokerThread
+    broker = BrokerThread(tmp_path, v1_port=None, sync_policy="never").start()
+    try:
+        # the listener's URL is this broker itself: a lookup naming it connects there
+        broker.call(lambda: broker.broker.pulsar.advertised_listeners.update(internal=broker.url))
+        client = pulsar.Client(broker.url, listener_name="internal", operation_timeout_seconds=5)
+        try:
+            producer = client.create_producer(unique())
+            assert producer.send(b"x").entry_id() == 0
+        finally:
+            client.close()
+        client = pulsar.Client(broker.url, listener_name="elsewhere", operation_timeout_seconds=5)
+        try:
+            with pytest.raises(pulsar.ServiceUnitNotReady):
+                client.create_producer(unique())
+        finally:
+            client.close()
+    finally:
+        broker.stop()
+
+
+def test_a_topic_of_an_unknown_tenant_is_not_found_and_stored_tenants_stay(tmp_path):
+    from .peers import BrokerThread
+    broker = BrokerThread(tmp_path, v1_port=None, sync_policy="never", tenants=("configured",)).start()
+    try:
+        client = pulsar.Client(broker.url, operation_timeout_seconds=5)
+        try:
+            with pytest.raises(pulsar.TopicNotFound):
+                client.create_producer("persistent://nobody/ns/t")
+            with pytest.raises(pulsar.TopicNotFound):
+                client.subscribe("nobody/ns/t", "sub")
+            client.create_producer("persistent://configured/ns/t").send(b"kept")
+            client.create_producer("persistent://pulsar/system/t").close()
+        finally:
+            client.close()
+        broker.options["tenants"] = ()
+        broker.restart()  # not configured any more: its stored topic keeps the tenant reachable
+        client = pulsar.Client(broker.url, operation_timeout_seconds=5)
+        try:
+            reader = client.create_reader("persistent://configured/ns/t", pulsar.MessageId.earliest)
+            assert reader.read_next(5000).data() == b"kept"
+        finally:
+            client.close()
+    finally:
+        broker.stop()
+
+
+def test_official_objects_are_taken_where_they_mean_the_same(embedded):
+    official = pytest.importorskip("pulsar")
+    client = pulsar.Client(embedded.url)
+    try:
+        topic = unique()
+        consumer = client.subscribe(topic, "s", consumer_type=official.ConsumerType.Shared,
+                                    initial_position=official.InitialPosition.Earliest)
+        producer = client.create_producer(topic, compression_type=official.CompressionType.ZLib)
+        sent = producer.send(b"one")
+        assert consumer.receive(5000).data() == b"one"
+        consumer.acknowledge(official.MessageId.deserialize(sent.serialize()))
+        reader = client.create_reader(topic, official.MessageId.earliest)
+        assert reader.read_next(5000).data() == b"one"
+        with pytest.raises(ValueError, match="pulsarwire.sync.AuthenticationToken"):
+            pulsar.Client(embedded.url, authentication=official.AuthenticationToken("token"))
+    finally:
+        client.close()
+    assert pulsar.MessageId(1, 2, 3, 4).serialize() == official.MessageId(1, 2, 3, 4).serialize()
+    assert pulsar.MessageId(ledger_id=5, entry_id=6).serialize() == \
+        official.MessageId(ledger_id=5, entry_id=6).serialize()
+
+
+def test_error_messages_read_as_the_official_clients(embedded):
+    client = pulsar.Client(embedded.url)
+    try:
+        consumer = client.subscribe(unique(), "s")
+        with pytest.raises(pulsar.Timeout) as caught:
+            consumer.receive(10)
+        assert str(caught.value) == "Pulsar error: TimeOut"
+        assert isinstance(caught.value.__cause__, errors.TimeoutError)  # pulsarwire's detail stays there
+    finally:
+        client.close()
+
+
+def test_a_blocked_call_on_the_main_thread_is_interrupted_by_a_signal_sent_elsewhere(embedded):
+    import signal
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach the main thread only")
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    client = pulsar.Client(embedded.url)
+    try:
+        consumer = client.subscribe(unique(), "s")
+        threading.Timer(0.3, signal.raise_signal, (signal.SIGUSR1,)).start()  # delivered to the timer's thread
+        with pytest.raises(pulsar.Interrupted):  # not Timeout: the wait saw the signal
+            consumer.receive(20_000)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+        client.close()
+
+
+def test_a_records_json_bytes_are_written_as_the_official_client_writes_them():
+    from pulsarwire.schema import Bytes, JsonSchema, Record, String
+
+    class Sample(Record):
+        name = String()
+        blob = Bytes()
+
+    ours = JsonSchema(Sample)
+    encoded = ours.encode(Sample(name="n", blob=b"raw"))
+    assert ours.decode(encoded).blob == b"raw"  # it comes back as it went
+    official_schema = pytest.importorskip("pulsar.schema")
+
+    class OfficialSample(official_schema.Record):
+        name = official_schema.String()
+        blob = official_schema.Bytes()
+
+    theirs = official_schema.JsonSchema(OfficialSample)
+    assert theirs.decode(encoded).blob == b"raw"
+    assert ours.decode(theirs.encode(OfficialSample(name="n", blob=b"raw"))).blob == b"raw"

@@ -118,7 +118,7 @@ def test_reader_subscription_left_after_seek_is_dropped_once_unused(broker, offi
 def test_official_exclusive_producer_refuses_a_second_one(official):
     topic = unique("access-exclusive")
     first = official.create_producer(topic, access_mode=pulsar.ProducerAccessMode.Exclusive)
-    with pytest.raises(pulsar.ProducerBusy):
+    with pytest.raises(pulsar.ProducerFenced):  # as Pulsar answers a second Exclusive producer
         official.create_producer(topic, access_mode=pulsar.ProducerAccessMode.Exclusive)
     with pytest.raises(pulsar.ProducerBusy):
         official.create_producer(topic)  # Shared is refused while an exclusive producer holds it
@@ -131,7 +131,7 @@ def test_official_exclusive_producer_refuses_a_second_one(official):
 def test_official_exclusive_refused_while_shared_producers_exist(official):
     topic = unique("access-shared")
     shared = [official.create_producer(topic), official.create_producer(topic)]
-    with pytest.raises(pulsar.ProducerBusy):
+    with pytest.raises(pulsar.ProducerFenced):
         official.create_producer(topic, access_mode=pulsar.ProducerAccessMode.Exclusive)
     for p in shared:
         p.close()
@@ -178,7 +178,7 @@ def test_pulsarwire_producer_access_modes(broker):
         async with pw.Client(broker.url, operation_timeout_seconds=10) as client:
             topic = unique("pw-access")
             first = await client.create_producer(topic, access_mode=pw.ProducerAccessMode.Exclusive)
-            with pytest.raises(errors.ProducerBusyError):
+            with pytest.raises(errors.ProducerFencedError):
                 await client.create_producer(topic, access_mode=pw.ProducerAccessMode.Exclusive)
             with pytest.raises(errors.ProducerBusyError):
                 await client.create_producer(topic)
@@ -335,7 +335,7 @@ def test_get_topics_of_namespace_modes_pattern_and_hash(broker):
     async def main():
         async with pw.Client(broker.url, operation_timeout_seconds=10) as client:
             for name in (f"{prefix}-a", f"{prefix}-b", f"non-persistent://public/default/{prefix}-np",
-                         f"persistent://other/ns/{prefix}-elsewhere"):
+                         f"persistent://pulsar/ns/{prefix}-elsewhere"):
                 await (await client.create_producer(name)).close()
             pool = client._pool
             persistent = (await pool.topics_of_namespace("public/default", Mode.PERSISTENT)).topics

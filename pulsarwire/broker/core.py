@@ -39,6 +39,19 @@ class InvalidTopicName(ValueError):
     """A topic name the broker refuses: it could not be stored safely under the data dir."""
 
 
+class UnknownTenant(LookupError):
+    """A topic of a tenant this broker does not have: Pulsar answers TopicNotFound (tenants are
+    made by an administrator; a topic never makes one)."""
+
+
+# the tenants a Pulsar standalone starts with
+DEFAULT_TENANTS = ("public", "pulsar")
+
+
+def tenant_of(name: str) -> str:
+    return (name.split("://", 1)[1] if "://" in name else name).split("/", 1)[0]
+
+
 def check_topic_name(data_dir: str, name: str, partitions: int = 0) -> None:
     """Refuse a name that is empty, has a `.`/`..`/empty path segment (`a/../b`, `a//b`),
     control characters, or a directory name over MAX_FILE_NAME bytes (for a partitioned
@@ -77,7 +90,8 @@ class BrokerCore:
                  max_open_files: int | None = None, file_ops: FileOps | None = None,
                  max_cache_bytes: int = DEFAULT_MAX_CACHE_BYTES,
                  max_unacked_messages_per_consumer: int = DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER,
-                 page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES, deduplication: bool = False) -> None:
+                 page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES, deduplication: bool = False,
+                 tenants: tuple[str, ...] = ()) -> None:
         if max_unacked_messages_per_consumer < 0:
             raise ValueError("max_unacked_messages_per_consumer must not be negative")
         self.data_dir = os.path.abspath(data_dir)
@@ -108,6 +122,9 @@ class BrokerCore:
         self._idle_since: dict[str, float] = {}  # open topics nobody uses, since when
         self._closing: dict[str, list[concurrent.futures.Future]] = {}  # unloaded topics' last writes
         self.unloaded_topics = 0
+        # tenants topics may be made in: Pulsar's defaults, those configured, and (from open())
+        # those of every topic the data dir holds, so that no stored topic becomes unreachable
+        self.tenants: set[str] = set(DEFAULT_TENANTS) | set(tenants)
 
     def open(self) -> None:
         os.makedirs(self.data_dir, exist_ok=True)
@@ -125,6 +142,10 @@ class BrokerCore:
                     metafile.write(self._metadata_path(), self._partitioned, self.files.ops)
             except StorageError as exc:
                 self._enter_read_only(exc)
+            root = os.path.join(self.data_dir, "topics")
+            self.tenants.update(tenant_of(urllib.parse.unquote(entry))
+                                for entry in (os.listdir(root) if os.path.isdir(root) else ()))
+            self.tenants.update(tenant_of(name) for name in self._partitioned)
         except BaseException:
             self._lock.release()
             raise
@@ -293,6 +314,11 @@ class BrokerCore:
         """Raise InvalidTopicName for a name that cannot be a topic here."""
         check_topic_name(self.data_dir, name, partitions)
 
+    def check_tenant(self, name: str) -> None:
+        """Raise UnknownTenant when topic `name` is in a tenant this broker does not have."""
+        if tenant_of(name) not in self.tenants and tenant_of(name) not in self.policies.tenants:
+            raise UnknownTenant(f"tenant {tenant_of(name)[:64]!r} does not exist (topic {name[:128]})")
+
     def non_partitioned_exists(self, name: str) -> bool:
         """Whether `name` is a non-partitioned topic, open or only on disk (topics open lazily)."""
         if name in self.topics:
@@ -332,6 +358,7 @@ class BrokerCore:
             else:
                 self._partitioned[name] = previous
             raise
+        self.tenants.add(tenant_of(name))  # made by an operator (CLI, admin): its tenant exists
 
     def topics_of_namespace(self, namespace: str, persistent: bool = True, non_persistent: bool = False) -> list[str]:
         """The topic-partitions of `tenant/namespace` (open, on disk, or partitions of a
@@ -374,6 +401,7 @@ class BrokerCore:
                 log.exception("topic %s cannot be opened", name)
                 raise MetadataError(f"topic {name} cannot be opened: {exc}") from exc
             self.topics[name] = topic
+            self.tenants.add(tenant_of(name))  # a V1 client may make topics in any tenant
         self._idle_since.pop(name, None)
         return topic
 

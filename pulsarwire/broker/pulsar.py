@@ -32,7 +32,7 @@ from .._proto import PulsarApi_pb2 as pb
 from ..errors import BadMetadataError, ChecksumMismatchError, FrameTooLargeError, PulsarWireError
 from ..messages import ack_set_bits
 from .compatibility import IncompatibleSchema, version_for
-from .core import DUPLICATE, BrokerCore, InvalidTopicName, close_transport, highest_sequence
+from .core import DUPLICATE, BrokerCore, InvalidTopicName, UnknownTenant, close_transport, highest_sequence
 from .storage import StorageError
 from .topics import (
     EARLIEST, LATEST, SHARED, ConsumerLink, MalformedBatchError, ProducerBusyError, ProducerFencedError,
@@ -153,6 +153,9 @@ class PulsarService:
         self.connections: set[BrokerConnection] = set()
         self.lookup_url = ""  # what lookups answer: this broker, or a proxy in front of it
         self.service_url_tls = ""
+        # Pulsar's advertisedListeners: name -> the pulsar:// or pulsar+ssl:// URL a lookup naming
+        # that listener answers (a lookup naming another listener fails, as in Pulsar)
+        self.advertised_listeners: dict[str, str] = {}
 
     @property
     def max_connections_per_address(self) -> int:
@@ -896,9 +899,13 @@ class BrokerConnection(asyncio.Protocol):
     def _request_topic(self, request_id: int, name: str):
         """The topic a producer or subscribe request names, or None after answering its error."""
         try:
+            self.core.check_tenant(name)
             topic = self.core.topic(name)
         except InvalidTopicName as exc:
             self._error(request_id, pb.InvalidTopicName, str(exc))
+            return None
+        except UnknownTenant as exc:
+            self._error(request_id, pb.TopicNotFound, str(exc))
             return None
         if topic is None:
             self._error(request_id, pb.TopicNotFound, f"{name} is a partitioned topic; use a partition")
@@ -985,27 +992,44 @@ class BrokerConnection(asyncio.Protocol):
         c = frame.command.lookupTopic
         try:
             self.core.check_topic_name(c.topic)
-        except InvalidTopicName as exc:
+            self.core.check_tenant(c.topic)
+        except (InvalidTopicName, UnknownTenant) as exc:
             self.command(T.LOOKUP_RESPONSE, "lookupTopicResponse", pb.CommandLookupTopicResponse(
                 request_id=c.request_id, response=pb.CommandLookupTopicResponse.Failed,
-                error=pb.InvalidTopicName, message=str(exc)))
+                error=pb.InvalidTopicName if isinstance(exc, InvalidTopicName) else pb.TopicNotFound,
+                message=str(exc)))
             return
         response = pb.CommandLookupTopicResponse(request_id=c.request_id, authoritative=True,
                                                  response=pb.CommandLookupTopicResponse.Connect,
                                                  brokerServiceUrl=self.service.lookup_url)
         if self.service.service_url_tls:
             response.brokerServiceUrlTls = self.service.service_url_tls
+        if c.advertised_listener_name:
+            listener_url = self.service.advertised_listeners.get(c.advertised_listener_name)
+            if listener_url is None:
+                self.command(T.LOOKUP_RESPONSE, "lookupTopicResponse", pb.CommandLookupTopicResponse(
+                    request_id=c.request_id, response=pb.CommandLookupTopicResponse.Failed,
+                    error=pb.ServiceNotReady,
+                    message=f"the broker has no advertised listener {c.advertised_listener_name[:64]!r}"))
+                return
+            response.ClearField("brokerServiceUrlTls")
+            if listener_url.startswith("pulsar+ssl://"):
+                response.brokerServiceUrl, response.brokerServiceUrlTls = "", listener_url
+            else:
+                response.brokerServiceUrl = listener_url
         self.command(T.LOOKUP_RESPONSE, "lookupTopicResponse", response)
 
     def on_partitioned_metadata(self, frame) -> None:
         c = frame.command.partitionMetadata
         try:
+            self.core.check_tenant(c.topic)
             partitions = self.core.partitions_of(c.topic)
-        except InvalidTopicName as exc:
+        except (InvalidTopicName, UnknownTenant) as exc:
             self.command(T.PARTITIONED_METADATA_RESPONSE, "partitionMetadataResponse",
                          pb.CommandPartitionedTopicMetadataResponse(
                              request_id=c.request_id, response=pb.CommandPartitionedTopicMetadataResponse.Failed,
-                             error=pb.InvalidTopicName, message=str(exc)))
+                             error=pb.InvalidTopicName if isinstance(exc, InvalidTopicName) else pb.TopicNotFound,
+                             message=str(exc)))
             return
         self.command(T.PARTITIONED_METADATA_RESPONSE, "partitionMetadataResponse",
                      pb.CommandPartitionedTopicMetadataResponse(

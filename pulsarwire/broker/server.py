@@ -69,7 +69,8 @@ class Broker:
                  max_connections_per_address: int | None = None,
                  authenticated_share: float = DEFAULT_AUTHENTICATED_SHARE,
                  idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
-                 memory_budget: int = DEFAULT_MEMORY_BUDGET) -> None:
+                 memory_budget: int = DEFAULT_MEMORY_BUDGET,
+                 advertised_listeners: dict[str, str] | None = None, tenants: tuple[str, ...] = ()) -> None:
         check_replication(replication_factor, min_insync_replicas)  # before anything is opened
         if memory_budget < max_cache_bytes + max_output_bytes:
             raise ValueError("memory_budget must hold the entry cache (max_cache_bytes) and one connection's "
@@ -79,7 +80,8 @@ class Broker:
         self.core = BrokerCore(data_dir, sync_policy=sync_policy, segment_bytes=segment_bytes, deduplication=deduplication,
                                default_partitions=default_partitions, max_open_files=max_open_files,
                                file_ops=file_ops, max_cache_bytes=max_cache_bytes, page_cache_bytes=page_cache_bytes,
-                               max_unacked_messages_per_consumer=max_unacked_messages_per_consumer)
+                               max_unacked_messages_per_consumer=max_unacked_messages_per_consumer,
+                               tenants=tuple(tenants))
         self.pulsar = PulsarService(self.core, auth_tokens=auth_tokens, auth_basic=auth_basic, auth_tls=auth_tls,
                                     max_message_size=max_message_size,
                                     keep_alive_interval=keep_alive_interval,
@@ -93,6 +95,10 @@ class Broker:
                                     # what the entry cache leaves of the memory budget
                                     max_total_output_bytes=memory_budget - max_cache_bytes)
         self._connections_fit_descriptors = max_connections is None  # else the caller's choice stands
+        for name, url in (advertised_listeners or {}).items():
+            if not name or not url.startswith(("pulsar://", "pulsar+ssl://")):
+                raise ValueError(f"advertised listener {name!r}: takes a name and a pulsar:// or pulsar+ssl:// URL")
+        self.pulsar.advertised_listeners = dict(advertised_listeners or {})
         self.data_dir = self.core.data_dir
         self.host = host
         self.port = port

@@ -1051,7 +1051,8 @@ class Topic:
                 self.waiting_producers.append((producer, epoch, on_granted, on_refused))
                 return None
             holder = "an exclusive producer" if self.exclusive_producer is not None else "shared producers"
-            raise ProducerBusyError(f"{self.name} has {holder}")
+            # as Pulsar answers an Exclusive producer that finds the topic taken
+            raise ProducerFencedError(f"{self.name} has {holder}")
         return self._take_exclusive(producer, epoch)
 
     def _take_exclusive(self, producer: ProducerLink, epoch: int | None) -> int:

@@ -34,9 +34,11 @@ class Client:
                  tls_trust_certs_file_path: str | None = None,
                  tls_allow_insecure_connection: bool = False, tls_validate_hostname: bool = False,
                  initial_backoff_seconds: float = 0.1, max_backoff_seconds: float = 30,
-                 max_frame_size: int = codec.DEFAULT_MAX_FRAME_SIZE) -> None:
+                 max_frame_size: int = codec.DEFAULT_MAX_FRAME_SIZE, listener_name: str | None = None) -> None:
         hosts = Address.parse_service_url(service_url)
         self._authentication = authentication
+        # the broker's advertised listener whose address lookups answer (None: the default one)
+        self._listener_name = listener_name or None
         self._operation_timeout = operation_timeout_seconds
         self._connection_timeout = connection_timeout_ms / 1000
         self._keep_alive_interval = keep_alive_interval_seconds

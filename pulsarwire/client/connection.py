@@ -370,7 +370,7 @@ class ConnectionPool:
         conn = await self.connection(self._service)
         authoritative = False
         for _ in range(20):
-            response = await conn.request(conn.session.lookup, topic, authoritative)
+            response = await conn.request(conn.session.lookup, topic, authoritative, self._client._listener_name)
             url = response.brokerServiceUrlTls if self._service.tls and response.brokerServiceUrlTls \
                 else response.brokerServiceUrl
             if response.proxy_through_service_url or not url:

@@ -474,6 +474,14 @@ class PartitionConsumer(Reconnecting):
     def redeliver_unacknowledged(self) -> None:
         if self.conn is None:
             return
+        if self.parent._dead_letter is not None and self._unacked:
+            # by id, as the official client does with a dead letter policy: what has been
+            # redelivered max_redeliver_count times goes to the dead letter topic instead
+            removed = self.parent._queue.remove_from(self)
+            self._redeliver_keys(list(self._unacked))
+            if removed:
+                self._message_consumed(removed)
+            return
         self.flush_acks()  # what was just acknowledged must not come back
         removed = self.parent._queue.remove_from(self)
         self._unacked.clear()

@@ -111,10 +111,27 @@ class AuthenticationToken:
 
     def __init__(self, token: str | Callable[[], str]) -> None:
         self._token = token
+        self._supplied: str | None = None  # what prepare() got, for the CONNECT that follows
+
+    def _supply(self) -> str:
+        if not callable(self._token):
+            return self._token
+        try:
+            token = self._token()
+        except Exception as exc:  # noqa: BLE001 - any failure of the user's supplier is the answer
+            raise AuthenticationError(f"the token supplier failed: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(token, str):
+            raise AuthenticationError(f"the token supplier returned {type(token).__name__}, not str")
+        return token
+
+    async def prepare(self) -> None:
+        """Called before each connect: a failing supplier fails the operation at once with
+        AuthenticationError (as the official client does), not after connect retries."""
+        self._supplied = self._supply()
 
     def auth_data(self) -> bytes:
-        token = self._token() if callable(self._token) else self._token
-        return token.encode()
+        token, self._supplied = self._supplied, None
+        return (token if token is not None else self._supply()).encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,8 +179,9 @@ def topic_name(topic: str) -> str:
     if "://" in topic:
         scheme, _, rest = topic.partition("://")
         parts = rest.split("/")
-        # four parts: the older tenant/cluster/namespace/topic form
-        if scheme in ("persistent", "non-persistent") and len(parts) in (3, 4) and all(parts):
+        # four parts: the older tenant/cluster/namespace/topic form; more: a local name holding
+        # '/' (`persistent://t/ns/a/b/c`), which the official client accepts as well
+        if scheme in ("persistent", "non-persistent") and len(parts) >= 3 and all(parts):
             return topic
     else:
         parts = topic.split("/")
