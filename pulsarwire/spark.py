@@ -37,7 +37,7 @@ from pyspark.sql.streaming.datasource import (
     ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import (
-    BinaryType, IntegerType, LongType, MapType, StringType, StructField, StructType, TimestampType,
+    ArrayType, BinaryType, IntegerType, LongType, MapType, StringType, StructField, StructType, TimestampType,
 )
 
 try:  # PySpark 4.1+: the streaming sink takes Arrow batches too
@@ -63,6 +63,10 @@ SCHEMA = StructType([
     StructField("__batchIndex", IntegerType()),
     StructField("__partition", IntegerType()),
 ])
+
+# includeHeaders: the message properties as the Kafka source's headers column
+HEADERS = StructField("headers", ArrayType(StructType([StructField("key", StringType()),
+                                                      StructField("value", BinaryType())])))
 
 _WHOLE_ENTRY = 2**31 - 1  # a batch index past every message of an entry
 
@@ -95,7 +99,12 @@ _CLIENT_OPTIONS: dict[str, tuple[str | None, Callable[[Any], Any]]] = {
 _COMMON = {"service.url", "connect.timeout.seconds", "operation.timeout.seconds", "auth.token", "path"}
 _SOURCE = _COMMON | {"topic", "topics", "topicspattern", "startingoffsets", "endingoffsets", "startingtime",
                      "endingtime", "failondataloss", "maxentriespertrigger", "maxrowsperbatch",
-                     "maxbytesperbatch", "read.timeout.seconds", "subscriptionname"}
+                     "maxbytesperbatch", "read.timeout.seconds", "subscriptionname", "maxoffsetspertrigger",
+                     "minpartitions", "includeheaders", "assign"}
+# the Kafka source's option names, taken where they mean the same -> this source's own
+_KAFKA_ALIASES = {"subscribe": "topics", "subscribepattern": "topicspattern",
+                  "startingtimestamp": "startingtime", "endingtimestamp": "endingtime"}
+_SOURCE |= set(_KAFKA_ALIASES)
 # options Spark itself sets or passes through (DataStreamWriter.queryName, checkpointLocation, ...)
 _SPARK_OWN = {"checkpointlocation", "queryname", "outputmode", "path"}
 _SINK = _COMMON | _SPARK_OWN | {"topic", "compression", "maxpendingmessages"}
@@ -229,12 +238,48 @@ class SourceOptions:
     bytes_per_batch: int
     read_timeout: float
     subscription: str | None
+    max_messages: int | None = None
+    min_partitions: int | None = None
+    include_headers: bool = False
+
+
+_KAFKA_NAMES = {"subscribe": "subscribe", "subscribepattern": "subscribePattern",
+                "startingtimestamp": "startingTimestamp", "endingtimestamp": "endingTimestamp"}
+_OWN_NAMES = {"topics": "topics", "topicspattern": "topicsPattern", "startingtime": "startingTime",
+              "endingtime": "endingTime"}
+
+
+def _kafka_aliases(options: dict) -> dict:
+    """The Kafka source's names as this source's (both given: an error, not a silent choice)."""
+    options = dict(options)
+    for alias, own in _KAFKA_ALIASES.items():
+        if alias in options:
+            if options.get(own):
+                raise PulsarSparkError(f"give '{_OWN_NAMES[own]}' or its Kafka name '{_KAFKA_NAMES[alias]}', "
+                                       "not both")
+            options[own] = options.pop(alias)
+    if "assign" in options:  # {"topic": [0, 1]}: those partitions (-1: the topic, not partitioned)
+        if options.get("topics"):
+            raise PulsarSparkError("give 'assign' or 'topics' ('subscribe'), not both")
+        try:
+            given = json.loads(options.pop("assign"))
+            if not isinstance(given, dict) or not given or not all(
+                    isinstance(v, list) and v and all(isinstance(i, int) and i >= -1 for i in v)
+                    for v in given.values()):
+                raise ValueError
+        except ValueError:
+            raise PulsarSparkError('option \'assign\' must be JSON like {"topic": [0, 1]} (partition '
+                                   "indexes; -1 for a topic that is not partitioned)") from None
+        options["topics"] = ",".join(topic if index < 0 else f"{topic}-partition-{index}"
+                                     for topic, indexes in given.items() for index in indexes)
+    return options
 
 
 def source_options(options: dict, streaming: bool) -> SourceOptions:
     """Every source option checked, with a clear message for each mistake."""
     from .client import topic_name
     settings = _client_settings(options, _SOURCE)
+    options = _kafka_aliases(options)
     given = [k for k in ("topic", "topics", "topicspattern") if options.get(k)]
     if len(given) != 1:
         raise PulsarSparkError("exactly one of the options 'topic', 'topics' or 'topicsPattern' is required"
@@ -278,6 +323,17 @@ def source_options(options: dict, streaming: bool) -> SourceOptions:
         if stream_only:
             raise PulsarSparkError("option 'maxEntriesPerTrigger' is for streaming queries")
         max_entries = int(_positive(max_entries, "maxEntriesPerTrigger", integer=True))
+    max_messages = options.get("maxoffsetspertrigger")
+    if max_messages is not None:
+        if stream_only:
+            raise PulsarSparkError("option 'maxOffsetsPerTrigger' is for streaming queries")
+        if max_entries is not None:
+            raise PulsarSparkError("give 'maxOffsetsPerTrigger' (messages) or 'maxEntriesPerTrigger' (entries), "
+                                   "not both")
+        max_messages = int(_positive(max_messages, "maxOffsetsPerTrigger", integer=True))
+    min_partitions = options.get("minpartitions")
+    if min_partitions is not None:
+        min_partitions = int(_positive(min_partitions, "minPartitions", integer=True))
     subscription = options.get("subscriptionname")
     if subscription is not None:
         if stream_only:
@@ -294,7 +350,8 @@ def source_options(options: dict, streaming: bool) -> SourceOptions:
         int(_positive(options.get("maxbytesperbatch", _DEFAULT_BYTES_PER_BATCH), "maxBytesPerBatch",
                       integer=True)),
         _positive(options.get("read.timeout.seconds", 30), "read.timeout.seconds"),
-        str(subscription).strip() if subscription else None)
+        str(subscription).strip() if subscription else None, max_messages, min_partitions,
+        _boolean(options.get("includeheaders", "false"), "includeHeaders"))
 
 
 def _parse_offsets_spec(spec: str, name: str, allow_earliest: bool):
@@ -513,9 +570,9 @@ def _where(position) -> str:
     return f"{position[0]}:{position[1]}"
 
 
-async def _entry_at_or_after(client, topic: str, start: MessageId, timeout: float) -> tuple[int, int] | None:
-    """(ledger, entry) of the first entry at or after `start` (earliest: the first entry), or
-    None when the broker would give none now.
+async def _first_at_or_after(client, topic: str, start: MessageId, timeout: float):
+    """The first entry at or after `start` (earliest: the first entry), or None when the broker
+    would give none now.
 
     Pulsar places a reader at the next ledger's first entry when `start` is past the end of
     its ledger; the embedded broker numbers entries across ledgers and waits at an entry id
@@ -532,10 +589,23 @@ async def _entry_at_or_after(client, topic: str, start: MessageId, timeout: floa
             raise TimeoutError(f"{topic}: no entry at or after {_where(_position(start))} within "
                                f"{timeout:g}s (read.timeout.seconds), though the topic ends at "
                                f"{_where(_position(last))}")
-        entry = reader.take(1)[0]
-        return entry.ledger_id, entry.entry_id
+        return reader.take(1)[0]
     finally:
         await reader.close()
+
+
+async def _entry_at_or_after(client, topic: str, start: MessageId, timeout: float) -> tuple[int, int] | None:
+    """(ledger, entry) of `_first_at_or_after`."""
+    entry = await _first_at_or_after(client, topic, start, timeout)
+    return None if entry is None else (entry.ledger_id, entry.entry_id)
+
+
+async def _messages_per_entry(client, topic: str, s: Boundary, timeout: float) -> int:
+    """How many messages the first unread entry after `s` holds: a message budget becomes an
+    entry budget at that rate (producers batch alike from one entry to the next)."""
+    first = MessageId(s.ledger, _first_unread_entry(s)) if s.ledger >= 0 else MessageId.earliest
+    entry = await _first_at_or_after(client, topic, first, timeout)
+    return 1 if entry is None else max(1, entry.num_messages)
 
 
 async def _advance(client, topic: str, s: Boundary, e: Boundary, budget: int, timeout: float) -> Boundary:
@@ -652,6 +722,25 @@ def _arrow_schema():
         from pyspark.sql.pandas.types import to_arrow_schema
         _arrow_schema_cache.append(to_arrow_schema(SCHEMA, timezone="UTC"))
     return _arrow_schema_cache[0]
+
+
+def source_schema(opts: SourceOptions) -> StructType:
+    """The columns a read gives: SCHEMA, and what the options add."""
+    fields = list(SCHEMA.fields)
+    if opts.include_headers:
+        fields.append(HEADERS)
+    return StructType(fields)
+
+
+def _finish(opts: SourceOptions, batch):
+    """The builder's columns made into what source_schema(opts) says."""
+    if not opts.include_headers:
+        return batch
+    import pyarrow as pa
+    properties = batch.column("__messageProperties")
+    header = pa.StructArray.from_arrays([properties.keys, properties.items.cast(pa.binary())], ["key", "value"])
+    headers = pa.ListArray.from_arrays(properties.offsets, header)
+    return pa.RecordBatch.from_arrays(batch.columns + [headers], names=batch.schema.names + ["headers"])
 
 
 _varint = varint_bytes
@@ -1080,7 +1169,7 @@ def _read_range(opts: SourceOptions, part: RangePartition) -> Iterator[Any]:
             batch = loop.run_until_complete(reader.next_batch())
             if batch is None:
                 return
-            yield batch
+            yield _finish(opts, batch)
     finally:
         try:
             loop.run_until_complete(reader.close())
@@ -1094,6 +1183,39 @@ def _ranges(parts, start: dict[str, Boundary], end: dict[str, Boundary]) -> list
         s, e = start.get(topic, Boundary.before_everything()), end[topic]
         if s.key() < e.key():
             out.append(RangePartition(topic, index, s.to_json(), e.to_json()))
+    return out
+
+
+async def _split(client, ranges: list[RangePartition], want: int | None, timeout: float) -> list[RangePartition]:
+    """At least `want` ranges where entries allow (minPartitions): each range cut at entries,
+    in pieces in proportion to its entries, so that one partition can keep several cores busy.
+    A range is cut within the ledger of its end (entry ids are consecutive within a ledger)."""
+    if not want or len(ranges) >= want:
+        return ranges
+    spans = []  # per range: (ledger, first entry, entry of the end) or None when it cannot be cut
+    for part in ranges:
+        s, e = Boundary.from_json(part.start), Boundary.from_json(part.end)
+        first = None
+        if s.ledger >= 0 and s.ledger == e.ledger:
+            first = _first_unread_entry(s)
+        else:
+            start = MessageId(s.ledger, _first_unread_entry(s)) if s.ledger >= 0 else MessageId.earliest
+            found = await _entry_at_or_after(client, part.topic, start, timeout)
+            if found is not None and found[0] == e.ledger:
+                first = found[1]
+        spans.append(None if first is None or e.entry <= first else (e.ledger, first, e.entry))
+    total = sum(span[2] - span[1] + 1 for span in spans if span)
+    out = []
+    for part, span in zip(ranges, spans):
+        if span is None:
+            out.append(part)
+            continue
+        ledger, first, last = span
+        entries = last - first + 1
+        pieces = min(entries, max(1, round(want * entries / total)))
+        cuts = [first - 1 + (j * entries) // pieces for j in range(1, pieces)]
+        bounds = [part.start] + [Boundary(ledger, x, _WHOLE_ENTRY, True).to_json() for x in cuts] + [part.end]
+        out += [RangePartition(part.topic, part.partition, a, b) for a, b in zip(bounds, bounds[1:])]
     return out
 
 
@@ -1116,9 +1238,8 @@ class PulsarBatchReader(DataSourceReader):
                     if end[topic].key() < start[topic].key():
                         raise PulsarSparkError(f"endingOffsets: {topic} ends at {end[topic].to_json()}, before "
                                                f"startingOffsets starts it ({start[topic].to_json()})")
-            return parts, start, end
-        parts, start, end = _run(_with_client(opts.client, plan))
-        return _ranges(parts, start, end)
+            return await _split(client, _ranges(parts, start, end), opts.min_partitions, opts.read_timeout)
+        return _run(_with_client(opts.client, plan))
 
     def read(self, partition):
         if not isinstance(partition, RangePartition):
@@ -1209,7 +1330,8 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return canonical(_run(_with_client(opts.client, plan)))
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        return ReadMaxRows(self.opts.max_entries) if self.opts.max_entries else ReadAllAvailable()
+        limit = self.opts.max_entries or self.opts.max_messages
+        return ReadMaxRows(limit) if limit else ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._frozen = canonical(self._now()[1])
@@ -1234,7 +1356,16 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             starts = {t: begin.get(t, Boundary.before_everything()) for t in latest}
             if budget is None:
                 return latest, {t: e if e.key() > starts[t].key() else starts[t] for t, e in latest.items()}
-            grant = _share({t: _entries_between(starts[t], e) for t, e in latest.items()}, budget, self._turn)
+            available = {t: _entries_between(starts[t], e) for t, e in latest.items()}
+            if opts.max_messages:  # a budget in messages: each partition's entries at its own rate
+                backlog = [t for t, n in available.items() if n != 0]
+                rates = dict(zip(backlog, await asyncio.gather(
+                    *(_messages_per_entry(client, t, starts[t], opts.read_timeout) for t in backlog))))
+                shares = _share({t: None if n is None else n * rates.get(t, 1) for t, n in available.items()},
+                                budget, self._turn)
+                grant = {t: 0 if not n else max(1, n // rates[t]) for t, n in shares.items()}
+            else:
+                grant = _share(available, budget, self._turn)
             ends = await asyncio.gather(*(_advance(client, t, starts[t], e, grant[t], opts.read_timeout)
                                           for t, e in latest.items()))
             return latest, dict(zip(latest, ends))
@@ -1262,7 +1393,11 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             e = finish.get(topic)
             if e is not None and e.key() < s.key():  # re-created (failOnDataLoss=false): read it anew
                 begin[topic] = Boundary.before_everything()
-        return _ranges(parts, begin, finish)
+        ranges = _ranges(parts, begin, finish)
+        if self.opts.min_partitions and len(ranges) < self.opts.min_partitions:
+            ranges = _run(_with_client(self.opts.client, lambda client: _split(
+                client, ranges, self.opts.min_partitions, self.opts.read_timeout)))
+        return ranges
 
     def read(self, partition):
         if not isinstance(partition, RangePartition):
@@ -1516,8 +1651,7 @@ class PulsarDataSource(DataSource):
 
     def schema(self):
         # called at load() for reads: check every option there (batch or stream is known later)
-        source_options(_options(self.options), streaming=None)
-        return SCHEMA
+        return source_schema(source_options(_options(self.options), streaming=None))
 
     def reader(self, schema):
         return PulsarBatchReader(source_options(_options(self.options), streaming=False))

@@ -244,8 +244,9 @@ def small(tmp_path_factory):
 
 
 def _stream_to_parquet(spark, url, topic, out, checkpoint, **options):
-    stream = spark.readStream.format("pulsarwire").option("service.url", url).option("topic", topic) \
-        .option("startingOffsets", "earliest")
+    stream = spark.readStream.format("pulsarwire").option("service.url", url).option("startingOffsets", "earliest")
+    if topic is not None:
+        stream = stream.option("topic", topic)
     for key, value in options.items():
         stream = stream.option(key, value)
     query = (stream.load().select("value", "__entryId", "__partition").writeStream.format("parquet")
@@ -719,3 +720,76 @@ def test_connect_timeout_and_impossible_positions(spark, embedded):
     with pytest.raises(Exception, match="before startingOffsets"):
         reader(spark, embedded.url, topic, endingOffsets=ending,
                startingOffsets=json.dumps({topic: {"ledgerId": ledger, "entryId": 7}})).collect()
+
+
+def test_kafka_source_option_names(spark, embedded, tmp_path):
+    """Issue 28 items 2 and 4: the Kafka source's names where they mean the same; minPartitions
+    cuts one partition's range into several tasks; maxOffsetsPerTrigger counts messages."""
+    first = "persistent://public/default/" + unique("spark-kafka-a")
+    second = "persistent://public/default/" + unique("spark-kafka-b")
+    embedded.call(embedded.broker.create_partitioned_topic, second, 2)
+    produce(embedded.url, first, 0, 100, batch=10)  # 10 entries of 10 messages
+    produce(embedded.url, second, 100, 20, batch=1)
+
+    def load(**options):
+        r = spark.read.format("pulsarwire").option("service.url", embedded.url)
+        for key, value in options.items():
+            r = r.option(key, value)
+        return r.load()
+
+    assert load(subscribe=f"{first},{second}").count() == 120
+    assert load(subscribePattern=first.rsplit("/", 1)[1]).count() == 100
+    assigned = load(assign=json.dumps({second: [1]})).select("__partition").collect()
+    assert assigned and {r["__partition"] for r in assigned} == {1}
+    row = load(subscribe=first, includeHeaders="true").where("value = 'v3'").first()
+    assert [(h.key, h.value) for h in row.headers] == [("i", b"3")]
+    with pytest.raises(Exception, match="not both"):
+        load(subscribe=first, topics=first)
+    split = load(topic=first, minPartitions="4")
+    assert split.rdd.getNumPartitions() == 4
+    assert sorted(r.value for r in split.collect()) == sorted(b"v%d" % i for i in range(100))
+
+    seen: list = []
+    stream = (spark.readStream.format("pulsarwire").option("service.url", embedded.url).option("subscribe", first)
+              .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "30").load())
+    query = stream.writeStream.foreachBatch(lambda df, _: seen.append(df.count())) \
+        .option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start()
+    query.awaitTermination(120)
+    assert query.exception() is None
+    assert sum(seen) == 100 and max(seen) == 30
+
+
+def test_a_topic_deleted_mid_stream_is_left_out_then_read_again(spark, tmp_path):
+    """Issue 28 item 3: under failOnDataLoss=false a deleted topic is logged and left out (the
+    query goes on with the others) and read from its start once re-created."""
+    import shutil
+
+    from pulsarwire.broker.storage import topic_directory
+
+    from .peers import BrokerThread
+
+    gone = "persistent://public/default/" + unique("spark-gone")
+    kept = "persistent://public/default/" + unique("spark-kept")
+    out, checkpoint = str(tmp_path / "out"), str(tmp_path / "cp")
+    broker = BrokerThread(tmp_path / "b").start()
+
+    def run(**options):
+        return _stream_to_parquet(spark, broker.url, None, out, checkpoint, topics=f"{gone},{kept}", **options)
+    try:
+        produce(broker.url, gone, 0, 10, batch=1)
+        produce(broker.url, kept, 100, 10, batch=1)
+        assert run().exception() is None
+        data_dir = broker.broker.core.data_dir
+        broker.stop()
+        shutil.rmtree(topic_directory(data_dir, gone))
+        broker.start()
+        produce(broker.url, kept, 110, 5, batch=1)
+        assert "does not exist" in str(run().exception())
+        assert run(failOnDataLoss="false").exception() is None
+        produce(broker.url, gone, 200, 3, batch=1)
+        assert run(failOnDataLoss="false").exception() is None
+        values = [r.value for r in spark.read.parquet(out).collect()]
+        expected = [b"v%d" % i for i in [*range(10), *range(100, 115), *range(200, 203)]]
+        assert sorted(values) == sorted(expected)
+    finally:
+        broker.stop()
