@@ -37,7 +37,7 @@ from pyspark.sql.streaming.datasource import (
     ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import (
-    BinaryType, IntegerType, LongType, MapType, StringType, StructField, StructType, TimestampType,
+    ArrayType, BinaryType, IntegerType, LongType, MapType, StringType, StructField, StructType, TimestampType,
 )
 
 try:  # PySpark 4.1+: the streaming sink takes Arrow batches too
@@ -63,6 +63,10 @@ SCHEMA = StructType([
     StructField("__batchIndex", IntegerType()),
     StructField("__partition", IntegerType()),
 ])
+
+# includeHeaders: the message properties as the Kafka source's headers column
+HEADERS = StructField("headers", ArrayType(StructType([StructField("key", StringType()),
+                                                      StructField("value", BinaryType())])))
 
 _WHOLE_ENTRY = 2**31 - 1  # a batch index past every message of an entry
 
@@ -95,8 +99,15 @@ _CLIENT_OPTIONS: dict[str, tuple[str | None, Callable[[Any], Any]]] = {
 _COMMON = {"service.url", "connect.timeout.seconds", "operation.timeout.seconds", "auth.token", "path"}
 _SOURCE = _COMMON | {"topic", "topics", "topicspattern", "startingoffsets", "endingoffsets", "startingtime",
                      "endingtime", "failondataloss", "maxentriespertrigger", "maxrowsperbatch",
-                     "maxbytesperbatch", "read.timeout.seconds", "subscriptionname"}
-_SINK = _COMMON | {"topic", "compression", "checkpointlocation", "maxpendingmessages"}
+                     "maxbytesperbatch", "read.timeout.seconds", "subscriptionname", "maxoffsetspertrigger",
+                     "minpartitions", "includeheaders", "assign"}
+# the Kafka source's option names, taken where they mean the same -> this source's own
+_KAFKA_ALIASES = {"subscribe": "topics", "subscribepattern": "topicspattern",
+                  "startingtimestamp": "startingtime", "endingtimestamp": "endingtime"}
+_SOURCE |= set(_KAFKA_ALIASES)
+# options Spark itself sets or passes through (DataStreamWriter.queryName, checkpointLocation, ...)
+_SPARK_OWN = {"checkpointlocation", "queryname", "outputmode", "path"}
+_SINK = _COMMON | _SPARK_OWN | {"topic", "compression", "maxpendingmessages"}
 _DEFAULT_ROWS_PER_BATCH = 32_768
 _DEFAULT_BYTES_PER_BATCH = 64 << 20  # far below Arrow's 2 GiB per binary column
 
@@ -227,12 +238,48 @@ class SourceOptions:
     bytes_per_batch: int
     read_timeout: float
     subscription: str | None
+    max_messages: int | None = None
+    min_partitions: int | None = None
+    include_headers: bool = False
+
+
+_KAFKA_NAMES = {"subscribe": "subscribe", "subscribepattern": "subscribePattern",
+                "startingtimestamp": "startingTimestamp", "endingtimestamp": "endingTimestamp"}
+_OWN_NAMES = {"topics": "topics", "topicspattern": "topicsPattern", "startingtime": "startingTime",
+              "endingtime": "endingTime"}
+
+
+def _kafka_aliases(options: dict) -> dict:
+    """The Kafka source's names as this source's (both given: an error, not a silent choice)."""
+    options = dict(options)
+    for alias, own in _KAFKA_ALIASES.items():
+        if alias in options:
+            if options.get(own):
+                raise PulsarSparkError(f"give '{_OWN_NAMES[own]}' or its Kafka name '{_KAFKA_NAMES[alias]}', "
+                                       "not both")
+            options[own] = options.pop(alias)
+    if "assign" in options:  # {"topic": [0, 1]}: those partitions (-1: the topic, not partitioned)
+        if options.get("topics"):
+            raise PulsarSparkError("give 'assign' or 'topics' ('subscribe'), not both")
+        try:
+            given = json.loads(options.pop("assign"))
+            if not isinstance(given, dict) or not given or not all(
+                    isinstance(v, list) and v and all(isinstance(i, int) and i >= -1 for i in v)
+                    for v in given.values()):
+                raise ValueError
+        except ValueError:
+            raise PulsarSparkError('option \'assign\' must be JSON like {"topic": [0, 1]} (partition '
+                                   "indexes; -1 for a topic that is not partitioned)") from None
+        options["topics"] = ",".join(topic if index < 0 else f"{topic}-partition-{index}"
+                                     for topic, indexes in given.items() for index in indexes)
+    return options
 
 
 def source_options(options: dict, streaming: bool) -> SourceOptions:
     """Every source option checked, with a clear message for each mistake."""
     from .client import topic_name
     settings = _client_settings(options, _SOURCE)
+    options = _kafka_aliases(options)
     given = [k for k in ("topic", "topics", "topicspattern") if options.get(k)]
     if len(given) != 1:
         raise PulsarSparkError("exactly one of the options 'topic', 'topics' or 'topicsPattern' is required"
@@ -276,6 +323,17 @@ def source_options(options: dict, streaming: bool) -> SourceOptions:
         if stream_only:
             raise PulsarSparkError("option 'maxEntriesPerTrigger' is for streaming queries")
         max_entries = int(_positive(max_entries, "maxEntriesPerTrigger", integer=True))
+    max_messages = options.get("maxoffsetspertrigger")
+    if max_messages is not None:
+        if stream_only:
+            raise PulsarSparkError("option 'maxOffsetsPerTrigger' is for streaming queries")
+        if max_entries is not None:
+            raise PulsarSparkError("give 'maxOffsetsPerTrigger' (messages) or 'maxEntriesPerTrigger' (entries), "
+                                   "not both")
+        max_messages = int(_positive(max_messages, "maxOffsetsPerTrigger", integer=True))
+    min_partitions = options.get("minpartitions")
+    if min_partitions is not None:
+        min_partitions = int(_positive(min_partitions, "minPartitions", integer=True))
     subscription = options.get("subscriptionname")
     if subscription is not None:
         if stream_only:
@@ -292,7 +350,8 @@ def source_options(options: dict, streaming: bool) -> SourceOptions:
         int(_positive(options.get("maxbytesperbatch", _DEFAULT_BYTES_PER_BATCH), "maxBytesPerBatch",
                       integer=True)),
         _positive(options.get("read.timeout.seconds", 30), "read.timeout.seconds"),
-        str(subscription).strip() if subscription else None)
+        str(subscription).strip() if subscription else None, max_messages, min_partitions,
+        _boolean(options.get("includeheaders", "false"), "includeHeaders"))
 
 
 def _parse_offsets_spec(spec: str, name: str, allow_earliest: bool):
@@ -411,19 +470,21 @@ def _retryable() -> tuple:
 
 async def _connected(settings: ClientSettings):
     """A client whose connection to the broker is up, retried until connect.timeout.seconds
-    have passed (then a clear error). The caller closes it."""
+    have passed (then a clear error), however the broker fails: refused, reset, or a port that
+    accepts and never answers. The caller closes it."""
     deadline = time.monotonic() + settings.connect_timeout
     delay = 0.1
     while True:
         client = settings.client()
         try:
-            await client.connect()
+            await asyncio.wait_for(client.connect(), max(0.05, deadline - time.monotonic()))
             return client
-        except _retryable() as exc:
+        except _retryable() as exc:  # asyncio's timeout is an OSError too
             await client.close()
             if time.monotonic() + delay > deadline:
+                why = exc if str(exc) else "no answer to the connection handshake"
                 raise ConnectionError(f"cannot reach the Pulsar broker at {settings.url} within "
-                                      f"{settings.connect_timeout:g}s (connect.timeout.seconds): {exc}") from exc
+                                      f"{settings.connect_timeout:g}s (connect.timeout.seconds): {why}") from exc
             log.info("broker at %s not reachable (%s); retrying", settings.url, exc)
         except BaseException:
             await client.close()
@@ -433,12 +494,12 @@ async def _connected(settings: ClientSettings):
 
 
 async def _with_client(settings: ClientSettings, work):
-    """Run `work(client)` with a fresh client, retrying a broker that cannot be reached
-    until connect.timeout.seconds have passed; then a clear error."""
+    """Run `work(client)` with a fresh connected client, retrying a broker that cannot be
+    reached or drops the connection until connect.timeout.seconds have passed; then a clear error."""
     deadline = time.monotonic() + settings.connect_timeout
     delay = 0.1
     while True:
-        client = settings.client()
+        client = await _connected(settings)
         try:
             return await work(client)
         except _retryable() as exc:
@@ -452,8 +513,10 @@ async def _with_client(settings: ClientSettings, work):
         delay = min(delay * 2, 2.0)
 
 
-async def _topic_partitions(client, opts: SourceOptions) -> list[tuple[str, int]]:
-    """(partition topic, index) of every topic read, discovering a pattern; unknown topics are errors."""
+async def _topic_partitions(client, opts: SourceOptions, missing_ok: bool = False) -> list[tuple[str, int]]:
+    """(partition topic, index) of every topic read, each partition once however it is named
+    (a topic and one of its partitions), discovering a pattern. A topic that does not exist is
+    an error, or with `missing_ok` (a stream under failOnDataLoss=false) logged and left out."""
     namespaces = {t.split("://", 1)[1].rsplit("/", 1)[0] for t in opts.topics}
     if opts.pattern:
         namespaces.add(opts.pattern[0])
@@ -467,14 +530,19 @@ async def _topic_partitions(client, opts: SourceOptions) -> list[tuple[str, int]
         topics = sorted(t for t in parents if regex.fullmatch(t[len(prefix):]))
     else:
         topics = opts.topics
-    out = []
+    out: dict[str, int] = {}
     for topic in topics:
         names = await client.get_topic_partitions(topic)
         partitioned = len(names) > 1 or names[0] != topic
         if not partitioned and topic not in existing:
+            if missing_ok:
+                log.warning("topic %s does not exist (deleted?); left out until it is there again "
+                            "(failOnDataLoss=false)", topic)
+                continue
             raise PulsarSparkError(f"topic {topic} does not exist (the source does not create topics)")
-        out += [(name, index if partitioned else -1) for index, name in enumerate(names)]
-    return out
+        for index, name in enumerate(names):
+            out.setdefault(name, index if partitioned else _partition_index(name))
+    return list(out.items())
 
 
 async def _latest_of(client, topic: str) -> Boundary:
@@ -492,6 +560,81 @@ async def _latest_of(client, topic: str) -> Boundary:
 async def _latest_all(client, parts) -> dict[str, Boundary]:
     found = await asyncio.gather(*(_latest_of(client, t) for t, _ in parts))
     return dict(zip((t for t, _ in parts), found))
+
+
+def _position(mid) -> tuple[int, int]:
+    return (mid.ledger_id, mid.entry_id)
+
+
+def _where(position) -> str:
+    return f"{position[0]}:{position[1]}"
+
+
+async def _first_at_or_after(client, topic: str, start: MessageId, timeout: float):
+    """The first entry at or after `start` (earliest: the first entry), or None when the broker
+    would give none now.
+
+    Pulsar places a reader at the next ledger's first entry when `start` is past the end of
+    its ledger; the embedded broker numbers entries across ledgers and waits at an entry id
+    past the last one instead. Where the two differ (an entry id past the last entry's, in an
+    earlier ledger) this answers None rather than wait for an entry that may never come."""
+    reader = await client.create_entry_reader(topic, start, receiver_queue_size=1, max_queued_bytes=1)
+    try:
+        last = await reader.get_last_message_id()
+        if last.entry_id < 0:
+            return None
+        if start.ledger_id >= 0 and (_position(start) > _position(last) or start.entry_id > last.entry_id):
+            return None
+        if not await reader.wait(timeout):
+            raise TimeoutError(f"{topic}: no entry at or after {_where(_position(start))} within "
+                               f"{timeout:g}s (read.timeout.seconds), though the topic ends at "
+                               f"{_where(_position(last))}")
+        return reader.take(1)[0]
+    finally:
+        await reader.close()
+
+
+async def _entry_at_or_after(client, topic: str, start: MessageId, timeout: float) -> tuple[int, int] | None:
+    """(ledger, entry) of `_first_at_or_after`."""
+    entry = await _first_at_or_after(client, topic, start, timeout)
+    return None if entry is None else (entry.ledger_id, entry.entry_id)
+
+
+async def _messages_per_entry(client, topic: str, s: Boundary, timeout: float) -> int:
+    """How many messages the first unread entry after `s` holds: a message budget becomes an
+    entry budget at that rate (producers batch alike from one entry to the next)."""
+    first = MessageId(s.ledger, _first_unread_entry(s)) if s.ledger >= 0 else MessageId.earliest
+    entry = await _first_at_or_after(client, topic, first, timeout)
+    return 1 if entry is None else max(1, entry.num_messages)
+
+
+async def _advance(client, topic: str, s: Boundary, e: Boundary, budget: int, timeout: float) -> Boundary:
+    """The end boundary after at most `budget` entries past `s`, never past `e`, and always on
+    an entry that exists (the next batch starts there and checks that it is still there).
+
+    Entry ids are consecutive within a ledger, so within one ledger this is arithmetic; across
+    a ledger change (a rollover) the broker is asked where entries are: where the ledger of the
+    next unread entry ends, the batch ends too."""
+    if budget <= 0 or e.key() <= s.key():
+        return s
+    if s.ledger >= 0 and s.ledger == e.ledger:
+        return _admit(s, e, budget)
+    first = MessageId(s.ledger, _first_unread_entry(s)) if s.ledger >= 0 else MessageId.earliest
+    found = await _entry_at_or_after(client, topic, first, timeout)
+    if found is None or found > (e.ledger, e.entry):
+        return e
+    ledger, entry = found
+    if ledger == e.ledger:
+        return e if e.entry - entry + 1 <= budget else Boundary(ledger, entry + budget - 1, _WHOLE_ENTRY, True)
+    target = (ledger, entry + budget - 1)
+    found = await _entry_at_or_after(client, topic, MessageId(*target), timeout)
+    if found is None or found > (e.ledger, e.entry):
+        # fewer than `budget` entries up to e (or, on a Pulsar broker whose newest ledger is
+        # shorter than the budget reaches, possibly more: admitted rather than guessed)
+        return e
+    if found == target:
+        return Boundary(ledger, target[1], _WHOLE_ENTRY, True)
+    return Boundary(found[0], found[1], -1, False)  # the rest of the ledger: just before the next one's first
 
 
 async def _at_time(client, topic: str, when_ms: int, latest: Boundary) -> Boundary:
@@ -516,8 +659,9 @@ async def _at_time(client, topic: str, when_ms: int, latest: Boundary) -> Bounda
 
 
 async def _resolve(client, spec, when_ms, parts, default: str, what: str,
-                   latest: dict[str, Boundary]) -> dict[str, Boundary]:
-    """Per partition topic: the boundary `spec` (or `when_ms`) names."""
+                   latest: dict[str, Boundary], timeout: float) -> dict[str, Boundary]:
+    """Per partition topic: the boundary `spec` (or `when_ms`) names; a position given as JSON
+    must be one the topic has (a clear error, never a silently empty read)."""
     if when_ms is not None:
         found = await asyncio.gather(*(_at_time(client, t, when_ms, latest[t]) for t, _ in parts))
         return dict(zip((t for t, _ in parts), found))
@@ -540,7 +684,24 @@ async def _resolve(client, spec, when_ms, parts, default: str, what: str,
             out[topic] = latest[topic]
         else:
             out[topic] = Boundary.from_json(value, what)
+    await asyncio.gather(*(_check_position(client, t, out[t], latest[t], what, timeout)
+                           for t, value in given.items() if value not in ("earliest", "latest")))
     return out
+
+
+async def _check_position(client, topic: str, given: Boundary, latest: Boundary, what: str, timeout: float) -> None:
+    """A position a user gave must name a message of the topic."""
+    if given.ledger < 0:
+        return
+    position = (given.ledger, given.entry)
+    if latest.ledger < 0 or position > (latest.ledger, latest.entry):
+        raise PulsarSparkError(f"{what}: {topic} has no entry {_where(position)}: it is past the topic's last "
+                               + (f"entry ({latest.ledger}:{latest.entry})" if latest.ledger >= 0 else "(the topic is empty)"))
+    found = await _entry_at_or_after(client, topic, MessageId(*position), timeout)
+    if found != position:
+        raise PulsarSparkError(f"{what}: {topic} has no entry {_where(position)}"
+                               + (f" (the next entry there is {_where(found)})" if found else "")
+                               + ": a wrong ledger id, or data deleted")
 
 
 # --- reading a range: entries -> Arrow ------------------------------------------
@@ -561,6 +722,25 @@ def _arrow_schema():
         from pyspark.sql.pandas.types import to_arrow_schema
         _arrow_schema_cache.append(to_arrow_schema(SCHEMA, timezone="UTC"))
     return _arrow_schema_cache[0]
+
+
+def source_schema(opts: SourceOptions) -> StructType:
+    """The columns a read gives: SCHEMA, and what the options add."""
+    fields = list(SCHEMA.fields)
+    if opts.include_headers:
+        fields.append(HEADERS)
+    return StructType(fields)
+
+
+def _finish(opts: SourceOptions, batch):
+    """The builder's columns made into what source_schema(opts) says."""
+    if not opts.include_headers:
+        return batch
+    import pyarrow as pa
+    properties = batch.column("__messageProperties")
+    header = pa.StructArray.from_arrays([properties.keys, properties.items.cast(pa.binary())], ["key", "value"])
+    headers = pa.ListArray.from_arrays(properties.offsets, header)
+    return pa.RecordBatch.from_arrays(batch.columns + [headers], names=batch.schema.names + ["headers"])
 
 
 _varint = varint_bytes
@@ -795,14 +975,22 @@ class _RangeReader:
         self.client: Any = None
         self.reader: Any = None
         self.first = True
+        self.seen: tuple[int, int] | None = None  # the last entry taken
         self.reached_end = False
         self.chunks: dict[str, list] = {}  # uuid -> the entries so far of a chunked message of the range
         self.chunk_of_producer: dict[str, str] = {}  # producer name -> uuid of its chunked message in progress
 
     async def open(self) -> None:
         self.client = await _connected(self.opts.client)
+        await self._start_reader(self.start.start_entry())
+        if self.start.ledger >= 0:
+            await self._check_start()
+
+    async def _start_reader(self, start: MessageId) -> None:
+        if self.reader is not None:
+            await self.reader.close()
         self.reader = await self.client.create_entry_reader(
-            self.part.topic, self.start.start_entry(), receiver_queue_size=max(self.opts.rows_per_batch, 10_000),
+            self.part.topic, start, receiver_queue_size=max(self.opts.rows_per_batch, 10_000),
             max_queued_bytes=min(2 * self.opts.bytes_per_batch, 256 << 20))
 
     async def close(self) -> None:
@@ -813,16 +1001,81 @@ class _RangeReader:
     def done(self) -> bool:
         return self.reached_end and not self.chunks
 
+    async def _check_start(self) -> None:
+        """The reader starts at the start boundary's own entry, which the batch before read: see
+        at once whether it is gone, rather than wait for an entry that never comes (a broker
+        may wait at that entry id in a re-created topic)."""
+        start = (self.start.ledger, self.start.entry)
+        last = await self.reader.get_last_message_id()
+        if last.entry_id < 0 or _position(last) < start:
+            await self._start_gone("the topic is now empty" if last.entry_id < 0
+                                   else f"the topic now ends at {_where(_position(last))}")
+        elif last.entry_id < start[1]:  # the last entry is in a later, shorter ledger
+            first = await _entry_at_or_after(self.client, self.part.topic, MessageId.earliest, self.opts.read_timeout)
+            if first is None or first > start:
+                await self._start_gone(f"the first entry there now is {_where(first)}" if first
+                                       else "the topic is now empty")
+
+    async def _start_gone(self, why: str) -> None:
+        """Data between the start boundary and what is there now is gone. Strict: a data-loss
+        error naming it. Lenient: read again from the earliest entry, keeping only what lies
+        past the start boundary: what is gone is skipped, nothing that is there."""
+        message = (f"{self.part.topic}: entry {self.start.ledger}:{self.start.entry}, where this read starts "
+                   f"(range {self.start.to_json()} to {self.end.to_json()}), is gone ({why}): data was "
+                   "deleted or the topic re-created")
+        if self.opts.fail_on_data_loss:
+            raise PulsarDataLossError(message + "; set failOnDataLoss=false to read on from what is there")
+        log.warning("%s; reading what is there past it (failOnDataLoss=false)", message)
+        self.first = False
+        await self._start_reader(MessageId.earliest)
+
     async def next_batch(self):
         """The next Arrow batch (None when the range is read)."""
         builder, opts = self.builder, self.opts
         while not self.done and builder.rows < opts.rows_per_batch and builder.bytes < opts.bytes_per_batch:
             entries = self.reader.take(1)
             if entries:
-                self._entry(entries[0])
-            elif not await self.reader.wait(opts.read_timeout):
-                self._stalled()
+                entry = entries[0]
+                if self.first:
+                    self.first = False
+                    if self.start.ledger >= 0 and (entry.ledger_id, entry.entry_id) != (self.start.ledger,
+                                                                                         self.start.entry):
+                        await self._start_gone(f"the first entry there now is {entry.ledger_id}:{entry.entry_id}")
+                        continue
+                self.seen = (entry.ledger_id, entry.entry_id)
+                self._entry(entry)
+            else:
+                await self._wait()
         return builder.take() if builder.rows else None
+
+    async def _wait(self) -> None:
+        """Wait for entries; a range whose end is no longer there ends (lenient) or is a data-loss
+        error (strict) once the broker says so, not after read.timeout.seconds."""
+        waited = 0.0
+        while waited < self.opts.read_timeout:
+            step = min(1.0, self.opts.read_timeout - waited)
+            if await self.reader.wait(step):
+                return
+            waited += step
+            if self.reached_end or self.reader.disconnect is not None:
+                continue
+            try:
+                last = await self.reader.get_last_message_id()
+            except _retryable():
+                continue
+            end = (self.end.ledger, self.end.entry)
+            # gone when the topic now ends before the range does and every entry up to its end is here
+            if last.entry_id < 0 or (_position(last) < end and self.seen is not None
+                                     and self.seen >= _position(last)):
+                message = (f"{self.part.topic}: the range {self.start.to_json()} to {self.end.to_json()} ends past "
+                           f"the topic's last entry now ({_where(_position(last)) if last.entry_id >= 0 else 'none'}): "
+                           "data was deleted or the topic re-created")
+                if self.opts.fail_on_data_loss:
+                    raise PulsarDataLossError(message + "; set failOnDataLoss=false to skip it")
+                log.warning("%s; skipped (failOnDataLoss=false)", message)
+                self.reached_end = True
+                return
+        self._stalled()
 
     def _stalled(self) -> None:
         where = f"{self.part.topic} (range {self.start.to_json()} to {self.end.to_json()})"
@@ -840,9 +1093,6 @@ class _RangeReader:
     def _entry(self, entry) -> None:
         from . import codec
         position = (entry.ledger_id, entry.entry_id)
-        if self.first:
-            self.first = False
-            self._check_first(position)
         if position >= (self.end.ledger, self.end.entry):
             self.reached_end = True
         md = entry.metadata
@@ -876,18 +1126,6 @@ class _RangeReader:
             raise PulsarDataLossError(message + "; set failOnDataLoss=false to skip it")
         log.warning("%s; skipped (failOnDataLoss=false)", message)
         self.chunks.pop(uuid, None)
-
-    def _check_first(self, position: tuple) -> None:
-        """The reader starts at the start boundary's own entry: if that is gone, so is data."""
-        start = self.start
-        if start.ledger < 0 or position == (start.ledger, start.entry):
-            return
-        message = (f"{self.part.topic}: entry {start.ledger}:{start.entry}, where this read starts, is gone "
-                   f"(the first entry there now is {position[0]}:{position[1]}): data was deleted or the "
-                   "topic re-created")
-        if self.opts.fail_on_data_loss:
-            raise PulsarDataLossError(message + "; set failOnDataLoss=false to read on from what is there")
-        log.warning("%s; reading on (failOnDataLoss=false)", message)
 
     def _chunk(self, entry) -> None:
         from . import codec
@@ -931,7 +1169,7 @@ def _read_range(opts: SourceOptions, part: RangePartition) -> Iterator[Any]:
             batch = loop.run_until_complete(reader.next_batch())
             if batch is None:
                 return
-            yield batch
+            yield _finish(opts, batch)
     finally:
         try:
             loop.run_until_complete(reader.close())
@@ -948,6 +1186,39 @@ def _ranges(parts, start: dict[str, Boundary], end: dict[str, Boundary]) -> list
     return out
 
 
+async def _split(client, ranges: list[RangePartition], want: int | None, timeout: float) -> list[RangePartition]:
+    """At least `want` ranges where entries allow (minPartitions): each range cut at entries,
+    in pieces in proportion to its entries, so that one partition can keep several cores busy.
+    A range is cut within the ledger of its end (entry ids are consecutive within a ledger)."""
+    if not want or len(ranges) >= want:
+        return ranges
+    spans = []  # per range: (ledger, first entry, entry of the end) or None when it cannot be cut
+    for part in ranges:
+        s, e = Boundary.from_json(part.start), Boundary.from_json(part.end)
+        first = None
+        if s.ledger >= 0 and s.ledger == e.ledger:
+            first = _first_unread_entry(s)
+        else:
+            start = MessageId(s.ledger, _first_unread_entry(s)) if s.ledger >= 0 else MessageId.earliest
+            found = await _entry_at_or_after(client, part.topic, start, timeout)
+            if found is not None and found[0] == e.ledger:
+                first = found[1]
+        spans.append(None if first is None or e.entry <= first else (e.ledger, first, e.entry))
+    total = sum(span[2] - span[1] + 1 for span in spans if span)
+    out = []
+    for part, span in zip(ranges, spans):
+        if span is None:
+            out.append(part)
+            continue
+        ledger, first, last = span
+        entries = last - first + 1
+        pieces = min(entries, max(1, round(want * entries / total)))
+        cuts = [first - 1 + (j * entries) // pieces for j in range(1, pieces)]
+        bounds = [part.start] + [Boundary(ledger, x, _WHOLE_ENTRY, True).to_json() for x in cuts] + [part.end]
+        out += [RangePartition(part.topic, part.partition, a, b) for a, b in zip(bounds, bounds[1:])]
+    return out
+
+
 class PulsarBatchReader(DataSourceReader):
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
@@ -959,11 +1230,16 @@ class PulsarBatchReader(DataSourceReader):
             parts = await _topic_partitions(client, opts)
             latest = await _latest_all(client, parts)
             start = await _resolve(client, opts.starting, opts.starting_time, parts, "earliest",
-                                   "startingOffsets", latest)
-            end = await _resolve(client, opts.ending, opts.ending_time, parts, "latest", "endingOffsets", latest)
-            return parts, start, end
-        parts, start, end = _run(_with_client(opts.client, plan))
-        return _ranges(parts, start, end)
+                                   "startingOffsets", latest, opts.read_timeout)
+            end = await _resolve(client, opts.ending, opts.ending_time, parts, "latest", "endingOffsets", latest,
+                                 opts.read_timeout)
+            if opts.ending and opts.starting:
+                for topic, _ in parts:
+                    if end[topic].key() < start[topic].key():
+                        raise PulsarSparkError(f"endingOffsets: {topic} ends at {end[topic].to_json()}, before "
+                                               f"startingOffsets starts it ({start[topic].to_json()})")
+            return await _split(client, _ranges(parts, start, end), opts.min_partitions, opts.read_timeout)
+        return _run(_with_client(opts.client, plan))
 
     def read(self, partition):
         if not isinstance(partition, RangePartition):
@@ -982,27 +1258,33 @@ def _first_unread_entry(s: Boundary) -> int:
     return s.entry
 
 
-def _entries_between(s: Boundary, e: Boundary) -> int:
+def _entries_between(s: Boundary, e: Boundary) -> int | None:
+    """Entries after `s` up to `e`: counted within one ledger, None (not known without asking
+    the broker) across ledgers or from the earliest."""
     if e.ledger < 0 or e.key() <= s.key():
         return 0
-    if s.ledger >= 0 and s.ledger != e.ledger:
-        return 0  # another ledger: entries cannot be counted, and are not charged
+    if s.ledger < 0 or s.ledger != e.ledger:
+        return None
     return max(0, e.entry - _first_unread_entry(s) + 1)
 
 
 def _admit(s: Boundary, e: Boundary, budget: int) -> Boundary:
-    """The end boundary that admits at most `budget` entries after `s` (up to `e`)."""
+    """The end boundary that admits at most `budget` entries after `s` (up to `e`), both in one ledger."""
     available = _entries_between(s, e)
-    if available <= budget or (s.ledger >= 0 and s.ledger != e.ledger):
+    if available is None:
+        raise ValueError("_admit counts entries within one ledger")
+    if available <= budget:
         return e
     if budget <= 0:
         return s
     return Boundary(e.ledger, _first_unread_entry(s) + budget - 1, _WHOLE_ENTRY, True)
 
 
-def _share(available: dict[str, int], budget: int, turn: int) -> dict[str, int]:
-    """`budget` entries spread over partitions fairly (water-filling); when there are fewer
-    entries to give than partitions with a backlog, the partitions served rotate with `turn`."""
+def _share(available: dict[str, int | None], budget: int, turn: int) -> dict[str, int]:
+    """`budget` entries spread over partitions fairly (water-filling; None: a backlog of unknown
+    size, at least the budget); when there are fewer entries to give than partitions with a
+    backlog, the partitions served rotate with `turn`."""
+    available = {t: budget if n is None else n for t, n in available.items()}
     grant = {t: 0 for t in available}
     waiting = sorted(t for t, n in available.items() if n > 0)
     while budget > 0 and waiting:
@@ -1030,7 +1312,7 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _now(self) -> tuple[list, dict[str, Boundary]]:
         async def look(client):
-            parts = await _topic_partitions(client, self.opts)
+            parts = await _topic_partitions(client, self.opts, missing_ok=not self.opts.fail_on_data_loss)
             return parts, await _latest_all(client, parts)
         return _run(_with_client(self.opts.client, look))
 
@@ -1041,46 +1323,57 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             parts = await _topic_partitions(client, opts)
             latest = await _latest_all(client, parts)
             start = await _resolve(client, opts.starting, opts.starting_time, parts, "latest",
-                                   "startingOffsets", latest)
+                                   "startingOffsets", latest, opts.read_timeout)
             if opts.subscription:
                 await _hold(client, opts.subscription, start)
             return start
         return canonical(_run(_with_client(opts.client, plan)))
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        return ReadMaxRows(self.opts.max_entries) if self.opts.max_entries else ReadAllAvailable()
+        limit = self.opts.max_entries or self.opts.max_messages
+        return ReadMaxRows(limit) if limit else ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._frozen = canonical(self._now()[1])
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        if self._frozen is not None:
-            latest = {t: Boundary.from_json(v) for t, v in self._frozen.items()}
-        else:
-            latest = self._now()[1]
-        self._latest = canonical(latest)
+        opts = self.opts
+        frozen = None if self._frozen is None else {t: Boundary.from_json(v) for t, v in self._frozen.items()}
         begin = {t: Boundary.from_json(v) for t, v in (start or {}).items()}
-        for topic, s in begin.items():
-            e = latest.get(topic)
-            if e is not None and e.key() < s.key():
-                self._data_lost(f"{topic}: the topic now ends at {e.to_json()}, before the checkpointed "
-                                f"offset {s.to_json()}: data was deleted or the topic re-created")
-                begin[topic] = Boundary.before_everything()
         budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        out = {}
-        if budget is None:
-            for topic in latest:
-                s = begin.get(topic, Boundary.before_everything())
-                out[topic] = latest[topic] if latest[topic].key() > s.key() else s
-        else:
-            available = {t: _entries_between(begin.get(t, Boundary.before_everything()), e)
-                         for t, e in latest.items()}
-            grant = _share(available, budget, self._turn)
-            self._turn += 1
-            for topic, e in latest.items():
-                s = begin.get(topic, Boundary.before_everything())
-                out[topic] = _admit(s, e, grant[topic]) if e.key() > s.key() else s
-        for topic, s in begin.items():  # a topic no longer read keeps its offset
+
+        async def plan(client):
+            latest = frozen
+            if latest is None:
+                parts = await _topic_partitions(client, opts, missing_ok=not opts.fail_on_data_loss)
+                latest = await _latest_all(client, parts)
+            for topic, s in begin.items():
+                e = latest.get(topic)
+                if e is not None and e.key() < s.key():
+                    self._data_lost(f"{topic}: the topic now ends at {e.to_json()}, before the checkpointed "
+                                    f"offset {s.to_json()}: data was deleted or the topic re-created")
+                    begin[topic] = Boundary.before_everything()
+            starts = {t: begin.get(t, Boundary.before_everything()) for t in latest}
+            if budget is None:
+                return latest, {t: e if e.key() > starts[t].key() else starts[t] for t, e in latest.items()}
+            available = {t: _entries_between(starts[t], e) for t, e in latest.items()}
+            if opts.max_messages:  # a budget in messages: each partition's entries at its own rate
+                backlog = [t for t, n in available.items() if n != 0]
+                rates = dict(zip(backlog, await asyncio.gather(
+                    *(_messages_per_entry(client, t, starts[t], opts.read_timeout) for t in backlog))))
+                shares = _share({t: None if n is None else n * rates.get(t, 1) for t, n in available.items()},
+                                budget, self._turn)
+                grant = {t: 0 if not n else max(1, n // rates[t]) for t, n in shares.items()}
+            else:
+                grant = _share(available, budget, self._turn)
+            ends = await asyncio.gather(*(_advance(client, t, starts[t], e, grant[t], opts.read_timeout)
+                                          for t, e in latest.items()))
+            return latest, dict(zip(latest, ends))
+
+        latest, out = _run(_with_client(opts.client, plan))
+        self._turn += 1
+        self._latest = canonical(latest)
+        for topic, s in begin.items():  # a topic no longer read (or gone for now) keeps its offset
             out.setdefault(topic, s)
         return canonical(out)
 
@@ -1100,7 +1393,11 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             e = finish.get(topic)
             if e is not None and e.key() < s.key():  # re-created (failOnDataLoss=false): read it anew
                 begin[topic] = Boundary.before_everything()
-        return _ranges(parts, begin, finish)
+        ranges = _ranges(parts, begin, finish)
+        if self.opts.min_partitions and len(ranges) < self.opts.min_partitions:
+            ranges = _run(_with_client(self.opts.client, lambda client: _split(
+                client, ranges, self.opts.min_partitions, self.opts.read_timeout)))
+        return ranges
 
     def read(self, partition):
         if not isinstance(partition, RangePartition):
@@ -1354,8 +1651,7 @@ class PulsarDataSource(DataSource):
 
     def schema(self):
         # called at load() for reads: check every option there (batch or stream is known later)
-        source_options(_options(self.options), streaming=None)
-        return SCHEMA
+        return source_schema(source_options(_options(self.options), streaming=None))
 
     def reader(self, schema):
         return PulsarBatchReader(source_options(_options(self.options), streaming=False))

@@ -140,6 +140,7 @@ def test_streaming_write(spark, embedded, tmp_path):
               .option("startingOffsets", "earliest").load()
               .selectExpr("value", "__key AS key"))
     query = (stream.writeStream.format("pulsarwire").option("service.url", embedded.url).option("topic", sink)
+             .queryName(unique("copy").replace("-", "_"))  # Spark's own options reach the sink
              .option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start())
     query.awaitTermination(120)
     assert query.exception() is None
@@ -166,10 +167,14 @@ def test_boundaries_and_admission():
     assert after3.precedes(MessageId(0, 4)) and not after3.precedes(MessageId(0, 3, batch_index=5))
     before3 = Boundary.from_json({"ledgerId": 0, "entryId": 3})
     assert before3.precedes(MessageId(0, 3)) and not before3.precedes(MessageId(0, 2))
-    start, latest = Boundary.before_everything(), Boundary(0, 9, _WHOLE_ENTRY, True)
+    start, latest = Boundary(0, 0, -1, False), Boundary(0, 9, _WHOLE_ENTRY, True)
     assert _entries_between(start, latest) == 10
     assert _admit(start, latest, 4) == Boundary(0, 3, _WHOLE_ENTRY, True)
     assert _entries_between(Boundary(0, 3, _WHOLE_ENTRY, True), latest) == 6
+    # from the earliest or across ledgers the count is the broker's to say
+    assert _entries_between(Boundary.before_everything(), latest) is None
+    assert _entries_between(Boundary(0, 3, _WHOLE_ENTRY, True), Boundary(1, 2, _WHOLE_ENTRY, True)) is None
+    assert _share({"a": None, "b": 2}, 10, 0) == {"a": 8, "b": 2}
     assert Boundary.from_json(after3.to_json()) == after3
 
 
@@ -239,8 +244,9 @@ def small(tmp_path_factory):
 
 
 def _stream_to_parquet(spark, url, topic, out, checkpoint, **options):
-    stream = spark.readStream.format("pulsarwire").option("service.url", url).option("topic", topic) \
-        .option("startingOffsets", "earliest")
+    stream = spark.readStream.format("pulsarwire").option("service.url", url).option("startingOffsets", "earliest")
+    if topic is not None:
+        stream = stream.option("topic", topic)
     for key, value in options.items():
         stream = stream.option(key, value)
     query = (stream.load().select("value", "__entryId", "__partition").writeStream.format("parquet")
@@ -588,3 +594,202 @@ def test_message_ids_of_big_batches_and_single_messages():
         assert (mid.ledger_id, mid.entry_id, mid.partition, mid.batch_index, mid.batch_size) == (5, 7, 3, index, 20_000)
     assert (MessageId.deserialize(ids[19_900]).entry_id, MessageId.deserialize(ids[19_900]).batch_index) == (8, -1)
     assert message_id_topic(ids[19_902]) == "persistent://public/default/t"
+
+
+# --- issue 28: no silent loss, no false loss, clear errors ------------------------
+
+def _roll_ledger(broker, topic):
+    """Stop `broker` and give `topic` a new ledger from its next entry on, as a Pulsar broker
+    does at a rollover (the embedded broker keeps one ledger a topic); then start it again."""
+    from pulsarwire.broker.storage import topic_directory
+
+    data_dir = broker.broker.core.data_dir
+    broker.stop()
+    ids_path = os.path.join(data_dir, "ledger-ids.json")
+    with open(ids_path) as f:
+        new_id = json.load(f)["next"]
+    with open(ids_path, "w") as f:
+        json.dump({"next": new_id + 1}, f)
+    ledgers_path = os.path.join(topic_directory(data_dir, topic), "ledgers.json")
+    with open(ledgers_path) as f:
+        ranges = json.load(f)
+    broker.start()
+    next_entry = broker.call(lambda: broker.broker.core.topic(topic).log.next_entry_id)
+    broker.stop()
+    with open(ledgers_path, "w") as f:
+        json.dump(ranges + [[next_entry, new_id]], f)
+    broker.start()
+
+
+def test_entry_budget_holds_across_ledger_rollovers(spark, tmp_path):
+    """Issue 28 B: a partition of three ledgers, read 100 entries a batch: no batch over budget,
+    no false data-loss error at a ledger change, every message once."""
+    from .peers import BrokerThread
+
+    topic = "persistent://public/default/" + unique("spark-rollover")
+    broker = BrokerThread(tmp_path / "b").start()
+    try:
+        produce(broker.url, topic, 0, 150, batch=1)
+        _roll_ledger(broker, topic)
+        produce(broker.url, topic, 150, 120, batch=1)
+        _roll_ledger(broker, topic)
+        produce(broker.url, topic, 270, 130, batch=1)
+        out = str(tmp_path / "out")
+        query = _stream_to_parquet(spark, broker.url, topic, out, str(tmp_path / "cp"), maxEntriesPerTrigger="100")
+        assert query.exception() is None
+        sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+        assert max(sizes) <= 100 and len(sizes) >= 4
+        values = [r.value for r in spark.read.parquet(out).collect()]
+        assert sorted(values) == sorted(b"v%d" % i for i in range(400))
+        assert len({r["__ledgerId"] for r in reader(spark, broker.url, topic).collect()}) == 3
+    finally:
+        broker.stop()
+
+
+def test_a_recreated_topic_is_a_data_loss_error_or_read_whole(spark, tmp_path):
+    """Issue 28 A and C: a topic's data deleted and the topic re-created under a checkpoint.
+    Strict: a data-loss error naming what is gone (not a read timeout). Lenient: the new data,
+    all of it (before, a run timed out and the next skipped what the new topic held)."""
+    import shutil
+
+    from pulsarwire.broker.storage import topic_directory
+
+    from .peers import BrokerThread
+
+    topic = "persistent://public/default/" + unique("spark-recreate")
+    out, checkpoint = str(tmp_path / "out"), str(tmp_path / "cp")
+    broker = BrokerThread(tmp_path / "b").start()
+    try:
+        produce(broker.url, topic, 0, 30, batch=1)
+        assert _stream_to_parquet(spark, broker.url, topic, out, checkpoint).exception() is None
+        data_dir = broker.broker.core.data_dir
+        broker.stop()
+        shutil.rmtree(topic_directory(data_dir, topic))
+        broker.start()
+        produce(broker.url, topic, 100, 5, batch=1)  # the topic anew, shorter than before
+        query = _stream_to_parquet(spark, broker.url, topic, out, checkpoint, **{"read.timeout.seconds": "5"})
+        error = str(query.exception())
+        assert "PulsarDataLossError" in error and "is gone" in error and "failOnDataLoss" in error
+        lenient = {"failOnDataLoss": "false", "read.timeout.seconds": "5"}
+        assert _stream_to_parquet(spark, broker.url, topic, out, checkpoint, **lenient).exception() is None
+        produce(broker.url, topic, 105, 40, batch=1)
+        assert _stream_to_parquet(spark, broker.url, topic, out, checkpoint, **lenient).exception() is None
+        values = [r.value for r in spark.read.parquet(out).collect()]
+        assert sorted(values) == sorted([b"v%d" % i for i in range(30)] + [b"v%d" % i for i in range(100, 145)])
+    finally:
+        broker.stop()
+
+
+def test_a_topic_named_with_its_partition_is_read_once(spark, embedded):
+    """Issue 28 E."""
+    topic = "persistent://public/default/" + unique("spark-multi")
+    embedded.call(embedded.broker.create_partitioned_topic, topic, 2)
+    produce(embedded.url, topic, 0, 30, batch=1)
+    rows = spark.read.format("pulsarwire").option("service.url", embedded.url) \
+        .option("topics", f"{topic},{topic}-partition-0").load().select("value").collect()
+    assert sorted(r.value for r in rows) == sorted(b"v%d" % i for i in range(30))
+
+
+def test_connect_timeout_and_impossible_positions(spark, embedded):
+    """Issue 28 F: a port that accepts and never answers fails after connect.timeout.seconds with
+    a clear error; an endingOffsets position the topic does not have is an error, not 0 rows."""
+    import socket
+
+    from pulsarwire.spark import PulsarBatchReader, source_options
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    try:
+        opts = source_options({"service.url": f"pulsar://127.0.0.1:{silent.getsockname()[1]}", "topic": "t",
+                               "connect.timeout.seconds": "2"}, streaming=False)
+        with pytest.raises(ConnectionError, match="within 2s"):
+            PulsarBatchReader(opts).partitions()
+    finally:
+        silent.close()
+    topic = "persistent://public/default/" + unique("spark-ending")
+    produce(embedded.url, topic, 0, 10, batch=1)
+    ledger = reader(spark, embedded.url, topic).select("__ledgerId").first()[0]
+    for position, message in [({"ledgerId": ledger + 1000, "entryId": 5}, "past the topic's last entry"),
+                              ({"ledgerId": ledger - 1, "entryId": 5}, "has no entry"),
+                              ({"ledgerId": ledger, "entryId": 50}, "past the topic's last entry")]:
+        with pytest.raises(Exception, match=message):
+            reader(spark, embedded.url, topic, endingOffsets=json.dumps({topic: position})).collect()
+    ending = json.dumps({topic: {"ledgerId": ledger, "entryId": 5}})
+    assert reader(spark, embedded.url, topic, endingOffsets=ending).count() == 5
+    with pytest.raises(Exception, match="before startingOffsets"):
+        reader(spark, embedded.url, topic, endingOffsets=ending,
+               startingOffsets=json.dumps({topic: {"ledgerId": ledger, "entryId": 7}})).collect()
+
+
+def test_kafka_source_option_names(spark, embedded, tmp_path):
+    """Issue 28 items 2 and 4: the Kafka source's names where they mean the same; minPartitions
+    cuts one partition's range into several tasks; maxOffsetsPerTrigger counts messages."""
+    first = "persistent://public/default/" + unique("spark-kafka-a")
+    second = "persistent://public/default/" + unique("spark-kafka-b")
+    embedded.call(embedded.broker.create_partitioned_topic, second, 2)
+    produce(embedded.url, first, 0, 100, batch=10)  # 10 entries of 10 messages
+    produce(embedded.url, second, 100, 20, batch=1)
+
+    def load(**options):
+        r = spark.read.format("pulsarwire").option("service.url", embedded.url)
+        for key, value in options.items():
+            r = r.option(key, value)
+        return r.load()
+
+    assert load(subscribe=f"{first},{second}").count() == 120
+    assert load(subscribePattern=first.rsplit("/", 1)[1]).count() == 100
+    assigned = load(assign=json.dumps({second: [1]})).select("__partition").collect()
+    assert assigned and {r["__partition"] for r in assigned} == {1}
+    row = load(subscribe=first, includeHeaders="true").where("value = 'v3'").first()
+    assert [(h.key, h.value) for h in row.headers] == [("i", b"3")]
+    with pytest.raises(Exception, match="not both"):
+        load(subscribe=first, topics=first)
+    split = load(topic=first, minPartitions="4")
+    assert split.rdd.getNumPartitions() == 4
+    assert sorted(r.value for r in split.collect()) == sorted(b"v%d" % i for i in range(100))
+
+    seen: list = []
+    stream = (spark.readStream.format("pulsarwire").option("service.url", embedded.url).option("subscribe", first)
+              .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "30").load())
+    query = stream.writeStream.foreachBatch(lambda df, _: seen.append(df.count())) \
+        .option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start()
+    query.awaitTermination(120)
+    assert query.exception() is None
+    assert sum(seen) == 100 and max(seen) == 30
+
+
+def test_a_topic_deleted_mid_stream_is_left_out_then_read_again(spark, tmp_path):
+    """Issue 28 item 3: under failOnDataLoss=false a deleted topic is logged and left out (the
+    query goes on with the others) and read from its start once re-created."""
+    import shutil
+
+    from pulsarwire.broker.storage import topic_directory
+
+    from .peers import BrokerThread
+
+    gone = "persistent://public/default/" + unique("spark-gone")
+    kept = "persistent://public/default/" + unique("spark-kept")
+    out, checkpoint = str(tmp_path / "out"), str(tmp_path / "cp")
+    broker = BrokerThread(tmp_path / "b").start()
+
+    def run(**options):
+        return _stream_to_parquet(spark, broker.url, None, out, checkpoint, topics=f"{gone},{kept}", **options)
+    try:
+        produce(broker.url, gone, 0, 10, batch=1)
+        produce(broker.url, kept, 100, 10, batch=1)
+        assert run().exception() is None
+        data_dir = broker.broker.core.data_dir
+        broker.stop()
+        shutil.rmtree(topic_directory(data_dir, gone))
+        broker.start()
+        produce(broker.url, kept, 110, 5, batch=1)
+        assert "does not exist" in str(run().exception())
+        assert run(failOnDataLoss="false").exception() is None
+        produce(broker.url, gone, 200, 3, batch=1)
+        assert run(failOnDataLoss="false").exception() is None
+        values = [r.value for r in spark.read.parquet(out).collect()]
+        expected = [b"v%d" % i for i in [*range(10), *range(100, 115), *range(200, 203)]]
+        assert sorted(values) == sorted(expected)
+    finally:
+        broker.stop()
