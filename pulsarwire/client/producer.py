@@ -91,6 +91,7 @@ class _BulkSend:
 _NO_OPTIONS: dict = {}
 
 
+
 def _message_parts(item) -> tuple:
     """(payload, key, properties, event_timestamp) of a send_many item: a payload, or a tuple of
     (payload, partition_key, properties, event_timestamp), the trailing ones optional."""
@@ -125,6 +126,9 @@ class PartitionProducer(Reconnecting):
         self.producer_name = parent._producer_name
         self.conn: Connection | None = None
         self.pending: collections.deque[_OpSend] = collections.deque()
+        self._written = 0  # pending[:_written] went out on self.conn; the rest waits for receipts
+        self._wire_bytes = 0  # their frames' bytes, counted in the budget of _wire_conn
+        self._wire_conn: Connection | None = None
         initial = parent._initial_sequence_id
         # As the official client: the first message takes initial + 1 (initial is the last one
         # already published), and without an initial id the broker's last one decides.
@@ -191,8 +195,8 @@ class PartitionProducer(Reconnecting):
             self.last_sequence_id = max(self.last_sequence_id, response.last_sequence_id)
             self._next_sequence_id = response.last_sequence_id + 1
         self.conn = conn
-        for op in self.pending:  # resend in order, same sequence ids: the broker dedups
-            conn.write_frame(op.frame)
+        self._forget_pending()  # what went out on an earlier connection (or attachment) goes again
+        self._write_pending()  # resend in order, same sequence ids: the broker dedups
 
     def _give_up(self, error: BaseException) -> None:
         self._fail_all(error)
@@ -422,9 +426,46 @@ class PartitionProducer(Reconnecting):
         self._enqueue(_OpSend(first, highest, count, frame, futures, batched=True, bulk=bulk))
 
     def _enqueue(self, op: _OpSend) -> None:
-        self.pending.append(op)
-        if self.conn is not None:
-            self.conn.write_frame(op.frame)
+        pending = self.pending
+        pending.append(op)
+        conn = self.conn
+        if conn is not None and self._written == len(pending) - 1:
+            if conn.wire_bytes < conn.WIRE_BUDGET or not self._written:
+                size = len(op.frame)
+                conn.write_frame(op.frame)
+                self._written += 1
+                self._wire_bytes += size
+                conn.wire_bytes += size
+                self._wire_conn = conn
+            else:
+                conn.wait_for_wire(self)
+
+    def _write_pending(self) -> None:
+        """Write pending frames not yet on the wire, in order, while the connection's budget for
+        unacknowledged Send bytes lets them (one frame of this producer's always goes)."""
+        conn = self.conn
+        if conn is None:
+            return
+        pending = self.pending
+        while self._written < len(pending):
+            if conn.wire_bytes >= conn.WIRE_BUDGET and self._written:
+                conn.wait_for_wire(self)
+                return
+            frame = pending[self._written].frame
+            conn.write_frame(frame)
+            self._written += 1
+            self._wire_bytes += len(frame)
+            conn.wire_bytes += len(frame)
+            self._wire_conn = conn
+
+    def _forget_pending(self) -> None:
+        """Nothing of pending is on the wire any more (failed, timed out, or to go again on a new
+        attachment): its bytes leave the budget they were counted in."""
+        conn, size = self._wire_conn, self._wire_bytes
+        self._written = self._wire_bytes = 0
+        self._wire_conn = None
+        if conn is not None and size:
+            conn.wire_released(size)
 
     def _on_receipt(self, receipt: SendReceipt) -> None:
         while self.pending:
@@ -438,6 +479,13 @@ class PartitionProducer(Reconnecting):
                     self.conn.abort(PulsarWireError("out-of-order send receipt"))
                 return
             self.pending.popleft()
+            if self._written:
+                self._written -= 1
+                self._wire_bytes -= len(op.frame)
+                if self._wire_conn is not None:
+                    self._wire_conn.wire_released(len(op.frame))  # other producers waiting go first
+                if self._written < len(self.pending):
+                    self._write_pending()
             if op.num_messages == 0 and op.first_chunk is not None and not op.futures:
                 if op.first_chunk not in self._chunk_ids:
                     mid = receipt.message_id
@@ -479,6 +527,7 @@ class PartitionProducer(Reconnecting):
             op = self.pending.popleft()
             _fail_op(op.futures, op.bulk, error)
             released += len(op.futures)
+        self._forget_pending()
         _fail_op(self._batch_futures, self._batch_bulk, error)
         released += len(self._batch_futures)
         self._batch_futures = []
@@ -498,6 +547,7 @@ class PartitionProducer(Reconnecting):
                         op = self.pending.popleft()
                         _fail_op(op.futures, op.bulk, error)
                         released += len(op.futures)
+                    self._forget_pending()
                     self.parent._release(released)
         except asyncio.CancelledError:
             pass
