@@ -24,6 +24,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from datetime import timedelta  # noqa: F401 - the official module offers it
 from typing import Any, Callable
 
@@ -105,6 +106,43 @@ class _Facade:
             return self._loop.call(fn, *args)
         except BaseException as exc:  # noqa: BLE001
             raise _official_error(exc, self._closed) from exc
+
+
+class _Handover:
+    """Calls that the caller's threads queue for the event loop, which needs to answer none of
+    them (acknowledgements, the permits of taken messages): the first one queued wakes the loop,
+    which then runs, in order, every one queued by the time it gets there - one wake-up for a
+    whole run of calls instead of a round trip each. Anything later handed to the loop
+    (`_run`, `_call`) runs after what was queued before it."""
+
+    __slots__ = ("_calls", "_scheduled", "_loop")
+
+    def __init__(self, loop: LoopThread) -> None:
+        self._calls: collections.deque = collections.deque()
+        self._scheduled = False
+        self._loop = loop.loop
+
+    def put(self, fn: Callable, arg) -> None:
+        self._calls.append((fn, arg))
+        if not self._scheduled:
+            self._scheduled = True
+            try:
+                self._loop.call_soon_threadsafe(self.run)
+            except RuntimeError:  # the loop is closed: there is nothing left to hand them to
+                self._calls.clear()
+
+    def run(self) -> None:
+        self._scheduled = False  # first: a call queued from now on schedules another run
+        calls = self._calls
+        while True:
+            try:
+                fn, arg = calls.popleft()
+            except IndexError:
+                return
+            try:
+                fn(arg)
+            except Exception as exc:  # noqa: BLE001 - nobody waits for these; the consumer goes on
+                log.debug("handed-over call %s failed: %s", getattr(fn, "__name__", fn), exc)
 
 
 class _ListenerThreads:
@@ -650,13 +688,13 @@ class Consumer(_Listening):
         # a message batch_receive() took but left for the next call, as the official client
         # leaves in its queue the message that would take a batch over max_num_bytes
         self._held: Any = None
+        # receive() takes from the asyncio consumer's queue in the caller's thread; permits and
+        # acknowledgements go to the loop in batches (see _Handover)
+        self._queue = consumer._queue
+        self._handover = _Handover(client._loop)
 
     async def _receive_native(self):
         return await self._consumer.receive()
-
-    async def _next(self, timeout_millis):
-        held, self._held = self._held, None
-        return held if held is not None else await self._consumer.receive(timeout_millis)
 
     def topic(self) -> str:
         return self._consumer.topic()
@@ -671,50 +709,114 @@ class Consumer(_Listening):
         """The next message; raises Timeout when none comes within timeout_millis."""
         if timeout_millis is not None:
             official.check_type(int, timeout_millis, "timeout_millis")
-        self._check_no_listener()
-        return Message(self._run(self._next(timeout_millis)))
+        if self._listener_task is not None:
+            self._check_no_listener()
+        if self._closed:
+            raise AlreadyClosed("Pulsar error: AlreadyClosed")
+        native = self._held
+        if native is not None:
+            self._held = None
+        else:
+            native = self._take()
+            if native is None:
+                try:
+                    native = self._wait_and_take(timeout_millis)
+                except BaseException as exc:  # noqa: BLE001 - translated, never swallowed
+                    raise _official_error(exc, self._closed) from exc
+        return Message(native)
+
+    def _take(self):
+        """The next queued message (None when there is none), taken in the caller's thread; its
+        permit goes back to the broker through the loop, with others."""
+        native = self._queue.take()
+        if native is not None:
+            owner = native._ack_unit.owner
+            owner._last_message = native
+            self._handover.put(owner._message_consumed, 1)
+        return native
+
+    def _wait_and_take(self, timeout_millis):
+        """_take(), waiting for a message; the asyncio consumer's errors when none can come."""
+        self._loop.refuse_own_thread()
+        consumer, queue_ = self._consumer, self._queue
+        deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000
+        with queue_.ready:
+            queue_.threads_waiting += 1
+            try:
+                while True:
+                    native = self._take()
+                    if native is not None:
+                        return native
+                    if consumer._error is not None:
+                        raise consumer._error
+                    if self._closed or consumer._closed or self._loop.stopped:
+                        raise errors.AlreadyClosedError("consumer is closed")
+                    if consumer._ended():
+                        raise errors.TopicTerminatedError("reached the end of the topic")
+                    wait = 0.1  # now and then: a client shut down under this call answers it
+                    if deadline is not None:
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0:
+                            raise errors.TimeoutError("no message received within the timeout")
+                        wait = min(wait, remaining)
+                    queue_.ready.wait(wait)
+            finally:
+                queue_.threads_waiting -= 1
 
     def batch_receive(self) -> list[Message]:
         """Messages up to the batch receive policy's count or bytes, or what came within its timeout."""
         self._check_no_listener()
-        return [Message(m) for m in self._run(self._batch_receive())]
-
-    async def _batch_receive(self) -> list:
+        if self._closed:
+            raise AlreadyClosed("Pulsar error: AlreadyClosed")
         policy = self._batch_policy
         max_messages, max_bytes = policy.getMaxNumMessages(), policy.getMaxNumBytes()
         timeout_ms = policy.getTimeoutMs()
-        loop = _asyncio.get_running_loop()
-        deadline = loop.time() + timeout_ms / 1000 if timeout_ms > 0 else None
+        deadline = time.monotonic() + timeout_ms / 1000 if timeout_ms > 0 else None
         batch: list = []
         size = 0
         while (max_messages <= 0 or len(batch) < max_messages) and (max_bytes <= 0 or size < max_bytes):
-            remaining = None if deadline is None else max(0, int((deadline - loop.time()) * 1000))
-            try:
-                message = await self._next(remaining)
-            except errors.TimeoutError:
-                break
-            length = len(message.payload_view())
+            native = self._held
+            if native is not None:
+                self._held = None
+            else:
+                native = self._take()
+                if native is None:
+                    remaining = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+                    try:
+                        native = self._wait_and_take(remaining)
+                    except errors.TimeoutError:
+                        break
+                    except BaseException as exc:  # noqa: BLE001 - translated, never swallowed
+                        raise _official_error(exc, self._closed) from exc
+            length = len(native.payload_view())
             if batch and max_bytes > 0 and size + length > max_bytes:
-                self._held = message  # it would cross max_num_bytes: the next call's first
+                self._held = native  # it would cross max_num_bytes: the next call's first
                 break
-            batch.append(message)
+            batch.append(native)
             size += length
-        return batch
+        return [Message(m) for m in batch]
 
     def acknowledge(self, message) -> None:
-        """Acknowledge one message (or message id)."""
-        self._call(self._consumer.acknowledge, _native_target(message))
+        """Acknowledge one message (or message id): queued here, sent with others (as the
+        official client groups acknowledgements for acknowledgmentGroupTime)."""
+        if self._closed:
+            raise AlreadyClosed("Pulsar error: AlreadyClosed")
+        self._handover.put(self._consumer.acknowledge, _native_target(message))
 
     def acknowledge_cumulative(self, message) -> None:
         """Acknowledge every message up to and including this one (not on Shared or Key_Shared)."""
         if self._type in (ConsumerType.Shared, ConsumerType.KeyShared):
             raise CumulativeAcknowledgementNotAllowedError(
                 "Pulsar error: CumulativeAcknowledgementNotAllowedError")
-        self._call(self._consumer.acknowledge_cumulative, _native_target(message))
+        if self._closed:
+            raise AlreadyClosed("Pulsar error: AlreadyClosed")
+        self._handover.put(self._consumer.acknowledge_cumulative, _native_target(message))
 
     def negative_acknowledge(self, message) -> None:
         """Have this message redelivered after negative_ack_redelivery_delay_ms."""
-        self._call(self._consumer.negative_acknowledge, _native_target(message))
+        if self._closed:
+            raise AlreadyClosed("Pulsar error: AlreadyClosed")
+        self._handover.put(self._consumer.negative_acknowledge, _native_target(message))
 
     def pause_message_listener(self) -> None:
         self._set_listening(False)
