@@ -141,3 +141,86 @@ def test_batch_receive_takes_what_is_queued(embedded):
         assert got == list(range(250))
         assert consumer.batch_receive() == []  # the policy's timeout, nothing came
         consumer.close()
+
+
+def test_send_async_callbacks_in_order_and_flush_waits_for_them(embedded):
+    topic = unique()
+    with pulsar.Client(embedded.url) as client:
+        producer = client.create_producer(topic, batching_enabled=True, max_pending_messages=100,
+                                          block_if_queue_full=True)
+        answers = []
+        threads = set()
+        for i in range(1000):
+            producer.send_async(b"%08d" % i, lambda result, mid, i=i: (answers.append((i, result, mid)),
+                                                                      threads.add(threading.current_thread())))
+        producer.flush()
+        assert len(answers) == 1000  # flush returns once every callback ran
+        assert [i for i, _, _ in answers] == list(range(1000))
+        assert all(result == pulsar.Result.Ok for _, result, _ in answers)
+        ids = [mid for _, _, mid in answers]
+        assert ids == sorted(ids) and len(set(map(str, ids))) == 1000
+        assert threading.current_thread() not in threads  # on the client's thread, as the official client
+        producer.close()
+
+
+def test_sends_from_threads_keep_each_threads_order(embedded):
+    topic = unique()
+    with pulsar.Client(embedded.url) as client:
+        consumer = client.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+        producer = client.create_producer(topic, batching_enabled=True, max_pending_messages=20,
+                                          block_if_queue_full=True)
+        results = []
+
+        def send(n):
+            for i in range(300):
+                if i % 50 == 0:
+                    producer.send(b"%d:%d" % (n, i))
+                else:
+                    producer.send_async(b"%d:%d" % (n, i), lambda result, mid: results.append(result))
+        threads = [threading.Thread(target=send, args=(n,)) for n in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        producer.close()  # waits for what is pending
+        assert len(results) == 3 * 294 and set(results) == {pulsar.Result.Ok}
+        got = [consumer.receive(5000).data() for _ in range(900)]
+        for n in range(3):
+            assert [m for m in got if m.startswith(b"%d:" % n)] == [b"%d:%d" % (n, i) for i in range(300)]
+
+
+def test_a_full_queue_without_blocking_answers_through_the_callback(embedded):
+    with pulsar.Client(embedded.url) as client:
+        producer = client.create_producer(unique(), batching_enabled=True, max_pending_messages=10,
+                                          batching_max_publish_delay_ms=200)
+        results = []
+        for i in range(50):
+            producer.send_async(b"x", lambda result, mid: results.append(result))
+        producer.flush()
+        assert len(results) == 50
+        assert results.count(pulsar.Result.Ok) == 10
+        assert results.count(pulsar.Result.ProducerQueueIsFull) == 40
+        producer.close()
+        producer_results = []
+        producer.send_async(b"x", lambda result, mid: producer_results.append(result))
+        assert producer_results == [pulsar.Result.AlreadyClosed]
+
+
+def test_send_async_from_a_callback_and_close_without_flush(embedded):
+    topic = unique()
+    with pulsar.Client(embedded.url) as client:
+        consumer = client.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+        producer = client.create_producer(topic, batching_enabled=True)
+        results = []
+
+        def again(result, mid):  # on the loop's thread: queued there, handed over after this callback
+            results.append(result)
+            producer.send_async(b"second", lambda result, mid: results.append(result))
+        producer.send_async(b"first", again)
+        for i in range(100):
+            producer.send_async(b"more", None)
+        producer.flush()
+        producer.close()
+        assert results == [pulsar.Result.Ok, pulsar.Result.Ok]
+        got = [consumer.receive(5000).data() for _ in range(102)]
+        assert got[0] == b"first" and got.count(b"second") == 1 and got.count(b"more") == 100
