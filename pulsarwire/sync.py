@@ -792,6 +792,66 @@ class Consumer(_Listening):
         # acknowledgements go to the loop in batches (see _Handover)
         self._queue = consumer._queue
         self._handover = _Handover(client._loop)
+        # a message listener: called on its listener thread, which takes the messages itself
+        self._listener: Callable | None = None
+        self._listener_work: queue.SimpleQueue | None = None
+        self._listener_paused = False
+        self._listener_armed = False  # a drain is queued or running on the listener thread
+        self._listener_lock = threading.Lock()
+
+    def _listen(self, listener: Callable) -> None:
+        self._listener_work = self._client._listeners.queue_for_next_consumer()
+        self._listener = listener
+        self._queue.arrival_hook = self._arm_listener  # on the loop, once per delivered entry
+        self._arm_listener()  # what is queued already
+
+    def _arm_listener(self) -> None:
+        """Have the listener thread drain the queue, unless it is at it (any thread)."""
+        with self._listener_lock:
+            if self._listener_armed or self._listener is None or self._listener_paused:
+                return
+            self._listener_armed = True
+        self._listener_work.put(self._drain_to_listener)
+
+    def _drain_to_listener(self) -> None:
+        """On the listener thread: the listener gets each queued message in turn, taken here
+        (no thread hop per message), until the queue is empty or listening pauses or stops."""
+        listener = self._listener
+        while True:
+            while listener is not None and not self._listener_paused and not self._closed:
+                native = self._take()
+                if native is None:
+                    break
+                try:
+                    listener(self, Message(native))
+                except Exception:  # noqa: BLE001 - as the official client: log and go on
+                    log.exception("message listener raised")
+                listener = self._listener
+            with self._listener_lock:
+                self._listener_armed = False
+            # a message that came after the last take found the drain armed: look once more
+            if self._listener is None or self._listener_paused or self._closed or not len(self._queue):
+                return
+            with self._listener_lock:
+                if self._listener_armed:
+                    return
+                self._listener_armed = True
+            listener = self._listener
+
+    def _stop_listening(self) -> None:
+        self._listener = None
+        self._queue.arrival_hook = None
+
+    def _set_listening(self, resumed: bool) -> None:
+        if self._listener is None:
+            return
+        self._listener_paused = not resumed
+        if resumed:
+            self._arm_listener()
+
+    def _check_no_listener(self) -> None:
+        if self._listener is not None:
+            raise InvalidConfiguration("Pulsar error: InvalidConfiguration: messages go to the listener")
 
     async def _receive_native(self):
         return await self._consumer.receive()
@@ -809,7 +869,7 @@ class Consumer(_Listening):
         """The next message; raises Timeout when none comes within timeout_millis."""
         if timeout_millis is not None:
             official.check_type(int, timeout_millis, "timeout_millis")
-        if self._listener_task is not None:
+        if self._listener is not None:
             self._check_no_listener()
         if self._closed:
             raise AlreadyClosed("Pulsar error: AlreadyClosed")

@@ -5,6 +5,7 @@ sent before close, unacknowledged messages redelivered, callbacks called, flush 
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -224,3 +225,42 @@ def test_send_async_from_a_callback_and_close_without_flush(embedded):
         assert results == [pulsar.Result.Ok, pulsar.Result.Ok]
         got = [consumer.receive(5000).data() for _ in range(102)]
         assert got[0] == b"first" and got.count(b"second") == 1 and got.count(b"more") == 100
+
+
+def test_listener_takes_messages_in_order_one_at_a_time_and_pauses(embedded):
+    topic = unique()
+    with pulsar.Client(embedded.url) as client:
+        got, threads, busy, overlaps = [], set(), [0], [0]
+
+        def listener(consumer, message):
+            busy[0] += 1
+            overlaps[0] = max(overlaps[0], busy[0])
+            got.append(index(message))
+            threads.add(threading.current_thread().name)
+            consumer.acknowledge(message)
+            busy[0] -= 1
+        consumer = client.subscribe(topic, "s", message_listener=listener, receiver_queue_size=20,
+                                    initial_position=pulsar.InitialPosition.Earliest)
+        produce(client, topic, 300)
+        deadline = time.monotonic() + 10
+        while len(got) < 300 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert got == list(range(300))
+        assert overlaps[0] == 1 and len(threads) == 1 and threading.current_thread().name not in threads
+        with pytest.raises(pulsar.InvalidConfiguration):
+            consumer.receive(10)
+        consumer.pause_message_listener()
+        time.sleep(0.05)  # a listener call under way when pausing may still finish
+        before = len(got)
+        produce(client, topic, 50)
+        time.sleep(0.3)
+        assert len(got) == before  # paused: nothing delivered
+        consumer.resume_message_listener()
+        deadline = time.monotonic() + 10
+        while len(got) < 350 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert got == list(range(300)) + list(range(50))
+        consumer.close()
+        again = client.subscribe(topic, "s")  # every message was acknowledged by the listener
+        with pytest.raises(pulsar.Timeout):
+            again.receive(300)

@@ -8,7 +8,7 @@ import collections
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from .. import codec
 from .._proto import PulsarApi_pb2 as pb
@@ -65,6 +65,7 @@ class MessageQueue:
         self.lock = threading.Lock()
         self.ready = threading.Condition(threading.Lock())
         self.threads_waiting = 0
+        self.arrival_hook: Callable[[], None] | None = None  # called on the loop once per delivered entry
 
     def __len__(self) -> int:
         return len(self._items)
@@ -86,6 +87,9 @@ class MessageQueue:
         if self.threads_waiting:
             with self.ready:
                 self.ready.notify_all()
+        hook = self.arrival_hook
+        if hook is not None:
+            hook()
 
     def _wake(self) -> None:
         while self._waiters:
