@@ -17,19 +17,20 @@ from __future__ import annotations
 
 import asyncio as _asyncio  # `asyncio` here is the official async surface (below)
 import collections
-import concurrent.futures
 import functools
 import inspect
 import itertools
 import logging
 import queue
 import threading
+import time
 from datetime import timedelta  # noqa: F401 - the official module offers it
 from typing import Any, Callable
 
 from . import client as aio
 from . import errors
 from .blocking import LoopThread
+from .client.producer import Receipt
 from . import official
 from .official import (  # noqa: F401 - the official names, offered from here
     Authentication, AuthenticationAthenz, AuthenticationBasic, AuthenticationOauth2, AuthenticationTLS,
@@ -108,6 +109,43 @@ class _Facade:
             return self._loop.call(fn, *args)
         except BaseException as exc:  # noqa: BLE001
             raise _official_error(exc, self._closed) from exc
+
+
+class _Handover:
+    """Calls that the caller's threads queue for the event loop, which needs to answer none of
+    them (acknowledgements, the permits of taken messages): the first one queued wakes the loop,
+    which then runs, in order, every one queued by the time it gets there - one wake-up for a
+    whole run of calls instead of a round trip each. Anything later handed to the loop
+    (`_run`, `_call`) runs after what was queued before it."""
+
+    __slots__ = ("_calls", "_scheduled", "_loop")
+
+    def __init__(self, loop: LoopThread) -> None:
+        self._calls: collections.deque = collections.deque()
+        self._scheduled = False
+        self._loop = loop.loop
+
+    def put(self, fn: Callable, arg) -> None:
+        self._calls.append((fn, arg))
+        if not self._scheduled:
+            self._scheduled = True
+            try:
+                self._loop.call_soon_threadsafe(self.run)
+            except RuntimeError:  # the loop is closed: there is nothing left to hand them to
+                self._calls.clear()
+
+    def run(self) -> None:
+        self._scheduled = False  # first: a call queued from now on schedules another run
+        calls = self._calls
+        while True:
+            try:
+                fn, arg = calls.popleft()
+            except IndexError:
+                return
+            try:
+                fn(arg)
+            except Exception as exc:  # noqa: BLE001 - nobody waits for these; the consumer goes on
+                log.debug("handed-over call %s failed: %s", getattr(fn, "__name__", fn), exc)
 
 
 class _ListenerThreads:
@@ -361,6 +399,78 @@ def _default_message_id() -> MessageId:
     return MessageId()
 
 
+class _Sent(Receipt):
+    """The answer to one accepted send: counted as answered (room under max_pending_messages),
+    then `callback(result, message_id)` on the loop's thread, as send_async's callback; the
+    producer's asyncio half answers it where it would set a send's future."""
+
+    __slots__ = ("_producer",)
+
+    def __init__(self, producer: "Producer", callback) -> None:
+        self.callback = callback
+        self._done = False
+        self._waiter = None
+        self._producer = producer
+
+    def _answer(self, error, message_id) -> None:
+        if self._done:
+            return
+        self._done = True
+        self._producer._one_answered()
+        try:
+            self._report(error, message_id)
+        finally:
+            if self._waiter is not None and not self._waiter.done():
+                self._waiter.set_result(None)
+
+    def _report(self, error, message_id) -> None:
+        callback = self.callback
+        if callback is None:
+            return
+        try:
+            if error is None:
+                callback(Result.Ok, MessageId.wrap(message_id))
+            else:
+                callback(_result_of(error, self._producer._closed), _default_message_id())
+        except Exception:  # noqa: BLE001 - a callback's error must not break the producer
+            log.exception("send_async callback raised")
+
+    def refused(self, result) -> None:
+        """Not accepted (a full queue, a closed producer): the callback alone."""
+        self._done = True
+        self._report_result(result)
+
+    def _report_result(self, result) -> None:
+        if self.callback is not None:
+            try:
+                self.callback(result, _default_message_id())
+            except Exception:  # noqa: BLE001
+                log.exception("send_async callback raised")
+
+
+class _Awaited(_Sent):
+    """The answer to a send() its caller waits for."""
+
+    __slots__ = ("_finished", "error", "message_id")
+
+    def __init__(self, producer: "Producer") -> None:
+        super().__init__(producer, None)
+        self._finished = threading.Lock()
+        self._finished.acquire()
+        self.error: BaseException | None = None
+        self.message_id = None
+
+    def _report(self, error, message_id) -> None:
+        self.error, self.message_id = error, message_id
+        self._finished.release()
+
+    def wait(self, timeout: float) -> bool:
+        return self._finished.acquire(timeout=timeout)
+
+
+_NO_SEND_OPTIONS: dict = {}
+
+
 class Producer(_Facade):
     """Publishes messages on a topic (all partitions of it when partitioned)."""
 
@@ -370,13 +480,17 @@ class Producer(_Facade):
         self._producer = producer
         self._schema = schema
         # As in the official client, a send is queued in the caller's thread: the bound on pending
-        # messages is applied here, at the call, and the loop hands the queue to the producer in order.
-        self._gate = threading.Condition()
+        # messages is applied here, at the call, and the loop takes the queue over in runs (one
+        # wake-up each), giving each send to the producer in the order it was accepted.
+        self._gate = threading.Condition(threading.Lock())
         self._max_pending: int = producer._max_pending
         self._block: bool = producer._block
-        self._held = 0  # sends accepted and not yet answered (queued here, or pending on the producer)
+        self._accepted = 0  # sends accepted (under _gate)
+        self._answered = 0  # of those, answered (on the loop's thread only)
+        self._room_waiters = 0  # callers waiting for room (under _gate)
         self._handing: collections.deque = collections.deque()  # accepted, not yet on the producer
-        self._hand_over: _asyncio.Task | None = None
+        self._handing_over = False  # a hand-over is scheduled or running: it takes what is queued
+        self._hand_over_task: _asyncio.Task | None = None  # the hand-over, when a send had to wait
 
     def _stop_listening(self) -> None:
         with self._gate:
@@ -407,23 +521,16 @@ class Producer(_Facade):
         if self._closed:
             raise AlreadyClosed(official.error_text(Result.AlreadyClosed))
         self._loop.refuse_own_thread()
-        answer: concurrent.futures.Future = concurrent.futures.Future()
-
-        def done(error, message_id) -> None:
-            if error is None:
-                answer.set_result(message_id)
-            else:
-                answer.set_exception(error)
-        if not self._accept(content, options, done):
+        answer = _Awaited(self)
+        if not self._accept(content, options, answer):
             raise self._refusal
         try:
-            # wait() rather than result(timeout): the send's own TimeoutError (send timeout) is a
-            # builtin TimeoutError too, so result(0.1) could not tell it from "not answered yet"
-            while not answer.done():
-                concurrent.futures.wait((answer,), 0.1)
-                if not answer.done() and self._loop.stopped:  # the client was shut down under this send
+            while not answer.wait(0.1):
+                if self._loop.stopped:  # the client was shut down under this send
                     raise errors.AlreadyClosedError("client is closed")
-            return MessageId.wrap(answer.result())
+            if answer.error is not None:
+                raise answer.error
+            return MessageId.wrap(answer.message_id)
         except BaseException as exc:  # noqa: BLE001 - translated, never swallowed
             raise _official_error(exc, self._closed) from exc
 
@@ -435,27 +542,19 @@ class Producer(_Facade):
         if callback is not None and not callable(callback):  # refused at the call, as the official client does
             raise TypeError(f"send_async callback must be callable(result, message_id), not {type(callback).__name__}")
         official.check_content(content, self._schema)
-        options = official.send_options(properties, partition_key, ordering_key, sequence_id, replication_clusters,
-                                        disable_replication, event_timestamp, deliver_at, deliver_after)
-
-        def report(result, message_id) -> None:
-            if callback is None:
-                return
-            try:
-                callback(result, message_id)
-            except Exception:  # noqa: BLE001 - a callback's error must not break the producer
-                log.exception("send_async callback raised")
-
-        def done(error, message_id) -> None:
-            if error is None:
-                report(Result.Ok, MessageId.wrap(message_id))
-            else:
-                report(_result_of(error, self._closed), _default_message_id())
-
+        if properties is None and partition_key is None and ordering_key is None and sequence_id is None \
+                and replication_clusters is None and not disable_replication and event_timestamp is None \
+                and deliver_at is None and deliver_after is None:
+            options = _NO_SEND_OPTIONS
+        else:
+            options = official.send_options(properties, partition_key, ordering_key, sequence_id,
+                                            replication_clusters, disable_replication, event_timestamp,
+                                            deliver_at, deliver_after)
+        sent = _Sent(self, callback)
         if self._closed:
-            report(Result.AlreadyClosed, _default_message_id())
-        elif not self._accept(content, options, done):
-            report(self._refusal.result, _default_message_id())
+            sent.refused(Result.AlreadyClosed)
+        elif not self._accept(content, options, sent):
+            sent.refused(self._refusal.result)
 
     @property
     def _refusal(self) -> Any:  # an official exception class's instance
@@ -463,87 +562,117 @@ class Producer(_Facade):
             return AlreadyClosed(official.error_text(Result.AlreadyClosed))
         return ProducerQueueIsFull(official.error_text(Result.ProducerQueueIsFull))
 
-    def _accept(self, content, options: dict, done: Callable) -> bool:
+    def _accept(self, content, options: dict, sent: _Sent) -> bool:
         """Queue one send if the bound on pending messages lets it in, waiting for room when the
-        producer blocks; False when it is refused (see `_refusal`). `done(error, message_id)` is
-        called on the loop's thread once the send is answered."""
-        on_loop = threading.current_thread() is self._loop.thread
+        producer blocks; False when it is refused (see `_refusal`). `sent` is answered on the
+        loop's thread once the broker has the message (or it failed)."""
+        loop_thread = self._loop.thread
         with self._gate:
-            if self._held >= self._max_pending:
+            if self._accepted - self._answered >= self._max_pending:
                 if not self._block:
                     return False
                 # the loop's own thread cannot wait for room it has to make: the producer waits instead
-                while not on_loop and self._held >= self._max_pending:
-                    if self._closed or self._loop.stopped:
-                        return False
-                    self._gate.wait(0.1)
-            if self._closed or self._loop.stopped:
+                if threading.current_thread() is not loop_thread:
+                    self._room_waiters += 1
+                    try:
+                        while self._accepted - self._answered >= self._max_pending:
+                            if self._closed or self._loop.stopped:
+                                return False
+                            self._gate.wait(0.1)
+                    finally:
+                        self._room_waiters -= 1
+            if self._closed:
                 return False
-            self._held += 1
-            self._handing.append((content, options, done))
-            start = self._hand_over is None and len(self._handing) == 1
+            self._accepted += 1
+            self._handing.append((content, options, sent))
+            start = not self._handing_over
+            self._handing_over = True
         if start:
-            if on_loop:
-                self._start_hand_over()
-            else:
-                try:
-                    self._loop.loop.call_soon_threadsafe(self._start_hand_over)
-                except RuntimeError:  # the loop closed meanwhile
-                    self._fail_handing(errors.AlreadyClosedError("client is closed"))
+            try:
+                if threading.current_thread() is loop_thread:
+                    self._loop.loop.call_soon(self._hand_over)
+                else:
+                    self._loop.loop.call_soon_threadsafe(self._hand_over)
+            except RuntimeError:  # the loop closed meanwhile
+                self._fail_handing(errors.AlreadyClosedError("client is closed"))
         return True
 
-    def _start_hand_over(self) -> None:
-        if self._hand_over is None:
-            self._hand_over = _asyncio.ensure_future(self._hand_over_queue())
+    def _one_answered(self) -> None:
+        """On the loop: one accepted send was answered; a caller waiting for room may go on."""
+        self._answered += 1
+        if self._room_waiters:
+            with self._gate:
+                self._gate.notify()
 
-    async def _hand_over_queue(self) -> None:
-        """On the loop: give the accepted sends to the producer, in the order they were accepted."""
-        try:
-            while True:
-                with self._gate:
-                    if not self._handing:
-                        self._hand_over = None
-                        return
-                    content, options, done = self._handing.popleft()
+    def _hand_over(self) -> None:
+        """On the loop: give the accepted sends to the producer, in the order they were accepted,
+        without waiting; the first one that would have to wait goes on a task, with what follows."""
+        if self._hand_over_task is not None:
+            return  # the task takes what is queued, in order
+        send_nowait = self._producer.send_nowait
+        while True:
+            with self._gate:
+                runs = self._handing
+                if not runs:
+                    self._handing_over = False
+                    return
+                self._handing = collections.deque()
+            while runs:
+                content, options, sent = runs[0]
                 try:
-                    future = await self._producer.send_async(content, **options)
-                except _asyncio.CancelledError:
-                    self._answered(done, errors.AlreadyClosedError("client is closed"), None)
-                    raise
+                    queued = send_nowait(content, sent, **options)
                 except Exception as exc:  # noqa: BLE001 - this send's answer
-                    self._answered(done, exc, None)
+                    runs.popleft()
+                    sent.set_exception(exc)
                     continue
-                future.add_done_callback(functools.partial(self._send_answered, done))
-        except BaseException:
+                if not queued:
+                    with self._gate:
+                        runs.extend(self._handing)
+                        self._handing = runs
+                    self._hand_over_task = _asyncio.ensure_future(self._hand_over_waiting())
+                    return
+                runs.popleft()
+
+    async def _hand_over_waiting(self) -> None:
+        """On the loop: the first queued send, through send_async's waits; then the rest as usual."""
+        with self._gate:
+            if not self._handing:  # failed meanwhile (the client closed)
+                self._hand_over_task = None
+                self._handing_over = False
+                return
+            content, options, sent = self._handing.popleft()
+        try:
+            future = await self._producer.send_async(content, **options)
+        except _asyncio.CancelledError:
+            sent.set_exception(errors.AlreadyClosedError("client is closed"))
             self._fail_handing(errors.AlreadyClosedError("client is closed"))
             raise
-
-    def _send_answered(self, done: Callable, future: _asyncio.Future) -> None:
-        if future.cancelled():
-            self._answered(done, errors.AlreadyClosedError("producer is closed"), None)
-        elif future.exception() is not None:
-            self._answered(done, future.exception(), None)
+        except Exception as exc:  # noqa: BLE001 - this send's answer
+            sent.set_exception(exc)
         else:
-            self._answered(done, None, future.result())
-
-    def _answered(self, done: Callable, error, message_id) -> None:
-        with self._gate:
-            self._held -= 1
-            self._gate.notify()
-        done(error, message_id)
+            future.add_done_callback(functools.partial(_future_answered, sent))
+        self._hand_over_task = None
+        self._hand_over()
 
     def _fail_handing(self, error: Exception) -> None:
         with self._gate:
             failed = list(self._handing)
             self._handing.clear()
-            self._hand_over = None
-        for _, _, done in failed:
-            self._answered(done, error, None)
+            self._handing_over = False
+        for _, _, sent in failed:
+            sent.set_exception(error)
 
     async def _handed_over(self) -> None:
         """Wait until every send accepted so far is on the producer."""
-        while self._hand_over is not None:
-            await _asyncio.wait([self._hand_over])  # its sends' errors went to their callers
+        while True:
+            task = self._hand_over_task
+            if task is not None:
+                await _asyncio.wait([task])  # its sends' errors went to their callers
+                continue
+            with self._gate:
+                if not self._handing:
+                    return
+            self._hand_over()
 
     def flush(self) -> None:
         """Send what is batched and wait until the broker has every pending message."""
@@ -562,6 +691,15 @@ class Producer(_Facade):
             await self._handed_over()
             await self._producer.close()
         self._run(close(), closed_check=False)
+
+
+def _future_answered(sent: _Sent, future: _asyncio.Future) -> None:
+    if future.cancelled():
+        sent.set_exception(errors.AlreadyClosedError("producer is closed"))
+    elif future.exception() is not None:
+        sent.set_exception(future.exception())
+    else:
+        sent.set_result(future.result())
 
 
 def _result_of(exc: BaseException, closed: bool):
@@ -658,13 +796,73 @@ class Consumer(_Listening):
         # a message batch_receive() took but left for the next call, as the official client
         # leaves in its queue the message that would take a batch over max_num_bytes
         self._held: Any = None
+        # receive() takes from the asyncio consumer's queue in the caller's thread; permits and
+        # acknowledgements go to the loop in batches (see _Handover)
+        self._queue = consumer._queue
+        self._handover = _Handover(client._loop)
+        # a message listener: called on its listener thread, which takes the messages itself
+        self._listener: Callable | None = None
+        self._listener_work: queue.SimpleQueue | None = None
+        self._listener_paused = False
+        self._listener_armed = False  # a drain is queued or running on the listener thread
+        self._listener_lock = threading.Lock()
+
+    def _listen(self, listener: Callable) -> None:
+        self._listener_work = self._client._listeners.queue_for_next_consumer()
+        self._listener = listener
+        self._queue.arrival_hook = self._arm_listener  # on the loop, once per delivered entry
+        self._arm_listener()  # what is queued already
+
+    def _arm_listener(self) -> None:
+        """Have the listener thread drain the queue, unless it is at it (any thread)."""
+        with self._listener_lock:
+            if self._listener_armed or self._listener is None or self._listener_paused:
+                return
+            self._listener_armed = True
+        self._listener_work.put(self._drain_to_listener)
+
+    def _drain_to_listener(self) -> None:
+        """On the listener thread: the listener gets each queued message in turn, taken here
+        (no thread hop per message), until the queue is empty or listening pauses or stops."""
+        listener = self._listener
+        while True:
+            while listener is not None and not self._listener_paused and not self._closed:
+                native = self._take()
+                if native is None:
+                    break
+                try:
+                    listener(self, Message(native))
+                except Exception:  # noqa: BLE001 - as the official client: log and go on
+                    log.exception("message listener raised")
+                listener = self._listener
+            with self._listener_lock:
+                self._listener_armed = False
+            # a message that came after the last take found the drain armed: look once more
+            if self._listener is None or self._listener_paused or self._closed or not len(self._queue):
+                return
+            with self._listener_lock:
+                if self._listener_armed:
+                    return
+                self._listener_armed = True
+            listener = self._listener
+
+    def _stop_listening(self) -> None:
+        self._listener = None
+        self._queue.arrival_hook = None
+
+    def _set_listening(self, resumed: bool) -> None:
+        if self._listener is None:
+            return
+        self._listener_paused = not resumed
+        if resumed:
+            self._arm_listener()
+
+    def _check_no_listener(self) -> None:
+        if self._listener is not None:
+            raise InvalidConfiguration("Pulsar error: InvalidConfiguration: messages go to the listener")
 
     async def _receive_native(self):
         return await self._consumer.receive()
-
-    async def _next(self, timeout_millis):
-        held, self._held = self._held, None
-        return held if held is not None else await self._consumer.receive(timeout_millis)
 
     def topic(self) -> str:
         return self._consumer.topic()
@@ -679,50 +877,114 @@ class Consumer(_Listening):
         """The next message; raises Timeout when none comes within timeout_millis."""
         if timeout_millis is not None:
             official.check_type(int, timeout_millis, "timeout_millis")
-        self._check_no_listener()
-        return Message(self._run(self._next(timeout_millis)))
+        if self._listener is not None:
+            self._check_no_listener()
+        if self._closed:
+            raise AlreadyClosed("Pulsar error: AlreadyClosed")
+        native = self._held
+        if native is not None:
+            self._held = None
+        else:
+            native = self._take()
+            if native is None:
+                try:
+                    native = self._wait_and_take(timeout_millis)
+                except BaseException as exc:  # noqa: BLE001 - translated, never swallowed
+                    raise _official_error(exc, self._closed) from exc
+        return Message(native)
+
+    def _take(self):
+        """The next queued message (None when there is none), taken in the caller's thread; its
+        permit goes back to the broker through the loop, with others."""
+        native = self._queue.take()
+        if native is not None:
+            owner = native._ack_unit.owner
+            owner._last_message = native
+            self._handover.put(owner._message_consumed, 1)
+        return native
+
+    def _wait_and_take(self, timeout_millis):
+        """_take(), waiting for a message; the asyncio consumer's errors when none can come."""
+        self._loop.refuse_own_thread()
+        consumer, queue_ = self._consumer, self._queue
+        deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000
+        with queue_.ready:
+            queue_.threads_waiting += 1
+            try:
+                while True:
+                    native = self._take()
+                    if native is not None:
+                        return native
+                    if consumer._error is not None:
+                        raise consumer._error
+                    if self._closed or consumer._closed or self._loop.stopped:
+                        raise errors.AlreadyClosedError("consumer is closed")
+                    if consumer._ended():
+                        raise errors.TopicTerminatedError("reached the end of the topic")
+                    wait = 0.1  # now and then: a client shut down under this call answers it
+                    if deadline is not None:
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0:
+                            raise errors.TimeoutError("no message received within the timeout")
+                        wait = min(wait, remaining)
+                    queue_.ready.wait(wait)
+            finally:
+                queue_.threads_waiting -= 1
 
     def batch_receive(self) -> list[Message]:
         """Messages up to the batch receive policy's count or bytes, or what came within its timeout."""
         self._check_no_listener()
-        return [Message(m) for m in self._run(self._batch_receive())]
-
-    async def _batch_receive(self) -> list:
+        if self._closed:
+            raise AlreadyClosed("Pulsar error: AlreadyClosed")
         policy = self._batch_policy
         max_messages, max_bytes = policy.getMaxNumMessages(), policy.getMaxNumBytes()
         timeout_ms = policy.getTimeoutMs()
-        loop = _asyncio.get_running_loop()
-        deadline = loop.time() + timeout_ms / 1000 if timeout_ms > 0 else None
+        deadline = time.monotonic() + timeout_ms / 1000 if timeout_ms > 0 else None
         batch: list = []
         size = 0
         while (max_messages <= 0 or len(batch) < max_messages) and (max_bytes <= 0 or size < max_bytes):
-            remaining = None if deadline is None else max(0, int((deadline - loop.time()) * 1000))
-            try:
-                message = await self._next(remaining)
-            except errors.TimeoutError:
-                break
-            length = len(message.payload_view())
+            native = self._held
+            if native is not None:
+                self._held = None
+            else:
+                native = self._take()
+                if native is None:
+                    remaining = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+                    try:
+                        native = self._wait_and_take(remaining)
+                    except errors.TimeoutError:
+                        break
+                    except BaseException as exc:  # noqa: BLE001 - translated, never swallowed
+                        raise _official_error(exc, self._closed) from exc
+            length = len(native.payload_view())
             if batch and max_bytes > 0 and size + length > max_bytes:
-                self._held = message  # it would cross max_num_bytes: the next call's first
+                self._held = native  # it would cross max_num_bytes: the next call's first
                 break
-            batch.append(message)
+            batch.append(native)
             size += length
-        return batch
+        return [Message(m) for m in batch]
 
     def acknowledge(self, message) -> None:
-        """Acknowledge one message (or message id)."""
-        self._call(self._consumer.acknowledge, _native_target(message))
+        """Acknowledge one message (or message id): queued here, sent with others (as the
+        official client groups acknowledgements for acknowledgmentGroupTime)."""
+        if self._closed:
+            raise AlreadyClosed("Pulsar error: AlreadyClosed")
+        self._handover.put(self._consumer.acknowledge, _native_target(message))
 
     def acknowledge_cumulative(self, message) -> None:
         """Acknowledge every message up to and including this one (not on Shared or Key_Shared)."""
         if self._type in (ConsumerType.Shared, ConsumerType.KeyShared):
             raise CumulativeAcknowledgementNotAllowedError(
                 official.error_text(Result.CumulativeAcknowledgementNotAllowedError))
-        self._call(self._consumer.acknowledge_cumulative, _native_target(message))
+        if self._closed:
+            raise AlreadyClosed(official.error_text(Result.AlreadyClosed))
+        self._handover.put(self._consumer.acknowledge_cumulative, _native_target(message))
 
     def negative_acknowledge(self, message) -> None:
         """Have this message redelivered after negative_ack_redelivery_delay_ms."""
-        self._call(self._consumer.negative_acknowledge, _native_target(message))
+        if self._closed:
+            raise AlreadyClosed("Pulsar error: AlreadyClosed")
+        self._handover.put(self._consumer.negative_acknowledge, _native_target(message))
 
     def pause_message_listener(self) -> None:
         self._set_listening(False)

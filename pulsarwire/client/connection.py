@@ -4,6 +4,7 @@ pool that shares connections per broker and looks topics up (following redirects
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import ssl
 import time
@@ -34,6 +35,13 @@ log = logging.getLogger("pulsarwire")
 class Connection(asyncio.Protocol):
     """One TCP (or TLS) connection to a broker, multiplexing producers and consumers."""
 
+    # Bytes of Send frames on the wire without a receipt, at most, over all of the connection's
+    # producers (each may always have one frame out, however large); the rest wait in their
+    # producers' pending queues. FLOW, ACK, PING and lookup frames then queue behind this much
+    # data at most, not behind every message max_pending_messages lets producers hold (with one
+    # client producing and consuming, the consumer's permits waited behind megabytes).
+    WIRE_BUDGET = 512 * 1024
+
     def __init__(self, client: "Client", address: Address) -> None:
         self.client = client
         self.address = address
@@ -52,6 +60,8 @@ class Connection(asyncio.Protocol):
         self._keepalive: asyncio.Task | None = None
         self._can_write = asyncio.Event()
         self._can_write.set()
+        self.wire_bytes = 0  # Send bytes written and not yet answered
+        self._waiting_for_wire: collections.deque[PartitionProducer] = collections.deque()
 
     @property
     def max_message_size(self) -> int:
@@ -97,6 +107,20 @@ class Connection(asyncio.Protocol):
         if not self.closed and self.transport is not None:
             self.session.send_frame(frame)
             self.flush()
+
+    def wait_for_wire(self, producer: "PartitionProducer") -> None:
+        """`producer` has frames to write once the budget has room."""
+        if producer not in self._waiting_for_wire:
+            self._waiting_for_wire.append(producer)
+
+    def wire_released(self, size: int) -> None:
+        """`size` bytes of Send frames were answered (or given up): waiting producers go on, in turn."""
+        self.wire_bytes -= size
+        waiting = self._waiting_for_wire
+        while waiting and self.wire_bytes < self.WIRE_BUDGET and not self.closed:
+            producer = waiting.popleft()
+            if producer.conn is self:
+                producer._write_pending()
 
     async def drain(self) -> None:
         await self._can_write.wait()

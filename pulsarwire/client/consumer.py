@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from .. import codec
 from .._proto import PulsarApi_pb2 as pb
@@ -51,18 +52,44 @@ class AckUnit:
 
 
 class MessageQueue:
-    """The consumer's receiver queue, shared by all of its partitions."""
+    """The consumer's receiver queue, shared by all of its partitions.
+
+    Filled on the event loop. Other threads (the blocking surface's callers) may take from it
+    directly with `take()`, waiting on `ready` (a threading.Condition, notified once per
+    delivered entry while `threads_waiting`: `notify_threads`); compound changes
+    (`remove_from`) hold `lock` against them."""
 
     def __init__(self) -> None:
         self._items: collections.deque[Message] = collections.deque()
         self._waiters: collections.deque[asyncio.Future] = collections.deque()
+        self.lock = threading.Lock()
+        self.ready = threading.Condition(threading.Lock())
+        self.threads_waiting = 0
+        self.arrival_hook: Callable[[], None] | None = None  # called on the loop once per delivered entry
 
     def __len__(self) -> int:
         return len(self._items)
 
     def put(self, message: Message) -> None:
         self._items.append(message)
-        self._wake()
+        if self._waiters:
+            self._wake()
+
+    def take(self) -> Message | None:
+        """pop() for a thread other than the loop's."""
+        with self.lock:
+            try:
+                return self._items.popleft()
+            except IndexError:
+                return None
+
+    def notify_threads(self) -> None:
+        if self.threads_waiting:
+            with self.ready:
+                self.ready.notify_all()
+        hook = self.arrival_hook
+        if hook is not None:
+            hook()
 
     def _wake(self) -> None:
         while self._waiters:
@@ -76,9 +103,13 @@ class MessageQueue:
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)
+        self.notify_threads()
 
     def pop(self) -> Message | None:
-        return self._items.popleft() if self._items else None
+        try:  # not `if self._items`: another thread may take() the last one in between
+            return self._items.popleft()
+        except IndexError:
+            return None
 
     def waiter(self, loop) -> asyncio.Future:
         """A future set when a message arrives; registered now, so no arrival is missed."""
@@ -87,9 +118,10 @@ class MessageQueue:
         return waiter
 
     def remove_from(self, owner) -> int:
-        kept = [m for m in self._items if m._ack_unit.owner is not owner]
-        removed = len(self._items) - len(kept)
-        self._items = collections.deque(kept)
+        with self.lock:
+            kept = [m for m in self._items if m._ack_unit.owner is not owner]
+            removed = len(self._items) - len(kept)
+            self._items = collections.deque(kept)
         return removed
 
 
@@ -216,6 +248,7 @@ class PartitionConsumer(Reconnecting):
             put(message)
             if remember is not None:  # past the limit: the next redelivery goes to the dead letter topic
                 remember(unit, message)
+        parent._queue.notify_threads()
         if unit.remaining:
             self._unacked[(ledger, entry)] = unit
         elif parent._durable:

@@ -91,6 +91,49 @@ class _BulkSend:
 _NO_OPTIONS: dict = {}
 
 
+class Receipt:
+    """A send's answer delivered by calling `callback(error, message_id)` at once, on the loop,
+    where nobody needs a future (`send_nowait`); it stands where a send's future would."""
+
+    __slots__ = ("callback", "_done", "_waiter")
+
+    def __init__(self, callback: Callable[[BaseException | None, MessageId | None], None]) -> None:
+        self.callback = callback
+        self._done = False
+        self._waiter: asyncio.Future | None = None
+
+    def done(self) -> bool:
+        return self._done
+
+    def cancelled(self) -> bool:
+        return False
+
+    def set_result(self, message_id: MessageId) -> None:
+        self._answer(None, message_id)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._answer(error, None)
+
+    def _answer(self, error, message_id) -> None:
+        if self._done:
+            return
+        self._done = True
+        try:
+            self.callback(error, message_id)
+        finally:
+            if self._waiter is not None and not self._waiter.done():
+                self._waiter.set_result(None)
+
+    def waiter(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future:
+        """A future done once this receipt is answered (for flush and close)."""
+        if self._waiter is None:
+            self._waiter = loop.create_future()
+            if self._done:
+                self._waiter.set_result(None)
+        return self._waiter
+
+
+
 def _message_parts(item) -> tuple:
     """(payload, key, properties, event_timestamp) of a send_many item: a payload, or a tuple of
     (payload, partition_key, properties, event_timestamp), the trailing ones optional."""
@@ -125,6 +168,9 @@ class PartitionProducer(Reconnecting):
         self.producer_name = parent._producer_name
         self.conn: Connection | None = None
         self.pending: collections.deque[_OpSend] = collections.deque()
+        self._written = 0  # pending[:_written] went out on self.conn; the rest waits for receipts
+        self._wire_bytes = 0  # their frames' bytes, counted in the budget of _wire_conn
+        self._wire_conn: Connection | None = None
         initial = parent._initial_sequence_id
         # As the official client: the first message takes initial + 1 (initial is the last one
         # already published), and without an initial id the broker's last one decides.
@@ -191,8 +237,8 @@ class PartitionProducer(Reconnecting):
             self.last_sequence_id = max(self.last_sequence_id, response.last_sequence_id)
             self._next_sequence_id = response.last_sequence_id + 1
         self.conn = conn
-        for op in self.pending:  # resend in order, same sequence ids: the broker dedups
-            conn.write_frame(op.frame)
+        self._forget_pending()  # what went out on an earlier connection (or attachment) goes again
+        self._write_pending()  # resend in order, same sequence ids: the broker dedups
 
     def _give_up(self, error: BaseException) -> None:
         self._fail_all(error)
@@ -422,9 +468,46 @@ class PartitionProducer(Reconnecting):
         self._enqueue(_OpSend(first, highest, count, frame, futures, batched=True, bulk=bulk))
 
     def _enqueue(self, op: _OpSend) -> None:
-        self.pending.append(op)
-        if self.conn is not None:
-            self.conn.write_frame(op.frame)
+        pending = self.pending
+        pending.append(op)
+        conn = self.conn
+        if conn is not None and self._written == len(pending) - 1:
+            if conn.wire_bytes < conn.WIRE_BUDGET or not self._written:
+                size = len(op.frame)
+                conn.write_frame(op.frame)
+                self._written += 1
+                self._wire_bytes += size
+                conn.wire_bytes += size
+                self._wire_conn = conn
+            else:
+                conn.wait_for_wire(self)
+
+    def _write_pending(self) -> None:
+        """Write pending frames not yet on the wire, in order, while the connection's budget for
+        unacknowledged Send bytes lets them (one frame of this producer's always goes)."""
+        conn = self.conn
+        if conn is None:
+            return
+        pending = self.pending
+        while self._written < len(pending):
+            if conn.wire_bytes >= conn.WIRE_BUDGET and self._written:
+                conn.wait_for_wire(self)
+                return
+            frame = pending[self._written].frame
+            conn.write_frame(frame)
+            self._written += 1
+            self._wire_bytes += len(frame)
+            conn.wire_bytes += len(frame)
+            self._wire_conn = conn
+
+    def _forget_pending(self) -> None:
+        """Nothing of pending is on the wire any more (failed, timed out, or to go again on a new
+        attachment): its bytes leave the budget they were counted in."""
+        conn, size = self._wire_conn, self._wire_bytes
+        self._written = self._wire_bytes = 0
+        self._wire_conn = None
+        if conn is not None and size:
+            conn.wire_released(size)
 
     def _on_receipt(self, receipt: SendReceipt) -> None:
         while self.pending:
@@ -438,6 +521,13 @@ class PartitionProducer(Reconnecting):
                     self.conn.abort(PulsarWireError("out-of-order send receipt"))
                 return
             self.pending.popleft()
+            if self._written:
+                self._written -= 1
+                self._wire_bytes -= len(op.frame)
+                if self._wire_conn is not None:
+                    self._wire_conn.wire_released(len(op.frame))  # other producers waiting go first
+                if self._written < len(self.pending):
+                    self._write_pending()
             if op.num_messages == 0 and op.first_chunk is not None and not op.futures:
                 if op.first_chunk not in self._chunk_ids:
                     mid = receipt.message_id
@@ -479,6 +569,7 @@ class PartitionProducer(Reconnecting):
             op = self.pending.popleft()
             _fail_op(op.futures, op.bulk, error)
             released += len(op.futures)
+        self._forget_pending()
         _fail_op(self._batch_futures, self._batch_bulk, error)
         released += len(self._batch_futures)
         self._batch_futures = []
@@ -498,6 +589,7 @@ class PartitionProducer(Reconnecting):
                         op = self.pending.popleft()
                         _fail_op(op.futures, op.bulk, error)
                         released += len(op.futures)
+                    self._forget_pending()
                     self.parent._release(released)
         except asyncio.CancelledError:
             pass
@@ -505,6 +597,10 @@ class PartitionProducer(Reconnecting):
     async def wait_pending(self) -> None:
         waiting = {id(f): f for op in self.pending for f in op.futures if f is not None}
         waiting.update((id(f), f) for f in self._batch_futures if f is not None)
+        loop = self.client._loop
+        for key, receipt in list(waiting.items()):
+            if isinstance(receipt, Receipt):
+                waiting[key] = receipt.waiter(loop)
         waiting.update((id(span[0]), span[0].future) for op in self.pending if op.bulk for span in op.bulk)
         waiting.update((id(span[0]), span[0].future) for span in self._batch_bulk)
         futures = list(waiting.values())
@@ -641,6 +737,37 @@ class Producer:
         """Queue a message; returns a future for its MessageId (waits only for queue space)."""
         if self._closed:
             raise AlreadyClosedError("producer is closed")
+        if type(content) is bytes and properties is None and partition_key is None and ordering_key is None \
+                and event_timestamp is None and sequence_id is None and deliver_at is None \
+                and deliver_after_ms is None and self._schema is None:
+            options = _NO_OPTIONS  # the common case: nothing to check
+        else:
+            content, options = self._send_options(content, properties, partition_key, ordering_key,
+                                                  event_timestamp, sequence_id, deliver_at, deliver_after_ms)
+        if self._in_flight >= self._max_pending:
+            if not self._block:
+                raise ProducerQueueFullError(f"{self._max_pending} messages pending")
+            async with self._space:
+                await self._space.wait_for(lambda: self._in_flight < self._max_pending)
+        if options is not _NO_OPTIONS and options.get("deliver_after_ms") is not None:
+            options["deliver_at"] = now_ms() + options.pop("deliver_after_ms")
+        target = await self._attached(self._partition_index(content, options))
+        future = self.client._loop.create_future()
+        self._in_flight += 1
+        if options is _NO_OPTIONS:
+            target.send_plain(content, future)
+        else:
+            target.send(content, options, future)
+        conn = target.conn
+        if conn is not None and not conn._can_write.is_set():
+            await conn.drain()
+        elif target._batch.num_messages == 0 and self._batching:
+            await asyncio.sleep(0)  # a batch went out: let the loop write it and read receipts (bounds latency)
+        return future
+
+    def _send_options(self, content, properties, partition_key, ordering_key, event_timestamp, sequence_id,
+                      deliver_at, deliver_after_ms) -> tuple[bytes, dict]:
+        """Checked send options and the content to send (schema-encoded): _NO_OPTIONS when there are none."""
         _check_send_options(properties, partition_key, ordering_key, event_timestamp=event_timestamp,
                             sequence_id=sequence_id, deliver_at=deliver_at, deliver_after_ms=deliver_after_ms)
         b64_key = None
@@ -650,32 +777,43 @@ class Producer:
                 partition_key = b64_key
         if not isinstance(content, (bytes, bytearray, memoryview)):
             raise TypeError(f"content must be bytes, not {type(content).__name__}")
-        if self._in_flight >= self._max_pending:
-            if not self._block:
-                raise ProducerQueueFullError(f"{self._max_pending} messages pending")
-            async with self._space:
-                await self._space.wait_for(lambda: self._in_flight < self._max_pending)
-        if deliver_after_ms is not None:
-            deliver_at = now_ms() + deliver_after_ms
-        plain = type(content) is bytes and properties is None and partition_key is None and \
-            ordering_key is None and event_timestamp is None and sequence_id is None and deliver_at is None
-        options = _NO_OPTIONS if plain else {
-            "properties": properties, "partition_key": partition_key, "ordering_key": ordering_key,
-            "event_timestamp": event_timestamp, "sequence_id": sequence_id, "deliver_at": deliver_at,
-            "partition_key_b64_encoded": b64_key is not None}
-        target = await self._attached(self._partition_index(content, options))
-        future = self.client._loop.create_future()
-        self._in_flight += 1
-        if plain:
-            target.send_plain(content, future)
+        content = bytes(content) if not isinstance(content, bytes) else content
+        if properties is None and partition_key is None and ordering_key is None and event_timestamp is None \
+                and sequence_id is None and deliver_at is None and deliver_after_ms is None:
+            return content, _NO_OPTIONS
+        return content, {"properties": properties, "partition_key": partition_key, "ordering_key": ordering_key,
+                         "event_timestamp": event_timestamp, "sequence_id": sequence_id, "deliver_at": deliver_at,
+                         "deliver_after_ms": deliver_after_ms, "partition_key_b64_encoded": b64_key is not None}
+
+    def send_nowait(self, content: bytes, receipt, *, properties: dict[str, str] | None = None,
+                    partition_key: str | None = None, ordering_key: bytes | None = None,
+                    event_timestamp: int | None = None, sequence_id: int | None = None,
+                    deliver_at: int | None = None, deliver_after_ms: int | None = None) -> bool:
+        """send_async without its waits, answering through `receipt` (a future, or a `Receipt`):
+        False, with nothing queued, when the message would have to wait (no room under
+        max_pending_messages, a lazy partition not attached yet). Raises as send_async does."""
+        if self._closed:
+            raise AlreadyClosedError("producer is closed")
+        if type(content) is bytes and properties is None and partition_key is None and ordering_key is None \
+                and event_timestamp is None and sequence_id is None and deliver_at is None \
+                and deliver_after_ms is None and self._schema is None:
+            options = _NO_OPTIONS
         else:
-            target.send(bytes(content) if not isinstance(content, bytes) else content, options, future)
-        conn = target.conn
-        if conn is not None and not conn._can_write.is_set():
-            await conn.drain()
-        elif target._batch.num_messages == 0 and self._batching:
-            await asyncio.sleep(0)  # a batch went out: let the loop write it and read receipts (bounds latency)
-        return future
+            content, options = self._send_options(content, properties, partition_key, ordering_key,
+                                                  event_timestamp, sequence_id, deliver_at, deliver_after_ms)
+        if self._in_flight >= self._max_pending:
+            return False
+        target = self._partitions[self._partition_index(content, options)]
+        if not target.ready:
+            return False
+        if options is not _NO_OPTIONS and options.get("deliver_after_ms") is not None:
+            options["deliver_at"] = now_ms() + options.pop("deliver_after_ms")
+        self._in_flight += 1
+        if options is _NO_OPTIONS:
+            target.send_plain(content, receipt)
+        else:
+            target.send(content, options, receipt)
+        return True
 
     async def send_many(self, messages) -> asyncio.Future:
         """Queue messages in order: payloads, or (payload, partition_key, properties) tuples.
