@@ -315,7 +315,9 @@ class BrokerCore:
         check_topic_name(self.data_dir, name, partitions)
 
     def check_tenant(self, name: str) -> None:
-        """Raise UnknownTenant when topic `name` is in a tenant this broker does not have."""
+        """Raise UnknownTenant when topic `name` is in a tenant this broker does not have
+        (InvalidTopicName first when `name` cannot be a topic at all)."""
+        self.check_topic_name(name)
         if tenant_of(name) not in self.tenants and tenant_of(name) not in self.policies.tenants:
             raise UnknownTenant(f"tenant {tenant_of(name)[:64]!r} does not exist (topic {name[:128]})")
 
