@@ -118,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "connection; so does a V1 client taking none of its replies this long (default 30)")
     broker.add_argument("--v1-max-connections-per-address", type=int, default=None, metavar="N",
                         help="V1 connections one client address may hold at once; more are refused (default 100)")
+    broker.add_argument("--v1-max-total-output-bytes", type=int, default=None, metavar="BYTES",
+                        help="unsent V1 replies of all connections together before connections holding some "
+                             "are answered no more until they fall (default 256 MiB)")
     broker.add_argument("--v1-consume-max-bytes", type=int, default=None, metavar="BYTES",
                         help="most record bytes in one V1 CONSUME reply (default 8 MiB)")
 
@@ -262,7 +265,9 @@ async def run_broker(args) -> int:
                     v1_consume_max_bytes=DEFAULT_CONSUME_MAX_BYTES if args.v1_consume_max_bytes is None
                     else args.v1_consume_max_bytes,
                     **({} if args.v1_max_connections_per_address is None
-                       else {"v1_max_connections_per_address": args.v1_max_connections_per_address}))
+                       else {"v1_max_connections_per_address": args.v1_max_connections_per_address}),
+                    **({} if args.v1_max_total_output_bytes is None
+                       else {"v1_max_total_output_bytes": args.v1_max_total_output_bytes}))
     await broker.start()
     _tune_collector()
     from .client import topic_name

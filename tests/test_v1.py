@@ -1133,3 +1133,60 @@ def test_wrong_tokens_are_answered_late_without_blocking_the_broker(tmp_path):
         assert b.call(b.broker.v1.stats)["auth_failures"] == 1
     finally:
         b.stop()
+
+
+# --- additions: pipelined PRODUCEs share one group commit and one write -----------------------------
+
+def test_v1_records_carry_the_metadata_pulsar_would_encode():
+    from pulsarwire._proto import PulsarApi_pb2 as pb
+    for sequence_id, publish_time, key in ((0, 1, b""), (127, 1 << 41, b"k"), (1 << 20, 1_700_000_000_123, b"x" * 300)):
+        md = pb.MessageMetadata(producer_name="", sequence_id=sequence_id, publish_time=publish_time)
+        if key:
+            md.partition_key = key.decode()
+        expected = md.SerializeToString()
+        body = v1_module.v1_entry_body(sequence_id, publish_time, key, b"value")
+        assert body == len(expected).to_bytes(4, "big") + expected + b"value"
+
+
+def test_pipelined_produces_are_acknowledged_only_once_written(tmp_path):
+    """Many PRODUCE lines answered as one group: a failed group commit answers INTERNAL_ERROR for
+    each of its records (none acknowledged), and every acknowledged record is readable."""
+    from .test_storage_faults import FillingDisk
+    disk = FillingDisk()
+    b = BrokerThread(tmp_path, v1_port=0, v1_partitions=2, file_ops=disk).start()
+    try:
+        topic = unique("group")
+        import socket
+        with socket.create_connection(("127.0.0.1", b.v1_port), timeout=10) as s, s.makefile("rb") as reader:
+            s.sendall(f"V1|0|PRODUCE|{topic} a:first\n".encode())  # creates the topic
+            assert reader.readline().startswith(b"V1|0|OK|")
+            disk.room = 0
+            s.sendall(b"".join(b"V1|%d|PRODUCE|%s k%d:v%d\n" % (i, topic.encode(), i, i) for i in range(1, 201)))
+            failed = [reader.readline() for _ in range(200)]
+            assert all(b"|ERR|INTERNAL_ERROR|" in line for line in failed), failed[:3]
+            disk.room = None
+            s.sendall(b"".join(b"V1|%d|PRODUCE|%s k%d:w%d acks=%d\n" % (i, topic.encode(), i, i, i % 2)
+                               for i in range(201, 401)))
+            acked = [reader.readline().decode() for _ in range(200)]
+        assert all(line.startswith(f"V1|{i}|OK|") for i, line in zip(range(201, 401), acked)), acked[:3]
+        stored = {}
+        for line in acked:
+            placed = parse_payload(line.rstrip("\n").split("|", 3)[3])
+            stored.setdefault(placed["partition"], []).append(placed["offset"])
+
+        async def main():
+            async with await connect(b) as c:
+                for partition, offsets in stored.items():
+                    got, offset = [], 0
+                    while True:
+                        batch = await c.consume(topic, partition, offset)
+                        if not batch["messages"]:
+                            break
+                        got.extend(batch["messages"])
+                        offset = got[-1][0] + 1
+                    values = dict(got)
+                    assert all(values[o].startswith("w") for o in offsets)  # each acknowledged record is there
+                    assert not any(v.startswith("v") for v in values.values())  # no failed one is
+        run(main())
+    finally:
+        b.stop()

@@ -22,6 +22,7 @@ from .storage import DEFAULT_MAX_CACHE_BYTES, DEFAULT_PAGE_CACHE_BYTES, SYNC_INT
 from .topics import Topic
 from .v1 import DEFAULT_CONSUME_MAX_BYTES, V1Server, check_replication
 from .v1 import DEFAULT_MAX_CONNECTIONS_PER_ADDRESS as DEFAULT_V1_MAX_CONNECTIONS_PER_ADDRESS
+from .v1 import DEFAULT_MAX_TOTAL_OUTPUT_BYTES as DEFAULT_V1_MAX_TOTAL_OUTPUT_BYTES
 
 log = logging.getLogger("pulsarwire.broker")
 # descriptors kept out of every budget: listeners, state-file writes, the interpreter's own
@@ -60,7 +61,8 @@ class Broker:
                  max_cache_bytes: int = DEFAULT_MAX_CACHE_BYTES,
                  max_unacked_messages_per_consumer: int = DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER,
                  page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES,
-                 v1_max_connections_per_address: int = DEFAULT_V1_MAX_CONNECTIONS_PER_ADDRESS) -> None:
+                 v1_max_connections_per_address: int = DEFAULT_V1_MAX_CONNECTIONS_PER_ADDRESS,
+                 v1_max_total_output_bytes: int = DEFAULT_V1_MAX_TOTAL_OUTPUT_BYTES) -> None:
         check_replication(replication_factor, min_insync_replicas)  # before anything is opened
         self.core = BrokerCore(data_dir, sync_policy=sync_policy, segment_bytes=segment_bytes,
                                default_partitions=default_partitions, max_open_files=max_open_files,
@@ -91,7 +93,8 @@ class Broker:
             max_connections=DEFAULT_MAX_CONNECTIONS if max_connections is None else max_connections,
             # the Pulsar port's limits, a request line standing for a frame and AUTH for CONNECT
             max_output_bytes=max_output_bytes, handshake_timeout=handshake_timeout, line_timeout=frame_timeout,
-            max_connections_per_address=v1_max_connections_per_address)
+            max_connections_per_address=v1_max_connections_per_address,
+            max_total_output_bytes=v1_max_total_output_bytes)
         self.v1: V1Server | None = None
         self._servers: list[asyncio.AbstractServer] = []
         self._background: asyncio.Task | None = None
