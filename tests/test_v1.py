@@ -1190,3 +1190,81 @@ def test_pipelined_produces_are_acknowledged_only_once_written(tmp_path):
         run(main())
     finally:
         b.stop()
+
+
+# --- additions: what V1 replies nobody reads may hold (issue 32) ----------------------------------
+
+def _slow_reader(port: int, lines: bytes):
+    import socket
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # what is not read stays in the broker
+    s.connect(("127.0.0.1", port))
+    s.setblocking(False)
+    try:
+        s.sendall(lines)
+    except BlockingIOError:
+        pass  # the broker stopped reading: its input budget is full
+    return s
+
+
+def _partition_of_30_kb(port: int, topic: str) -> int:
+    import socket
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s, s.makefile("rb") as reader:
+        s.sendall(b"".join(b"V1|%d|PRODUCE|%s k:%s\n" % (i, topic.encode(), b"v" * 1000) for i in range(30)))
+        replies = [reader.readline() for _ in range(30)]
+    return parse_payload(replies[-1].decode().rstrip("\n").split("|", 3)[3])["partition"]
+
+
+def test_unsent_replies_of_all_connections_are_capped_and_honest_clients_still_served(tmp_path):
+    cap, budget = 256 * 1024, 64 * 1024
+    b = BrokerThread(tmp_path, v1_port=0, max_output_bytes=budget, v1_max_total_output_bytes=cap,
+                     frame_timeout=60.0).start()
+    try:
+        topic = unique("cap")
+        partition = _partition_of_30_kb(b.v1_port, topic)
+        requests = b"".join(b"V1|%d|CONSUME|%s %d 0\n" % (i, topic.encode(), partition) for i in range(200))
+        readers = [_slow_reader(b.v1_port, requests) for _ in range(10)]  # 10 budgets: 640 KiB > the cap
+        try:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and not b.call(b.broker.v1.stats)["output_cap_waits"]:
+                time.sleep(0.05)
+            time.sleep(0.5)
+            stats = b.call(b.broker.v1.stats)
+            assert stats["output_cap_waits"] >= 1
+            assert stats["peak_output_bytes"] <= cap + 40 * 1024, stats  # the cap and one reply over it
+            assert stats["output_bytes"] <= cap + 40 * 1024, stats
+            assert ask1(b, "V1|7|PING|") == "V1|7|OK|PONG"  # holding no unsent replies, it is answered
+        finally:
+            for s in readers:
+                s.close()
+    finally:
+        b.stop()
+
+
+def test_a_slow_reader_holds_what_its_input_and_output_budgets_say(tmp_path):
+    """Pipelined short lines cost their bytes (kept as received until answered), not a Python
+    object each: one client pipelining 3 MiB of CONSUME lines without reading holds about its
+    output budget, one reply and the 2 MiB of lines waiting."""
+    budget = 64 * 1024
+    b = BrokerThread(tmp_path, v1_port=0, max_output_bytes=budget, frame_timeout=60.0).start()
+    try:
+        topic = unique("slow")
+        partition = _partition_of_30_kb(b.v1_port, topic)
+        line = b"V1|1|CONSUME|%s %d 0\n" % (topic.encode(), partition)
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            s = _slow_reader(b.v1_port, line * (3 * 1024 * 1024 // len(line)))
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and not b.call(b.broker.v1.stats)["input_pauses"]:
+                time.sleep(0.05)
+            time.sleep(0.5)
+            held = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        s.close()
+        # output budget + one reply + 2 MiB of lines + one read's worth (256 KiB) and its lines split
+        # (as line objects the same 2 MiB held 6.7 MB)
+        assert held < budget + 40 * 1024 + v1_module.MAX_QUEUED_LINES_BYTES + 1024 * 1024, held
+    finally:
+        b.stop()

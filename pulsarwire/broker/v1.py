@@ -366,7 +366,8 @@ class V1Connection(asyncio.Protocol):
         self._output_counted = 0  # this connection's share of server.output_bytes
         self._unfinished = bytearray()  # the start of the next line
         self._partial_since: float | None = None  # when the unfinished line's first byte arrived
-        self._lines: collections.deque = collections.deque()  # complete lines not answered yet (None: too long)
+        self._input: collections.deque = collections.deque()  # complete lines as received (None: too long)
+        self._lines: collections.deque = collections.deque()  # those split, not answered yet
         self._queued_bytes = 0
         self._input_ended = False  # the client shut its side, or a line was too long: answer what is queued, close
         self._reading = True
@@ -413,26 +414,46 @@ class V1Connection(asyncio.Protocol):
             return
         if unfinished:
             data = bytes(unfinished) + data
-        *lines, rest = data.split(b"\n")  # lines as bytes (dictionary keys on the hot path)
+        cut = data.rfind(b"\n") + 1
+        complete, rest = data[:cut], data[cut:]
         self._unfinished = bytearray(rest)
-        queue = self._lines
-        for line in lines:
-            if len(line) > MAX_LINE:
-                self._too_long()
-                return
-            queue.append(line)
-            self._queued_bytes += len(line)
+        if cut > MAX_LINE:  # (rare: a long unfinished line ended here) may one of its lines be too long?
+            lines = complete.split(b"\n")
+            for i, line in enumerate(lines):
+                if len(line) > MAX_LINE:
+                    if i:
+                        self._queue_input(b"\n".join(lines[:i]) + b"\n")
+                    self._too_long()
+                    return
+        # kept as received, split into lines only when they are answered: a line object costs
+        # about 60 bytes beside its text, more than a short request line itself
+        self._queue_input(complete)
         self._partial_since = time.monotonic() if rest else None  # the unfinished line began in this data
         if len(rest) > MAX_LINE:
             self._too_long()
         self._wake()
         self._set_reading()
 
+    def _queue_input(self, complete: bytes) -> None:
+        self._input.append(complete)
+        self._queued_bytes += len(complete)
+
+    def _next_lines(self) -> None:
+        """Split the oldest input received (or a marker: None, _CUT_LINE) into the lines to answer."""
+        item = self._input.popleft()
+        if item is None or item is _CUT_LINE:
+            self._lines.append(item)
+            return
+        lines = item.split(b"\n")
+        lines.pop()  # input ends with a newline
+        self._queued_bytes -= len(lines)  # the newlines; each line is counted off as it is answered
+        self._lines.extend(lines)
+
     def eof_received(self) -> bool:
         self._input_ended = True
         if self._unfinished:  # a line cut off by the end of the stream (the client died mid-write?)
             self.server.counters["cut_lines"] += 1
-            self._lines.append(_CUT_LINE)
+            self._input.append(_CUT_LINE)
         self._unfinished = bytearray()
         self._partial_since = None
         self._wake()
@@ -458,7 +479,7 @@ class V1Connection(asyncio.Protocol):
     def _too_long(self) -> None:
         """A line over MAX_LINE: the lines before it are answered, then the error, then close."""
         self.server.counters["oversized_lines"] += 1
-        self._lines.append(None)
+        self._input.append(None)
         self._unfinished = bytearray()
         self._partial_since = None
         self._input_ended = True  # nothing after it is read
@@ -482,6 +503,8 @@ class V1Connection(asyncio.Protocol):
         assert transport is not None  # started by connection_made
         try:
             while not self.closed:
+                if not lines and self._input:
+                    self._next_lines()
                 if not lines or not self._may_answer(lines[0]):
                     if self._input_ended and not lines:
                         self.close()
@@ -509,7 +532,9 @@ class V1Connection(asyncio.Protocol):
                     answers.append(answer)
                     size += len(answer) if type(answer) is bytes else 64
                     if not lines:
-                        break
+                        if not self._input:
+                            break
+                        self._next_lines()
                     line = lines[0]
                     if line is None or line is _CUT_LINE:
                         break
@@ -604,7 +629,7 @@ class V1Connection(asyncio.Protocol):
             log.warning("closing a V1 connection that took none of its replies for %.0fs (%d bytes held)",
                         server.line_timeout, self.held_bytes)
             self.close(abort=True)
-        elif self._pending and not self._lines and now - self.accepted_at > server.handshake_timeout:
+        elif self._pending and not self._lines and not self._input and now - self.accepted_at > server.handshake_timeout:
             # nothing complete waits for an answer (that would be the broker's delay, not the client's)
             if server.auth_tokens is not None:
                 counters["handshake_timeouts"] += 1
@@ -656,6 +681,7 @@ class V1Connection(asyncio.Protocol):
             return
         self.closed = True
         self._lines.clear()
+        self._input.clear()
         self._unfinished = bytearray()
         self._queued_bytes = 0
         self._partial_since = self._blocked_since = None
