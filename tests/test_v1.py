@@ -1139,7 +1139,10 @@ def test_wrong_tokens_are_answered_late_without_blocking_the_broker(tmp_path):
 
 def test_v1_records_carry_the_metadata_pulsar_would_encode():
     from pulsarwire._proto import PulsarApi_pb2 as pb
-    for sequence_id, publish_time, key in ((0, 1, b""), (127, 1 << 41, b"k"), (1 << 20, 1_700_000_000_123, b"x" * 300)):
+    cases = [(0, 1, b""), (127, 1 << 41, b"k"), (1 << 20, 1_700_000_000_123, b"x" * 300)]
+    cases += [(value, value, b"k" * (value % 20000)) for value in (128, 16383, 16384, (1 << 21) - 1, 1 << 21,
+                                                                   (1 << 28) - 1, 1 << 28, (1 << 63) - 1)]
+    for sequence_id, publish_time, key in cases:
         md = pb.MessageMetadata(producer_name="", sequence_id=sequence_id, publish_time=publish_time)
         if key:
             md.partition_key = key.decode()
@@ -1268,3 +1271,20 @@ def test_a_slow_reader_holds_what_its_input_and_output_budgets_say(tmp_path):
         assert held < budget + 40 * 1024 + v1_module.MAX_QUEUED_LINES_BYTES + 1024 * 1024, held
     finally:
         b.stop()
+
+
+def test_consume_shows_as_is_only_entries_exactly_as_v1_writes_them():
+    from pulsarwire._proto import PulsarApi_pb2 as pb
+    plain = v1_module._plain_v1_value
+    assert plain(v1_module.v1_entry_body(5, 1_700_000_000_000, b"key", b"value")) == b"value"
+    assert plain(v1_module.v1_entry_body(5, 1, b"k" * 200, "東京".encode())) == "東京".encode()
+    assert plain(v1_module.v1_entry_body(5, 1, b"", b"")) == b""
+    for value in (b"a,b", b"a|b", b"a\nb", b"a\rb", b"\xff"):  # shown through the general path (U+FFFD)
+        assert plain(v1_module.v1_entry_body(5, 1, b"k", value)) is None
+    # the same leading fields with anything after them (a batch, compression), as a Pulsar client may write
+    for extra in (pb.MessageMetadata(num_messages_in_batch=2), pb.MessageMetadata(compression=pb.ZSTD)):
+        md = pb.MessageMetadata(producer_name="", sequence_id=5, publish_time=1, partition_key="k")
+        md.MergeFrom(extra)
+        raw = md.SerializeToString()
+        assert plain(len(raw).to_bytes(4, "big") + raw + b"payload") is None
+    assert plain(b"\x00\x00") is None

@@ -41,7 +41,7 @@ from .._proto import PulsarApi_pb2 as pb
 from ..errors import CodecError
 from ..routing import murmur3_32
 from .core import PARTITION_MARKER, BrokerCore, InvalidTopicName, close_transport
-from .storage import LogReader, StorageError, TopicLog, read_json, write_json
+from .storage import CommitBatch, Entry, LogReader, StorageError, TopicLog, crc32c, read_json, write_json
 from .topics import Topic, entry_metadata
 
 log = logging.getLogger("pulsarwire.broker.v1")
@@ -132,9 +132,10 @@ class V1Error(Exception):
         self.message = message
 
 
-class _Produced(tuple):
-    """A PRODUCE appended, its receipt not rendered yet: (correlation id, partition, offset,
-    PartitionState, Topic, the log's CommitBatch the record belongs to)."""
+class _Produced(list):
+    """A PRODUCE appended (or staged), its receipt not rendered yet: [correlation id, partition,
+    offset, PartitionState, Topic, the log's CommitBatch the record belongs to (a StorageError
+    when it could not be appended; None while staged)]."""
     __slots__ = ()
 
 
@@ -148,6 +149,10 @@ def _varint(value: int) -> bytes:
         return bytes((value,))
     if value < 0x4000:
         return bytes((value & 0x7F | 0x80, value >> 7))
+    if value < 0x200000:
+        return bytes((value & 0x7F | 0x80, (value >> 7) & 0x7F | 0x80, value >> 14))
+    if value < 0x10000000:
+        return bytes((value & 0x7F | 0x80, (value >> 7) & 0x7F | 0x80, (value >> 14) & 0x7F | 0x80, value >> 21))
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)
@@ -164,6 +169,51 @@ def v1_entry_body(sequence_id: int, publish_time: int, key: bytes, value: bytes)
     if key:
         metadata += b"2" + _varint(len(key)) + key
     return b"".join((len(metadata).to_bytes(4, "big"), metadata, value))
+
+
+# The metadata V1 writes (v1_entry_body): producer_name "", sequence_id, publish_time, and
+# partition_key (its length then the key, checked apart) - nothing else (no batch, no compression).
+_V1_METADATA = re.compile(rb"\n\x00\x10[\x80-\xff]{0,9}[\x00-\x7f]\x18[\x80-\xff]{0,9}[\x00-\x7f]"
+                          rb"(?:2([\x00-\x7f]|[\x80-\xff][\x00-\x7f]|[\x80-\xff]{2}[\x00-\x7f]))?")
+
+
+_U32_AT = struct.Struct(">I").unpack_from
+
+
+def _plain_v1_value(body) -> bytes | None:
+    """The value of an entry whose metadata is exactly what V1 writes and whose value a CONSUME
+    reply carries as it is (UTF-8 without newline, carriage return, `|` or comma); None for any
+    other entry (written by a Pulsar client, or not to be shown as it is), which _render handles."""
+    if type(body) is not bytes:
+        body = bytes(body)
+    if len(body) < 4:
+        return None
+    end = 4 + _U32_AT(body)[0]
+    found = _V1_METADATA.match(body, 4, end)
+    if found is None:
+        return None
+    stop = found.end()
+    if stop != end:
+        key_size = found.group(1)
+        if key_size is None:
+            return None
+        if len(key_size) == 1:
+            length = key_size[0]
+        else:
+            length = 0
+            for shift, byte in enumerate(key_size):
+                length |= (byte & 0x7F) << (7 * shift)
+        if stop + length != end:
+            return None
+    value = body[end:]
+    if b"," in value or b"\n" in value or b"\r" in value or b"|" in value:
+        return None
+    if not value.isascii():
+        try:
+            value.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    return value
 
 
 class _TooLarge(Exception):
@@ -779,6 +829,8 @@ class V1Server:
         self._round_robin = 0
         self._targets: dict[str, tuple[str, int]] = {}  # PRODUCE's topic argument -> (broker topic, partitions)
         self._fast_targets: dict[bytes, tuple[str, int, list[str]]] = {}  # the same, and the partitions' names
+        # records _produce_fast staged, per partition: (bodies, publish times, their _Produced)
+        self._staged: dict[Topic, tuple[list, list, list]] = {}
         self._key_hashes: dict[bytes, int] = {}  # murmur3 of recent keys (pure Python: worth remembering)
         self._publish_time = 0  # the last publish time (ms) and it as a metadata field
         self._publish_time_field = b""
@@ -902,6 +954,8 @@ class V1Server:
         produced = self._produce_fast(raw, session)
         if produced is not None:
             return produced
+        if self._staged:
+            self.store_staged()  # what comes next sees every record before it
         try:
             correlation, command, args = parse_request(raw)
         except V1Error as exc:
@@ -929,6 +983,8 @@ class V1Server:
 
     async def answer_later(self, raw: bytes, session: Session) -> bytes:
         """The reply to a request answer_now left (it parses: answer_now checked)."""
+        if self._staged:
+            self.store_staged()
         correlation, command, args = parse_request(raw)
         payload: str | list[bytes]
         try:
@@ -954,6 +1010,8 @@ class V1Server:
     def finish_group(self, answers: list) -> bytes:
         """The reply lines of a group of answers from answer_now, after one group commit: a
         record's receipt leaves only once written (else INTERNAL_ERROR in its place)."""
+        if self._staged:
+            self.store_staged()
         self.core.commit()
         if not any(type(answer) is _Produced for answer in answers):
             return b"".join(answers)
@@ -964,8 +1022,9 @@ class V1Server:
                 out.append(answer)
                 continue
             correlation, partition, offset, state, log_topic, batch = answer
-            if batch.error is not None:
-                out.append(_error(correlation, INTERNAL_ERROR, f"the record is not stored: {batch.error}"))
+            failure = batch if type(batch) is not CommitBatch else batch.error
+            if failure is not None:
+                out.append(_error(correlation, INTERNAL_ERROR, f"the record is not stored: {failure}"))
                 continue
             hw = high_watermarks.get(id(state))
             if hw is None:
@@ -1159,18 +1218,55 @@ class V1Server:
             return None
         if not session.established:
             session.established = True
-        topic_log = log_topic.log
-        sequence_id = topic_log.next_entry_id
+        staged = self._staged.get(log_topic)
+        if staged is None:
+            staged = self._staged[log_topic] = ([], [], [])
+        bodies = staged[0]
+        offset = log_topic.log.next_entry_id + len(bodies)  # the sequence id too
         publish_time = int(time.time() * 1000)
         if publish_time != self._publish_time:
             self._publish_time = publish_time
             self._publish_time_field = b"\x18" + _varint(publish_time)
-        metadata = b"\n\x00\x10" + _varint(sequence_id) + self._publish_time_field
+        metadata = b"\n\x00\x10" + _varint(offset) + self._publish_time_field
         if key:
             metadata += b"2" + _varint(len(key)) + key
-        body = b"".join((len(metadata).to_bytes(4, "big"), metadata, value))
-        offset = log_topic.append(body, None, publish_time, None, 1, PRODUCER_NAME, sequence_id)
-        return _Produced((sections[1].decode(), partition, offset, state, log_topic, topic_log.batch))
+        bodies.append(b"".join((len(metadata).to_bytes(4, "big"), metadata, value)))
+        staged[1].append(publish_time)
+        produced = _Produced((sections[1].decode(), partition, offset, state, log_topic, None))
+        staged[2].append(produced)
+        return produced
+
+    def store_staged(self) -> None:
+        """Append the records _produce_fast staged, a run per partition (before anything else reads
+        or writes the logs). Each _Produced gets the CommitBatch it belongs to, or the StorageError
+        that kept it out (then so are those after it in its partition: no gap)."""
+        staged, self._staged = self._staged, {}
+        for log_topic, (bodies, publish_times, produced) in staged.items():
+            topic_log = log_topic.log
+            first = produced[0][2]
+            stored = 0
+            failure: Exception | None = None
+            if self.core.topics.get(log_topic.name) is not log_topic or topic_log.next_entry_id != first:
+                failure = StorageError(f"partition {log_topic.name} changed before its records were stored")
+            else:
+                try:
+                    stored = log_topic.append_plain(bodies, [crc32c(body) for body in bodies], publish_times,
+                                                    PRODUCER_NAME, produced[-1][2])
+                except StorageError as exc:
+                    failure = exc
+            batch = topic_log.batch
+            for record in produced[:stored]:
+                record[5] = batch
+            for i in range(stored, len(produced)):  # a new segment starts (or storing failed)
+                record = produced[i]
+                if failure is None:
+                    try:
+                        log_topic.append(bodies[i], None, publish_times[i], None, 1, PRODUCER_NAME, record[2])
+                        record[5] = topic_log.batch
+                        continue
+                    except StorageError as exc:
+                        failure = exc
+                record[5] = failure
 
     def _produce_target(self, topic: str) -> tuple[str, int]:
         """The broker topic a PRODUCE names and its partition count (the topic created if new);
@@ -1238,9 +1334,25 @@ class V1Server:
         position = max(offset, topic_log.first_entry_id)
         end = min(hw, position + MAX_CONSUME_ENTRIES)
         reader = None if session is None else session.reader(topic_log)
+        room = self.consume_max_bytes
+        read = topic_log.read
         while position < end:
+            # the hot path: an entry V1 wrote, its value ready to show as it is
             try:
-                rendered = await self._entry_records(topic_log, position, self.consume_max_bytes - used, reader)
+                entry = read(position, reader)
+            except (StorageError, KeyError):
+                entry = None  # the general path below reports it
+            if entry is not None:
+                value = _plain_v1_value(entry.body)
+                if value is not None:
+                    record = b"%d:%s" % (position, value)
+                    if used + len(record) + 1 <= room:
+                        records.append(record)
+                        used += len(record) + 1  # and its comma
+                        position += 1
+                        continue
+            try:
+                rendered = await self._entry_records(topic_log, position, room - used, reader, entry)
             except _TooLarge as exc:
                 if records:
                     break  # the next CONSUME starts here
@@ -1259,11 +1371,12 @@ class V1Server:
         return [b"messages=", b",".join(records), b" hw=%d" % hw]
 
     async def _entry_records(self, topic_log: TopicLog, position: int, room: int,
-                             reader: LogReader | None = None) -> list[bytes]:
+                             reader: LogReader | None = None, entry: Entry | None = None) -> list[bytes]:
         """The entry's messages as `offset:value` texts within `room` bytes (else _TooLarge).
         The declared size is checked before anything is decompressed, and big
         decompressions run on the worker thread so that the event loop keeps serving."""
-        entry = topic_log.read(position, reader)
+        if entry is None:
+            entry = topic_log.read(position, reader)
         size = int.from_bytes(entry.body[:4], "big")
         try:
             metadata = entry_metadata(entry)
