@@ -146,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument("--memory-budget", type=int, default=256 * 1024 * 1024, metavar="BYTES",
                         help="unsent output of all Pulsar connections plus the entry cache (--max-cache-bytes); "
                              "past it, connections holding output get no more until they take it (default 256 MiB)")
+    broker.add_argument("--v1-max-total-output-bytes", type=int, default=None, metavar="BYTES",
+                        help="unsent V1 replies of all connections together before connections holding some "
+                             "are answered no more until they fall (default 256 MiB)")
     broker.add_argument("--v1-consume-max-bytes", type=int, default=None, metavar="BYTES",
                         help="most record bytes in one V1 CONSUME reply (default 8 MiB)")
     broker.add_argument("--topic-idle-timeout", type=float, default=None, metavar="SECONDS",
@@ -331,7 +334,9 @@ async def run_broker(args) -> int:
                     else args.topic_idle_timeout,
                     advertised_listeners=listeners, tenants=tuple(args.tenant),
                     **({} if args.v1_max_connections_per_address is None
-                       else {"v1_max_connections_per_address": args.v1_max_connections_per_address}))
+                       else {"v1_max_connections_per_address": args.v1_max_connections_per_address}),
+                    **({} if args.v1_max_total_output_bytes is None
+                       else {"v1_max_total_output_bytes": args.v1_max_total_output_bytes}))
     await broker.start()
     _tune_collector()
     from .client import topic_name

@@ -1133,3 +1133,158 @@ def test_wrong_tokens_are_answered_late_without_blocking_the_broker(tmp_path):
         assert b.call(b.broker.v1.stats)["auth_failures"] == 1
     finally:
         b.stop()
+
+
+# --- additions: pipelined PRODUCEs share one group commit and one write -----------------------------
+
+def test_v1_records_carry_the_metadata_pulsar_would_encode():
+    from pulsarwire._proto import PulsarApi_pb2 as pb
+    cases = [(0, 1, b""), (127, 1 << 41, b"k"), (1 << 20, 1_700_000_000_123, b"x" * 300)]
+    cases += [(value, value, b"k" * (value % 20000)) for value in (128, 16383, 16384, (1 << 21) - 1, 1 << 21,
+                                                                   (1 << 28) - 1, 1 << 28, (1 << 63) - 1)]
+    for sequence_id, publish_time, key in cases:
+        md = pb.MessageMetadata(producer_name="", sequence_id=sequence_id, publish_time=publish_time)
+        if key:
+            md.partition_key = key.decode()
+        expected = md.SerializeToString()
+        body = v1_module.v1_entry_body(sequence_id, publish_time, key, b"value")
+        assert body == len(expected).to_bytes(4, "big") + expected + b"value"
+
+
+def test_pipelined_produces_are_acknowledged_only_once_written(tmp_path):
+    """Many PRODUCE lines answered as one group: a failed group commit answers INTERNAL_ERROR for
+    each of its records (none acknowledged), and every acknowledged record is readable."""
+    from .test_storage_faults import FillingDisk
+    disk = FillingDisk()
+    b = BrokerThread(tmp_path, v1_port=0, v1_partitions=2, file_ops=disk).start()
+    try:
+        topic = unique("group")
+        import socket
+        with socket.create_connection(("127.0.0.1", b.v1_port), timeout=10) as s, s.makefile("rb") as reader:
+            s.sendall(f"V1|0|PRODUCE|{topic} a:first\n".encode())  # creates the topic
+            assert reader.readline().startswith(b"V1|0|OK|")
+            disk.room = 0
+            s.sendall(b"".join(b"V1|%d|PRODUCE|%s k%d:v%d\n" % (i, topic.encode(), i, i) for i in range(1, 201)))
+            failed = [reader.readline() for _ in range(200)]
+            assert all(b"|ERR|INTERNAL_ERROR|" in line for line in failed), failed[:3]
+            disk.room = None
+            s.sendall(b"".join(b"V1|%d|PRODUCE|%s k%d:w%d acks=%d\n" % (i, topic.encode(), i, i, i % 2)
+                               for i in range(201, 401)))
+            acked = [reader.readline().decode() for _ in range(200)]
+        assert all(line.startswith(f"V1|{i}|OK|") for i, line in zip(range(201, 401), acked)), acked[:3]
+        stored = {}
+        for line in acked:
+            placed = parse_payload(line.rstrip("\n").split("|", 3)[3])
+            stored.setdefault(placed["partition"], []).append(placed["offset"])
+
+        async def main():
+            async with await connect(b) as c:
+                for partition, offsets in stored.items():
+                    got, offset = [], 0
+                    while True:
+                        batch = await c.consume(topic, partition, offset)
+                        if not batch["messages"]:
+                            break
+                        got.extend(batch["messages"])
+                        offset = got[-1][0] + 1
+                    values = dict(got)
+                    assert all(values[o].startswith("w") for o in offsets)  # each acknowledged record is there
+                    assert not any(v.startswith("v") for v in values.values())  # no failed one is
+        run(main())
+    finally:
+        b.stop()
+
+
+# --- additions: what V1 replies nobody reads may hold (issue 32) ----------------------------------
+
+def _slow_reader(port: int, lines: bytes):
+    import socket
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # what is not read stays in the broker
+    s.connect(("127.0.0.1", port))
+    s.setblocking(False)
+    try:
+        s.sendall(lines)
+    except BlockingIOError:
+        pass  # the broker stopped reading: its input budget is full
+    return s
+
+
+def _partition_of_30_kb(port: int, topic: str) -> int:
+    import socket
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s, s.makefile("rb") as reader:
+        s.sendall(b"".join(b"V1|%d|PRODUCE|%s k:%s\n" % (i, topic.encode(), b"v" * 1000) for i in range(30)))
+        replies = [reader.readline() for _ in range(30)]
+    return parse_payload(replies[-1].decode().rstrip("\n").split("|", 3)[3])["partition"]
+
+
+def test_unsent_replies_of_all_connections_are_capped_and_honest_clients_still_served(tmp_path):
+    cap, budget = 256 * 1024, 64 * 1024
+    b = BrokerThread(tmp_path, v1_port=0, max_output_bytes=budget, v1_max_total_output_bytes=cap,
+                     frame_timeout=60.0).start()
+    try:
+        topic = unique("cap")
+        partition = _partition_of_30_kb(b.v1_port, topic)
+        requests = b"".join(b"V1|%d|CONSUME|%s %d 0\n" % (i, topic.encode(), partition) for i in range(200))
+        readers = [_slow_reader(b.v1_port, requests) for _ in range(10)]  # 10 budgets: 640 KiB > the cap
+        try:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and not b.call(b.broker.v1.stats)["output_cap_waits"]:
+                time.sleep(0.05)
+            time.sleep(0.5)
+            stats = b.call(b.broker.v1.stats)
+            assert stats["output_cap_waits"] >= 1
+            assert stats["peak_output_bytes"] <= cap + 40 * 1024, stats  # the cap and one reply over it
+            assert stats["output_bytes"] <= cap + 40 * 1024, stats
+            assert ask1(b, "V1|7|PING|") == "V1|7|OK|PONG"  # holding no unsent replies, it is answered
+        finally:
+            for s in readers:
+                s.close()
+    finally:
+        b.stop()
+
+
+def test_a_slow_reader_holds_what_its_input_and_output_budgets_say(tmp_path):
+    """Pipelined short lines cost their bytes (kept as received until answered), not a Python
+    object each: one client pipelining 3 MiB of CONSUME lines without reading holds about its
+    output budget, one reply and the 2 MiB of lines waiting."""
+    budget = 64 * 1024
+    b = BrokerThread(tmp_path, v1_port=0, max_output_bytes=budget, frame_timeout=60.0).start()
+    try:
+        topic = unique("slow")
+        partition = _partition_of_30_kb(b.v1_port, topic)
+        line = b"V1|1|CONSUME|%s %d 0\n" % (topic.encode(), partition)
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            s = _slow_reader(b.v1_port, line * (3 * 1024 * 1024 // len(line)))
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and not b.call(b.broker.v1.stats)["input_pauses"]:
+                time.sleep(0.05)
+            time.sleep(0.5)
+            held = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        s.close()
+        # output budget + one reply + 2 MiB of lines + one read's worth (256 KiB) and its lines split
+        # (as line objects the same 2 MiB held 6.7 MB)
+        assert held < budget + 40 * 1024 + v1_module.MAX_QUEUED_LINES_BYTES + 1024 * 1024, held
+    finally:
+        b.stop()
+
+
+def test_consume_shows_as_is_only_entries_exactly_as_v1_writes_them():
+    from pulsarwire._proto import PulsarApi_pb2 as pb
+    plain = v1_module._plain_v1_value
+    assert plain(v1_module.v1_entry_body(5, 1_700_000_000_000, b"key", b"value")) == b"value"
+    assert plain(v1_module.v1_entry_body(5, 1, b"k" * 200, "東京".encode())) == "東京".encode()
+    assert plain(v1_module.v1_entry_body(5, 1, b"", b"")) == b""
+    for value in (b"a,b", b"a|b", b"a\nb", b"a\rb", b"\xff"):  # shown through the general path (U+FFFD)
+        assert plain(v1_module.v1_entry_body(5, 1, b"k", value)) is None
+    # the same leading fields with anything after them (a batch, compression), as a Pulsar client may write
+    for extra in (pb.MessageMetadata(num_messages_in_batch=2), pb.MessageMetadata(compression=pb.ZSTD)):
+        md = pb.MessageMetadata(producer_name="", sequence_id=5, publish_time=1, partition_key="k")
+        md.MergeFrom(extra)
+        raw = md.SerializeToString()
+        assert plain(len(raw).to_bytes(4, "big") + raw + b"payload") is None
+    assert plain(b"\x00\x00") is None

@@ -23,6 +23,7 @@ from .storage import DEFAULT_MAX_CACHE_BYTES, DEFAULT_PAGE_CACHE_BYTES, SYNC_INT
 from .topics import Topic
 from .v1 import DEFAULT_CONSUME_MAX_BYTES, V1Server, check_replication
 from .v1 import DEFAULT_MAX_CONNECTIONS_PER_ADDRESS as DEFAULT_V1_MAX_CONNECTIONS_PER_ADDRESS
+from .v1 import DEFAULT_MAX_TOTAL_OUTPUT_BYTES as DEFAULT_V1_MAX_TOTAL_OUTPUT_BYTES
 
 log = logging.getLogger("pulsarwire.broker")
 # unsent output of all Pulsar connections plus the entry cache (DEFAULT_MAX_CACHE_BYTES)
@@ -70,7 +71,8 @@ class Broker:
                  authenticated_share: float = DEFAULT_AUTHENTICATED_SHARE,
                  idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
                  memory_budget: int = DEFAULT_MEMORY_BUDGET,
-                 advertised_listeners: dict[str, str] | None = None, tenants: tuple[str, ...] = ()) -> None:
+                 advertised_listeners: dict[str, str] | None = None, tenants: tuple[str, ...] = (),
+                 v1_max_total_output_bytes: int = DEFAULT_V1_MAX_TOTAL_OUTPUT_BYTES) -> None:
         check_replication(replication_factor, min_insync_replicas)  # before anything is opened
         if memory_budget < max_cache_bytes + max_output_bytes:
             raise ValueError("memory_budget must hold the entry cache (max_cache_bytes) and one connection's "
@@ -115,7 +117,8 @@ class Broker:
             max_connections=DEFAULT_MAX_CONNECTIONS if max_connections is None else max_connections,
             # the Pulsar port's limits, a request line standing for a frame and AUTH for CONNECT
             max_output_bytes=max_output_bytes, handshake_timeout=handshake_timeout, line_timeout=frame_timeout,
-            max_connections_per_address=v1_max_connections_per_address)
+            max_connections_per_address=v1_max_connections_per_address,
+            max_total_output_bytes=v1_max_total_output_bytes)
         self.v1: V1Server | None = None
         # admin REST API, HTTP lookup and /metrics (admin_http.py): off unless a port is given (0: a free one)
         self.http_port = http_port

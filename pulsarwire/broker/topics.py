@@ -843,6 +843,18 @@ class Topic:
             self.bytes_in += sum(map(len, bodies[:stored]))
         return ids
 
+    def append_plain(self, bodies: list, checksums: list[int], publish_times: list[int], producer_name: str,
+                     last_sequence_id: int) -> int:
+        """Store entries of one message each (not batches, not delayed) in order, as append() would
+        one by one, up to one that must start a new segment (left to append()); how many were
+        stored. The producer's last sequence id is that of the last body (a front end storing a
+        run at once: V1)."""
+        stored = self.log.append_many(bodies, checksums, publish_times, [1] * len(bodies))
+        if stored:
+            self._on_append(self)
+            self._remember_sequence(producer_name, last_sequence_id - (len(bodies) - stored))
+        return stored
+
     def _forget_idle_producers(self) -> None:
         """Make room in the deduplication state: drop the names of producers not attached, in the
         order they last attached (or first sent), down to 7/8 of the bound."""
