@@ -4,7 +4,9 @@
 
 local[2]; the embedded broker runs in its own process. For each value size (100 B: --rows rows;
 10 KiB: --big-rows rows) one cached DataFrame of 4 partitions is written to a topic of 1 and of 8
-partitions and to Parquet, and each is read back to Spark's noop sink. A typed JSON topic (a
+partitions and to Parquet, and each is read back to Spark's noop sink (8 partitions: also with
+maxPartitions=2, one task a core). Every step runs --repeat times, after a warm-up of every path;
+the median is reported. A typed JSON topic (a
 JSON schema, two fields) is read as typed columns and as bytes. Two floors show what Spark's
 Python Data Source path costs by itself: a source that yields ready-made Arrow batches of the
 pulsarwire schema, and a sink that drops what it is given. Goals (issue 28): write and read at
@@ -111,18 +113,19 @@ def _timed(label: str, action) -> float:
     return took
 
 
-def run(rows: int, big_rows: int, partition_counts: list[int], workdir: str, typed: bool = True) -> dict:
+def run(rows: int, big_rows: int, partition_counts: list[int], workdir: str, typed: bool = True,
+        repeat: int = 3) -> dict:
     started = time.perf_counter()
     spark = _session()
     print(f"  session: {time.perf_counter() - started:.1f}s", file=sys.stderr)
-    names = {(p, size): f"persistent://public/default/bench-{p}-{size}"
-             for p in partition_counts for size in (100, 10240)}
+    names = {(p, size, r): f"persistent://public/default/bench-{p}-{size}-{r}"
+             for p in partition_counts for size in (100, 10240) for r in range(repeat)}
     extra = []
-    for (p, _), name in names.items():
+    for (p, _, _), name in names.items():
         if p > 1:
             extra += ["--partitioned-topic", f"{name}={p}"]
     extra += ["--partitioned-topic", "persistent://public/default/bench-warm=4"]
-    results: dict = {"rows": rows, "big_rows": big_rows, "cases": []}
+    results: dict = {"rows": rows, "big_rows": big_rows, "repeat": repeat, "cases": []}
     with BrokerUnderTest("embedded", os.path.join(workdir, "broker"), extra) as broker:
         def frame(count, size):
             df = spark.range(count).selectExpr(
@@ -143,13 +146,19 @@ def run(rows: int, big_rows: int, partition_counts: list[int], workdir: str, typ
         def to_noop(df):
             df.write.format("noop").mode("overwrite").save()
 
-        # warm up both paths (JVM, Python workers) on a small frame
+        def median(label, actions) -> float:
+            """The median time of the actions (one a repetition), in seconds."""
+            times = sorted(_timed(f"{label} #{i}", action) for i, action in enumerate(actions))
+            return times[len(times) // 2]
+
+        # warm up every path (JVM, Python workers) on a small frame
         warm = frame(20_000, 100)
-        to_pulsar(warm, "persistent://public/default/bench-warm")
-        warm.write.mode("overwrite").parquet(os.path.join(workdir, "warm.parquet"))
-        to_noop(from_pulsar("persistent://public/default/bench-warm"))
-        to_noop(spark.read.parquet(os.path.join(workdir, "warm.parquet")))
-        warm.write.format("pulsarwire-drop").mode("append").save()
+        for _ in range(2):
+            to_pulsar(warm, "persistent://public/default/bench-warm")
+            warm.write.mode("overwrite").parquet(os.path.join(workdir, "warm.parquet"))
+            to_noop(from_pulsar("persistent://public/default/bench-warm"))
+            to_noop(spark.read.parquet(os.path.join(workdir, "warm.parquet")))
+            warm.write.format("pulsarwire-drop").mode("append").save()
         warm.unpersist()
 
         for size, count in ((100, rows), (10240, big_rows)):
@@ -160,31 +169,35 @@ def run(rows: int, big_rows: int, partition_counts: list[int], workdir: str, typ
             for p in partition_counts:
                 case = {"size": size, "rows": count, "partitions": p}
                 label = f"{count} x {size} B, {p} partition(s)"
-                case["write_parquet"] = count / _timed(f"{label}: write parquet",
-                                                       lambda: df.write.mode("overwrite").parquet(parquet))
-                case["write_pulsarwire"] = count / _timed(f"{label}: write pulsarwire",
-                                                          lambda: to_pulsar(df, names[(p, size)]))
-                case["read_parquet"] = count / _timed(f"{label}: read parquet",
-                                                      lambda: to_noop(spark.read.parquet(parquet)))
-                case["read_pulsarwire"] = count / _timed(f"{label}: read pulsarwire",
-                                                         lambda: to_noop(from_pulsar(names[(p, size)])))
+                topics = [names[(p, size, r)] for r in range(repeat)]
+                case["write_parquet"] = count / median(f"{label}: write parquet", [
+                    lambda: df.write.mode("overwrite").parquet(parquet)] * repeat)
+                case["write_pulsarwire"] = count / median(f"{label}: write pulsarwire", [
+                    (lambda t=t: to_pulsar(df, t)) for t in topics])
+                case["write_floor"] = count / median(f"{label}: write floor", [
+                    lambda: df.write.format("pulsarwire-drop").mode("append").save()] * repeat)
+                case["read_parquet"] = count / median(f"{label}: read parquet", [
+                    lambda: to_noop(spark.read.parquet(parquet))] * repeat)
+                case["read_pulsarwire"] = count / median(f"{label}: read pulsarwire", [
+                    lambda: to_noop(from_pulsar(topics[0]))] * repeat)
+                if p > 2:
+                    case["read_pulsarwire_2_tasks"] = count / median(f"{label}: read pulsarwire, maxPartitions=2", [
+                        lambda: to_noop(from_pulsar(topics[0], maxPartitions="2"))] * repeat)
                 spark.dataSource.register(_floor_source(count // p, size, p))
-                case["read_floor"] = count / _timed(f"{label}: read floor", lambda: to_noop(
-                    spark.read.format("pulsarwire-floor").load()))
-                case["write_floor"] = count / _timed(f"{label}: write floor", lambda: df.write.format(
-                    "pulsarwire-drop").mode("append").save())
-                counted = from_pulsar(names[(p, size)]).count()
+                case["read_floor"] = count / median(f"{label}: read floor", [
+                    lambda: to_noop(spark.read.format("pulsarwire-floor").load())] * repeat)
+                counted = from_pulsar(topics[0]).count()
                 if counted != count:
-                    raise SystemExit(f"{names[(p, size)]}: read back {counted} rows, wrote {count}")
+                    raise SystemExit(f"{topics[0]}: read back {counted} rows, wrote {count}")
                 results["cases"].append(case)
             df.unpersist()
         if rows and typed:
-            results["typed"] = _typed_json(spark, broker.url, rows, from_pulsar, to_noop)
+            results["typed"] = _typed_json(spark, broker.url, rows, from_pulsar, to_noop, median, repeat)
     spark.stop()
     return results
 
 
-def _typed_json(spark, url, rows, from_pulsar, to_noop) -> dict:
+def _typed_json(spark, url, rows, from_pulsar, to_noop, median, repeat) -> dict:
     """A JSON-schema topic (two fields, about 100 B a row) read as typed columns and as bytes."""
     import asyncio
 
@@ -208,8 +221,8 @@ def _typed_json(spark, url, rows, from_pulsar, to_noop) -> dict:
         finally:
             await client.close()
     asyncio.run(fill())
-    typed = rows / _timed("typed JSON: read typed", lambda: to_noop(from_pulsar(topic)))
-    raw = rows / _timed("typed JSON: read bytes", lambda: to_noop(from_pulsar(topic, rawValue="true")))
+    typed = rows / median("typed JSON: read typed", [lambda: to_noop(from_pulsar(topic))] * repeat)
+    raw = rows / median("typed JSON: read bytes", [lambda: to_noop(from_pulsar(topic, rawValue="true"))] * repeat)
     return {"read_typed": typed, "read_bytes": raw}
 
 
@@ -237,15 +250,17 @@ def main(argv=None) -> None:
     parser.add_argument("--big-rows", type=int, default=100_000, help="rows of 10 KiB")
     parser.add_argument("--partitions", default="1,8", help="topic partition counts, comma-separated")
     parser.add_argument("--no-typed", action="store_true", help="skip the typed JSON read")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each step (the median is reported)")
     parser.add_argument("--json", help="also write the results as JSON here")
     args = parser.parse_args(argv)
     workdir = tempfile.mkdtemp(prefix="bench-spark-")
     try:
         result = run(args.rows, args.big_rows, [int(p) for p in args.partitions.split(",")], workdir,
-                     typed=not args.no_typed)
+                     typed=not args.no_typed, repeat=args.repeat)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    print("local[2], the embedded broker in its own process; rows/s, and pulsarwire / Parquet")
+    print(f"local[2], the embedded broker in its own process; rows/s (median of {args.repeat}), "
+          "and pulsarwire / Parquet")
     print(f"{'':34}{'pulsarwire':>12}{'Parquet':>12}{'ratio':>7}{'Python floor':>14}{'floor/Parquet':>15}")
     for case in result["cases"]:
         for what in ("write", "read"):
@@ -253,6 +268,9 @@ def main(argv=None) -> None:
             ours, theirs, floor = case[f"{what}_pulsarwire"], case[f"{what}_parquet"], case[f"{what}_floor"]
             print(f"{label:34}{ours:>12,.0f}{theirs:>12,.0f}{ours / theirs:>7.2f}{floor:>14,.0f}"
                   f"{floor / theirs:>15.2f}")
+            if what == "read" and "read_pulsarwire_2_tasks" in case:
+                grouped = case["read_pulsarwire_2_tasks"]
+                print(f"{'  the same, maxPartitions=2':34}{grouped:>12,.0f}{theirs:>12,.0f}{grouped / theirs:>7.2f}")
     if "typed" in result:
         typed = result["typed"]
         print(f"typed JSON read: {typed['read_typed']:,.0f} rows/s typed, {typed['read_bytes']:,.0f} as bytes, "

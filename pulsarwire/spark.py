@@ -101,7 +101,7 @@ _SOURCE = _COMMON | {"topic", "topics", "topicspattern", "startingoffsets", "end
                      "endingtime", "failondataloss", "maxentriespertrigger", "maxrowsperbatch",
                      "maxbytesperbatch", "read.timeout.seconds", "subscriptionname", "maxoffsetspertrigger",
                      "minpartitions", "includeheaders", "assign", "rawvalue", "mode",
-                     "columnnameofcorruptrecord"}
+                     "columnnameofcorruptrecord", "maxpartitions"}
 # the Kafka source's option names, taken where they mean the same -> this source's own
 _KAFKA_ALIASES = {"subscribe": "topics", "subscribepattern": "topicspattern",
                   "startingtimestamp": "startingtime", "endingtimestamp": "endingtime"}
@@ -246,6 +246,7 @@ class SourceOptions:
     permissive: bool = False  # mode=PERMISSIVE: a payload that does not decode is a null value
     corrupt_column: str = "_corrupt_record"
     value_type: Any = None  # the topics' schema as a spark_types.ValueType (None: bytes)
+    max_partitions: int | None = None  # at most this many Spark tasks (ranges packed together)
 
 
 _KAFKA_NAMES = {"subscribe": "subscribe", "subscribepattern": "subscribePattern",
@@ -339,6 +340,11 @@ def source_options(options: dict, streaming: bool) -> SourceOptions:
     min_partitions = options.get("minpartitions")
     if min_partitions is not None:
         min_partitions = int(_positive(min_partitions, "minPartitions", integer=True))
+    max_partitions = options.get("maxpartitions")
+    if max_partitions is not None:
+        max_partitions = int(_positive(max_partitions, "maxPartitions", integer=True))
+        if min_partitions is not None and min_partitions > max_partitions:
+            raise PulsarSparkError("option 'minPartitions' must not exceed 'maxPartitions'")
     subscription = options.get("subscriptionname")
     if subscription is not None:
         if stream_only:
@@ -358,7 +364,7 @@ def source_options(options: dict, streaming: bool) -> SourceOptions:
         str(subscription).strip() if subscription else None, max_messages, min_partitions,
         _boolean(options.get("includeheaders", "false"), "includeHeaders"),
         _boolean(options.get("rawvalue", "false"), "rawValue"), _mode(options.get("mode", "FAILFAST")),
-        _corrupt_column(options.get("columnnameofcorruptrecord", "_corrupt_record")))
+        _corrupt_column(options.get("columnnameofcorruptrecord", "_corrupt_record")), None, max_partitions)
 
 
 def _mode(value) -> bool:
@@ -735,6 +741,42 @@ class RangePartition(InputPartition):
     def __init__(self, topic: str, partition: int, start: list, end: list) -> None:
         super().__init__((topic, partition, start, end))
         self.topic, self.partition, self.start, self.end = topic, partition, start, end
+
+
+class RangeGroup(InputPartition):
+    """Several ranges read one after the other by one task (maxPartitions)."""
+
+    def __init__(self, ranges: list[RangePartition]) -> None:
+        super().__init__([r.value for r in ranges])
+        self.ranges = ranges
+
+
+def _pack(ranges: list[RangePartition], most: int | None) -> list:
+    """At most `most` Spark partitions: ranges packed greedily, the largest (by entries, where
+    counted) first into the least loaded group. Fewer tasks cost Spark less per row when
+    partitions outnumber cores."""
+    if not most or len(ranges) <= most:
+        return ranges
+
+    def size(part: RangePartition) -> int:
+        counted = _entries_between(Boundary.from_json(part.start), Boundary.from_json(part.end))
+        return 1 if counted is None else max(1, counted)
+    groups: list[list] = [[] for _ in range(most)]
+    loads = [0] * most
+    for part in sorted(ranges, key=size, reverse=True):
+        i = loads.index(min(loads))
+        groups[i].append(part)
+        loads[i] += size(part)
+    return [RangeGroup(g) for g in groups if g]
+
+
+def _read_partition(opts, partition) -> Iterator[Any]:
+    if isinstance(partition, RangeGroup):
+        for part in partition.ranges:
+            yield from _read_range(opts, part)
+    elif isinstance(partition, RangePartition):
+        yield from _read_range(opts, partition)
+    # else: Spark's stand-in partition when there is nothing to read
 
 
 _arrow_schema_cache: list = []
@@ -1334,13 +1376,12 @@ class PulsarBatchReader(DataSourceReader):
                     if end[topic].key() < start[topic].key():
                         raise PulsarSparkError(f"endingOffsets: {topic} ends at {end[topic].to_json()}, before "
                                                f"startingOffsets starts it ({start[topic].to_json()})")
-            return await _split(client, _ranges(parts, start, end), opts.min_partitions, opts.read_timeout)
+            ranges = await _split(client, _ranges(parts, start, end), opts.min_partitions, opts.read_timeout)
+            return _pack(ranges, opts.max_partitions)
         return _run(_with_client(opts.client, plan))
 
     def read(self, partition):
-        if not isinstance(partition, RangePartition):
-            return iter(())  # Spark's stand-in partition when there is nothing to read
-        return _read_range(self.opts, partition)
+        return _read_partition(self.opts, partition)
 
 
 # --- streaming -----------------------------------------------------------------
@@ -1493,12 +1534,10 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self.opts.min_partitions and len(ranges) < self.opts.min_partitions:
             ranges = _run(_with_client(self.opts.client, lambda client: _split(
                 client, ranges, self.opts.min_partitions, self.opts.read_timeout)))
-        return ranges
+        return _pack(ranges, self.opts.max_partitions)
 
     def read(self, partition):
-        if not isinstance(partition, RangePartition):
-            return iter(())
-        return _read_range(self.opts, partition)
+        return _read_partition(self.opts, partition)
 
     def commit(self, end: dict) -> None:
         if self.opts.subscription:  # move the held subscription up to what is now read

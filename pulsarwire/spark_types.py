@@ -233,46 +233,38 @@ def _json_fast(vt: ValueType, values):
     import pyarrow as pa
     import pyarrow.json as pj
 
+    import pyarrow.compute as pc
+
     count = len(values)
     if count == 0:
         return pa.array([], vt.arrow_type())
+    nulls = None
+    if values.null_count:  # a null value: an empty object on its line, masked after
+        nulls = np.asarray(values.is_null().to_numpy(zero_copy_only=False))
+        values = pc.if_else(values.is_null(), pa.scalar(b"{}", pa.binary()), values)
     offsets = np.frombuffer(values.buffers()[1], np.int32, count + 1, values.offset * 4).astype(np.int64)
     data = np.frombuffer(values.buffers()[2], np.uint8)[offsets[0]:offsets[-1]] \
         if values.buffers()[2] is not None else np.zeros(0, np.uint8)
     offsets = offsets - offsets[0]
     lengths = np.diff(offsets)
-    nulls = None if values.null_count == 0 else np.asarray(values.is_null().to_numpy(zero_copy_only=False))
-    if (lengths == 0).any() and (nulls is None or (lengths[~nulls] == 0).any()):
-        return None
-    if (data == 10).any() or (data == 13).any():
-        return None
-    # one line a payload (a null value: an empty object, masked after)
-    filler = np.frombuffer(b"{}", np.uint8)
-    if nulls is not None:
-        lengths = np.where(nulls, 2, lengths)
-    out = np.empty(int(lengths.sum()) + count, np.uint8)
-    line_starts = np.zeros(count, np.int64)
-    np.cumsum(lengths[:-1] + 1, out=line_starts[1:])
-    rows = np.repeat(np.arange(count), lengths)
-    within = np.arange(len(rows)) - np.repeat(line_starts, lengths)
-    if nulls is None:
-        out[line_starts[rows] + within] = data[offsets[rows] + within]
-    else:
-        source = np.where(nulls[rows], -1, offsets[rows] + within)
-        out[line_starts[rows] + within] = np.where(source >= 0, data[np.maximum(source, 0)],
-                                                   filler[np.minimum(within, 1)])
-    out[line_starts + lengths] = 10
+    if (lengths == 0).any() or (data == 10).any() or (data == 13).any():
+        return None  # an empty payload, or one that spans lines
+    # one line a payload
+    lines = pc.binary_join(pa.ListArray.from_arrays(pa.array([0, count], pa.int32()), values.cast(pa.binary())),
+                           pa.scalar(b"\n", pa.binary()))[0].as_buffer()
     target = vt.arrow_type()
     parse = pa.schema([pa.field(f.name, _parse_type(f.type), True) for f in target])
     try:
-        table = pj.read_json(io.BytesIO(out.tobytes()), read_options=pj.ReadOptions(block_size=max(1 << 20, len(out) + 1)),
+        table = pj.read_json(pa.BufferReader(lines), read_options=pj.ReadOptions(block_size=max(1 << 20, len(lines) + 1)),
                              parse_options=pj.ParseOptions(explicit_schema=parse, unexpected_field_behavior="ignore"))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
     if table.num_rows != count:
         return None
-    if any(table.column(f.name).null_count for f in target if not f.nullable):
-        return None  # a required field missing: row by row names the message
+    for f in target:  # a required field missing (beyond null values): row by row names the message
+        missing = table.column(f.name).is_null().to_numpy(zero_copy_only=False) if not f.nullable else None
+        if missing is not None and (missing if nulls is None else missing & ~nulls).any():
+            return None
     columns = [_from_parsed(table.column(f.name).combine_chunks(), f.type) for f in target]
     mask = None if nulls is None else pa.array(nulls)
     return pa.StructArray.from_arrays(columns, fields=list(target), mask=mask)

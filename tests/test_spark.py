@@ -745,6 +745,8 @@ def test_kafka_source_option_names(spark, embedded, tmp_path):
     assert [(h.key, h.value) for h in row.headers] == [("i", b"3")]
     with pytest.raises(Exception, match="not both"):
         load(subscribe=first, topics=first)
+    packed = load(topics=f"{first},{second}", maxPartitions="2")  # 3 ranges, 2 tasks
+    assert packed.rdd.getNumPartitions() == 2 and packed.count() == 120
     split = load(topic=first, minPartitions="4")
     assert split.rdd.getNumPartitions() == 4
     assert sorted(r.value for r in split.collect()) == sorted(b"v%d" % i for i in range(100))
