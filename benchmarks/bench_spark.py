@@ -1,11 +1,16 @@
 """Spark pipeline speed: the pulsarwire source and sink side by side with Parquet, in one run.
 
-    flock -x /tmp/pulsarwire-cpu.lock python -m benchmarks.bench_spark [--rows 1000000]
+    flock -x /tmp/pulsarwire-cpu.lock python -m benchmarks.bench_spark [--rows 1000000] [--big-rows 100000]
 
-local[2]; the embedded broker runs in its own process. Rows are 100-byte values in 4
-partitions. Batch read: every row to Spark's noop sink, from a 4-partition topic and from
-Parquet files of the same rows. Write: the same cached DataFrame to the topic and to
-Parquet. Ratios are pulsarwire's rows/s over Parquet's (goal: at least 0.3 each).
+local[2]; the embedded broker runs in its own process. For each value size (100 B: --rows rows;
+10 KiB: --big-rows rows) one cached DataFrame of 4 partitions is written to a topic of 1 and of 8
+partitions and to Parquet, and each is read back to Spark's noop sink (8 partitions: also with
+maxPartitions=2, one task a core). Every step runs --repeat times, after a warm-up of every path;
+the median is reported. A typed JSON topic (a
+JSON schema, two fields) is read as typed columns and as bytes. Two floors show what Spark's
+Python Data Source path costs by itself: a source that yields ready-made Arrow batches of the
+pulsarwire schema, and a sink that drops what it is given. Goals (issue 28): write and read at
+least 0.5 of Parquet; typed JSON at least 0.5 of bytes.
 """
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ import time
 from .common import BrokerUnderTest
 
 
-def _floor_source(rows_per_partition: int, size: int):
+def _floor_source(rows_per_partition: int, size: int, partitions: int):
     """A Python data source that yields ready-made Arrow batches of the pulsarwire schema (built
     once, by the same builder, from one 1 000-message entry): what Spark's Python Data Source
     path costs by itself, the ceiling of any Python source on this machine."""
@@ -28,21 +33,21 @@ def _floor_source(rows_per_partition: int, size: int):
 
     class FloorReader(DataSourceReader):
         def partitions(self):
-            return [InputPartition(i) for i in range(4)]
+            return [InputPartition(i) for i in range(partitions)]
 
         def read(self, partition):
             from pulsarwire import codec
             from pulsarwire._proto import PulsarApi_pb2 as pb
             from pulsarwire.spark import _BatchBuilder
             builder = codec.BatchBuilder()
-            for i in range(1000):
+            for i in range(100):
                 builder.add(b"x" * size, None, None, 0, None, i)
             metadata = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1,
-                                          num_messages_in_batch=1000)
+                                          num_messages_in_batch=100)
             columns = codec.split_columns(metadata, builder.build())
             batches = _BatchBuilder("persistent://public/default/floor", partition.value)
-            for entry in range(32):
-                batches.add(columns, 0, 1000, 0, entry, 1)
+            for entry in range(max(1, min(320, (64 << 20) // (100 * size)))):
+                batches.add(columns, 0, 100, 0, entry, 1)
             batch = batches.take()
             left = rows_per_partition
             while left > 0:
@@ -63,6 +68,27 @@ def _floor_source(rows_per_partition: int, size: int):
     return FloorSource
 
 
+def _floor_sink():
+    """A Python data sink that takes Spark's Arrow batches and drops them: the write floor."""
+    from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
+
+    class DropWriter(DataSourceArrowWriter):
+        def write(self, iterator):
+            rows = 0
+            for batch in iterator:
+                rows += batch.num_rows
+            return WriterCommitMessage()
+
+    class DropSink(DataSource):
+        @classmethod
+        def name(cls):
+            return "pulsarwire-drop"
+
+        def writer(self, schema, overwrite):
+            return DropWriter()
+    return DropSink
+
+
 def _session():
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
@@ -71,30 +97,37 @@ def _session():
     from pulsarwire.spark import PulsarDataSource
     spark = (SparkSession.builder.master("local[2]").appName("pulsarwire-bench")
              .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1")
-             .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.memory", "2g")
+             .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.memory", "3g")
              .config("spark.sql.shuffle.partitions", "4").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(PulsarDataSource)
+    spark.dataSource.register(_floor_sink())
     return spark
 
 
-def _timed(action) -> float:
+def _timed(label: str, action) -> float:
     start = time.perf_counter()
     action()
     took = time.perf_counter() - start
-    print(f"  {getattr(action, '__name__', 'step')}: {took:.1f}s", file=sys.stderr)
+    print(f"  {label}: {took:.2f}s", file=sys.stderr)
     return took
 
 
-def run(rows: int, size: int, workdir: str) -> dict:
+def run(rows: int, big_rows: int, partition_counts: list[int], workdir: str, typed: bool = True,
+        repeat: int = 3) -> dict:
     started = time.perf_counter()
     spark = _session()
     print(f"  session: {time.perf_counter() - started:.1f}s", file=sys.stderr)
-    topic = "persistent://public/default/bench-spark"
-    warm_topic = "persistent://public/default/bench-spark-warm"
-    extra = ["--partitioned-topic", f"{topic}=4", "--partitioned-topic", f"{warm_topic}=4"]
+    names = {(p, size, r): f"persistent://public/default/bench-{p}-{size}-{r}"
+             for p in partition_counts for size in (100, 10240) for r in range(repeat)}
+    extra = []
+    for (p, _, _), name in names.items():
+        if p > 1:
+            extra += ["--partitioned-topic", f"{name}={p}"]
+    extra += ["--partitioned-topic", "persistent://public/default/bench-warm=4"]
+    results: dict = {"rows": rows, "big_rows": big_rows, "repeat": repeat, "cases": []}
     with BrokerUnderTest("embedded", os.path.join(workdir, "broker"), extra) as broker:
-        def frame(count):
+        def frame(count, size):
             df = spark.range(count).selectExpr(
                 f"cast(lpad(cast(id as string), {size}, 'x') as binary) AS value").repartition(4).cache()
             df.count()
@@ -104,64 +137,144 @@ def run(rows: int, size: int, workdir: str) -> dict:
             df.write.format("pulsarwire").option("service.url", broker.url).option("topic", name) \
                 .mode("append").save()
 
-        def from_pulsar(name):
-            return spark.read.format("pulsarwire").option("service.url", broker.url).option("topic", name).load()
+        def from_pulsar(name, **options):
+            r = spark.read.format("pulsarwire").option("service.url", broker.url).option("topic", name)
+            for key, value in options.items():
+                r = r.option(key, value)
+            return r.load()
 
         def to_noop(df):
             df.write.format("noop").mode("overwrite").save()
 
-        # warm up both paths (JVM, Python workers) on a small frame
-        warm = frame(20_000)
-        _timed(lambda: to_pulsar(warm, warm_topic))
-        warm.write.mode("overwrite").parquet(os.path.join(workdir, "warm.parquet"))
-        _timed(lambda: to_noop(from_pulsar(warm_topic)))
-        to_noop(spark.read.parquet(os.path.join(workdir, "warm.parquet")))
-        warm.unpersist()
-        spark.dataSource.register(_floor_source(rows // 4, size))
-        to_noop(spark.read.format("pulsarwire-floor").load())
+        def median(label, actions) -> float:
+            """The median time of the actions (one a repetition), in seconds."""
+            times = sorted(_timed(f"{label} #{i}", action) for i, action in enumerate(actions))
+            return times[len(times) // 2]
 
-        df = frame(rows)
-        parquet = os.path.join(workdir, "rows.parquet")
-        write_parquet = _timed(lambda: df.write.mode("overwrite").parquet(parquet))
-        write_pulsar = _timed(lambda: to_pulsar(df, topic))
-        read_parquet = _timed(lambda: to_noop(spark.read.parquet(parquet)))
-        read_pulsar = _timed(lambda: to_noop(from_pulsar(topic)))
-        read_floor = _timed(lambda: to_noop(spark.read.format("pulsarwire-floor").load()))
-        counted = from_pulsar(topic).count()
-        print(f"  counted in {time.perf_counter() - started:.1f}s", file=sys.stderr)
+        # warm up every path (JVM, Python workers) on a small frame
+        warm = frame(20_000, 100)
+        for _ in range(2):
+            to_pulsar(warm, "persistent://public/default/bench-warm")
+            warm.write.mode("overwrite").parquet(os.path.join(workdir, "warm.parquet"))
+            to_noop(from_pulsar("persistent://public/default/bench-warm"))
+            to_noop(spark.read.parquet(os.path.join(workdir, "warm.parquet")))
+            warm.write.format("pulsarwire-drop").mode("append").save()
+        warm.unpersist()
+
+        for size, count in ((100, rows), (10240, big_rows)):
+            if not count:
+                continue
+            df = frame(count, size)
+            parquet = os.path.join(workdir, f"rows-{size}.parquet")
+            for p in partition_counts:
+                case = {"size": size, "rows": count, "partitions": p}
+                label = f"{count} x {size} B, {p} partition(s)"
+                topics = [names[(p, size, r)] for r in range(repeat)]
+                case["write_parquet"] = count / median(f"{label}: write parquet", [
+                    lambda: df.write.mode("overwrite").parquet(parquet)] * repeat)
+                case["write_pulsarwire"] = count / median(f"{label}: write pulsarwire", [
+                    (lambda t=t: to_pulsar(df, t)) for t in topics])
+                case["write_floor"] = count / median(f"{label}: write floor", [
+                    lambda: df.write.format("pulsarwire-drop").mode("append").save()] * repeat)
+                case["read_parquet"] = count / median(f"{label}: read parquet", [
+                    lambda: to_noop(spark.read.parquet(parquet))] * repeat)
+                case["read_pulsarwire"] = count / median(f"{label}: read pulsarwire", [
+                    lambda: to_noop(from_pulsar(topics[0]))] * repeat)
+                if p > 2:
+                    case["read_pulsarwire_2_tasks"] = count / median(f"{label}: read pulsarwire, maxPartitions=2", [
+                        lambda: to_noop(from_pulsar(topics[0], maxPartitions="2"))] * repeat)
+                spark.dataSource.register(_floor_source(count // p, size, p))
+                case["read_floor"] = count / median(f"{label}: read floor", [
+                    lambda: to_noop(spark.read.format("pulsarwire-floor").load())] * repeat)
+                counted = from_pulsar(topics[0]).count()
+                if counted != count:
+                    raise SystemExit(f"{topics[0]}: read back {counted} rows, wrote {count}")
+                results["cases"].append(case)
+            df.unpersist()
+        if rows and typed:
+            results["typed"] = _typed_json(spark, broker.url, rows, from_pulsar, to_noop, median, repeat)
     spark.stop()
-    if counted != rows:
-        raise SystemExit(f"read back {counted} rows, wrote {rows}")
-    result = {
-        "rows": rows, "size": size,
-        "read_pulsarwire_rows_s": rows / read_pulsar, "read_parquet_rows_s": rows / read_parquet,
-        "write_pulsarwire_rows_s": rows / write_pulsar, "write_parquet_rows_s": rows / write_parquet,
-    }
-    result["read_python_floor_rows_s"] = rows / read_floor
-    result["read_ratio"] = result["read_pulsarwire_rows_s"] / result["read_parquet_rows_s"]
-    result["write_ratio"] = result["write_pulsarwire_rows_s"] / result["write_parquet_rows_s"]
-    return result
+    return results
+
+
+def _typed_json(spark, url, rows, from_pulsar, to_noop, median, repeat) -> dict:
+    """A JSON-schema topic (two fields, about 100 B a row) read as typed columns and as bytes."""
+    import asyncio
+
+    from pulsarwire.client import Client
+    from pulsarwire.schema import JsonSchema, SchemaInfo, SchemaType
+
+    topic = "persistent://public/default/bench-typed"
+    definition = {"type": "record", "name": "Reading", "fields": [
+        {"name": "sensor", "type": "string"}, {"name": "value", "type": "long"}]}
+
+    async def fill():
+        client = Client(url)
+        try:
+            producer = await client.create_producer(topic, schema=_json_schema(definition),
+                                                    batching_max_messages=1000)
+            for start in range(0, rows, 100_000):
+                payloads = [json.dumps({"sensor": f"sensor-{i % 97:04d}-{'x' * 60}", "value": i},
+                                       separators=(",", ":")).encode() for i in range(start, min(rows, start + 100_000))]
+                await producer.send_many(payloads)
+            await producer.flush()
+        finally:
+            await client.close()
+    asyncio.run(fill())
+    typed = rows / median("typed JSON: read typed", [lambda: to_noop(from_pulsar(topic))] * repeat)
+    raw = rows / median("typed JSON: read bytes", [lambda: to_noop(from_pulsar(topic, rawValue="true"))] * repeat)
+    return {"read_typed": typed, "read_bytes": raw}
+
+
+def _json_schema(definition: dict):
+    from pulsarwire.schema import Schema, SchemaType
+
+    class Definition(Schema):
+        """A JSON schema given as its definition (the benchmark sends ready-made payloads)."""
+        schema_type = SchemaType.JSON
+
+        def _definition(self) -> bytes:
+            return json.dumps(definition).encode()
+
+        def encode(self, value) -> bytes:
+            return value
+
+        def decode(self, data: bytes):
+            return data
+    return Definition()
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--size", type=int, default=100, help="value bytes")
+    parser.add_argument("--rows", type=int, default=1_000_000, help="rows of 100 B")
+    parser.add_argument("--big-rows", type=int, default=100_000, help="rows of 10 KiB")
+    parser.add_argument("--partitions", default="1,8", help="topic partition counts, comma-separated")
+    parser.add_argument("--no-typed", action="store_true", help="skip the typed JSON read")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each step (the median is reported)")
     parser.add_argument("--json", help="also write the results as JSON here")
     args = parser.parse_args(argv)
     workdir = tempfile.mkdtemp(prefix="bench-spark-")
     try:
-        result = run(args.rows, args.size, workdir)
+        result = run(args.rows, args.big_rows, [int(p) for p in args.partitions.split(",")], workdir,
+                     typed=not args.no_typed, repeat=args.repeat)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    print(f"{args.rows} rows x {args.size} B, local[2], 4 partitions")
-    print(f"{'':10}{'pulsarwire rows/s':>20}{'parquet rows/s':>18}{'ratio':>8}")
-    for what in ("read", "write"):
-        print(f"{what:10}{result[f'{what}_pulsarwire_rows_s']:>20,.0f}{result[f'{what}_parquet_rows_s']:>18,.0f}"
-              f"{result[f'{what}_ratio']:>8.2f}")
-    print(f"{'read, a Python source yielding ready-made Arrow batches (the floor)':>10}: "
-          f"{result['read_python_floor_rows_s']:,.0f} rows/s, "
-          f"{result['read_python_floor_rows_s'] / result['read_parquet_rows_s']:.2f} of Parquet")
+    print(f"local[2], the embedded broker in its own process; rows/s (median of {args.repeat}), "
+          "and pulsarwire / Parquet")
+    print(f"{'':34}{'pulsarwire':>12}{'Parquet':>12}{'ratio':>7}{'Python floor':>14}{'floor/Parquet':>15}")
+    for case in result["cases"]:
+        for what in ("write", "read"):
+            label = f"{what}, {case['rows']:,} x {case['size']} B, {case['partitions']} part."
+            ours, theirs, floor = case[f"{what}_pulsarwire"], case[f"{what}_parquet"], case[f"{what}_floor"]
+            print(f"{label:34}{ours:>12,.0f}{theirs:>12,.0f}{ours / theirs:>7.2f}{floor:>14,.0f}"
+                  f"{floor / theirs:>15.2f}")
+            if what == "read" and "read_pulsarwire_2_tasks" in case:
+                grouped = case["read_pulsarwire_2_tasks"]
+                print(f"{'  the same, maxPartitions=2':34}{grouped:>12,.0f}{theirs:>12,.0f}{grouped / theirs:>7.2f}")
+    if "typed" in result:
+        typed = result["typed"]
+        print(f"typed JSON read: {typed['read_typed']:,.0f} rows/s typed, {typed['read_bytes']:,.0f} as bytes, "
+              f"ratio {typed['read_typed'] / typed['read_bytes']:.2f}")
     if args.json:
         with open(args.json, "w") as out:
             json.dump(result, out, indent=2)

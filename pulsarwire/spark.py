@@ -100,7 +100,8 @@ _COMMON = {"service.url", "connect.timeout.seconds", "operation.timeout.seconds"
 _SOURCE = _COMMON | {"topic", "topics", "topicspattern", "startingoffsets", "endingoffsets", "startingtime",
                      "endingtime", "failondataloss", "maxentriespertrigger", "maxrowsperbatch",
                      "maxbytesperbatch", "read.timeout.seconds", "subscriptionname", "maxoffsetspertrigger",
-                     "minpartitions", "includeheaders", "assign"}
+                     "minpartitions", "includeheaders", "assign", "rawvalue", "mode",
+                     "columnnameofcorruptrecord", "maxpartitions"}
 # the Kafka source's option names, taken where they mean the same -> this source's own
 _KAFKA_ALIASES = {"subscribe": "topics", "subscribepattern": "topicspattern",
                   "startingtimestamp": "startingtime", "endingtimestamp": "endingtime"}
@@ -241,6 +242,11 @@ class SourceOptions:
     max_messages: int | None = None
     min_partitions: int | None = None
     include_headers: bool = False
+    raw_value: bool = False  # value as bytes whatever the topic's schema
+    permissive: bool = False  # mode=PERMISSIVE: a payload that does not decode is a null value
+    corrupt_column: str = "_corrupt_record"
+    value_type: Any = None  # the topics' schema as a spark_types.ValueType (None: bytes)
+    max_partitions: int | None = None  # at most this many Spark tasks (ranges packed together)
 
 
 _KAFKA_NAMES = {"subscribe": "subscribe", "subscribepattern": "subscribePattern",
@@ -334,6 +340,11 @@ def source_options(options: dict, streaming: bool) -> SourceOptions:
     min_partitions = options.get("minpartitions")
     if min_partitions is not None:
         min_partitions = int(_positive(min_partitions, "minPartitions", integer=True))
+    max_partitions = options.get("maxpartitions")
+    if max_partitions is not None:
+        max_partitions = int(_positive(max_partitions, "maxPartitions", integer=True))
+        if min_partitions is not None and min_partitions > max_partitions:
+            raise PulsarSparkError("option 'minPartitions' must not exceed 'maxPartitions'")
     subscription = options.get("subscriptionname")
     if subscription is not None:
         if stream_only:
@@ -351,7 +362,25 @@ def source_options(options: dict, streaming: bool) -> SourceOptions:
                       integer=True)),
         _positive(options.get("read.timeout.seconds", 30), "read.timeout.seconds"),
         str(subscription).strip() if subscription else None, max_messages, min_partitions,
-        _boolean(options.get("includeheaders", "false"), "includeHeaders"))
+        _boolean(options.get("includeheaders", "false"), "includeHeaders"),
+        _boolean(options.get("rawvalue", "false"), "rawValue"), _mode(options.get("mode", "FAILFAST")),
+        _corrupt_column(options.get("columnnameofcorruptrecord", "_corrupt_record")), None, max_partitions)
+
+
+def _mode(value) -> bool:
+    """mode: FAILFAST (a payload that does not decode fails the query) or PERMISSIVE (null value,
+    payload in the corrupt-record column). True for PERMISSIVE."""
+    text = str(value).strip().upper()
+    if text not in ("FAILFAST", "PERMISSIVE"):
+        raise PulsarSparkError(f"option 'mode' must be FAILFAST or PERMISSIVE, got {value!r}")
+    return text == "PERMISSIVE"
+
+
+def _corrupt_column(value) -> str:
+    name = str(value).strip()
+    if not name or name in SCHEMA.fieldNames() or name == "headers":
+        raise PulsarSparkError(f"option 'columnNameOfCorruptRecord' {value!r} is empty or names another column")
+    return name
 
 
 def _parse_offsets_spec(spec: str, name: str, allow_earliest: bool):
@@ -714,6 +743,42 @@ class RangePartition(InputPartition):
         self.topic, self.partition, self.start, self.end = topic, partition, start, end
 
 
+class RangeGroup(InputPartition):
+    """Several ranges read one after the other by one task (maxPartitions)."""
+
+    def __init__(self, ranges: list[RangePartition]) -> None:
+        super().__init__([r.value for r in ranges])
+        self.ranges = ranges
+
+
+def _pack(ranges: list[RangePartition], most: int | None) -> list:
+    """At most `most` Spark partitions: ranges packed greedily, the largest (by entries, where
+    counted) first into the least loaded group. Fewer tasks cost Spark less per row when
+    partitions outnumber cores."""
+    if not most or len(ranges) <= most:
+        return ranges
+
+    def size(part: RangePartition) -> int:
+        counted = _entries_between(Boundary.from_json(part.start), Boundary.from_json(part.end))
+        return 1 if counted is None else max(1, counted)
+    groups: list[list] = [[] for _ in range(most)]
+    loads = [0] * most
+    for part in sorted(ranges, key=size, reverse=True):
+        i = loads.index(min(loads))
+        groups[i].append(part)
+        loads[i] += size(part)
+    return [RangeGroup(g) for g in groups if g]
+
+
+def _read_partition(opts, partition) -> Iterator[Any]:
+    if isinstance(partition, RangeGroup):
+        for part in partition.ranges:
+            yield from _read_range(opts, part)
+    elif isinstance(partition, RangePartition):
+        yield from _read_range(opts, partition)
+    # else: Spark's stand-in partition when there is nothing to read
+
+
 _arrow_schema_cache: list = []
 
 
@@ -725,22 +790,95 @@ def _arrow_schema():
 
 
 def source_schema(opts: SourceOptions) -> StructType:
-    """The columns a read gives: SCHEMA, and what the options add."""
+    """The columns a read gives: SCHEMA with `value` typed by the topics' schema, and what the
+    options add."""
     fields = list(SCHEMA.fields)
+    if opts.value_type is not None:
+        fields[0] = StructField("value", opts.value_type.spark_type)
     if opts.include_headers:
         fields.append(HEADERS)
+    if opts.value_type is not None and opts.permissive:
+        fields.append(StructField(opts.corrupt_column, BinaryType()))
     return StructType(fields)
 
 
+async def _value_type(client, opts: SourceOptions):
+    """The ValueType of the topics read (one schema for all of them), or None for bytes."""
+    from .spark_types import UnsupportedSchemaError, value_type
+    if opts.raw_value:
+        return None
+    parts = await _topic_partitions(client, opts, missing_ok=not opts.fail_on_data_loss)
+    parents = sorted({re.sub(r"-partition-\d+$", "", t) if i >= 0 else t for t, i in parts})
+    infos = await asyncio.gather(*(client.get_schema_info(t) for t in parents))
+    found = {}
+    for topic, info in zip(parents, infos):
+        try:
+            found[topic] = value_type(info)
+        except UnsupportedSchemaError as exc:
+            raise PulsarSparkError(f"{topic}: {exc}; read it with rawValue=true") from None
+    kinds = {json.dumps(None if v is None else v.info, sort_keys=True) for v in found.values()}
+    if len(kinds) > 1:
+        raise PulsarSparkError("the topics read have different schemas (" + ", ".join(
+            f"{t}: {v.info['name'] if v else 'none'}" for t, v in found.items())
+            + "); read them apart, or with rawValue=true")
+    return next(iter(found.values()), None)
+
+
+def with_value_type(opts: SourceOptions) -> SourceOptions:
+    """`opts` with the topics' schema looked up (none looked up with rawValue=true)."""
+    if opts.raw_value:
+        return opts
+    opts.value_type = _run(_with_client(opts.client, lambda client: _value_type(client, opts)))
+    return opts
+
+
 def _finish(opts: SourceOptions, batch):
-    """The builder's columns made into what source_schema(opts) says."""
-    if not opts.include_headers:
+    """The builder's columns made into what source_schema(opts) says: the value decoded with
+    the topic's schema, headers and the corrupt-record column when asked."""
+    if not opts.include_headers and opts.value_type is None:
         return batch
     import pyarrow as pa
-    properties = batch.column("__messageProperties")
-    header = pa.StructArray.from_arrays([properties.keys, properties.items.cast(pa.binary())], ["key", "value"])
-    headers = pa.ListArray.from_arrays(properties.offsets, header)
-    return pa.RecordBatch.from_arrays(batch.columns + [headers], names=batch.schema.names + ["headers"])
+    columns, names = list(batch.columns), list(batch.schema.names)
+    corrupt = None
+    if opts.value_type is not None:
+        from .spark_types import decode_values
+        raw = batch.column("value")
+        value, bad = decode_values(opts.value_type, raw, batch.column("__key"))
+        if bad is not None:
+            if not opts.permissive:
+                _undecodable(opts, batch, bad)
+            value = pa.array(value.to_pylist(), value.type, mask=bad) if value.null_count < bad.sum() else value
+        if opts.permissive:
+            corrupt = raw if bad is None else pa.array(raw.to_pylist(), pa.binary(), mask=~bad)
+            if bad is None:
+                corrupt = pa.nulls(len(raw), pa.binary())
+        columns[0] = value
+    if opts.include_headers:
+        properties = batch.column("__messageProperties")
+        header = pa.StructArray.from_arrays([properties.keys, properties.items.cast(pa.binary())], ["key", "value"])
+        columns.append(pa.ListArray.from_arrays(properties.offsets, header))
+        names.append("headers")
+    if corrupt is not None:
+        columns.append(corrupt)
+        names.append(opts.corrupt_column)
+    return pa.RecordBatch.from_arrays(columns, names=names)
+
+
+def _undecodable(opts: SourceOptions, batch, bad) -> None:
+    from .spark_types import SchemaMismatchError, _kind_name, decode_one
+    row = int(bad.nonzero()[0][0])
+    topic = batch.column("__topic")[row].as_py()
+    where = (f"{batch.column('__ledgerId')[row].as_py()}:{batch.column('__entryId')[row].as_py()}:"
+             f"{batch.column('__batchIndex')[row].as_py()}")
+    try:
+        decode_one(opts.value_type, batch.column("value")[row].as_py(), batch.column("__key")[row].as_py())
+        why = "it does not fit the column's type"
+    except Exception as exc:  # noqa: BLE001 - the reason, for the message
+        why = f"{type(exc).__name__}: {exc}"
+    raise SchemaMismatchError(f"{topic}: message {where} does not decode with the topic's "
+                              f"{_kind_name(opts.value_type.kind)} schema ({why}); {int(bad.sum())} such row(s) in "
+                              "this batch; read with mode=PERMISSIVE for null values and the payload in "
+                              f"{opts.corrupt_column!r}, or rawValue=true for bytes")
 
 
 _varint = varint_bytes
@@ -1238,13 +1376,12 @@ class PulsarBatchReader(DataSourceReader):
                     if end[topic].key() < start[topic].key():
                         raise PulsarSparkError(f"endingOffsets: {topic} ends at {end[topic].to_json()}, before "
                                                f"startingOffsets starts it ({start[topic].to_json()})")
-            return await _split(client, _ranges(parts, start, end), opts.min_partitions, opts.read_timeout)
+            ranges = await _split(client, _ranges(parts, start, end), opts.min_partitions, opts.read_timeout)
+            return _pack(ranges, opts.max_partitions)
         return _run(_with_client(opts.client, plan))
 
     def read(self, partition):
-        if not isinstance(partition, RangePartition):
-            return iter(())  # Spark's stand-in partition when there is nothing to read
-        return _read_range(self.opts, partition)
+        return _read_partition(self.opts, partition)
 
 
 # --- streaming -----------------------------------------------------------------
@@ -1397,12 +1534,10 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self.opts.min_partitions and len(ranges) < self.opts.min_partitions:
             ranges = _run(_with_client(self.opts.client, lambda client: _split(
                 client, ranges, self.opts.min_partitions, self.opts.read_timeout)))
-        return ranges
+        return _pack(ranges, self.opts.max_partitions)
 
     def read(self, partition):
-        if not isinstance(partition, RangePartition):
-            return iter(())
-        return _read_range(self.opts, partition)
+        return _read_partition(self.opts, partition)
 
     def commit(self, end: dict) -> None:
         if self.opts.subscription:  # move the held subscription up to what is now read
@@ -1446,8 +1581,10 @@ _SINK_COLUMNS = {
 _SOURCE_ONLY = {"__messageId", "__publishTime", "__ledgerId", "__entryId", "__batchIndex", "__partition"}
 
 
-def _check_sink_schema(schema: StructType, has_default_topic: bool) -> dict[str, str]:
-    """field -> column, with every column checked (clear errors for the wrong name or type)."""
+def _check_sink_schema(schema: StructType, has_default_topic: bool, typed_topic: bool = False) -> dict[str, str]:
+    """field -> column, with every column checked (clear errors for the wrong name or type).
+    `typed_topic`: the topic has a schema, so `value` may be of any type (checked against it
+    row by row)."""
     chosen: dict[str, str] = {}
     for column in schema.fields:
         name = column.name
@@ -1463,7 +1600,7 @@ def _check_sink_schema(schema: StructType, has_default_topic: bool) -> dict[str,
                                    "keep one")
         kind = column.dataType
         ok = {
-            "value": isinstance(kind, (BinaryType, StringType)),
+            "value": typed_topic or isinstance(kind, (BinaryType, StringType)),
             "key": isinstance(kind, (BinaryType, StringType)),
             "properties": isinstance(kind, MapType) and isinstance(kind.keyType, StringType)
             and isinstance(kind.valueType, StringType),
@@ -1540,24 +1677,34 @@ async def _send_all(client, opts: SinkOptions, fields: dict[str, str], batches) 
     futures: list = []
     count = 0
 
+    types: dict[str, Any] = {}
+
     async def producer_for(topic: str):
+        """The topic's producer, declaring the topic's schema (if it has one) as its own."""
+        from .spark_types import UnsupportedSchemaError, value_type
         producer = producers.get(topic)
         if producer is None:
+            info = await client.get_schema_info(topic)
+            try:
+                types[topic] = value_type(info)
+            except UnsupportedSchemaError as exc:
+                raise PulsarSparkError(f"{topic}: {exc}") from None
             producer = producers[topic] = await client.create_producer(
                 topic, batching_max_publish_delay_ms=5, compression_type=opts.compression,
-                max_pending_messages=opts.max_pending, batching_max_messages=1000)
+                max_pending_messages=opts.max_pending, batching_max_messages=1000,
+                schema=None if types[topic] is None else _topic_schema(info))
         return producer
 
     from .client import topic_name
     for batch in batches:
         if batch.num_rows == 0:
             continue
-        values = batch.column(fields["value"])
-        if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
-            values = values.cast(pa.binary())
-        if values.null_count:
-            raise PulsarSparkError(f"column {fields['value']!r} has a null: every row needs a value")
-        values = values.to_pylist()
+        column = batch.column(fields["value"])
+        values = None
+        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type) or pa.types.is_binary(column.type):
+            if column.null_count:
+                raise PulsarSparkError(f"column {fields['value']!r} has a null: every row needs a value")
+            values = column.cast(pa.binary()).to_pylist()
         keys = _keys(batch.column(fields["key"]), fields["key"]) if "key" in fields else None
         properties = batch.column(fields["properties"]).to_pylist() if "properties" in fields else None
         events = _event_ms(batch.column(fields["eventTime"])) if "eventTime" in fields else None
@@ -1587,9 +1734,21 @@ async def _send_all(client, opts: SinkOptions, fields: dict[str, str], batches) 
 
             def pick(column):
                 return column if column is None or rows is None else [column[i] for i in rows]
-            futures.append(await producer.send_columns(pick(values), partition_keys=pick(keys),
-                                                    properties=pick(properties), event_timestamps=pick(events)))
-        count += len(values)
+            kind = types[target]
+            if kind is not None:  # the topic's schema: a typed value encoded, bytes checked
+                from .spark_types import SchemaMismatchError, encode_values
+                try:
+                    payloads = encode_values(kind, column if rows is None else column.take(rows), fields["value"])
+                except SchemaMismatchError as exc:
+                    raise PulsarSparkError(f"{target}: {exc}") from None
+            elif values is None:
+                raise PulsarSparkError(f"{target} has no schema: column {fields['value']!r} must be "
+                                       f"binary or string, not {column.type}")
+            else:
+                payloads = pick(values)
+            futures.append(await producer.send_columns(payloads, partition_keys=pick(keys),
+                                                       properties=pick(properties), event_timestamps=pick(events)))
+        count += batch.num_rows
     for producer in producers.values():
         await producer.flush()
     outcomes = await asyncio.gather(*futures, return_exceptions=True)
@@ -1600,6 +1759,29 @@ async def _send_all(client, opts: SinkOptions, fields: dict[str, str], batches) 
     for producer in producers.values():
         await producer.close()
     return count
+
+
+def _topic_schema(info):
+    """The topic's own schema, declared by the sink's producer; payloads are encoded (or
+    checked) before they reach it (spark_types.encode_values)."""
+    from .schema import Schema
+
+    class TopicSchema(Schema):
+        schema_type = info.schema_type()
+        schema_name = info.name()
+
+        def _definition(self) -> bytes:
+            return info.data()
+
+        def _properties(self) -> dict[str, str]:
+            return info.properties()
+
+        def encode(self, value) -> bytes:
+            return value
+
+        def decode(self, data) -> bytes:
+            return bytes(data)
+    return TopicSchema()
 
 
 def _keys(column, name: str) -> list:
@@ -1650,14 +1832,23 @@ class PulsarDataSource(DataSource):
         return "pulsarwire"
 
     def schema(self):
-        # called at load() for reads: check every option there (batch or stream is known later)
-        return source_schema(source_options(_options(self.options), streaming=None))
+        # called at load() for reads: check every option there (batch or stream is known later),
+        # and read the topics' schema for the value's type
+        return source_schema(with_value_type(source_options(_options(self.options), streaming=None)))
 
     def reader(self, schema):
-        return PulsarBatchReader(source_options(_options(self.options), streaming=False))
+        return PulsarBatchReader(self._source(schema, streaming=False))
 
     def streamReader(self, schema):
-        return PulsarStreamReader(source_options(_options(self.options), streaming=True))
+        return PulsarStreamReader(self._source(schema, streaming=True))
+
+    def _source(self, schema, streaming: bool) -> SourceOptions:
+        opts = with_value_type(source_options(_options(self.options), streaming=streaming))
+        if schema is not None and schema["value"].dataType != source_schema(opts)["value"].dataType:
+            raise PulsarSparkError(f"the topics' schema changed since the query was defined: value is now "
+                                   f"{source_schema(opts)['value'].dataType.simpleString()}, was "
+                                   f"{schema['value'].dataType.simpleString()}; define the query again")
+        return opts
 
     def writer(self, schema, overwrite):
         return PulsarBatchWriter(*self._sink(schema, overwrite))
@@ -1670,7 +1861,11 @@ class PulsarDataSource(DataSource):
             raise PulsarSparkError("mode 'overwrite' cannot be honoured: a Pulsar topic is append-only "
                                    "(use mode 'append')")
         opts = sink_options(_options(self.options))
-        return opts, _check_sink_schema(schema, opts.topic is not None)
+        typed = False
+        if opts.topic is not None and not isinstance(schema["value"].dataType, BinaryType) \
+                if "value" in schema.fieldNames() else False:
+            typed = _run(_with_client(opts.client, lambda client: client.get_schema_info(opts.topic))) is not None
+        return opts, _check_sink_schema(schema, opts.topic is not None, typed)
 
 
 def register(spark) -> None:
