@@ -759,7 +759,10 @@ class Producer:
             await self._wait_for_space()
         if options is not _NO_OPTIONS and options.get("deliver_after_ms") is not None:
             options["deliver_at"] = now_ms() + options.pop("deliver_after_ms")
-        target = await self._attached(self._partition_index(content, options))
+        partitions = self._partitions
+        target = partitions[0 if len(partitions) == 1 else self._partition_index(content, options)]
+        if not target.ready:
+            await target.start()  # a lazy partition's producer attaches on its first message
         future = self.client._loop.create_future()
         self._in_flight += 1
         if options is _NO_OPTIONS:
