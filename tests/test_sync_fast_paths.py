@@ -264,3 +264,24 @@ def test_listener_takes_messages_in_order_one_at_a_time_and_pauses(embedded):
         again = client.subscribe(topic, "s")  # every message was acknowledged by the listener
         with pytest.raises(pulsar.Timeout):
             again.receive(300)
+
+
+def test_the_loop_threads_timers_fire_within_a_fraction_of_a_millisecond():
+    import asyncio
+
+    from pulsarwire.blocking import new_event_loop
+    loop = new_event_loop()
+    try:
+        async def lateness():
+            waits = []
+            for _ in range(20):
+                started = loop.time()
+                fired = loop.create_future()
+                loop.call_later(0.0003, fired.set_result, None)
+                await fired
+                waits.append(loop.time() - started)
+            return sorted(waits)
+        waits = loop.run_until_complete(lateness())
+        assert waits[0] >= 0.0003  # never early
+    finally:
+        loop.close()
