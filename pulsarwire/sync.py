@@ -817,6 +817,7 @@ class Consumer(_Listening):
         # receive() takes from the asyncio consumer's queue in the caller's thread; permits and
         # acknowledgements go to the loop in batches (see _Handover)
         self._queue = consumer._queue
+        self._loop_ident = client._loop.thread.ident
         self._handover = _Handover(client._loop, consumer)
         self._taken = 0  # taken since the loop's thread last had a turn (roughly: threads may race)
         self._refill_at = consumer._refill_at
@@ -903,6 +904,8 @@ class Consumer(_Listening):
             self._check_no_listener()
         if self._closed:
             raise AlreadyClosed("Pulsar error: AlreadyClosed")
+        if threading.get_ident() == self._loop_ident:
+            self._loop.refuse_own_thread()  # at once, as every blocking call there, message or not
         native = self._held
         if native is not None:
             self._held = None
@@ -969,6 +972,7 @@ class Consumer(_Listening):
         self._check_no_listener()
         if self._closed:
             raise AlreadyClosed("Pulsar error: AlreadyClosed")
+        self._loop.refuse_own_thread()
         policy = self._batch_policy
         max_messages, max_bytes = policy.getMaxNumMessages(), policy.getMaxNumBytes()
         timeout_ms = policy.getTimeoutMs()

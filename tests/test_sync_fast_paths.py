@@ -285,3 +285,26 @@ def test_the_loop_threads_timers_fire_within_a_fraction_of_a_millisecond():
         assert waits[0] >= 0.0003  # never early
     finally:
         loop.close()
+
+
+def test_receive_on_the_loop_thread_raises_even_with_a_message_queued(embedded):
+    topic = unique()
+    with pulsar.Client(embedded.url) as client:
+        consumer = client.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+        produce(client, topic, 2)
+        first = consumer.receive(5000)  # the second is queued now
+        outcome = []
+        done = threading.Event()
+
+        def callback(result, message_id):
+            for call in (consumer.receive, consumer.batch_receive):
+                try:
+                    call()
+                except RuntimeError as error:
+                    outcome.append(str(error))
+            consumer.acknowledge(first)  # a call that does not wait works there
+            done.set()
+        producer = client.create_producer(unique())
+        producer.send_async(b"x", callback)
+        assert done.wait(10) and len(outcome) == 2 and all("thread" in text for text in outcome)
+        assert index(consumer.receive(5000)) == 1
