@@ -26,8 +26,21 @@ send call to the receipt, while the producer saturates its pending limit.
 Consumers read the same backlog (written once per broker and size by a
 pulsarwire producer, 1 000-message batches), each from its own subscription.
 
-    python benchmarks/bench_client.py [--messages 100000] [--sizes 100,1024]
-        [--brokers embedded,pulsar-lite] [--rounds 3] [--quick] [--json out.json]
+Every run is a process of its own (the official client's threads and pulsarwire's loop never
+share one). Besides the asyncio rows above (`--parts asyncio`):
+
+- surface: one official-client program (benchmarks/sync_surface.py) run unchanged by the
+  official client and by `pulsarwire.sync` (same program, same settings): send_async with a
+  callback then flush (batched, and the official defaults: no batching), a send loop,
+  receive + acknowledge, batch_receive (1 000 or 100 ms), message_listener.
+- e2e: latency from a send-time stamp in the payload to its receipt, 100 B at 1 000 and
+  20 000 msg/s, 1 ms batching delay: the official client and pulsarwire.sync running the same
+  program (sync_surface.py e2e), and pulsarwire's asyncio client (perf.end_to_end).
+- main: the main job (`python -m pulsarwire`, what `./dev.sh demo` runs: an embedded broker,
+  200 000 x 1 KiB, one shared client): its e2e p50/p99 and whether the consumer kept up.
+
+    python benchmarks/bench_client.py [--parts asyncio,surface,e2e,main] [--messages 100000]
+        [--sizes 100,1024] [--brokers embedded,pulsar-lite] [--rounds 3] [--quick] [--json out.json]
 """
 from __future__ import annotations
 
@@ -39,13 +52,16 @@ import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import BrokerUnderTest, percentile  # noqa: E402
+from benchmarks.common import ROOT, BrokerUnderTest, percentile  # noqa: E402
+
+SURFACE = str(ROOT / "benchmarks" / "sync_surface.py")
 
 SAMPLE_EVERY = 64      # one message in 64 carries a latency callback
 SEND_MANY_CHUNK = 1000  # what an application hands send_many at a time
@@ -251,6 +267,141 @@ def official_consume(url, topic, subscription, count, config):
 CLIENTS = {"official": (official_produce, official_consume), "pulsarwire": (ours_produce, ours_consume)}
 
 
+def isolated(kind, client, *args):
+    """CLIENTS[client]'s `kind` run in a process of its own; its result."""
+    return _child([sys.executable, __file__, "--one", json.dumps([kind, client, *args])])
+
+
+def _child(command, timeout=600):
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=str(ROOT))
+    lines = [line for line in done.stdout.splitlines() if line.startswith(("{", "["))]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"{' '.join(command[:4])}... failed ({done.returncode}): {done.stderr[-2000:]}")
+    return json.loads(lines[-1])
+
+
+def run_one(spec):
+    kind, client, *args = json.loads(spec)
+    if kind == "produce":
+        url, topic, messages, size, config = args
+        result = CLIENTS[client][0](url, topic, payload_list(messages, size), config)
+    elif kind == "consume":
+        result = CLIENTS[client][1](*args)
+    else:  # e2e of the asyncio client
+        result = asyncio.run(_ours_e2e(*args))
+    print(json.dumps(result))
+
+
+async def _ours_e2e(url, topic, count, size, rate):
+    from pulsarwire import Client, perf
+    async with Client(url) as client:
+        produced, consumed = await perf.end_to_end(client, topic, messages=count, size=size, rate=rate)
+    return {"p50_ms": consumed.percentile(0.5), "p99_ms": consumed.percentile(0.99), "received": consumed.messages}
+
+
+# --- the drop-in surface, e2e latency, the main job ----------------------------------
+
+# (row, sync_surface.py mode, options, share of --messages)
+SURFACE_ROWS = [
+    ("send_async+cb batched", "send_async", {"batching": "1", "pending": "1000"}, 1.0),
+    ("send_async+cb defaults", "send_async", {"batching": "0"}, 0.3),
+    ("send loop defaults", "send", {"batching": "0"}, 0.03),
+    ("receive+acknowledge", "receive", {}, 1.0),
+    ("batch_receive", "batch_receive", {"batch": "1000"}, 1.0),
+    ("message_listener", "listener", {}, 1.0),
+]
+
+
+def surface(module, url, topic, mode, count, size, options):
+    return _child([sys.executable, SURFACE, module, url, topic, mode, str(count), str(size),
+                   *(f"{k}={v}" for k, v in options.items())])
+
+
+def ratio_row(section, broker_kind, size, title, official, ours, higher_is_better=True, unit="msg/s"):
+    ratios = [(o / b if higher_is_better else o / b) if b else float("nan") for o, b in zip(ours, official)]
+    return {"section": section, "broker": broker_kind, "size": size, "row": title, "unit": unit,
+            "official": statistics.median(official), "pulsarwire": statistics.median(ours),
+            "ratio_of_medians": statistics.median(ours) / statistics.median(official) if statistics.median(official)
+            else float("nan"), "ratio_per_round": ratios, "rounds": len(ours)}
+
+
+def run_surface(broker, broker_kind, size, messages, rounds):
+    runner = Runner(broker, size, messages)
+    runner.ensure_backlog()
+    rows = []
+    for title, mode, options, share in SURFACE_ROWS:
+        count = max(1000, int(messages * share))
+        samples = {"pulsar": [], "pulsarwire.sync": []}
+        for round_index in range(rounds):
+            order = ["pulsar", "pulsarwire.sync"] if round_index % 2 == 0 else ["pulsarwire.sync", "pulsar"]
+            for module in order:
+                extra = dict(options)
+                if mode in ("send_async", "send"):
+                    topic = f"surface-{time.time_ns()}"
+                else:
+                    topic = runner.backlog
+                    extra["sub"] = f"surface-{next(runner.subscriptions)}"
+                samples[module].append(surface(module, broker.url, topic, mode, count, size, extra)["msg_per_s"])
+        row = ratio_row("surface", broker_kind, size, title, samples["pulsar"], samples["pulsarwire.sync"])
+        rows.append(row)
+        print_ratio_row(row)
+    return rows
+
+
+def run_e2e(broker, broker_kind, rounds, seconds=2.0, size=100):
+    rows = []
+    for rate in (1000, 20000):
+        count = int(rate * seconds)
+        samples = {"official": [], "pulsarwire.sync": [], "pulsarwire": []}
+        for round_index in range(rounds):
+            order = list(samples) if round_index % 2 == 0 else list(samples)[::-1]
+            for name in order:
+                topic = f"e2e-{time.time_ns()}"
+                if name == "pulsarwire":
+                    result = isolated("e2e", "pulsarwire", broker.url, topic, count, size, rate)
+                else:
+                    result = surface("pulsar" if name == "official" else name, broker.url, topic, "e2e", count,
+                                     size, {"rate": rate, "delay_ms": 1, "batching": "1"})
+                samples[name].append(result)
+        for quantile in ("p50_ms", "p99_ms"):
+            official = [r[quantile] for r in samples["official"]]
+            for name in ("pulsarwire.sync", "pulsarwire"):
+                row = ratio_row("e2e", broker_kind, size, f"{rate} msg/s {quantile[:3]} {name}", official,
+                                [r[quantile] for r in samples[name]], unit="ms")
+                rows.append(row)
+                print_ratio_row(row)
+    return rows
+
+
+def run_main_job(rounds):
+    results = []
+    for _ in range(rounds):
+        with tempfile.NamedTemporaryFile(suffix=".json") as out:
+            subprocess.run([sys.executable, "-m", "pulsarwire", "--quiet", "--json", out.name], check=True,
+                           capture_output=True, cwd=str(ROOT), timeout=600,
+                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
+            produced, consumed = json.load(open(out.name))["results"]
+        results.append((produced, consumed))
+        print(f"  main job: produce {produced['msg_per_s']:,.0f} msg/s, consume {consumed['msg_per_s']:,.0f} msg/s, "
+              f"e2e p50 {consumed['p50_ms']:.1f} ms, p99 {consumed['p99_ms']:.1f} ms", flush=True)
+    row = {"section": "main", "broker": "embedded (in process)", "size": 1024, "row": "main job 200 000 x 1 KiB",
+           "e2e_p50_ms": statistics.median(c["p50_ms"] for _, c in results),
+           "e2e_p99_ms": statistics.median(c["p99_ms"] for _, c in results),
+           "produce_msg_per_s": statistics.median(p["msg_per_s"] for p, _ in results),
+           "consume_msg_per_s": statistics.median(c["msg_per_s"] for _, c in results),
+           "p50_per_round": [c["p50_ms"] for _, c in results], "rounds": rounds}
+    return [row]
+
+
+def print_ratio_row(row):
+    unit = row["unit"]
+    fmt = (lambda v: f"{v:,.0f}") if unit == "msg/s" else (lambda v: f"{v:.2f}")
+    print(f"  {row['section']:<8}{row['broker']:<12}{row['size']:>6} {row['row']:<34}official {fmt(row['official']):>10}"
+          f"  pulsarwire {fmt(row['pulsarwire']):>10} {unit:<6} ratio {row['ratio_of_medians']:.2f} (rounds: "
+          + ", ".join(f"{r:.2f}" for r in row["ratio_per_round"]) + ")", flush=True)
+
+
 def same_settings(kind, official_config):
     """pulsarwire at the official client's settings and call style."""
     if kind == "produce":
@@ -266,23 +417,27 @@ class Runner:
     def __init__(self, broker, size, messages):
         self.broker = broker
         self.payloads = payload_list(messages, size)
+        self.size = size
         self.messages = messages
         self.backlog = None
         self.subscriptions = itertools.count()
 
     def produce(self, client, config):
         topic = f"bench-{client}-{time.time_ns()}"
-        rate, latencies = CLIENTS[client][0](self.broker.url, topic, self.payloads, config)
+        rate, latencies = isolated("produce", client, self.broker.url, topic, self.messages, self.size, config)
         return {"msg_per_s": rate, "latencies": latencies}
 
     def consume(self, client, config):
+        self.ensure_backlog()
+        got, rate = isolated("consume", client, self.broker.url, self.backlog, f"sub-{next(self.subscriptions)}",
+                             self.messages, config)
+        return {"msg_per_s": rate, "got": got}
+
+    def ensure_backlog(self):
         if self.backlog is None:
             self.backlog = f"bench-backlog-{time.time_ns()}"
             ours_produce(self.broker.url, self.backlog, self.payloads,
                          dict(api="send_async", delay_ms=10, max_messages=1000, pending=5000))
-        got, rate = CLIENTS[client][1](self.broker.url, self.backlog, f"sub-{next(self.subscriptions)}",
-                                       self.messages, config)
-        return {"msg_per_s": rate, "got": got}
 
 
 TIE = 0.80  # within 20% of a client's fastest counts as equally fast: single runs here vary by ±20%
@@ -356,11 +511,21 @@ def summarise(broker_kind, size, messages, kind, entries, samples, tried):
     return rows
 
 
-def run(brokers, sizes, messages, rounds, quick):
+def run(brokers, sizes, messages, rounds, quick, parts=("asyncio",)):
     rows = []
     for broker_kind in brokers:
+        if not {"asyncio", "surface", "e2e"} & set(parts):
+            break
         with BrokerUnderTest(broker_kind, tempfile.mkdtemp(prefix="bench-client-")) as broker:
+            if "e2e" in parts:
+                print(f"{broker_kind}, e2e latency:", flush=True)
+                rows += run_e2e(broker, broker_kind, rounds)
             for size in sizes:
+                if "surface" in parts:
+                    print(f"{broker_kind}, {size} B, the drop-in surface (same program):", flush=True)
+                    rows += run_surface(broker, broker_kind, size, messages, rounds)
+                if "asyncio" not in parts:
+                    continue
                 runner = Runner(broker, size, messages)
                 official_grid, ours_grid = produce_grids(quick)
                 for kind, (official_grid, ours_grid) in (("produce", (official_grid, ours_grid)),
@@ -386,6 +551,27 @@ def print_row(row):
 
 
 def print_table(rows):
+    asyncio_rows = [r for r in rows if "kind" in r]
+    other = [r for r in rows if "kind" not in r]
+    if other:
+        print(f"\n{'part':<8}{'broker':<12}{'size':>6} {'row':<34}{'official':>12}{'pulsarwire':>12} {'unit':<6}"
+              f"{'ratio':>6}  per round")
+        for r in other:
+            if r["section"] == "main":
+                print(f"{'main':<8}{'embedded':<12}{r['size']:>6} {r['row']:<34}  e2e p50 {r['e2e_p50_ms']:.1f} ms, "
+                      f"p99 {r['e2e_p99_ms']:.1f} ms; produce {r['produce_msg_per_s']:,.0f} msg/s, consume "
+                      f"{r['consume_msg_per_s']:,.0f} msg/s (p50 per round: "
+                      + ", ".join(f"{x:.1f}" for x in r["p50_per_round"]) + ")")
+                continue
+            fmt = (lambda v: f"{v:,.0f}") if r["unit"] == "msg/s" else (lambda v: f"{v:.2f}")
+            print(f"{r['section']:<8}{r['broker']:<12}{r['size']:>6} {r['row']:<34}{fmt(r['official']):>12}"
+                  f"{fmt(r['pulsarwire']):>12} {r['unit']:<6}{r['ratio_of_medians']:>6.2f}  "
+                  + ",".join(f"{x:.2f}" for x in r["ratio_per_round"]))
+        print("(medians of interleaved rounds, each run its own process; ratio = pulsarwire / official: "
+              "above 1 is faster for msg/s, below 1 is lower latency for ms)")
+    if not asyncio_rows:
+        return
+    rows = asyncio_rows
     print(f"\n{'broker':<12}{'size':>6} {'':<8}{'row':<18}{'official msg/s':>15}{'pulsarwire msg/s':>17}"
           f"{'ratio':>7}  {'per round':<20}{'p99 ms off/pw':>14}")
     for r in rows:
@@ -404,9 +590,20 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds at the best settings")
     parser.add_argument("--quick", action="store_true", help="a smaller grid")
     parser.add_argument("--json", help="write rows as JSON here")
+    parser.add_argument("--parts", default="asyncio,surface,e2e,main",
+                        help="asyncio (each client at its best), surface (pulsarwire.sync running an official "
+                             "program), e2e (latency at fixed rates), main (the main job)")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # one run, in this process (the driver's child)
     args = parser.parse_args(argv)
+    if args.one:
+        run_one(args.one)
+        return []
+    parts = args.parts.split(",")
     rows = run(args.brokers.split(","), [int(s) for s in args.sizes.split(",")], args.messages, args.rounds,
-               args.quick)
+               args.quick, parts)
+    if "main" in parts:
+        print("main job (python -m pulsarwire):", flush=True)
+        rows += run_main_job(args.rounds)
     print_table(rows)
     if args.json:
         with open(args.json, "w") as fh:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import math
+import selectors
 import threading
 import time
 from typing import Any, Callable
@@ -38,13 +40,38 @@ def _wait(future: concurrent.futures.Future, timeout: float | None):
                 return future.result()
             if deadline is not None and time.monotonic() >= deadline:
                 raise
+if hasattr(selectors, "EpollSelector"):
+    class _SubMillisecondSelector(selectors.EpollSelector):
+        """epoll waits whole milliseconds, rounded up: a timer due in 0.2 ms (a batch's publish
+        delay, say) fired up to 1 ms late whenever the loop woke for I/O meanwhile, which made a
+        1 ms batching delay 1.6 ms at its median. The whole milliseconds are waited in epoll and
+        what is left under one in short sleeps between polls that do not wait."""
+
+        STEP = 0.0002  # the longest that I/O waits while a timer is due within a millisecond
+
+        def select(self, timeout=None):
+            if timeout is None or timeout <= 0:
+                return super().select(timeout)
+            if timeout >= 0.001:
+                return super().select(math.floor(timeout * 1e3) * 1e-3)
+            ready = super().select(0)
+            if ready:
+                return ready
+            time.sleep(min(timeout, self.STEP))
+            return super().select(0)
+
+    def new_event_loop() -> asyncio.AbstractEventLoop:
+        """An event loop whose timers fire within about 0.2 ms of their time (not up to 1 ms late)."""
+        return asyncio.SelectorEventLoop(_SubMillisecondSelector())
+else:  # pragma: no cover - not Linux
+    new_event_loop = asyncio.new_event_loop
 
 
 class LoopThread:
     """An event loop running in a daemon thread; blocking callers hand it coroutines."""
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = new_event_loop()
         self.thread = threading.Thread(target=self._serve, name="pulsarwire-loop", daemon=True)
         self.thread.start()
 

@@ -112,40 +112,66 @@ class _Facade:
 
 
 class _Handover:
-    """Calls that the caller's threads queue for the event loop, which needs to answer none of
-    them (acknowledgements, the permits of taken messages): the first one queued wakes the loop,
-    which then runs, in order, every one queued by the time it gets there - one wake-up for a
-    whole run of calls instead of a round trip each. Anything later handed to the loop
-    (`_run`, `_call`) runs after what was queued before it."""
+    """What a consumer's callers hand to the event loop without waiting for an answer: the first
+    item queued wakes the loop, which then takes, in order, every one queued by the time it gets
+    there - one wake-up for a run of them instead of a round trip each. Items: a message to
+    acknowledge (the common case, queued bare), or a (function, argument) call. The permits of
+    taken messages are counted apart (`taken`) and returned after the acknowledgements, when
+    `flush_taken` hands them over. Anything later handed to the loop (`_run`, `_call`) runs
+    after what was queued before it."""
 
-    __slots__ = ("_calls", "_scheduled", "_loop")
+    __slots__ = ("_items", "taken", "_scheduled", "_loop", "_consumer")
 
-    def __init__(self, loop: LoopThread) -> None:
-        self._calls: collections.deque = collections.deque()
+    def __init__(self, loop: LoopThread, consumer: aio.Consumer) -> None:
+        self._items: collections.deque = collections.deque()
+        self.taken: collections.deque = collections.deque()  # the owner of each message taken
         self._scheduled = False
         self._loop = loop.loop
+        self._consumer = consumer
 
-    def put(self, fn: Callable, arg) -> None:
-        self._calls.append((fn, arg))
+    def put(self, item) -> None:
+        self._items.append(item)
         if not self._scheduled:
-            self._scheduled = True
-            try:
-                self._loop.call_soon_threadsafe(self.run)
-            except RuntimeError:  # the loop is closed: there is nothing left to hand them to
-                self._calls.clear()
+            self._schedule()
+
+    def flush_taken(self) -> None:
+        if self.taken and not self._scheduled:
+            self._schedule()
+
+    def _schedule(self) -> None:
+        self._scheduled = True
+        try:
+            self._loop.call_soon_threadsafe(self.run)
+        except RuntimeError:  # the loop is closed: there is nothing left to hand them to
+            self._items.clear()
 
     def run(self) -> None:
-        self._scheduled = False  # first: a call queued from now on schedules another run
-        calls = self._calls
+        self._scheduled = False  # first: an item queued from now on schedules another run
+        items, consumer = self._items, self._consumer
         while True:
             try:
-                fn, arg = calls.popleft()
+                item = items.popleft()
             except IndexError:
-                return
+                break
             try:
-                fn(arg)
+                if type(item) is tuple:
+                    item[0](item[1])
+                elif not consumer._closed:
+                    unit = item._ack_unit
+                    unit.owner.ack_in(unit, item._single.batch_index)
             except Exception as exc:  # noqa: BLE001 - nobody waits for these; the consumer goes on
-                log.debug("handed-over call %s failed: %s", getattr(fn, "__name__", fn), exc)
+                log.debug("acknowledgement handed over failed: %s", exc)
+        taken = self.taken
+        if taken:
+            counts: dict = {}
+            while True:
+                try:
+                    owner = taken.popleft()
+                except IndexError:
+                    break
+                counts[owner] = counts.get(owner, 0) + 1
+            for owner, count in counts.items():
+                owner._message_consumed(count)
 
 
 class _ListenerThreads:
@@ -799,7 +825,11 @@ class Consumer(_Listening):
         # receive() takes from the asyncio consumer's queue in the caller's thread; permits and
         # acknowledgements go to the loop in batches (see _Handover)
         self._queue = consumer._queue
-        self._handover = _Handover(client._loop)
+        self._loop_ident = client._loop.thread.ident
+        self._handover = _Handover(client._loop, consumer)
+        self._taken = 0  # taken since the loop's thread last had a turn (roughly: threads may race)
+        self._refill_at = consumer._refill_at
+        self._permit_step = max(1, consumer._refill_at // 4)  # permits handed over this many at a time
         # a message listener: called on its listener thread, which takes the messages itself
         self._listener: Callable | None = None
         self._listener_work: queue.SimpleQueue | None = None
@@ -835,6 +865,7 @@ class Consumer(_Listening):
                 except Exception:  # noqa: BLE001 - as the official client: log and go on
                     log.exception("message listener raised")
                 listener = self._listener
+            self._handover.flush_taken()
             with self._listener_lock:
                 self._listener_armed = False
             # a message that came after the last take found the drain armed: look once more
@@ -881,6 +912,8 @@ class Consumer(_Listening):
             self._check_no_listener()
         if self._closed:
             raise AlreadyClosed("Pulsar error: AlreadyClosed")
+        if threading.get_ident() == self._loop_ident:
+            self._loop.refuse_own_thread()  # at once, as every blocking call there, message or not
         native = self._held
         if native is not None:
             self._held = None
@@ -900,12 +933,23 @@ class Consumer(_Listening):
         if native is not None:
             owner = native._ack_unit.owner
             owner._last_message = native
-            self._handover.put(owner._message_consumed, 1)
+            handover = self._handover
+            handover.taken.append(owner)
+            if len(handover.taken) >= self._permit_step:
+                handover.flush_taken()
+            self._taken += 1
+            if self._taken >= self._refill_at:
+                # a refill's worth of permits is due: let the loop's thread send them now rather
+                # than when this thread next blocks (a busy caller holds the GIL for 5 ms at a time,
+                # long enough to empty the receiver queue while the broker waits for permits)
+                self._taken = 0
+                time.sleep(0)
         return native
 
     def _wait_and_take(self, timeout_millis):
         """_take(), waiting for a message; the asyncio consumer's errors when none can come."""
         self._loop.refuse_own_thread()
+        self._handover.flush_taken()  # the permits of what was taken: the broker may be waiting for them
         consumer, queue_ = self._consumer, self._queue
         deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000
         with queue_.ready:
@@ -936,6 +980,7 @@ class Consumer(_Listening):
         self._check_no_listener()
         if self._closed:
             raise AlreadyClosed("Pulsar error: AlreadyClosed")
+        self._loop.refuse_own_thread()
         policy = self._batch_policy
         max_messages, max_bytes = policy.getMaxNumMessages(), policy.getMaxNumBytes()
         timeout_ms = policy.getTimeoutMs()
@@ -969,7 +1014,10 @@ class Consumer(_Listening):
         official client groups acknowledgements for acknowledgmentGroupTime)."""
         if self._closed:
             raise AlreadyClosed("Pulsar error: AlreadyClosed")
-        self._handover.put(self._consumer.acknowledge, _native_target(message))
+        if type(message) is Message:
+            self._handover.put(message.native)
+        else:
+            self._handover.put((self._consumer.acknowledge, _native_target(message)))
 
     def acknowledge_cumulative(self, message) -> None:
         """Acknowledge every message up to and including this one (not on Shared or Key_Shared)."""
@@ -978,13 +1026,13 @@ class Consumer(_Listening):
                 official.error_text(Result.CumulativeAcknowledgementNotAllowedError))
         if self._closed:
             raise AlreadyClosed(official.error_text(Result.AlreadyClosed))
-        self._handover.put(self._consumer.acknowledge_cumulative, _native_target(message))
+        self._handover.put((self._consumer.acknowledge_cumulative, _native_target(message)))
 
     def negative_acknowledge(self, message) -> None:
         """Have this message redelivered after negative_ack_redelivery_delay_ms."""
         if self._closed:
             raise AlreadyClosed("Pulsar error: AlreadyClosed")
-        self._handover.put(self._consumer.negative_acknowledge, _native_target(message))
+        self._handover.put((self._consumer.negative_acknowledge, _native_target(message)))
 
     def pause_message_listener(self) -> None:
         self._set_listening(False)

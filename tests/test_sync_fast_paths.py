@@ -264,3 +264,47 @@ def test_listener_takes_messages_in_order_one_at_a_time_and_pauses(embedded):
         again = client.subscribe(topic, "s")  # every message was acknowledged by the listener
         with pytest.raises(pulsar.Timeout):
             again.receive(300)
+
+
+def test_the_loop_threads_timers_fire_within_a_fraction_of_a_millisecond():
+    import asyncio
+
+    from pulsarwire.blocking import new_event_loop
+    loop = new_event_loop()
+    try:
+        async def lateness():
+            waits = []
+            for _ in range(20):
+                started = loop.time()
+                fired = loop.create_future()
+                loop.call_later(0.0003, fired.set_result, None)
+                await fired
+                waits.append(loop.time() - started)
+            return sorted(waits)
+        waits = loop.run_until_complete(lateness())
+        assert waits[0] >= 0.0003  # never early
+    finally:
+        loop.close()
+
+
+def test_receive_on_the_loop_thread_raises_even_with_a_message_queued(embedded):
+    topic = unique()
+    with pulsar.Client(embedded.url) as client:
+        consumer = client.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+        produce(client, topic, 2)
+        first = consumer.receive(5000)  # the second is queued now
+        outcome = []
+        done = threading.Event()
+
+        def callback(result, message_id):
+            for call in (consumer.receive, consumer.batch_receive):
+                try:
+                    call()
+                except RuntimeError as error:
+                    outcome.append(str(error))
+            consumer.acknowledge(first)  # a call that does not wait works there
+            done.set()
+        producer = client.create_producer(unique())
+        producer.send_async(b"x", callback)
+        assert done.wait(10) and len(outcome) == 2 and all("thread" in text for text in outcome)
+        assert index(consumer.receive(5000)) == 1

@@ -61,6 +61,7 @@ class Connection(asyncio.Protocol):
         self._can_write = asyncio.Event()
         self._can_write.set()
         self.wire_bytes = 0  # Send bytes written and not yet answered
+        self._flush_soon = False  # a flush is scheduled for frames queued by write_frame
         self._waiting_for_wire: collections.deque[PartitionProducer] = collections.deque()
 
     @property
@@ -104,9 +105,17 @@ class Connection(asyncio.Protocol):
             self.transport.write(data)
 
     def write_frame(self, frame: bytes) -> None:
+        """Queue a frame; it goes out with whatever else is written in this turn of the loop (one
+        write for a run of Send frames instead of a system call each)."""
         if not self.closed and self.transport is not None:
             self.session.send_frame(frame)
-            self.flush()
+            if not self._flush_soon:
+                self._flush_soon = True
+                self.client._loop.call_soon(self._flush_queued)
+
+    def _flush_queued(self) -> None:
+        self._flush_soon = False
+        self.flush()
 
     def wait_for_wire(self, producer: "PartitionProducer") -> None:
         """`producer` has frames to write once the budget has room."""
@@ -163,6 +172,7 @@ class Connection(asyncio.Protocol):
         self._closed(exc)
 
     def close(self) -> None:
+        self.flush()  # frames queued in this turn of the loop go before the close
         if self.transport is not None:
             self.transport.close()
         self._closed(None)

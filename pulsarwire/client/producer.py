@@ -690,6 +690,7 @@ class Producer:
         self._partitions: list[PartitionProducer] = []
         self._in_flight = 0
         self._space = asyncio.Condition()
+        self._space_wanted = 0  # sends waiting for room: only then does a receipt notify
         self._closed = False
 
     async def _start(self) -> None:
@@ -723,12 +724,20 @@ class Producer:
     def _release(self, count: int) -> None:
         if count:
             self._in_flight -= count
-            if self._block:
+            if self._block and self._space_wanted:
                 asyncio.ensure_future(self._notify_space())
 
     async def _notify_space(self) -> None:
         async with self._space:
             self._space.notify_all()
+
+    async def _wait_for_space(self) -> None:
+        self._space_wanted += 1
+        try:
+            async with self._space:
+                await self._space.wait_for(lambda: self._in_flight < self._max_pending)
+        finally:
+            self._space_wanted -= 1
 
     async def send_async(self, content: bytes, *, properties: dict[str, str] | None = None,
                          partition_key: str | None = None, ordering_key: bytes | None = None,
@@ -747,11 +756,13 @@ class Producer:
         if self._in_flight >= self._max_pending:
             if not self._block:
                 raise ProducerQueueFullError(f"{self._max_pending} messages pending")
-            async with self._space:
-                await self._space.wait_for(lambda: self._in_flight < self._max_pending)
+            await self._wait_for_space()
         if options is not _NO_OPTIONS and options.get("deliver_after_ms") is not None:
             options["deliver_at"] = now_ms() + options.pop("deliver_after_ms")
-        target = await self._attached(self._partition_index(content, options))
+        partitions = self._partitions
+        target = partitions[0 if len(partitions) == 1 else self._partition_index(content, options)]
+        if not target.ready:
+            await target.start()  # a lazy partition's producer attaches on its first message
         future = self.client._loop.create_future()
         self._in_flight += 1
         if options is _NO_OPTIONS:
@@ -844,8 +855,7 @@ class Producer:
         start = 0
         while start < count:
             if self._in_flight >= self._max_pending:
-                async with self._space:
-                    await self._space.wait_for(lambda: self._in_flight < self._max_pending)
+                await self._wait_for_space()
                 if self._closed:
                     bulk.fail(ConnectionClosedError("producer is closed"))
                     return future
