@@ -83,7 +83,7 @@ def test_a_run_answers_each_frame_as_if_it_came_alone(tmp_path):
     """Two producers interleaved, resends (duplicates) within the run, a delayed message, a
     chunk, a batch that claims more messages than it holds and a batch with a higher
     highest_sequence_id, all in one write: answered in order, each as the general path would."""
-    broker = BrokerThread(tmp_path, v1_port=None).start()
+    broker = BrokerThread(tmp_path, v1_port=None, deduplication=True).start()
 
     async def main():
         conn = RawConnection(broker.broker.port)

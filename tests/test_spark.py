@@ -601,23 +601,20 @@ def test_message_ids_of_big_batches_and_single_messages():
 def _roll_ledger(broker, topic):
     """Stop `broker` and give `topic` a new ledger from its next entry on, as a Pulsar broker
     does at a rollover (the embedded broker keeps one ledger a topic); then start it again."""
+    from pulsarwire.broker import metafile
     from pulsarwire.broker.storage import topic_directory
 
     data_dir = broker.broker.core.data_dir
     broker.stop()
     ids_path = os.path.join(data_dir, "ledger-ids.json")
-    with open(ids_path) as f:
-        new_id = json.load(f)["next"]
-    with open(ids_path, "w") as f:
-        json.dump({"next": new_id + 1}, f)
+    new_id = metafile.load(ids_path).data["next"]
+    metafile.write(ids_path, {"next": new_id + 1})
     ledgers_path = os.path.join(topic_directory(data_dir, topic), "ledgers.json")
-    with open(ledgers_path) as f:
-        ranges = json.load(f)
+    ranges = metafile.load(ledgers_path).data
     broker.start()
     next_entry = broker.call(lambda: broker.broker.core.topic(topic).log.next_entry_id)
     broker.stop()
-    with open(ledgers_path, "w") as f:
-        json.dump(ranges + [[next_entry, new_id]], f)
+    metafile.write(ledgers_path, ranges + [[next_entry, new_id]])
     broker.start()
 
 
