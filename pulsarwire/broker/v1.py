@@ -612,6 +612,8 @@ class V1Connection(asyncio.Protocol):
                 if session.close:
                     self.close()
                     return
+                if lines or self._input:
+                    await asyncio.sleep(0)  # let other connections (and both ports) in between groups
         except asyncio.CancelledError:
             pass
         except Exception:  # noqa: BLE001 - a fault of the broker: this connection ends, the broker goes on
