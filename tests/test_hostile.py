@@ -569,7 +569,9 @@ def test_cli_limit_flags(tmp_path):
         [sys.executable, "-m", "pulsarwire", "broker", "--http-port", "-1", "--data-dir", str(tmp_path / "data"), "--port", str(port),
          "--v1-port", "-1", "--max-connections", "1", "--handshake-timeout", "0.5",
          "--max-frame-before-connect", "1024", "--frame-timeout", "1", "--max-output-bytes", "65536",
-         "--max-input-bytes", str(6 * 1024 * 1024), "--max-cache-bytes", str(1024 * 1024)],
+         "--max-input-bytes", str(6 * 1024 * 1024), "--max-cache-bytes", str(1024 * 1024),
+         "--max-connections-per-address", "8", "--authenticated-share", "0.5", "--idle-timeout", "60",
+         "--memory-budget", str(16 * 1024 * 1024)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_for_port(port, process=process)

@@ -56,7 +56,10 @@ DEFAULT_MAX_INPUT_BYTES = 256 * 1024 * 1024  # unfinished frames held, all conne
 DEFAULT_MAX_TOTAL_OUTPUT_BYTES = 192 * 1024 * 1024
 # output one connection may queue per round while the broker is squeezed (then it waits until all is sent)
 SQUEEZED_OUTPUT_BYTES = 64 * 1024
-RELAX_BELOW = 0.75  # the share of the total output budget under which squeezed connections take output again
+RELAX_BELOW = 0.75
+# bytes dispatched to consumers in one turn of the event loop, all connections together: more waits
+# for the next turn, so that a burst to many consumers never keeps the loop from other clients long
+DISPATCH_BYTES_PER_TURN = 4 * 1024 * 1024  # the share of the total output budget under which squeezed connections take output again
 SPACE_PROBE_INTERVAL = 0.5  # seconds between checks whether a full disk has room again
 SPACE_PROBE_BYTES = 64 * 1024  # what a check writes (and gives back) to see whether the disk has room
 DEFAULT_IDLE_TIMEOUT = 300.0  # seconds a connected connection with no producer or consumer may make no request
@@ -131,6 +134,9 @@ class PulsarService:
         self.max_total_output_bytes = max_total_output_bytes
         self.output_total = 0
         self.squeezed = False
+        self.turn_bytes = 0  # dispatched in this turn of the loop
+        self._turn_waiting: dict[BrokerConnection, None] = {}  # connections to dispatch to next turn
+        self._turn_scheduled = False
         # the disk was found full: sends are neither stored nor answered (the client's send timeout
         # fires) until a probe finds room, then connections that went unanswered are closed, and
         # their clients resend what they still hold
@@ -201,6 +207,33 @@ class PulsarService:
                 self.per_address[conn.address] -= 1
                 if self.per_address[conn.address] <= 0:
                     del self.per_address[conn.address]
+
+    def dispatched(self, size: int) -> None:
+        self.turn_bytes += size
+        if not self._turn_scheduled:
+            self._turn_scheduled = True
+            asyncio.get_running_loop().call_soon(self._next_turn)
+
+    def wait_for_turn(self, conn: "BrokerConnection") -> None:
+        self._turn_waiting[conn] = None
+        if not self._turn_scheduled:
+            self._turn_scheduled = True
+            asyncio.get_running_loop().call_soon(self._next_turn)
+
+    def _next_turn(self) -> None:
+        """A new turn: dispatch to the connections that waited for it, first come first served (those
+        that do not get theirs in this turn wait for the next)."""
+        self._turn_scheduled = False
+        self.turn_bytes = 0
+        waiting, self._turn_waiting = self._turn_waiting, {}
+        for conn in waiting:
+            if self.turn_bytes >= DISPATCH_BYTES_PER_TURN:
+                self._turn_waiting[conn] = None
+            elif not conn.closed:
+                conn.redispatch()
+        if self._turn_waiting and not self._turn_scheduled:
+            self._turn_scheduled = True
+            asyncio.get_running_loop().call_soon(self._next_turn)
 
     def output_changed(self, delta: int) -> None:
         """A connection's unsent output grew or shrank by `delta`: squeeze or relax the broker."""
@@ -362,7 +395,11 @@ class PulsarConsumer(ConsumerLink):
     @property
     def writable(self) -> bool:
         conn = self.conn
-        return conn.writable and (not conn.service.squeezed or conn.takes_output())
+        service = conn.service
+        if service.turn_bytes >= DISPATCH_BYTES_PER_TURN and conn.writable:
+            service.wait_for_turn(conn)
+            return False
+        return conn.writable and (not service.squeezed or conn.takes_output())
 
     def deliver(self, entry, redelivery_count: int, ack_set) -> None:
         cmd = pb.BaseCommand(type=pb.BaseCommand.MESSAGE)
@@ -376,7 +413,9 @@ class PulsarConsumer(ConsumerLink):
             m.redelivery_count = redelivery_count
         if ack_set:
             m.ack_set.extend(ack_set)
-        self.conn.write(codec.encode_payload_frame(cmd, entry.body, entry.checksum))
+        frame = codec.encode_payload_frame(cmd, entry.body, entry.checksum)
+        self.conn.service.dispatched(len(frame))
+        self.conn.write(frame)
 
     def active_changed(self, active: bool) -> None:
         self.conn.command(T.ACTIVE_CONSUMER_CHANGE, "active_consumer_change",
@@ -660,11 +699,15 @@ class BrokerConnection(asyncio.Protocol):
             return True
         if self._backlog_retry is None:  # nothing else would tell when the kernel has sent it
             self._backlog_wait = min(max(2 * self._backlog_wait, 0.005), 0.5)
-            self._backlog_retry = asyncio.get_running_loop().call_later(self._backlog_wait, self._redispatch)
+            self._backlog_retry = asyncio.get_running_loop().call_later(self._backlog_wait, self._backlog_sent)
         return False
 
-    def _redispatch(self) -> None:
+    def _backlog_sent(self) -> None:
         self._backlog_retry = None
+        self.redispatch()
+
+    def redispatch(self) -> None:
+        """Dispatch to this connection's consumers again (its turn came, or the kernel sent more)."""
         if not self.closed and self.writable:
             for consumer in list(self.consumers.values()):
                 consumer.subscription.dispatch()
