@@ -293,6 +293,14 @@ def test_metrics_have_pulsar_names_and_labels(broker):
     assert f"pulsar_subscription_back_log{{{sub_labels}}} 5.0" in text
     assert "pulsar_active_connections{" in text and "pulsarwire_broker_connections{" in text
     assert "pulsarwire_storage_cache_bytes{" in text
+    # the whole page is valid text format: prometheus_client's own parser reads every sample back
+    from prometheus_client.parser import text_string_to_metric_families
+    samples = {(s.name, s.labels.get("topic"), s.labels.get("subscription")): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    topic = f"persistent://public/default/{name}"
+    assert samples[("pulsar_in_messages_total", topic, None)] == 5
+    assert samples[("pulsar_subscription_back_log", topic, "watch")] == 5
+    assert samples[("pulsar_consumers_count", topic, None)] == 1
 
 
 def test_official_client_with_an_http_service_url(broker):
