@@ -115,6 +115,14 @@ def test_namespace_deduplication_and_schema_strategy_policies(broker):
     finally:
         client.close()
     assert call(broker, "DELETE", f"{base}/deduplication")[0] == 204
+    strategy = "/admin/v2/" + topic.replace("://", "/") + "/schemaCompatibilityStrategy"
+    assert call(broker, "GET", strategy)[1] == "UNDEFINED"
+    assert call(broker, "PUT", strategy, "ALWAYS_COMPATIBLE")[0] == 204
+    assert call(broker, "GET", strategy)[1] == "ALWAYS_COMPATIBLE"
+    assert broker.broker.core.policies.schema_strategy(topic) == "ALWAYS_COMPATIBLE"  # over the namespace's
+    assert call(broker, "DELETE", strategy)[0] == 204
+    assert broker.broker.core.policies.schema_strategy(topic) == "FORWARD"
+    assert call(broker, "GET", "/admin/v2/brokers/health", raw=True)[1] == b"ok"
 
 
 def test_topics_partitions_stats_and_delete(broker):
@@ -143,6 +151,11 @@ def test_topics_partitions_stats_and_delete(broker):
 
     plain = unique("t")
     assert call(broker, "PUT", f"{NS}/{plain}")[0] == 204
+    volatile = unique("np")
+    assert call(broker, "PUT", f"/admin/v2/non-persistent/public/default/{volatile}")[0] == 204
+    assert f"non-persistent://public/default/{volatile}" in call(
+        broker, "GET", "/admin/v2/non-persistent/public/default")[1]
+    assert f"non-persistent://public/default/{volatile}" not in call(broker, "GET", NS)[1]
     assert error(broker, "PUT", f"{NS}/{plain}")[0] == 409
     assert error(broker, "GET", f"{NS}/{unique('missing')}/stats")[0] == 404
     assert error(broker, "GET", f"{NS}/{'x' * 300}/stats")[0] == 412  # a name the broker cannot store
@@ -280,6 +293,14 @@ def test_metrics_have_pulsar_names_and_labels(broker):
     assert f"pulsar_subscription_back_log{{{sub_labels}}} 5.0" in text
     assert "pulsar_active_connections{" in text and "pulsarwire_broker_connections{" in text
     assert "pulsarwire_storage_cache_bytes{" in text
+    # the whole page is valid text format: prometheus_client's own parser reads every sample back
+    from prometheus_client.parser import text_string_to_metric_families
+    samples = {(s.name, s.labels.get("topic"), s.labels.get("subscription")): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    topic = f"persistent://public/default/{name}"
+    assert samples[("pulsar_in_messages_total", topic, None)] == 5
+    assert samples[("pulsar_subscription_back_log", topic, "watch")] == 5
+    assert samples[("pulsar_consumers_count", topic, None)] == 1
 
 
 def test_official_client_with_an_http_service_url(broker):

@@ -295,7 +295,8 @@ class AdminServer:
     # metrics, lookup, clusters
 
     async def get_metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=exposition(self.metrics), headers={"Content-Type": CONTENT_TYPE})
+        return web.Response(body=exposition(self.broker, self.rates, self.metrics),
+                            headers={"Content-Type": CONTENT_TYPE})
 
     async def lookup(self, request: web.Request) -> web.Response:
         self._topic_name(request)
