@@ -145,6 +145,8 @@ def value_type(info: SchemaInfo | None) -> ValueType | None:
              "properties": info.properties()}
     if kind == SchemaType.STRING or kind in _PRIMITIVES:
         return ValueType(kind, info=saved)
+    if kind == SchemaType.AVRO:
+        _need_fastavro()
     if kind in (SchemaType.JSON, SchemaType.AVRO):
         out = ValueType(kind, _definition(info), info=saved)
         out.spark_type  # noqa: B018 - every field's type checked now, when the query is defined
@@ -299,9 +301,19 @@ def _from_parsed(array, arrow):
     return array
 
 
+def _need_fastavro() -> None:
+    try:
+        import fastavro  # noqa: F401
+    except ImportError:
+        raise UnsupportedSchemaError("an Avro topic needs fastavro: pip install 'pulsarwire[avro]'") from None
+
+
 def _row_by_row(vt: ValueType, values, keys):
     import numpy as np
     import pyarrow as pa
+
+    if SchemaType.AVRO in (vt.kind, getattr(vt.key, "kind", None), getattr(vt.value, "kind", None)):
+        _need_fastavro()  # a missing library is not a bad payload
 
     payloads = values.to_pylist()
     key_list = keys.to_pylist() if keys is not None else [None] * len(payloads)
