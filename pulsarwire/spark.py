@@ -1421,9 +1421,9 @@ def _share(available: dict[str, int | None], budget: int, turn: int) -> dict[str
     """`budget` entries spread over partitions fairly (water-filling; None: a backlog of unknown
     size, at least the budget); when there are fewer entries to give than partitions with a
     backlog, the partitions served rotate with `turn`."""
-    available = {t: budget if n is None else n for t, n in available.items()}
-    grant = {t: 0 for t in available}
-    waiting = sorted(t for t, n in available.items() if n > 0)
+    counts = {t: budget if n is None else n for t, n in available.items()}
+    grant = {t: 0 for t in counts}
+    waiting = sorted(t for t, n in counts.items() if n > 0)
     while budget > 0 and waiting:
         each = budget // len(waiting)
         if each == 0:
@@ -1432,10 +1432,10 @@ def _share(available: dict[str, int | None], budget: int, turn: int) -> dict[str
                 grant[topic] += 1
             break
         for topic in list(waiting):
-            take = min(each, available[topic] - grant[topic])
+            take = min(each, counts[topic] - grant[topic])
             grant[topic] += take
             budget -= take
-            if grant[topic] >= available[topic]:
+            if grant[topic] >= counts[topic]:
                 waiting.remove(topic)
     return grant
 
