@@ -108,7 +108,7 @@ _KAFKA_ALIASES = {"subscribe": "topics", "subscribepattern": "topicspattern",
 _SOURCE |= set(_KAFKA_ALIASES)
 # options Spark itself sets or passes through (DataStreamWriter.queryName, checkpointLocation, ...)
 _SPARK_OWN = {"checkpointlocation", "queryname", "outputmode", "path"}
-_SINK = _COMMON | _SPARK_OWN | {"topic", "compression", "maxpendingmessages"}
+_SINK = _COMMON | _SPARK_OWN | {"topic", "compression", "maxpendingmessages", "exactlyonce"}
 _DEFAULT_ROWS_PER_BATCH = 32_768
 _DEFAULT_BYTES_PER_BATCH = 64 << 20  # far below Arrow's 2 GiB per binary column
 
@@ -1421,9 +1421,9 @@ def _share(available: dict[str, int | None], budget: int, turn: int) -> dict[str
     """`budget` entries spread over partitions fairly (water-filling; None: a backlog of unknown
     size, at least the budget); when there are fewer entries to give than partitions with a
     backlog, the partitions served rotate with `turn`."""
-    available = {t: budget if n is None else n for t, n in available.items()}
-    grant = {t: 0 for t in available}
-    waiting = sorted(t for t, n in available.items() if n > 0)
+    counts = {t: budget if n is None else n for t, n in available.items()}
+    grant = {t: 0 for t in counts}
+    waiting = sorted(t for t, n in counts.items() if n > 0)
     while budget > 0 and waiting:
         each = budget // len(waiting)
         if each == 0:
@@ -1432,10 +1432,10 @@ def _share(available: dict[str, int | None], budget: int, turn: int) -> dict[str
                 grant[topic] += 1
             break
         for topic in list(waiting):
-            take = min(each, available[topic] - grant[topic])
+            take = min(each, counts[topic] - grant[topic])
             grant[topic] += take
             budget -= take
-            if grant[topic] >= available[topic]:
+            if grant[topic] >= counts[topic]:
                 waiting.remove(topic)
     return grant
 
@@ -1627,6 +1627,38 @@ class SinkOptions:
     topic: str | None
     compression: str
     max_pending: int
+    exactly_once: bool = False
+
+
+@dataclass(frozen=True)
+class WriteIdentity:
+    """Who writes a streaming sink task's rows: the same on every replay of its micro-batch,
+    so that the broker's deduplication drops what a replay sends again."""
+
+    query: str
+    partition: int
+    batch: int
+
+    @property
+    def producer_name(self) -> str:
+        return f"pulsarwire-spark-{self.query}-{self.partition}"
+
+    @property
+    def last_sequence_id(self) -> int:
+        """The sequence id just before this batch's first: batch b's rows take (b + 1) << 32
+        onwards, above every id of an earlier batch (a task writes fewer than 2**32 rows)."""
+        return ((self.batch + 1) << 32) - 1
+
+    @classmethod
+    def of_task(cls) -> "WriteIdentity":
+        from pyspark import TaskContext
+        context = TaskContext.get()
+        query = context.getLocalProperty("sql.streaming.queryId") if context else None
+        batch = context.getLocalProperty("streaming.sql.batchId") if context else None
+        if context is None or query is None or batch is None:
+            raise PulsarSparkError("exactlyOnce: this task has no streaming query id and batch id "
+                                   "(exactlyOnce is for streaming writes in micro-batches)")
+        return cls(query, context.partitionId(), int(batch))
 
 
 def sink_options(options: dict) -> SinkOptions:
@@ -1650,7 +1682,7 @@ def sink_options(options: dict) -> SinkOptions:
         raise PulsarSparkError(f"option 'compression' must be one of NONE, LZ4, ZLIB, ZSTD, SNAPPY; "
                                f"got {options.get('compression')!r}") from None
     pending = int(_positive(options.get("maxpendingmessages", 20_000), "maxPendingMessages", integer=True))
-    return SinkOptions(settings, topic, kind, pending)
+    return SinkOptions(settings, topic, kind, pending, _boolean(options.get("exactlyonce", "false"), "exactlyOnce"))
 
 
 def _event_ms(column) -> list:
@@ -1662,16 +1694,19 @@ def _event_ms(column) -> list:
     return column.cast(pa.int64()).to_pylist()
 
 
-async def _send_batches(opts: SinkOptions, fields: dict[str, str], batches) -> int:
-    """Send every row of `batches`; return once the broker acknowledged every one (else raise)."""
+async def _send_batches(opts: SinkOptions, fields: dict[str, str], batches,
+                        identity: WriteIdentity | None = None) -> int:
+    """Send every row of `batches`; return once the broker acknowledged every one (else raise).
+    With an `identity`, under its producer name and sequence ids (exactlyOnce)."""
     client = await _connected(opts.client)  # retried; sending itself is not (no row sent twice)
     try:
-        return await _send_all(client, opts, fields, batches)
+        return await _send_all(client, opts, fields, batches, identity)
     finally:
         await client.close()
 
 
-async def _send_all(client, opts: SinkOptions, fields: dict[str, str], batches) -> int:
+async def _send_all(client, opts: SinkOptions, fields: dict[str, str], batches,
+                    identity: WriteIdentity | None = None) -> int:
     import pyarrow as pa
     producers: dict[str, Any] = {}
     futures: list = []
@@ -1689,10 +1724,14 @@ async def _send_all(client, opts: SinkOptions, fields: dict[str, str], batches) 
                 types[topic] = value_type(info)
             except UnsupportedSchemaError as exc:
                 raise PulsarSparkError(f"{topic}: {exc}") from None
+            named = {} if identity is None else {
+                # a replay must send each row to the partition, and under the sequence id, it had
+                "producer_name": identity.producer_name, "initial_sequence_id": identity.last_sequence_id,
+                "message_router": _replayable_router(identity.partition)}
             producer = producers[topic] = await client.create_producer(
                 topic, batching_max_publish_delay_ms=5, compression_type=opts.compression,
                 max_pending_messages=opts.max_pending, batching_max_messages=1000,
-                schema=None if types[topic] is None else _topic_schema(info))
+                schema=None if types[topic] is None else _topic_schema(info), **named)
         return producer
 
     from .client import topic_name
@@ -1798,6 +1837,18 @@ def _keys(column, name: str) -> list:
     return column.to_pylist()
 
 
+def _replayable_router(task_partition: int):
+    """Keyed rows by their key's hash (as the default router), keyless rows all to the task's own
+    partition: the same choice on every replay (the default starts round robin at random)."""
+    from .routing import Router
+    by_key = Router()
+
+    def route(message, partitions: int) -> int:
+        key = message.partition_key()
+        return by_key.partition(key, partitions) if key else task_partition % partitions
+    return route
+
+
 class PulsarBatchWriter(DataSourceArrowWriter):
     def __init__(self, opts: SinkOptions, fields: dict[str, str]) -> None:
         self.opts, self.fields = opts, fields
@@ -1815,13 +1866,14 @@ class PulsarStreamWriter(DataSourceStreamArrowWriter):
             import pyarrow as pa
             rows = [r.asDict() for r in iterator]
             iterator = [pa.RecordBatch.from_pylist(rows)] if rows else []
-        return SentMessage(_run(_send_batches(self.opts, self.fields, iterator)))
+        identity = WriteIdentity.of_task() if self.opts.exactly_once else None
+        return SentMessage(_run(_send_batches(self.opts, self.fields, iterator, identity)))
 
     def commit(self, messages, batchId) -> None:
         pass  # every message was acknowledged before its task finished
 
     def abort(self, messages, batchId) -> None:
-        pass  # at-least-once: what was acknowledged stays
+        pass  # what was acknowledged stays: a replay sends it again (deduplicated with exactlyOnce)
 
 
 class PulsarDataSource(DataSource):
@@ -1851,7 +1903,11 @@ class PulsarDataSource(DataSource):
         return opts
 
     def writer(self, schema, overwrite):
-        return PulsarBatchWriter(*self._sink(schema, overwrite))
+        opts, fields = self._sink(schema, overwrite)
+        if opts.exactly_once:
+            raise PulsarSparkError("option 'exactlyOnce' is for streaming writes (a batch write has no "
+                                   "micro-batch to replay)")
+        return PulsarBatchWriter(opts, fields)
 
     def streamWriter(self, schema, overwrite):
         return PulsarStreamWriter(*self._sink(schema, overwrite))

@@ -61,11 +61,11 @@ def _avro_type(avro, named: dict) -> tuple[DataType, bool]:
         rest = [t for t in avro if t != "null"]
         if len(rest) != 1:
             raise UnsupportedSchemaError(f"Avro union {avro!r}: only a union of null and one type is supported")
-        kind, _ = _avro_type(rest[0], named)
-        return kind, len(rest) < len(avro)
+        member, _ = _avro_type(rest[0], named)
+        return member, len(rest) < len(avro)
     if not isinstance(avro, dict):
         raise UnsupportedSchemaError(f"not an Avro type: {avro!r}")
-    kind = avro.get("type")
+    kind: Any = avro.get("type")
     logical = avro.get("logicalType")
     if logical in ("timestamp-millis", "timestamp-micros") and kind == "long":
         return TimestampType(), False
@@ -124,6 +124,7 @@ class ValueType:
         if self.kind in (SchemaType.JSON, SchemaType.AVRO):
             return _avro_type(self.definition, {})[0]
         if self.kind == SchemaType.KEY_VALUE:
+            assert self.key is not None and self.value is not None
             return StructType([StructField("key", self.key.spark_type), StructField("value", self.value.spark_type)])
         raise UnsupportedSchemaError(f"schema type {self.kind}")
 
@@ -145,6 +146,8 @@ def value_type(info: SchemaInfo | None) -> ValueType | None:
              "properties": info.properties()}
     if kind == SchemaType.STRING or kind in _PRIMITIVES:
         return ValueType(kind, info=saved)
+    if kind == SchemaType.AVRO:
+        _need_fastavro()
     if kind in (SchemaType.JSON, SchemaType.AVRO):
         out = ValueType(kind, _definition(info), info=saved)
         out.spark_type  # noqa: B018 - every field's type checked now, when the query is defined
@@ -299,13 +302,24 @@ def _from_parsed(array, arrow):
     return array
 
 
+def _need_fastavro() -> None:
+    try:
+        import fastavro  # noqa: F401
+    except ImportError:
+        raise UnsupportedSchemaError("an Avro topic needs fastavro: pip install 'pulsarwire[avro]'") from None
+
+
 def _row_by_row(vt: ValueType, values, keys):
     import numpy as np
     import pyarrow as pa
 
+    if SchemaType.AVRO in (vt.kind, getattr(vt.key, "kind", None), getattr(vt.value, "kind", None)):
+        _need_fastavro()  # a missing library is not a bad payload
+
     payloads = values.to_pylist()
     key_list = keys.to_pylist() if keys is not None else [None] * len(payloads)
-    out, bad = [], np.zeros(len(payloads), bool)
+    out: list = []
+    bad = np.zeros(len(payloads), bool)
     arrow = vt.arrow_type()
     for i, (payload, key) in enumerate(zip(payloads, key_list)):
         if payload is None:
@@ -354,15 +368,18 @@ def decode_one(vt: ValueType, payload: bytes, key: str | None = None) -> Any:
         value = json.loads(payload)
         if not isinstance(value, dict):
             raise SchemaMismatchError("not a JSON object")
-        return _json_to_column(value, vt.definition)
+        return _json_to_column(value, vt.definition or {})
     if vt.kind == SchemaType.AVRO:
         import fastavro
         stream = io.BytesIO(payload)
-        value = fastavro.schemaless_reader(stream, _avro_schema(vt.definition), return_record_name=False)
+        value = fastavro.schemaless_reader(stream, _avro_schema(vt.definition or {}), return_record_name=False)
         if stream.tell() != len(payload):
             raise SchemaMismatchError("bytes left over after the Avro record")
         return value
     if vt.kind == SchemaType.KEY_VALUE:
+        assert vt.key is not None and vt.value is not None
+        key_bytes: bytes | None
+        value_bytes: bytes | None
         if vt.separated:
             key_bytes = None if key is None else base64.b64decode(key)
             value_bytes = payload
@@ -376,7 +393,7 @@ def decode_one(vt: ValueType, payload: bytes, key: str | None = None) -> Any:
 def _json_to_column(value: dict, definition: dict) -> dict:
     """A JSON record as its column's Python value: times from their numbers, required fields present."""
     import datetime
-    out = {}
+    out: dict = {}
     for f in definition.get("fields", []):
         kind = f["type"]
         nullable = isinstance(kind, list) and "null" in kind
@@ -472,13 +489,14 @@ def encode_one(vt: ValueType, value) -> bytes:
     if vt.kind == SchemaType.AVRO:
         import fastavro
         stream = io.BytesIO()
-        fastavro.schemaless_writer(stream, _avro_schema(vt.definition), value)
+        fastavro.schemaless_writer(stream, _avro_schema(vt.definition or {}), value)
         return stream.getvalue()
     if vt.kind == SchemaType.KEY_VALUE:
         if vt.separated:
             raise SchemaMismatchError("a SEPARATED KeyValue topic is written with its key in the 'key' column; "
                                       "not supported by the sink")
         from .schema import _pack_pair
+        assert vt.key is not None and vt.value is not None
         key, val = value.get("key"), value.get("value")
         return _pack_pair(None if key is None else encode_one(vt.key, key),
                           None if val is None else encode_one(vt.value, val))
