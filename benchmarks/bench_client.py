@@ -35,7 +35,9 @@ share one). Besides the asyncio rows above (`--parts asyncio`):
   receive + acknowledge, batch_receive (1 000 or 100 ms), message_listener.
 - e2e: latency from a send-time stamp in the payload to its receipt, 100 B at 1 000 and
   20 000 msg/s, 1 ms batching delay: the official client and pulsarwire.sync running the same
-  program (sync_surface.py e2e), and pulsarwire's asyncio client (perf.end_to_end).
+  program (sync_surface.py e2e), and pulsarwire's asyncio client (perf.end_to_end) on asyncio's
+  own event loop and on `pulsarwire.blocking.new_event_loop()` (timers within 0.2 ms; epoll
+  rounds a loop's waits up to whole milliseconds).
 - main: the main job (`python -m pulsarwire`, what `./dev.sh demo` runs: an embedded broker,
   200 000 x 1 KiB, one shared client): its e2e p50/p99 and whether the consumer kept up.
 
@@ -288,8 +290,11 @@ def run_one(spec):
         result = CLIENTS[client][0](url, topic, payload_list(messages, size), config)
     elif kind == "consume":
         result = CLIENTS[client][1](*args)
-    else:  # e2e of the asyncio client
-        result = asyncio.run(_ours_e2e(*args))
+    else:  # e2e of the asyncio client, on asyncio's own loop or on pulsarwire's (sub-millisecond timers)
+        *args, loop_kind = args
+        from pulsarwire.blocking import new_event_loop
+        with asyncio.Runner(loop_factory=new_event_loop if loop_kind == "sub-ms" else None) as runner:
+            result = runner.run(_ours_e2e(*args))
     print(json.dumps(result))
 
 
@@ -353,20 +358,21 @@ def run_e2e(broker, broker_kind, rounds, seconds=2.0, size=100):
     rows = []
     for rate in (1000, 20000):
         count = int(rate * seconds)
-        samples = {"official": [], "pulsarwire.sync": [], "pulsarwire": []}
+        samples = {"official": [], "pulsarwire.sync": [], "asyncio": [], "asyncio sub-ms loop": []}
         for round_index in range(rounds):
             order = list(samples) if round_index % 2 == 0 else list(samples)[::-1]
             for name in order:
                 topic = f"e2e-{time.time_ns()}"
-                if name == "pulsarwire":
-                    result = isolated("e2e", "pulsarwire", broker.url, topic, count, size, rate)
+                if name.startswith("asyncio"):
+                    result = isolated("e2e", "pulsarwire", broker.url, topic, count, size, rate,
+                                      "sub-ms" if "sub-ms" in name else "asyncio")
                 else:
                     result = surface("pulsar" if name == "official" else name, broker.url, topic, "e2e", count,
                                      size, {"rate": rate, "delay_ms": 1, "batching": "1"})
                 samples[name].append(result)
         for quantile in ("p50_ms", "p99_ms"):
             official = [r[quantile] for r in samples["official"]]
-            for name in ("pulsarwire.sync", "pulsarwire"):
+            for name in ("pulsarwire.sync", "asyncio", "asyncio sub-ms loop"):
                 row = ratio_row("e2e", broker_kind, size, f"{rate} msg/s {quantile[:3]} {name}", official,
                                 [r[quantile] for r in samples[name]], unit="ms")
                 rows.append(row)
@@ -397,7 +403,7 @@ def run_main_job(rounds):
 def print_ratio_row(row):
     unit = row["unit"]
     fmt = (lambda v: f"{v:,.0f}") if unit == "msg/s" else (lambda v: f"{v:.2f}")
-    print(f"  {row['section']:<8}{row['broker']:<12}{row['size']:>6} {row['row']:<34}official {fmt(row['official']):>10}"
+    print(f"  {row['section']:<8}{row['broker']:<12}{row['size']:>6} {row['row']:<40}official {fmt(row['official']):>10}"
           f"  pulsarwire {fmt(row['pulsarwire']):>10} {unit:<6} ratio {row['ratio_of_medians']:.2f} (rounds: "
           + ", ".join(f"{r:.2f}" for r in row["ratio_per_round"]) + ")", flush=True)
 
@@ -554,17 +560,17 @@ def print_table(rows):
     asyncio_rows = [r for r in rows if "kind" in r]
     other = [r for r in rows if "kind" not in r]
     if other:
-        print(f"\n{'part':<8}{'broker':<12}{'size':>6} {'row':<34}{'official':>12}{'pulsarwire':>12} {'unit':<6}"
+        print(f"\n{'part':<8}{'broker':<12}{'size':>6} {'row':<40}{'official':>12}{'pulsarwire':>12} {'unit':<6}"
               f"{'ratio':>6}  per round")
         for r in other:
             if r["section"] == "main":
-                print(f"{'main':<8}{'embedded':<12}{r['size']:>6} {r['row']:<34}  e2e p50 {r['e2e_p50_ms']:.1f} ms, "
+                print(f"{'main':<8}{'embedded':<12}{r['size']:>6} {r['row']:<40}  e2e p50 {r['e2e_p50_ms']:.1f} ms, "
                       f"p99 {r['e2e_p99_ms']:.1f} ms; produce {r['produce_msg_per_s']:,.0f} msg/s, consume "
                       f"{r['consume_msg_per_s']:,.0f} msg/s (p50 per round: "
                       + ", ".join(f"{x:.1f}" for x in r["p50_per_round"]) + ")")
                 continue
             fmt = (lambda v: f"{v:,.0f}") if r["unit"] == "msg/s" else (lambda v: f"{v:.2f}")
-            print(f"{r['section']:<8}{r['broker']:<12}{r['size']:>6} {r['row']:<34}{fmt(r['official']):>12}"
+            print(f"{r['section']:<8}{r['broker']:<12}{r['size']:>6} {r['row']:<40}{fmt(r['official']):>12}"
                   f"{fmt(r['pulsarwire']):>12} {r['unit']:<6}{r['ratio_of_medians']:>6.2f}  "
                   + ",".join(f"{x:.2f}" for x in r["ratio_per_round"]))
         print("(medians of interleaved rounds, each run its own process; ratio = pulsarwire / official: "
