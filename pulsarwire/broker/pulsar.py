@@ -891,7 +891,7 @@ class BrokerConnection(asyncio.Protocol):
             return
         if self.service.grants is not None and kind in _AUTHORIZED:
             target = _AUTHORIZED[kind](frame.command)
-            if not self.service.authorized(self.role, target):
+            if not self.service.authorized(self.role, target) and self._tenant_exists(target):
                 self._fail_request(frame.command, pb.AuthorizationError,
                                    f"role {self.role!r} is not authorized on {namespace_of(target)[:128]}")
                 return
@@ -984,6 +984,15 @@ class BrokerConnection(asyncio.Protocol):
                                        protocol_version=min(c.protocol_version, MAX_PROTOCOL_VERSION),
                                        max_message_size=self.service.max_message_size)
         self.command(T.CONNECTED, "connected", response)
+
+    def _tenant_exists(self, name: str) -> bool:
+        """Whether the tenant of a topic or namespace name exists: a topic of an unknown tenant is
+        answered TopicNotFound whatever the role, as Pulsar answers it."""
+        try:
+            self.core.check_tenant(name)
+        except UnknownTenant:
+            return False
+        return True
 
     def _refuse(self, command) -> None:
         """Answer one request on an unauthenticated connection with AuthenticationError."""

@@ -1,7 +1,8 @@
 """The official CI's broker setup: token, basic and anonymous roles, authorization per namespace.
 A client without credentials (or with a method the broker does not serve) acts as the anonymous
 role, which may use public/default but not private/auth; the token's subject and the basic super
-user may; built-in methods named as strings (`Authentication("token", ...)`) work."""
+user may; a topic of an unknown tenant is not found whatever the role; built-in methods named as
+strings (`Authentication("token", ...)`) work."""
 # corpus: broker=authorization
 import sys
 
@@ -26,6 +27,7 @@ def round_trip(name, authentication, topic):
 
 round_trip("anonymous", None, "persistent://public/default/" + prefix)
 round_trip("anonymous", None, PRIVATE)
+round_trip("anonymous", None, "persistent://no-such-tenant/ns/" + prefix)  # not found, whatever the role
 round_trip("token", pulsar.AuthenticationToken(TOKEN), PRIVATE)
 round_trip("token supplier", pulsar.AuthenticationToken(lambda: TOKEN), PRIVATE)
 round_trip("named token", pulsar.Authentication("token", "token:" + TOKEN), PRIVATE)
