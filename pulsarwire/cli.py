@@ -87,6 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="accepted basic credentials (repeatable; enables auth)")
     broker.add_argument("--tls-trust-certs-file",
                         help="CA for client certificates: verified, and accepted as auth method tls")
+    broker.add_argument("--anonymous-role", metavar="ROLE",
+                        help="with auth on, the role of a client offering no credentials (or credentials of a "
+                             "method this broker does not serve) instead of refusing it (Pulsar's anonymousUserRole)")
+    broker.add_argument("--grant", action="append", default=None, metavar="TENANT/NAMESPACE=ROLE",
+                        help="turns authorization on: a role may look up, produce and consume only in the "
+                             "namespaces granted to it (repeatable; needs auth)")
+    broker.add_argument("--super-user-role", action="append", default=[], metavar="ROLE",
+                        help="a role authorized on every namespace (repeatable)")
     broker.add_argument("--deduplication", action="store_true",
                         help="drop a send whose sequence id is not above its producer's last one, in namespaces "
                              "and topics without a deduplication policy of their own (default off, as Pulsar's "
@@ -294,6 +302,19 @@ async def run_broker(args) -> int:
                   "(or pulsar+ssl://)", file=sys.stderr)
             return 2
         listeners[name] = url
+    grants: dict[str, set[str]] | None = None
+    for spec in args.grant or ():
+        namespace, _, role = spec.partition("=")
+        if namespace.count("/") != 1 or not all(namespace.split("/")) or not role:
+            print(f"pulsarwire broker: --grant {spec}: takes TENANT/NAMESPACE=ROLE", file=sys.stderr)
+            return 2
+        grants = grants if grants is not None else {}
+        grants.setdefault(namespace, set()).add(role)
+    if (args.anonymous_role or grants is not None or args.super_user_role) and \
+            args.auth_token is None and not args.auth_basic and not args.tls_trust_certs_file:
+        print("pulsarwire broker: --anonymous-role, --grant and --super-user-role need authentication "
+              "(--auth-token, --auth-basic or --tls-trust-certs-file)", file=sys.stderr)
+        return 2
     partitioned = []
     for spec in args.partitioned_topic:
         name, _, count = spec.partition("=")
@@ -333,6 +354,8 @@ async def run_broker(args) -> int:
                     topic_idle_timeout=DEFAULT_TOPIC_IDLE_TIMEOUT if args.topic_idle_timeout is None
                     else args.topic_idle_timeout,
                     advertised_listeners=listeners, tenants=tuple(args.tenant),
+                    anonymous_role=args.anonymous_role or None, grants=grants,
+                    super_user_roles=tuple(args.super_user_role),
                     **({} if args.v1_max_connections_per_address is None
                        else {"v1_max_connections_per_address": args.v1_max_connections_per_address}),
                     **({} if args.v1_max_total_output_bytes is None

@@ -143,6 +143,10 @@ class Message:
         md = self._metadata
         return md.schema_version if md.HasField("schema_version") else None
 
+    def has_null_value(self) -> bool:
+        """A tombstone: sent with no value (`send(None)`); data() is then b''."""
+        return bool(self._single.null_value)
+
     def payload_view(self) -> memoryview:
         """The payload without copying (valid as long as the message is)."""
         return self._single.payload

@@ -15,6 +15,7 @@ import asyncio
 import concurrent.futures
 import enum
 import json
+import pathlib
 import re
 from datetime import timedelta
 from typing import Any, Callable
@@ -595,13 +596,58 @@ def _native_auth(name: str, feature: str):
 
 class Authentication:
     """Base of the authentication providers; `auth` is the pulsarwire provider behind it.
-    The official constructor loads a C++ plugin library, which pulsarwire cannot do."""
+
+    `Authentication(name, params)` takes, as the official client, the name of a built-in method
+    (`tls`, `token`, `basic`, `oauth2`, or the Java class name of one) with its parameter string;
+    a C++ plugin library, which pulsarwire cannot load, is refused."""
 
     auth: Any
 
     def __init__(self, dynamicLibPath: str, authParamsString: str) -> None:  # noqa: N803 - official names
-        raise NotImplementedError("pulsarwire cannot load C++ authentication plugins; use AuthenticationToken, "
-                                  "AuthenticationBasic, AuthenticationOauth2 or AuthenticationTLS")
+        _check_str(dynamicLibPath, "dynamicLibPath")
+        _check_str(authParamsString, "authParamsString")
+        method = _BUILT_IN_METHODS.get(dynamicLibPath.strip().lower())
+        if method is None:
+            raise NotImplementedError("pulsarwire cannot load C++ authentication plugins; use AuthenticationToken, "
+                                      "AuthenticationBasic, AuthenticationOauth2 or AuthenticationTLS")
+        self.auth = _built_in_auth(method, authParamsString).auth
+
+
+# the names the official client's AuthFactory takes for its built-in methods
+_BUILT_IN_METHODS = {name.lower(): method for method, names in (
+    ("tls", ("tls", "org.apache.pulsar.client.impl.auth.AuthenticationTls")),
+    ("token", ("token", "org.apache.pulsar.client.impl.auth.AuthenticationToken")),
+    ("basic", ("basic", "org.apache.pulsar.client.impl.auth.AuthenticationBasic")),
+    ("oauth2", ("oauth2", "org.apache.pulsar.client.impl.auth.oauth2.AuthenticationOAuth2")),
+) for name in names}
+
+
+def _auth_params(text: str) -> dict:
+    """A parameter string: JSON, or the `key1:value1,key2:value2` form."""
+    text = text.strip()
+    if text.startswith("{"):
+        params = json.loads(text)
+        if not isinstance(params, dict):
+            raise ValueError("authentication parameters must be a JSON object")
+        return params
+    return dict(item.split(":", 1) for item in text.split(",") if ":" in item)
+
+
+def _built_in_auth(method: str, params_text: str) -> "Authentication":
+    if method == "oauth2":
+        return AuthenticationOauth2(params_text)
+    if method == "token":
+        text = params_text.strip()
+        if text.startswith("token:"):
+            return AuthenticationToken(text[len("token:"):])
+        if text.startswith("file:"):
+            path = text[len("file:"):].removeprefix("//")
+            return AuthenticationToken(lambda: pathlib.Path(path).read_text().strip())
+        return AuthenticationToken(str(_auth_params(text).get("token", "")))
+    params = _auth_params(params_text)
+    if method == "tls":
+        return AuthenticationTLS(params.get("tlsCertFile", ""), params.get("tlsKeyFile", ""))
+    return AuthenticationBasic(params.get("username"), params.get("password"), params.get("method", "basic"))
 
 
 def _check_str(value, name: str) -> None:
@@ -621,7 +667,12 @@ class AuthenticationBasic(Authentication):
                  auth_params_string: str | None = None) -> None:
         if auth_params_string is not None:
             _check_str(auth_params_string, "auth_params_string")
-            params = json.loads(auth_params_string)
+            try:
+                params = json.loads(auth_params_string)
+                if not isinstance(params, dict):
+                    raise ValueError("not a JSON object")
+            except ValueError as exc:  # RuntimeError, as the official client raises
+                raise RuntimeError(f"invalid basic authentication parameters: {exc}") from None
             username, password = params.get("username"), params.get("password")
             method = params.get("method", "basic")
         _check_str(username, "username")

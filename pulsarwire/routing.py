@@ -144,6 +144,10 @@ class OutgoingMessage:
     def data(self) -> bytes:
         return bytes(self._content)
 
+    def value(self) -> bytes:
+        """The payload as it will be sent (schema-encoded), as the official router sees it."""
+        return bytes(self._content)
+
     def partition_key(self) -> str | None:
         return self._options.get("partition_key")
 

@@ -28,7 +28,7 @@ from datetime import timedelta  # noqa: F401 - the official module offers it
 from typing import Any, Callable
 
 from . import client as aio
-from . import errors
+from . import errors, messages
 from .blocking import LoopThread
 from .client.producer import Receipt
 from . import official
@@ -317,6 +317,9 @@ class Client(_Facade):
         native = self._run(self._client.subscribe(topics, subscription_name, **options))
         policy = batch_receive_policy.policy() if batch_receive_policy is not None else BatchReceivePolicy()
         consumer = Consumer(self, native, ConsumerType(consumer_type), policy)
+        # as the official client's MultiTopicsConsumer: a list of topics, a pattern, a partitioned
+        # topic (or one with its retry letter topic) takes only ids that name their topic
+        consumer._multi_topics = not isinstance(topic, str) or native.topics() != [aio.topic_name(topic)]
         self._handles.append(consumer)
         if message_listener is not None:
             consumer._listen(message_listener)
@@ -425,6 +428,13 @@ def _default_message_id() -> MessageId:
     return MessageId()
 
 
+def _sent_id(native) -> MessageId:
+    """The id send() gives: without its topic, as the official client's (so a multi-topic
+    consumer refuses to acknowledge it, as the official client does)."""
+    return MessageId.wrap(messages.MessageId(native.ledger_id, native.entry_id, native.partition,
+                                             native.batch_index, native.batch_size))
+
+
 class _Sent(Receipt):
     """The answer to one accepted send: counted as answered (room under max_pending_messages),
     then `callback(result, message_id)` on the loop's thread, as send_async's callback; the
@@ -455,7 +465,7 @@ class _Sent(Receipt):
             return
         try:
             if error is None:
-                callback(Result.Ok, MessageId.wrap(message_id))
+                callback(Result.Ok, _sent_id(message_id))
             else:
                 callback(_result_of(error, self._producer._closed), _default_message_id())
         except Exception:  # noqa: BLE001 - a callback's error must not break the producer
@@ -540,8 +550,10 @@ class Producer(_Facade):
     def send(self, content, properties=None, partition_key=None, ordering_key=None, sequence_id=None,
              replication_clusters=None, disable_replication=False, event_timestamp=None, deliver_at=None,
              deliver_after=None) -> MessageId:
-        """Publish one message and wait until the broker has it; returns its id."""
-        official.check_content(content, self._schema)
+        """Publish one message and wait until the broker has it; returns its id. `None` content
+        sends a null value (a tombstone: compaction and table views drop the key)."""
+        if content is not None:
+            official.check_content(content, self._schema)
         options = official.send_options(properties, partition_key, ordering_key, sequence_id, replication_clusters,
                                         disable_replication, event_timestamp, deliver_at, deliver_after)
         if self._closed:
@@ -556,7 +568,7 @@ class Producer(_Facade):
                     raise errors.AlreadyClosedError("client is closed")
             if answer.error is not None:
                 raise answer.error
-            return MessageId.wrap(answer.message_id)
+            return _sent_id(answer.message_id)
         except BaseException as exc:  # noqa: BLE001 - translated, never swallowed
             raise _official_error(exc, self._closed) from exc
 
@@ -567,7 +579,8 @@ class Producer(_Facade):
         error's Result (and MessageId(-1, -1, -1, -1)) when it fails - a full queue included."""
         if callback is not None and not callable(callback):  # refused at the call, as the official client does
             raise TypeError(f"send_async callback must be callable(result, message_id), not {type(callback).__name__}")
-        official.check_content(content, self._schema)
+        if content is not None:  # None: a null value, as send()
+            official.check_content(content, self._schema)
         if properties is None and partition_key is None and ordering_key is None and sequence_id is None \
                 and replication_clusters is None and not disable_replication and event_timestamp is None \
                 and deliver_at is None and deliver_after is None:
@@ -836,6 +849,15 @@ class Consumer(_Listening):
         self._listener_paused = False
         self._listener_armed = False  # a drain is queued or running on the listener thread
         self._listener_lock = threading.Lock()
+        self._multi_topics = False  # set by subscribe()
+
+    def _ack_target(self, message):
+        """What acknowledge() hands on; a multi-topic consumer refuses an id that does not name
+        its topic (from send(), made by hand, deserialized), as the official client does."""
+        target = _native_target(message)
+        if self._multi_topics and isinstance(target, messages.MessageId) and target.topic is None:
+            raise OperationNotSupported(official.error_text(Result.OperationNotSupported))
+        return target
 
     def _listen(self, listener: Callable) -> None:
         self._listener_work = self._client._listeners.queue_for_next_consumer()
@@ -1017,7 +1039,7 @@ class Consumer(_Listening):
         if type(message) is Message:
             self._handover.put(message.native)
         else:
-            self._handover.put((self._consumer.acknowledge, _native_target(message)))
+            self._handover.put((self._consumer.acknowledge, self._ack_target(message)))
 
     def acknowledge_cumulative(self, message) -> None:
         """Acknowledge every message up to and including this one (not on Shared or Key_Shared)."""
@@ -1026,7 +1048,7 @@ class Consumer(_Listening):
                 official.error_text(Result.CumulativeAcknowledgementNotAllowedError))
         if self._closed:
             raise AlreadyClosed(official.error_text(Result.AlreadyClosed))
-        self._handover.put((self._consumer.acknowledge_cumulative, _native_target(message)))
+        self._handover.put((self._consumer.acknowledge_cumulative, self._ack_target(message)))
 
     def negative_acknowledge(self, message) -> None:
         """Have this message redelivered after negative_ack_redelivery_delay_ms."""

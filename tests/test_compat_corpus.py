@@ -6,7 +6,10 @@ pulsar`) and with the import swapped to `pulsarwire.sync as pulsar` (`pulsarwire
 Each program takes the service URL and a topic prefix (fresh per run) and prints only what the
 official client makes deterministic. A header line `# corpus: xfail=<reason>` marks a program
 that needs a feature not built yet; `# corpus: broker=auth` runs it against a broker that
-requires the token `corpus-token`; `# corpus: partitioned=<suffix>:<n>` creates the
+requires the token `corpus-token`; `# corpus: broker=authorization` against one set up as the
+official client's CI sets up Pulsar (token of subject `token-principal`, basic `admin:123456` a
+super user, the anonymous role, authorization on `public/default` and `private/auth`);
+`# corpus: partitioned=<suffix>:<n>` creates the
 partitioned topic `<prefix>-<suffix>` with n partitions first.
 """
 from __future__ import annotations
@@ -27,6 +30,8 @@ pytest.importorskip("pulsar", reason="the official client (pulsar-client) is the
 CORPUS = pathlib.Path(__file__).resolve().parent / "compat"
 PROGRAMS = sorted(p for p in CORPUS.glob("*.py") if not p.name.startswith("_"))
 RUN_TIMEOUT = 30  # a hang fails the test instead of stalling the suite
+# a JWT of subject token-principal (the broker takes it verbatim: its signature is never checked)
+AUTHORIZATION_TOKEN = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ0b2tlbi1wcmluY2lwYWwifQ.Y29ycHVzLXNpZ25hdHVyZQ"
 
 # import lines of the official client -> pulsarwire's drop-in modules
 SWAPS = [
@@ -79,9 +84,13 @@ def brokers(tmp_path_factory):
 
     def get(kind: str) -> BrokerThread:
         if kind not in started:
-            tokens = {"corpus-token"} if kind == "auth" else None
+            options: dict = {"auth_tokens": {"corpus-token"}} if kind == "auth" else {}
+            if kind == "authorization":
+                options = dict(auth_tokens={AUTHORIZATION_TOKEN}, auth_basic={"admin": "123456"},
+                               anonymous_role="anonymous", super_user_roles=("admin",), tenants=("private",),
+                               grants={"public/default": {"anonymous"}, "private/auth": {"token-principal"}})
             started[kind] = BrokerThread(tmp_path_factory.mktemp(f"corpus-{kind}"), v1_port=None,
-                                         auth_tokens=tokens, sync_policy="never").start()
+                                         sync_policy="never", **options).start()
         return started[kind]
     yield get
     for broker in started.values():

@@ -992,9 +992,7 @@ program("partitioned_consumer_and_reader", partitioned={"my-parts": 3})("""
     got = []
     for _ in range(9):
         msg = consumer.receive(3000)
-        # (not msg.message_id().partition(): the official client 3.13 reports -1 for a received
-        # message of a partitioned topic, pulsarwire the partition, as send() reports it)
-        got.append((msg.data(), msg.topic_name()[-1]))
+        got.append((msg.data(), msg.topic_name()[-1], msg.message_id().partition()))
         consumer.acknowledge(msg)
     print(sorted(got))
     try:

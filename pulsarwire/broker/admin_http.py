@@ -164,6 +164,8 @@ class AdminServer:
                 role = service.authenticate("basic", base64.b64decode(credentials.strip(), validate=True), None)
             except (binascii.Error, ValueError):
                 role = None
+        if role is None and not credentials and service.anonymous_role is not None:
+            role = service.anonymous_role  # as Pulsar's anonymousUserRole
         if role is None:
             raise AdminError(401, "Authentication required" if not credentials else "Authentication failed")
         return await handler(request)

@@ -17,6 +17,7 @@ except ImportError:  # not POSIX
     fcntl = None
     _SIOCOUTQ = None
 import hmac
+import json
 import logging
 import re
 import struct
@@ -70,7 +71,12 @@ _I64_MAX = 0x7FFFFFFFFFFFFFFF
 
 
 def message_id(topic: Topic, entry_id: int) -> pb.MessageIdData:
-    return pb.MessageIdData(ledgerId=topic.ledger_of(entry_id), entryId=entry_id & _U64)
+    """An entry's id, with its topic's partition index as Pulsar gives it (-1, left out, when the
+    topic is not a partition): the official client compares ids by partition too."""
+    data = pb.MessageIdData(ledgerId=topic.ledger_of(entry_id), entryId=entry_id & _U64)
+    if topic.partition >= 0:
+        data.partition = topic.partition
+    return data
 
 
 def start_position(mid: pb.MessageIdData) -> int:
@@ -162,6 +168,13 @@ class PulsarService:
         # Pulsar's advertisedListeners: name -> the pulsar:// or pulsar+ssl:// URL a lookup naming
         # that listener answers (a lookup naming another listener fails, as in Pulsar)
         self.advertised_listeners: dict[str, str] = {}
+        # Pulsar's anonymousUserRole: the role of a CONNECT offering no credentials, or offering
+        # them by a method this broker does not serve (None: such a CONNECT is refused)
+        self.anonymous_role: str | None = None
+        # authorization (Pulsar's authorizationEnabled), on when grants is not None: a role may
+        # look up, produce and consume in a namespace granted to it; super users everywhere
+        self.grants: dict[str, frozenset[str]] | None = None
+        self.super_user_roles: frozenset[str] = frozenset()
 
     @property
     def max_connections_per_address(self) -> int:
@@ -317,7 +330,7 @@ class PulsarService:
         if method == "token" and self.auth_tokens is not None:
             # compare with every token, so the time taken does not tell which one nearly matched
             matched = [hmac.compare_digest(data, token) for token in self.auth_tokens]
-            return "token" if data and any(matched) else None
+            return token_role(data) if data and any(matched) else None
         if method == "basic" and self.auth_basic is not None:
             user, sep, password = data.decode("utf-8", "replace").partition(":")
             expected = self.auth_basic.get(user)
@@ -328,6 +341,16 @@ class PulsarService:
             subject = dict(pair for rdn in peer_certificate.get("subject", ()) for pair in rdn)
             return subject.get("commonName", "tls")
         return None
+
+    def serves_method(self, method: str) -> bool:
+        return (method == "token" and self.auth_tokens is not None) or \
+            (method == "basic" and self.auth_basic is not None) or (method == "tls" and self.auth_tls)
+
+    def authorized(self, role: str | None, topic_or_namespace: str) -> bool:
+        """Whether `role` may use the namespace of a topic (or the namespace named)."""
+        if self.grants is None or role in self.super_user_roles:
+            return True
+        return role is not None and role in self.grants.get(namespace_of(topic_or_namespace), ())
 
     def protocol(self, ssl_context: ssl.SSLContext | None = None) -> Callable[[], "BrokerConnection"]:
         """Connections of a listener; with `ssl_context` each does its TLS handshake after it is
@@ -409,6 +432,8 @@ class PulsarConsumer(ConsumerLink):
         entry_id = entry.entry_id
         m.message_id.ledgerId = topic.ledger_id if entry_id >= topic.ledger_start else topic.ledger_of(entry_id)
         m.message_id.entryId = entry_id
+        if topic.partition >= 0:  # as Pulsar: the official client's ids take their partition from here
+            m.message_id.partition = topic.partition
         if redelivery_count:
             m.redelivery_count = redelivery_count
         if ack_set:
@@ -461,6 +486,7 @@ class BrokerConnection(asyncio.Protocol):
         self.reader = codec.FrameReader(service.max_message_size + codec.FRAME_PADDING, send_fast_path=True)
         self.connected = False
         self.refused = ""  # why authentication failed: every request is answered with that error
+        self.role: str | None = None  # the role its CONNECT proved (with auth on)
         self.closed = False
         # False while unsent output is over the budget: no dispatch to it, no reading from it
         self.writable = True
@@ -906,6 +932,12 @@ class BrokerConnection(asyncio.Protocol):
         if self.refused and kind not in (T.PING, T.PONG):
             self._refuse(frame.command)
             return
+        if self.service.grants is not None and kind in _AUTHORIZED:
+            target = _AUTHORIZED[kind](frame.command)
+            if not self.service.authorized(self.role, target) and self._tenant_exists(target):
+                self._fail_request(frame.command, pb.AuthorizationError,
+                                   f"role {self.role!r} is not authorized on {namespace_of(target)[:128]}")
+                return
         handler = _HANDLERS.get(kind)
         if handler is None:
             log.info("unsupported command %s", kind)
@@ -974,7 +1006,11 @@ class BrokerConnection(asyncio.Protocol):
         if self.service.auth_enabled:
             peer = self.transport.get_extra_info("peercert") if self.tls and self.transport else None
             offered = c.auth_data if c.HasField("auth_data") else b""
-            if self.service.authenticate(c.auth_method_name, offered, peer) is None:
+            self.role = self.service.authenticate(c.auth_method_name, offered, peer)
+            if self.role is None and self.service.anonymous_role is not None and \
+                    not self.service.serves_method(c.auth_method_name):
+                self.role = self.service.anonymous_role  # as Pulsar: no credentials, or of a method not served
+            if self.role is None:
                 # The official (C++) client treats any answer to CONNECT but CONNECTED as a broken
                 # connection and retries until its operation timeout. So the handshake completes,
                 # and every request on this connection is refused with AuthenticationError, which
@@ -991,6 +1027,15 @@ class BrokerConnection(asyncio.Protocol):
                                        protocol_version=min(c.protocol_version, MAX_PROTOCOL_VERSION),
                                        max_message_size=self.service.max_message_size)
         self.command(T.CONNECTED, "connected", response)
+
+    def _tenant_exists(self, name: str) -> bool:
+        """Whether the tenant of a topic or namespace name exists: a topic of an unknown tenant is
+        answered TopicNotFound whatever the role, as Pulsar answers it."""
+        try:
+            self.core.check_tenant(name)
+        except UnknownTenant:
+            return False
+        return True
 
     def _refuse(self, command) -> None:
         """Answer one request on an unauthenticated connection with AuthenticationError."""
@@ -1616,6 +1661,36 @@ def _request_id(command) -> int | None:
             return value.request_id
     return None
 
+
+def namespace_of(name: str) -> str:
+    """`tenant/namespace` of a topic name (full or short) or of a namespace name."""
+    if "://" not in name and name.count("/") < 2:
+        return name if "/" in name else "public/default"
+    return "/".join((name.split("://", 1)[1] if "://" in name else name).split("/")[:2])
+
+
+def token_role(token: bytes) -> str:
+    """The role a configured token stands for: the `sub` claim of a JWT (the token matched one
+    given to the broker, so its claims are the operator's), else `token`."""
+    parts = token.split(b".")
+    if len(parts) == 3:
+        try:
+            claims = json.loads(base64.urlsafe_b64decode(parts[1] + b"=" * (-len(parts[1]) % 4)))
+            if isinstance(claims, dict) and isinstance(claims.get("sub"), str) and claims["sub"]:
+                return claims["sub"]
+        except ValueError:
+            pass
+    return "token"
+
+
+# the commands authorization checks, and the topic or namespace each names
+_AUTHORIZED: dict[int, Callable] = {
+    T.LOOKUP: lambda command: command.lookupTopic.topic,
+    T.PARTITIONED_METADATA: lambda command: command.partitionMetadata.topic,
+    T.PRODUCER: lambda command: command.producer.topic,
+    T.SUBSCRIBE: lambda command: command.subscribe.topic,
+    T.GET_TOPICS_OF_NAMESPACE: lambda command: command.getTopicsOfNamespace.namespace,
+}
 
 _HANDLERS: dict[int, Callable] = {
     T.CONNECT: BrokerConnection.on_connect,

@@ -72,7 +72,9 @@ class Broker:
                  idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
                  memory_budget: int = DEFAULT_MEMORY_BUDGET,
                  advertised_listeners: dict[str, str] | None = None, tenants: tuple[str, ...] = (),
-                 v1_max_total_output_bytes: int = DEFAULT_V1_MAX_TOTAL_OUTPUT_BYTES) -> None:
+                 v1_max_total_output_bytes: int = DEFAULT_V1_MAX_TOTAL_OUTPUT_BYTES,
+                 anonymous_role: str | None = None, grants: dict[str, set[str]] | None = None,
+                 super_user_roles: tuple[str, ...] = ()) -> None:
         check_replication(replication_factor, min_insync_replicas)  # before anything is opened
         if memory_budget < max_cache_bytes + max_output_bytes:
             raise ValueError("memory_budget must hold the entry cache (max_cache_bytes) and one connection's "
@@ -101,6 +103,18 @@ class Broker:
             if not name or not url.startswith(("pulsar://", "pulsar+ssl://")):
                 raise ValueError(f"advertised listener {name!r}: takes a name and a pulsar:// or pulsar+ssl:// URL")
         self.pulsar.advertised_listeners = dict(advertised_listeners or {})
+        if (anonymous_role is not None or grants is not None or super_user_roles) and not self.pulsar.auth_enabled:
+            raise ValueError("anonymous_role, grants and super_user_roles need authentication "
+                             "(auth_tokens, auth_basic or auth_tls)")
+        if anonymous_role is not None and not anonymous_role:
+            raise ValueError("anonymous_role must not be empty")
+        self.pulsar.anonymous_role = anonymous_role
+        if grants is not None:
+            for namespace in grants:
+                if namespace.count("/") != 1 or not all(namespace.split("/")):
+                    raise ValueError(f"grant on {namespace!r}: takes a namespace, tenant/namespace")
+            self.pulsar.grants = {namespace: frozenset(roles) for namespace, roles in grants.items()}
+        self.pulsar.super_user_roles = frozenset(super_user_roles)
         self.data_dir = self.core.data_dir
         self.host = host
         self.port = port

@@ -34,9 +34,16 @@ class Client:
                  tls_trust_certs_file_path: str | None = None,
                  tls_allow_insecure_connection: bool = False, tls_validate_hostname: bool = False,
                  initial_backoff_seconds: float = 0.1, max_backoff_seconds: float = 30,
-                 max_frame_size: int = codec.DEFAULT_MAX_FRAME_SIZE, listener_name: str | None = None) -> None:
+                 max_frame_size: int = codec.DEFAULT_MAX_FRAME_SIZE, listener_name: str | None = None,
+                 tls_certificate_file_path: str | None = None, tls_private_key_file_path: str | None = None) -> None:
         hosts = Address.parse_service_url(service_url)
         self._authentication = authentication
+        if bool(tls_certificate_file_path) != bool(tls_private_key_file_path):
+            raise ValueError("tls_certificate_file_path and tls_private_key_file_path go together")
+        # a client certificate shown in TLS handshakes whatever the authentication (as the official
+        # client's), for brokers that require one; AuthenticationTLS's own takes precedence
+        self._tls_certificate = (tls_certificate_file_path, tls_private_key_file_path) \
+            if tls_certificate_file_path else None
         # the broker's advertised listener whose address lookups answer (None: the default one)
         self._listener_name = listener_name or None
         self._operation_timeout = operation_timeout_seconds
@@ -131,10 +138,14 @@ class Client:
     async def create_reader(self, topic: str, start_message_id: MessageId, *,
                             reader_name: str | None = None, receiver_queue_size: int = 1000,
                             subscription_role_prefix: str = "reader",
-                            start_message_id_inclusive: bool = False, schema: Schema | None = None) -> Reader:
+                            start_message_id_inclusive: bool = False, schema: Schema | None = None,
+                            read_compacted: bool = False) -> Reader:
+        """A reader from `start_message_id`; `read_compacted` reads a compacted topic's compacted
+        view (the latest message of each key up to the compaction horizon, then every message)."""
         self._check_open()
         consumer = Consumer(self, [topic_name(topic)], f"{subscription_role_prefix}-{uuid.uuid4().hex[:10]}",
                             consumer_type=ConsumerType.Exclusive, consumer_name=reader_name,
+                            read_compacted=read_compacted,
                             receiver_queue_size=receiver_queue_size, _durable=False, schema=schema,
                             _start_message_id=start_message_id,
                             _start_inclusive=start_message_id_inclusive)

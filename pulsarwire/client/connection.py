@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable
 from .._proto import PulsarApi_pb2 as pb
 from ..errors import (
     AlreadyClosedError, ConnectError, ConnectionClosedError, ConnectTimeoutError, PulsarWireError, ServerError,
-    TimeoutError,
+    ServiceNotReadyError, TimeoutError,
 )
 from ..messages import MessageId
 from ..session import (
@@ -268,6 +268,10 @@ class Connection(asyncio.Protocol):
                 consumer.is_active = event.is_active
 
 
+class _BadClientCertificate(OSError):
+    """The client's own certificate or key cannot be loaded (a ConnectError's cause)."""
+
+
 class ConnectionPool:
     """One ready connection per broker address, shared by everything that talks to that
     broker; lookups and partitioned-topic metadata go through it."""
@@ -304,9 +308,16 @@ class ConnectionPool:
         context.check_hostname = self._tls_validate_hostname and not self._tls_insecure
         if self._tls_insecure:
             context.verify_mode = ssl.CERT_NONE
-        certificate = getattr(self._client._authentication, "tls_certificate", None)
-        if certificate is not None:  # AuthenticationTLS: the client certificate is the credential
-            context.load_cert_chain(*certificate)
+        # AuthenticationTLS: the client certificate is the credential; else the client's own
+        # (tls_certificate_file_path, with another authentication or none)
+        certificate = getattr(self._client._authentication, "tls_certificate", None) or \
+            self._client._tls_certificate
+        if certificate is not None:
+            try:
+                context.load_cert_chain(*certificate)
+            except (OSError, ValueError) as exc:  # ssl.SSLError included
+                raise _BadClientCertificate(f"the client certificate {certificate[0]} or its key "
+                                            f"{certificate[1]} cannot be loaded: {exc}") from exc
         return context
 
     async def connection(self, address: Address) -> Connection:
@@ -338,8 +349,8 @@ class ConnectionPool:
             try:
                 conn = await self._open_once(address, max(0.001, min(self._connection_timeout, remaining)))
             except ConnectError as exc:
-                if isinstance(exc.__cause__, ssl.SSLCertVerificationError):
-                    raise  # an untrusted certificate does not get better with retries
+                if isinstance(exc.__cause__, (ssl.SSLCertVerificationError, _BadClientCertificate)):
+                    raise  # an untrusted certificate, or an unreadable own one, does not get better with retries
                 if address == self._service and len(self._service_hosts) > 1:
                     # a service URL listing several hosts: the next one is tried (and kept)
                     hosts = self._service_hosts
@@ -398,9 +409,31 @@ class ConnectionPool:
         return self._http_broker
 
     async def lookup(self, topic: str) -> Connection:
-        """The connection to the broker that owns `topic`, following redirects."""
+        """The connection to the broker that owns `topic`, following redirects. A lookup the
+        broker answers ServiceNotReady (no such advertised listener, a topic being moved) is
+        retried with backoff until the operation timeout, then TimeoutError, as the official
+        client does."""
         if self._http is not None:
             return await self.connection(Address.parse(await self._http.broker_url(topic, self._service.tls)))
+        client = self._client
+        deadline = client._loop.time() + client._operation_timeout
+        attempt = 0
+        while True:
+            try:
+                return await self._lookup_once(topic)
+            except ServiceNotReadyError as exc:
+                remaining = deadline - client._loop.time()
+                if remaining <= 0:
+                    raise TimeoutError(f"lookup of {topic} not served within {client._operation_timeout}s: "
+                                       f"{exc}") from exc
+                log.info("lookup of %s refused (%s); retrying", topic, exc)
+                await asyncio.sleep(min(client._max_backoff, client._initial_backoff * (2 ** min(attempt, 20)),
+                                        remaining))
+                attempt += 1
+                if client._closed:
+                    raise AlreadyClosedError("client is closed") from exc
+
+    async def _lookup_once(self, topic: str) -> Connection:
         conn = await self.connection(self._service)
         authoritative = False
         for _ in range(20):

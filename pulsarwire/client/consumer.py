@@ -661,7 +661,8 @@ class Consumer:
                 names = await self.client.get_topic_partitions(topic)
                 partitioned = len(names) > 1 or names[0] != topic
                 for index, name in enumerate(names):
-                    self._add_partition(name, index if partitioned else -1)
+                    # one partition named on its own keeps its index in message ids, as Pulsar gives it
+                    self._add_partition(name, index if partitioned else _partition_index(name))
         try:
             await asyncio.gather(*(p.start() for p in self._partitions))
         except BaseException:

@@ -59,7 +59,8 @@ class HttpLookup:
                 reason = json.loads(body).get("reason", "")
             except (ValueError, AttributeError):
                 reason = body[:200].decode("utf-8", "replace")
-            error = {401: AuthenticationError, 403: AuthenticationError, 404: TopicNotFoundError,
+            # credentials refused (401): ConnectError, as the official client answers its lookup
+            error = {401: ConnectError, 403: AuthenticationError, 404: TopicNotFoundError,
                      412: InvalidTopicNameError}.get(status, ServerError)
             raise error(f"HTTP {status} from {url}: {reason}")
         try:

@@ -278,7 +278,7 @@ class PartitionProducer(Reconnecting):
                 self._batch_first_sequence = sequence_id
             self._batch.add(payload, options.get("properties"), options.get("partition_key"),
                             options.get("event_timestamp") or 0, options.get("ordering_key"),
-                            sequence_id)
+                            sequence_id, options.get("null_value", False))
             self._batch_futures.append(future)
             if self._batch.num_messages >= parent._batching_max_messages or \
                     self._batch.size >= parent._batching_max_bytes:
@@ -419,6 +419,8 @@ class PartitionProducer(Reconnecting):
             md.event_time = options["event_timestamp"]
         if options.get("deliver_at") is not None:
             md.deliver_at_time = options["deliver_at"]
+        if options.get("null_value"):
+            md.null_value = True
         return md
 
     def _send_command(self, sequence_id: int, highest: int, count: int) -> pb.BaseCommand:
@@ -743,7 +745,8 @@ class Producer:
                          partition_key: str | None = None, ordering_key: bytes | None = None,
                          event_timestamp: int | None = None, sequence_id: int | None = None,
                          deliver_at: int | None = None, deliver_after_ms: int | None = None) -> asyncio.Future:
-        """Queue a message; returns a future for its MessageId (waits only for queue space)."""
+        """Queue a message; returns a future for its MessageId (waits only for queue space).
+        `content=None` sends a null value (the metadata's null_value set, no payload)."""
         if self._closed:
             raise AlreadyClosedError("producer is closed")
         if type(content) is bytes and properties is None and partition_key is None and ordering_key is None \
@@ -782,7 +785,10 @@ class Producer:
         _check_send_options(properties, partition_key, ordering_key, event_timestamp=event_timestamp,
                             sequence_id=sequence_id, deliver_at=deliver_at, deliver_after_ms=deliver_after_ms)
         b64_key = None
-        if self._schema is not None:
+        null_value = content is None  # a tombstone: no payload, the metadata's null_value set
+        if null_value:
+            content = b""
+        elif self._schema is not None:
             content, b64_key = self._schema.encode_message(content)
             if b64_key is not None:
                 partition_key = b64_key
@@ -790,11 +796,12 @@ class Producer:
             raise TypeError(f"content must be bytes, not {type(content).__name__}")
         content = bytes(content) if not isinstance(content, bytes) else content
         if properties is None and partition_key is None and ordering_key is None and event_timestamp is None \
-                and sequence_id is None and deliver_at is None and deliver_after_ms is None:
+                and sequence_id is None and deliver_at is None and deliver_after_ms is None and not null_value:
             return content, _NO_OPTIONS
         return content, {"properties": properties, "partition_key": partition_key, "ordering_key": ordering_key,
                          "event_timestamp": event_timestamp, "sequence_id": sequence_id, "deliver_at": deliver_at,
-                         "deliver_after_ms": deliver_after_ms, "partition_key_b64_encoded": b64_key is not None}
+                         "deliver_after_ms": deliver_after_ms, "partition_key_b64_encoded": b64_key is not None,
+                         "null_value": null_value}
 
     def send_nowait(self, content: bytes, receipt, *, properties: dict[str, str] | None = None,
                     partition_key: str | None = None, ordering_key: bytes | None = None,
