@@ -460,7 +460,7 @@ class _Sent(Receipt):
                 self._waiter.set_result(None)
 
     def _report(self, error, message_id) -> None:
-        callback = self.callback
+        callback: Any = self.callback  # the official signature: (Result, official MessageId)
         if callback is None:
             return
         try:
@@ -477,9 +477,10 @@ class _Sent(Receipt):
         self._report_result(result)
 
     def _report_result(self, result) -> None:
-        if self.callback is not None:
+        callback: Any = self.callback  # the official signature: (Result, official MessageId)
+        if callback is not None:
             try:
-                self.callback(result, _default_message_id())
+                callback(result, _default_message_id())
             except Exception:  # noqa: BLE001
                 log.exception("send_async callback raised")
 
@@ -735,8 +736,8 @@ class Producer(_Facade):
 def _future_answered(sent: _Sent, future: _asyncio.Future) -> None:
     if future.cancelled():
         sent.set_exception(errors.AlreadyClosedError("producer is closed"))
-    elif future.exception() is not None:
-        sent.set_exception(future.exception())
+    elif (error := future.exception()) is not None:
+        sent.set_exception(error)
     else:
         sent.set_result(future.result())
 
@@ -871,6 +872,7 @@ class Consumer(_Listening):
             if self._listener_armed or self._listener is None or self._listener_paused:
                 return
             self._listener_armed = True
+        assert self._listener_work is not None  # set with the listener
         self._listener_work.put(self._drain_to_listener)
 
     def _drain_to_listener(self) -> None:

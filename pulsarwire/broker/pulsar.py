@@ -14,7 +14,7 @@ try:
     import termios
     _SIOCOUTQ = termios.TIOCOUTQ if hasattr(termios, "TIOCOUTQ") else None  # the same request on sockets
 except ImportError:  # not POSIX
-    fcntl = None
+    fcntl = None  # type: ignore[assignment]
     _SIOCOUTQ = None
 import hmac
 import json
@@ -553,6 +553,7 @@ class BrokerConnection(asyncio.Protocol):
         sweep also closes a connection that has not CONNECTed by then)."""
         service = self.service
         left = service.handshake_timeout - (time.monotonic() - self.accepted_at)
+        assert self._ssl_context is not None  # only a TLS listener's connections start TLS
         try:
             transport = await asyncio.get_running_loop().start_tls(
                 raw, self, self._ssl_context, server_side=True, ssl_handshake_timeout=max(left, 0.01))
@@ -567,6 +568,9 @@ class BrokerConnection(asyncio.Protocol):
             return
         finally:
             self._handshake = None
+        if transport is None:  # the socket closed during the handshake
+            self._cleanup()
+            return
         if self.closed:
             transport.abort()
             return

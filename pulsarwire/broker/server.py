@@ -167,6 +167,7 @@ class Broker:
         return self
 
     async def _start_listeners(self) -> None:
+        assert self._reserve is not None  # made by start()
         self._fit_descriptor_limit()
         if self.port is not None:
             server = Listener(self.pulsar.protocol(), self.host, self.port, reserve=self._reserve,

@@ -573,7 +573,7 @@ class V1Connection(asyncio.Protocol):
                     self.close(_error("0", BAD_REQUEST, "request line cut off by the end of the stream "
                                                         "(no newline): not executed"))
                     return
-                answers = []
+                answers: list = []
                 size = 0
                 answer_now = server.answer_now
                 while len(answers) < MAX_GROUP_LINES and size < GROUP_REPLY_BYTES:

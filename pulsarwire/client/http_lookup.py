@@ -60,8 +60,9 @@ class HttpLookup:
             except (ValueError, AttributeError):
                 reason = body[:200].decode("utf-8", "replace")
             # credentials refused (401): ConnectError, as the official client answers its lookup
-            error = {401: ConnectError, 403: AuthenticationError, 404: TopicNotFoundError,
-                     412: InvalidTopicNameError}.get(status, ServerError)
+            refusals: dict[int, type[Exception]] = {401: ConnectError, 403: AuthenticationError,
+                                                    404: TopicNotFoundError, 412: InvalidTopicNameError}
+            error = refusals.get(status, ServerError)
             raise error(f"HTTP {status} from {url}: {reason}")
         try:
             return json.loads(body)
