@@ -1224,7 +1224,7 @@ def _broker_process(tmp_path, *flags: str, nofile: int | None = None, tls: tuple
             resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen(
-            [sys.executable, "-m", "pulsarwire", "broker", "--data-dir", str(tmp_path / "data"), "--port",
+            [sys.executable, "-m", "pulsarwire", "broker", "--http-port", "-1", "--data-dir", str(tmp_path / "data"), "--port",
              str(port), "--v1-port", "-1", *extra], stdout=log_file, stderr=subprocess.STDOUT,
             preexec_fn=lower_limit)
     wait_for_port(port, process=process)

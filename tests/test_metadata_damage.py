@@ -84,7 +84,7 @@ class CliBroker:
         self.log_path = os.path.join(os.path.dirname(str(data_dir)), f"broker-{self.port}.log")
         with open(self.log_path, "wb") as log_file:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "pulsarwire", "broker", "--data-dir", str(data_dir), "--port", str(self.port),
+                [sys.executable, "-m", "pulsarwire", "broker", "--http-port", "-1", "--data-dir", str(data_dir), "--port", str(self.port),
                  "--v1-port", str(self.v1_port), "--v1-partitions", "1", *flags],
                 stdout=log_file, stderr=subprocess.STDOUT)
         wait_for_port(self.port, process=self.process)
