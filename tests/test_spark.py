@@ -888,6 +888,7 @@ def test_exactly_once_sink_drops_what_a_replayed_batch_sends_again(spark, embedd
     for exactly_once in ("true", "false"):
         sink = "persistent://public/default/" + unique("spark-eo-sink")
         embedded.call(embedded.broker.create_partitioned_topic, sink, 2)
+        embedded.set_policy("deduplicationEnabled", True, topic=sink)  # off by default, as in Pulsar
         checkpoint = tmp_path / f"cp-{exactly_once}"
 
         def run():
