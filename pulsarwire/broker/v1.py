@@ -496,7 +496,7 @@ class V1Connection(asyncio.Protocol):
             return
         lines = item.split(b"\n")
         lines.pop()  # input ends with a newline
-        self._queued_bytes -= len(lines)  # the newlines; each line is counted off as it is answered
+        self._queued_bytes -= len(item)  # split lines are one read's worth at most: not counted
         self._lines.extend(lines)
 
     def eof_received(self) -> bool:
@@ -572,15 +572,19 @@ class V1Connection(asyncio.Protocol):
                     return
                 answers = []
                 size = 0
+                produce_fast = server._produce_fast
                 answer_now = server.answer_now
                 while len(answers) < MAX_GROUP_LINES and size < GROUP_REPLY_BYTES:
-                    answer = answer_now(line, session)
-                    if answer is None:
-                        break
+                    answer = produce_fast(line, session)
+                    if answer is not None:
+                        size += 64
+                    else:
+                        answer = answer_now(line, session, False)
+                        if answer is None:
+                            break
+                        size += len(answer) if type(answer) is bytes else 64
                     lines.popleft()
-                    self._queued_bytes -= len(line)
                     answers.append(answer)
-                    size += len(answer) if type(answer) is bytes else 64
                     if not lines:
                         if not self._input:
                             break
@@ -592,7 +596,6 @@ class V1Connection(asyncio.Protocol):
                     reply = server.finish_group(answers)
                 else:  # the first line waits (CONSUME, PRODUCE acks=all, AUTH)
                     lines.popleft()
-                    self._queued_bytes -= len(line)
                     reply = await server.handle_line(line, session)
                     if self.closed:
                         return
@@ -949,13 +952,14 @@ class V1Server:
             return await self.answer_later(raw, session)
         return self.finish_group([answer])
 
-    def answer_now(self, raw: bytes, session: Session):
+    def answer_now(self, raw: bytes, session: Session, fast: bool = True):
         """The answer to a request that needs no waiting: its reply line, or for PRODUCE acks=0/1 a
         _Produced (the record is appended; finish_group renders it once the group is committed).
         None for one that waits (CONSUME, PRODUCE acks=all, AUTH): answer_later then. Never raises."""
-        produced = self._produce_fast(raw, session)
-        if produced is not None:
-            return produced
+        if fast:
+            produced = self._produce_fast(raw, session)
+            if produced is not None:
+                return produced
         if self._staged:
             self.store_staged()  # what comes next sees every record before it
         try:
@@ -1024,16 +1028,18 @@ class V1Server:
                 out.append(answer)
                 continue
             correlation, partition, offset, state, log_topic, batch = answer
+            if type(correlation) is str:
+                correlation = correlation.encode()
             failure = batch if type(batch) is not CommitBatch else batch.error
             if failure is not None:
-                out.append(_error(correlation, INTERNAL_ERROR, f"the record is not stored: {failure}"))
+                out.append(_error(correlation.decode(), INTERNAL_ERROR, f"the record is not stored: {failure}"))
                 continue
             hw = high_watermarks.get(id(state))
             if hw is None:
                 log_end = log_topic.log.next_entry_id
                 self._wake(state, log_end)
                 hw = high_watermarks[id(state)] = self._hw(state, log_end)
-            out.append(b"V1|%s|OK|partition=%d offset=%d hw=%d\n" % (correlation.encode(), partition, offset, hw))
+            out.append(b"V1|%s|OK|partition=%d offset=%d hw=%d\n" % (correlation, partition, offset, hw))
         return b"".join(out)
 
     def auth(self, args: list[str], session: Session) -> str:
@@ -1234,7 +1240,7 @@ class V1Server:
             metadata += b"2" + _varint(len(key)) + key
         bodies.append(b"".join((len(metadata).to_bytes(4, "big"), metadata, value)))
         staged[1].append(publish_time)
-        produced = _Produced((sections[1].decode(), partition, offset, state, log_topic, None))
+        produced = _Produced((sections[1], partition, offset, state, log_topic, None))
         staged[2].append(produced)
         return produced
 
@@ -1338,8 +1344,21 @@ class V1Server:
         reader = None if session is None else session.reader(topic_log)
         room = self.consume_max_bytes
         read = topic_log.read
+        plain = _plain_v1_value
         while position < end:
-            # the hot path: an entry V1 wrote, its value ready to show as it is
+            # the hot path: entries V1 wrote, in the entry cache, their values ready to show as they are
+            for body in topic_log.cached_bodies(position, end):
+                value = plain(body)
+                if value is None:
+                    break
+                record = b"%d:%s" % (position, value)
+                if used + len(record) + 1 > room:
+                    break
+                records.append(record)
+                used += len(record) + 1  # and its comma
+                position += 1
+            if position >= end:
+                break
             try:
                 entry = read(position, reader)
             except (StorageError, KeyError):
