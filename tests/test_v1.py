@@ -1288,3 +1288,18 @@ def test_consume_shows_as_is_only_entries_exactly_as_v1_writes_them():
         raw = md.SerializeToString()
         assert plain(len(raw).to_bytes(4, "big") + raw + b"payload") is None
     assert plain(b"\x00\x00") is None
+
+
+def test_records_of_the_common_produce_path_carry_their_metadata(broker):
+    from pulsarwire.broker.topics import entry_metadata
+    topic = unique("fast-md")
+    lines = [f"V1|{i}|PRODUCE|{topic} {key}:v{i}" for i, key in enumerate(["k", "k", "", "東京" * 70, "k"])]
+    answers = ask(broker, *lines)  # the first creates the topic; the rest take the common path
+    for i, answer in enumerate(answers):
+        placed = parse_payload(payload(answer))
+        full = f"persistent://public/default/{topic}-partition-{placed['partition']}"
+        entry = broker.call(lambda: broker.broker.core.topics[full].log.read(placed["offset"]))
+        md = entry_metadata(entry)
+        key = lines[i].split(" ")[1].split(":")[0]
+        assert (md.producer_name, md.sequence_id, md.partition_key) == ("", placed["offset"], key)
+        assert md.publish_time > 0 and bytes(entry.body).endswith(b"v%d" % i)

@@ -836,7 +836,8 @@ class V1Server:
         self._fast_targets: dict[bytes, tuple[str, int, list[str]]] = {}  # the same, and the partitions' names
         # records _produce_fast staged, per partition: (bodies, publish times, their _Produced)
         self._staged: dict[Topic, tuple[list, list, list]] = {}
-        self._key_hashes: dict[bytes, int] = {}  # murmur3 of recent keys (pure Python: worth remembering)
+        # recent keys: their murmur3 (pure Python: worth remembering) and metadata field
+        self._keys: dict[bytes, tuple[int, bytes]] = {}
         self._publish_time = 0  # the last publish time (ms) and it as a metadata field
         self._publish_time_field = b""
         self._commands: dict[str, Callable[[list[str]], str]] = {  # those answered without waiting
@@ -1209,13 +1210,15 @@ class V1Server:
         if self.core.partitioned_count(full) != count:
             return None
         if key:
-            hashed = self._key_hashes.get(key)
-            if hashed is None:
-                if len(self._key_hashes) >= MAX_REMEMBERED_KEYS:
-                    self._key_hashes.clear()
-                hashed = self._key_hashes[key] = murmur3_32(key)
+            known = self._keys.get(key)
+            if known is None:
+                if len(self._keys) >= MAX_REMEMBERED_KEYS:
+                    self._keys.clear()
+                known = self._keys[key] = (murmur3_32(key), b"2" + _varint(len(key)) + key)
+            hashed, key_field = known
             partition = hashed % count
         else:
+            key_field = b""
             partition = self._round_robin % count
             self._round_robin += 1  # the general path would take the same turn
         log_topic = self.core.topics.get(names[partition])
@@ -1235,10 +1238,10 @@ class V1Server:
         if publish_time != self._publish_time:
             self._publish_time = publish_time
             self._publish_time_field = b"\x18" + _varint(publish_time)
-        metadata = b"\n\x00\x10" + _varint(offset) + self._publish_time_field
-        if key:
-            metadata += b"2" + _varint(len(key)) + key
-        bodies.append(b"".join((len(metadata).to_bytes(4, "big"), metadata, value)))
+        sequence_field = _varint(offset)
+        time_field = self._publish_time_field
+        size = 3 + len(sequence_field) + len(time_field) + len(key_field)  # of the metadata
+        bodies.append(b"".join((size.to_bytes(4, "big"), b"\n\x00\x10", sequence_field, time_field, key_field, value)))
         staged[1].append(publish_time)
         produced = _Produced((sections[1], partition, offset, state, log_topic, None))
         staged[2].append(produced)
