@@ -206,7 +206,7 @@ def _plain_v1_value(body) -> bytes | None:
         if stop + length != end:
             return None
     value = body[end:]
-    if b"," in value or b"\n" in value or b"\r" in value or b"|" in value:
+    if len(value.translate(None, b",\n\r|")) != len(value):  # one pass for the four
         return None
     if not value.isascii():
         try:
@@ -1195,8 +1195,11 @@ class V1Server:
                 return None
         elif len(args) != 2:
             return None
-        key, colon, value = args[1].partition(b":")
-        if not colon or b"," in value or b"\r" in value or b"\t" in value or b"\t" in key:
+        record = args[1]
+        if len(record.translate(None, b",\r\t")) != len(record):  # one pass (a comma in a key: the general path)
+            return None
+        key, colon, value = record.partition(b":")
+        if not colon:
             return None
         if not raw.isascii():
             try:
