@@ -596,7 +596,8 @@ def test_cli_options_reach_the_v1_port(tmp_path):
     process = BrokerProcess(tmp_path / "data", extra=[
         "--v1-port", str(v1_port), "--auth-token", "cli-secret", "--v1-consume-max-bytes", "64",
         "--v1-partitions", "2", "--replication-factor", "1", "--min-insync-replicas", "1",
-        "--session-timeout", "600"]).start()
+        "--session-timeout", "600", "--v1-max-connections-per-address", "3",
+        "--v1-max-total-output-bytes", "1048576"]).start()
     try:
         wait_for_port(v1_port)
 
@@ -612,6 +613,11 @@ def test_cli_options_reach_the_v1_port(tmp_path):
                 assert info.value.code == "RECORD_TOO_LARGE" and info.value.offset == 0
                 assert await c.join("g", "cli", "c1") == {"generation": 1, "assigned": [0, 1]}
                 assert (await c.produce("cli", "k", "v", acks="all"))["hw"] == 2  # no replicas to wait for
+                held = [_silent(v1_port) for _ in range(2)]  # with this one: 3 from this address
+                with _silent(v1_port) as extra:
+                    assert b"one address" in _first_line(extra)
+                for s in held:
+                    s.close()
         run(main())
     finally:
         process.stop()
