@@ -1309,3 +1309,27 @@ def test_records_of_the_common_produce_path_carry_their_metadata(broker):
         key = lines[i].split(" ")[1].split(":")[0]
         assert (md.producer_name, md.sequence_id, md.partition_key) == ("", placed["offset"], key)
         assert md.publish_time > 0 and bytes(entry.body).endswith(b"v%d" % i)
+
+
+def test_a_group_of_produces_across_new_segments_is_stored_whole_and_in_order(tmp_path):
+    b = BrokerThread(tmp_path, v1_port=0, v1_partitions=1, segment_bytes=4096).start()  # ~25 records a segment
+    try:
+        topic = unique("segments")
+        import socket
+        with socket.create_connection(("127.0.0.1", b.v1_port), timeout=10) as s, s.makefile("rb") as reader:
+            s.sendall(b"".join(b"V1|%d|PRODUCE|%s k:%s-%d\n" % (i, topic.encode(), b"v" * 100, i) for i in range(600)))
+            answers = [reader.readline().decode() for _ in range(600)]
+        offsets = [parse_payload(a.rstrip("\n").split("|", 3)[3])["offset"] for a in answers]
+        assert offsets == list(range(600)), answers[:3]
+
+        async def main():
+            async with await connect(b) as c:
+                got, offset = [], 0
+                while offset < 600:
+                    batch = await c.consume(topic, 0, offset)
+                    got.extend(batch["messages"])
+                    offset = got[-1][0] + 1
+                assert got == [(i, f"{'v' * 100}-{i}") for i in range(600)]
+        run(main())
+    finally:
+        b.stop()
