@@ -1333,3 +1333,16 @@ def test_a_group_of_produces_across_new_segments_is_stored_whole_and_in_order(tm
         run(main())
     finally:
         b.stop()
+
+
+def test_the_common_produce_path_sees_partitions_added_meanwhile(broker):
+    topic = unique("grow")
+    keys = [f"k{i}" for i in range(40)]
+    before = {parse_payload(payload(a))["partition"] for a in ask(broker, *(f"V1|{i}|PRODUCE|{topic} {k}:v"
+                                                                        for i, k in enumerate(keys)))}
+    assert before <= set(range(PARTITIONS))
+    broker.call(broker.broker.create_partitioned_topic, f"persistent://public/default/{topic}", PARTITIONS + 3)
+    after = [parse_payload(payload(a))["partition"] for a in ask(broker, *(f"V1|{i}|PRODUCE|{topic} {k}:v"
+                                                                       for i, k in enumerate(keys)))]
+    from pulsarwire.routing import murmur3_32
+    assert after == [murmur3_32(k.encode()) % (PARTITIONS + 3) for k in keys]

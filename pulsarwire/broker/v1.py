@@ -836,6 +836,7 @@ class V1Server:
         self._fast_targets: dict[bytes, tuple[str, int, list[str]]] = {}  # the same, and the partitions' names
         # records _produce_fast staged, per partition: (bodies, publish times, their _Produced)
         self._staged: dict[Topic, tuple[list, list, list]] = {}
+        self._checked_targets: set[bytes] = set()  # fast targets whose partition count this group checked
         # recent keys: their murmur3 (pure Python: worth remembering) and metadata field
         self._keys: dict[bytes, tuple[int, bytes]] = {}
         self._publish_time = 0  # the last publish time (ms) and it as a metadata field
@@ -1019,6 +1020,7 @@ class V1Server:
         record's receipt leaves only once written (else INTERNAL_ERROR in its place)."""
         if self._staged:
             self.store_staged()
+        self._checked_targets.clear()
         self.core.commit()
         if not any(type(answer) is _Produced for answer in answers):
             return b"".join(answers)
@@ -1210,8 +1212,10 @@ class V1Server:
         if target is None:
             return None
         full, count, names = target
-        if self.core.partitioned_count(full) != count:
-            return None
+        if args[0] not in self._checked_targets:  # once a group: nothing else runs during one
+            if self.core.partitioned_count(full) != count:
+                return None
+            self._checked_targets.add(args[0])
         if key:
             known = self._keys.get(key)
             if known is None:
@@ -1241,7 +1245,10 @@ class V1Server:
         if publish_time != self._publish_time:
             self._publish_time = publish_time
             self._publish_time_field = b"\x18" + _varint(publish_time)
-        sequence_field = _varint(offset)
+        if 0x4000 <= offset < 0x200000:  # the common size, without a call
+            sequence_field = bytes((offset & 0x7F | 0x80, (offset >> 7) & 0x7F | 0x80, offset >> 14))
+        else:
+            sequence_field = _varint(offset)
         time_field = self._publish_time_field
         size = 3 + len(sequence_field) + len(time_field) + len(key_field)  # of the metadata
         bodies.append(b"".join((size.to_bytes(4, "big"), b"\n\x00\x10", sequence_field, time_field, key_field, value)))
@@ -1255,6 +1262,7 @@ class V1Server:
         or writes the logs). Each _Produced gets the CommitBatch it belongs to, or the StorageError
         that kept it out (then so are those after it in its partition: no gap)."""
         staged, self._staged = self._staged, {}
+        self._checked_targets.clear()
         for log_topic, (bodies, publish_times, produced) in staged.items():
             topic_log = log_topic.log
             first = produced[0][2]
