@@ -596,7 +596,8 @@ def test_cli_options_reach_the_v1_port(tmp_path):
     process = BrokerProcess(tmp_path / "data", extra=[
         "--v1-port", str(v1_port), "--auth-token", "cli-secret", "--v1-consume-max-bytes", "64",
         "--v1-partitions", "2", "--replication-factor", "1", "--min-insync-replicas", "1",
-        "--session-timeout", "600"]).start()
+        "--session-timeout", "600", "--v1-max-connections-per-address", "3",
+        "--v1-max-total-output-bytes", "1048576"]).start()
     try:
         wait_for_port(v1_port)
 
@@ -612,6 +613,11 @@ def test_cli_options_reach_the_v1_port(tmp_path):
                 assert info.value.code == "RECORD_TOO_LARGE" and info.value.offset == 0
                 assert await c.join("g", "cli", "c1") == {"generation": 1, "assigned": [0, 1]}
                 assert (await c.produce("cli", "k", "v", acks="all"))["hw"] == 2  # no replicas to wait for
+                held = [_silent(v1_port) for _ in range(2)]  # with this one: 3 from this address
+                with _silent(v1_port) as extra:
+                    assert b"one address" in _first_line(extra)
+                for s in held:
+                    s.close()
         run(main())
     finally:
         process.stop()
@@ -1288,3 +1294,55 @@ def test_consume_shows_as_is_only_entries_exactly_as_v1_writes_them():
         raw = md.SerializeToString()
         assert plain(len(raw).to_bytes(4, "big") + raw + b"payload") is None
     assert plain(b"\x00\x00") is None
+
+
+def test_records_of_the_common_produce_path_carry_their_metadata(broker):
+    from pulsarwire.broker.topics import entry_metadata
+    topic = unique("fast-md")
+    lines = [f"V1|{i}|PRODUCE|{topic} {key}:v{i}" for i, key in enumerate(["k", "k", "", "東京" * 70, "k"])]
+    answers = ask(broker, *lines)  # the first creates the topic; the rest take the common path
+    for i, answer in enumerate(answers):
+        placed = parse_payload(payload(answer))
+        full = f"persistent://public/default/{topic}-partition-{placed['partition']}"
+        entry = broker.call(lambda: broker.broker.core.topics[full].log.read(placed["offset"]))
+        md = entry_metadata(entry)
+        key = lines[i].split(" ")[1].split(":")[0]
+        assert (md.producer_name, md.sequence_id, md.partition_key) == ("", placed["offset"], key)
+        assert md.publish_time > 0 and bytes(entry.body).endswith(b"v%d" % i)
+
+
+def test_a_group_of_produces_across_new_segments_is_stored_whole_and_in_order(tmp_path):
+    b = BrokerThread(tmp_path, v1_port=0, v1_partitions=1, segment_bytes=4096).start()  # ~25 records a segment
+    try:
+        topic = unique("segments")
+        import socket
+        with socket.create_connection(("127.0.0.1", b.v1_port), timeout=10) as s, s.makefile("rb") as reader:
+            s.sendall(b"".join(b"V1|%d|PRODUCE|%s k:%s-%d\n" % (i, topic.encode(), b"v" * 100, i) for i in range(600)))
+            answers = [reader.readline().decode() for _ in range(600)]
+        offsets = [parse_payload(a.rstrip("\n").split("|", 3)[3])["offset"] for a in answers]
+        assert offsets == list(range(600)), answers[:3]
+
+        async def main():
+            async with await connect(b) as c:
+                got, offset = [], 0
+                while offset < 600:
+                    batch = await c.consume(topic, 0, offset)
+                    got.extend(batch["messages"])
+                    offset = got[-1][0] + 1
+                assert got == [(i, f"{'v' * 100}-{i}") for i in range(600)]
+        run(main())
+    finally:
+        b.stop()
+
+
+def test_the_common_produce_path_sees_partitions_added_meanwhile(broker):
+    topic = unique("grow")
+    keys = [f"k{i}" for i in range(40)]
+    before = {parse_payload(payload(a))["partition"] for a in ask(broker, *(f"V1|{i}|PRODUCE|{topic} {k}:v"
+                                                                        for i, k in enumerate(keys)))}
+    assert before <= set(range(PARTITIONS))
+    broker.call(broker.broker.create_partitioned_topic, f"persistent://public/default/{topic}", PARTITIONS + 3)
+    after = [parse_payload(payload(a))["partition"] for a in ask(broker, *(f"V1|{i}|PRODUCE|{topic} {k}:v"
+                                                                       for i, k in enumerate(keys)))]
+    from pulsarwire.routing import murmur3_32
+    assert after == [murmur3_32(k.encode()) % (PARTITIONS + 3) for k in keys]

@@ -1204,6 +1204,21 @@ class TopicLog:
         self._readers.add(reader)
         return reader
 
+    def cached_bodies(self, start: int, end: int):
+        """Yield the bodies of entries start..end-1 held by the entry cache, in order, up to the
+        first that is not (read() reads it); the cache is touched once (a reader of many entries)."""
+        cache = self._cache
+        entry = cache.get(start)
+        if entry is None:
+            return
+        self._shared_cache.touch(self)
+        yield entry.body
+        for entry_id in range(start + 1, end):
+            entry = cache.get(entry_id)
+            if entry is None:
+                return
+            yield entry.body
+
     def read(self, entry_id: int, reader: LogReader | None = None) -> Entry:
         """The entry; KeyError outside the log, CorruptEntryError (logged) when it is unreadable,
         StorageError when the file system refuses. `reader`: whose reads these are (see

@@ -209,7 +209,7 @@ def _plain_v1_value(body) -> bytes | None:
         if stop + length != end:
             return None
     value = body[end:]
-    if b"," in value or b"\n" in value or b"\r" in value or b"|" in value:
+    if len(value.translate(None, b",\n\r|")) != len(value):  # one pass for the four
         return None
     if not value.isascii():
         try:
@@ -499,7 +499,7 @@ class V1Connection(asyncio.Protocol):
             return
         lines = item.split(b"\n")
         lines.pop()  # input ends with a newline
-        self._queued_bytes -= len(lines)  # the newlines; each line is counted off as it is answered
+        self._queued_bytes -= len(item)  # split lines are one read's worth at most: not counted
         self._lines.extend(lines)
 
     def eof_received(self) -> bool:
@@ -575,15 +575,19 @@ class V1Connection(asyncio.Protocol):
                     return
                 answers: list = []
                 size = 0
+                produce_fast = server._produce_fast
                 answer_now = server.answer_now
                 while len(answers) < MAX_GROUP_LINES and size < GROUP_REPLY_BYTES:
-                    answer = answer_now(line, session)
-                    if answer is None:
-                        break
+                    answer = produce_fast(line, session)
+                    if answer is not None:
+                        size += 64
+                    else:
+                        answer = answer_now(line, session, False)
+                        if answer is None:
+                            break
+                        size += len(answer) if type(answer) is bytes else 64
                     lines.popleft()
-                    self._queued_bytes -= len(line)
                     answers.append(answer)
-                    size += len(answer) if type(answer) is bytes else 64
                     if not lines:
                         if not self._input:
                             break
@@ -595,7 +599,6 @@ class V1Connection(asyncio.Protocol):
                     reply = server.finish_group(answers)
                 else:  # the first line waits (CONSUME, PRODUCE acks=all, AUTH)
                     lines.popleft()
-                    self._queued_bytes -= len(line)
                     reply = await server.handle_line(line, session)
                     if self.closed:
                         return
@@ -841,7 +844,9 @@ class V1Server:
         self._fast_targets: dict[bytes, tuple[str, int, list[str]]] = {}  # the same, and the partitions' names
         # records _produce_fast staged, per partition: (bodies, publish times, their _Produced)
         self._staged: dict[Topic, tuple[list, list, list]] = {}
-        self._key_hashes: dict[bytes, int] = {}  # murmur3 of recent keys (pure Python: worth remembering)
+        self._checked_targets: set[bytes] = set()  # fast targets whose partition count this group checked
+        # recent keys: their murmur3 (pure Python: worth remembering) and metadata field
+        self._keys: dict[bytes, tuple[int, bytes]] = {}
         self._publish_time = 0  # the last publish time (ms) and it as a metadata field
         self._publish_time_field = b""
         self._commands: dict[str, Callable[[list[str]], str]] = {  # those answered without waiting
@@ -960,13 +965,14 @@ class V1Server:
             return await self.answer_later(raw, session)
         return self.finish_group([answer])
 
-    def answer_now(self, raw: bytes, session: Session):
+    def answer_now(self, raw: bytes, session: Session, fast: bool = True):
         """The answer to a request that needs no waiting: its reply line, or for PRODUCE acks=0/1 a
         _Produced (the record is appended; finish_group renders it once the group is committed).
         None for one that waits (CONSUME, PRODUCE acks=all, AUTH): answer_later then. Never raises."""
-        produced = self._produce_fast(raw, session)
-        if produced is not None:
-            return produced
+        if fast:
+            produced = self._produce_fast(raw, session)
+            if produced is not None:
+                return produced
         if self._staged:
             self.store_staged()  # what comes next sees every record before it
         try:
@@ -1027,6 +1033,7 @@ class V1Server:
         record's receipt leaves only once written (else INTERNAL_ERROR in its place)."""
         if self._staged:
             self.store_staged()
+        self._checked_targets.clear()
         self.core.commit()
         if not any(type(answer) is _Produced for answer in answers):
             return b"".join(answers)
@@ -1037,16 +1044,18 @@ class V1Server:
                 out.append(answer)
                 continue
             correlation, partition, offset, state, log_topic, batch = answer
+            if type(correlation) is str:
+                correlation = correlation.encode()
             failure = batch if type(batch) is not CommitBatch else batch.error
             if failure is not None:
-                out.append(_error(correlation, INTERNAL_ERROR, f"the record is not stored: {failure}"))
+                out.append(_error(correlation.decode(), INTERNAL_ERROR, f"the record is not stored: {failure}"))
                 continue
             hw = high_watermarks.get(id(state))
             if hw is None:
                 log_end = log_topic.log.next_entry_id
                 self._wake(state, log_end)
                 hw = high_watermarks[id(state)] = self._hw(state, log_end)
-            out.append(b"V1|%s|OK|partition=%d offset=%d hw=%d\n" % (correlation.encode(), partition, offset, hw))
+            out.append(b"V1|%s|OK|partition=%d offset=%d hw=%d\n" % (correlation, partition, offset, hw))
         return b"".join(out)
 
     def auth(self, args: list[str], session: Session) -> str:
@@ -1201,8 +1210,11 @@ class V1Server:
                 return None
         elif len(args) != 2:
             return None
-        key, colon, value = args[1].partition(b":")
-        if not colon or b"," in value or b"\r" in value or b"\t" in value or b"\t" in key:
+        record = args[1]
+        if len(record.translate(None, b",\r\t")) != len(record):  # one pass (a comma in a key: the general path)
+            return None
+        key, colon, value = record.partition(b":")
+        if not colon:
             return None
         if not raw.isascii():
             try:
@@ -1213,16 +1225,20 @@ class V1Server:
         if target is None:
             return None
         full, count, names = target
-        if self.core.partitioned_count(full) != count:
-            return None
+        if args[0] not in self._checked_targets:  # once a group: nothing else runs during one
+            if self.core.partitioned_count(full) != count:
+                return None
+            self._checked_targets.add(args[0])
         if key:
-            hashed = self._key_hashes.get(key)
-            if hashed is None:
-                if len(self._key_hashes) >= MAX_REMEMBERED_KEYS:
-                    self._key_hashes.clear()
-                hashed = self._key_hashes[key] = murmur3_32(key)
+            known = self._keys.get(key)
+            if known is None:
+                if len(self._keys) >= MAX_REMEMBERED_KEYS:
+                    self._keys.clear()
+                known = self._keys[key] = (murmur3_32(key), b"2" + _varint(len(key)) + key)
+            hashed, key_field = known
             partition = hashed % count
         else:
+            key_field = b""
             partition = self._round_robin % count
             self._round_robin += 1  # the general path would take the same turn
         log_topic = self.core.topics.get(names[partition])
@@ -1242,12 +1258,15 @@ class V1Server:
         if publish_time != self._publish_time:
             self._publish_time = publish_time
             self._publish_time_field = b"\x18" + _varint(publish_time)
-        metadata = b"\n\x00\x10" + _varint(offset) + self._publish_time_field
-        if key:
-            metadata += b"2" + _varint(len(key)) + key
-        bodies.append(b"".join((len(metadata).to_bytes(4, "big"), metadata, value)))
+        if 0x4000 <= offset < 0x200000:  # the common size, without a call
+            sequence_field = bytes((offset & 0x7F | 0x80, (offset >> 7) & 0x7F | 0x80, offset >> 14))
+        else:
+            sequence_field = _varint(offset)
+        time_field = self._publish_time_field
+        size = 3 + len(sequence_field) + len(time_field) + len(key_field)  # of the metadata
+        bodies.append(b"".join((size.to_bytes(4, "big"), b"\n\x00\x10", sequence_field, time_field, key_field, value)))
         staged[1].append(publish_time)
-        produced = _Produced((sections[1].decode(), partition, offset, state, log_topic, None))
+        produced = _Produced((sections[1], partition, offset, state, log_topic, None))
         staged[2].append(produced)
         return produced
 
@@ -1256,6 +1275,7 @@ class V1Server:
         or writes the logs). Each _Produced gets the CommitBatch it belongs to, or the StorageError
         that kept it out (then so are those after it in its partition: no gap)."""
         staged, self._staged = self._staged, {}
+        self._checked_targets.clear()
         for log_topic, (bodies, publish_times, produced) in staged.items():
             topic_log = log_topic.log
             first = produced[0][2]
@@ -1351,8 +1371,21 @@ class V1Server:
         reader = None if session is None else session.reader(topic_log)
         room = self.consume_max_bytes
         read = topic_log.read
+        plain = _plain_v1_value
         while position < end:
-            # the hot path: an entry V1 wrote, its value ready to show as it is
+            # the hot path: entries V1 wrote, in the entry cache, their values ready to show as they are
+            for body in topic_log.cached_bodies(position, end):
+                value = plain(body)
+                if value is None:
+                    break
+                record = b"%d:%s" % (position, value)
+                if used + len(record) + 1 > room:
+                    break
+                records.append(record)
+                used += len(record) + 1  # and its comma
+                position += 1
+            if position >= end:
+                break
             try:
                 entry = read(position, reader)
             except (StorageError, KeyError):
