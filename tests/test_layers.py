@@ -1,5 +1,5 @@
-"""Module structure. The broker's layers import one way: storage -> topics -> core -> front
-ends -> server; each client module imports alone; the client package keeps its public names.
+"""Module structure. The broker's layers import one way: storage -> metafile -> topics -> core ->
+front ends -> server; each client module imports alone; the client package keeps its public names.
 
 Each module is imported alone in a fresh interpreter; the broker modules it pulls
 in must all lie at or below its own layer."""
@@ -11,14 +11,16 @@ import sys
 
 import pytest
 
-LAYERS = ["storage", "topics", "core", "pulsar", "v1", "server"]
+LAYERS = ["storage", "metafile", "topics", "core", "pulsar", "v1", "server", "fsck"]
 BELOW = {
     "storage": set(),
-    "topics": {"storage"},
-    "core": {"storage", "topics"},
-    "pulsar": {"storage", "topics", "core"},
-    "v1": {"storage", "topics", "core"},
-    "server": {"storage", "topics", "core", "pulsar", "v1"},
+    "metafile": {"storage"},
+    "topics": {"storage", "metafile"},
+    "core": {"storage", "metafile", "topics"},
+    "pulsar": {"storage", "metafile", "topics", "core"},
+    "v1": {"storage", "metafile", "topics", "core"},
+    "server": {"storage", "metafile", "topics", "core", "pulsar", "v1"},
+    "fsck": {"storage", "metafile", "topics", "core"},  # v1 only when it repairs
 }
 
 
