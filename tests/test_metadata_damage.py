@@ -499,3 +499,28 @@ def test_a_new_subscription_is_answered_once_on_disk_while_the_loop_goes_on(tmp_
         broker.stop()
     with open(os.path.join(topic_directory(str(tmp_path), topic), "cursors.json"), "rb") as fh:
         assert set(metafile.decode(fh.read())) == {"new", "refused"}
+
+
+@pytest.mark.parametrize("file_name, wrong", [
+    ("cursors.json", {"sub": {"mark_delete": 1, "acked": "abc"}}),
+    ("cursors.json", {"sub": {"mark_delete": "1"}}),
+    ("state.json", {"dedup": {"p": "x"}}),
+    ("schema.json", [{"type": 2}]),
+    ("ledgers.json", [[5, 1], [0, 2]]),
+    ("producer-epoch.json", {"epoch": -1}),
+])
+def test_json_of_the_right_type_but_the_wrong_shape_is_damage(tmp_path, file_name, wrong):
+    core = BrokerCore(str(tmp_path))
+    core.open()
+    name = NS + unique("shape")
+    core.topic(name)
+    core.close()
+    path = os.path.join(topic_directory(str(tmp_path), name), file_name)
+    with open(path, "w") as fh:  # as an editor leaves it: plain JSON
+        json.dump(wrong, fh)
+    assert check(str(tmp_path))[0].path == path
+    core = BrokerCore(str(tmp_path))
+    core.open()
+    topic = core.topic(name)  # opens, whatever the file says
+    assert topic.subscription("sub", 0, True, True, None).cursor.mark_delete == -1
+    core.close()

@@ -1124,17 +1124,26 @@ def _topic_state(data) -> dict:
 
 def _cursors(data) -> dict:
     for name, cursor in metafile.expect(dict)(data).items():
-        Cursor.from_json(metafile.expect(dict)(cursor))
-        if not isinstance(cursor["mark_delete"], int):
-            raise ValueError(f"subscription {name}: mark_delete {cursor['mark_delete']!r}")
+        metafile.expect(dict)(cursor)
+        acked, partial = cursor.get("acked", []), cursor.get("partial", {})
+        if not (_is_int(cursor["mark_delete"]) and _is_int(cursor.get("type", 0))
+                and isinstance(acked, list) and all(_is_int(e) for e in acked)
+                and isinstance(partial, dict) and all(k.lstrip("-").isdigit() and _is_int(v)
+                                                      for k, v in partial.items())):
+            raise ValueError(f"subscription {name}: {str(cursor)[:80]}")
     return data
 
 
 def _schemas(data) -> list:
     for record in metafile.expect(list)(data):
-        if not isinstance(record, dict) or "type" not in record:
-            raise ValueError(f"schema version {record!r}")
+        if not (isinstance(record, dict) and _is_int(record.get("type")) and isinstance(record.get("name"), str)
+                and isinstance(record.get("data"), str) and isinstance(record.get("properties"), dict)):
+            raise ValueError(f"schema version {str(record)[:80]}")
     return data
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _partition_index(name: str) -> int:
