@@ -357,21 +357,15 @@ def test_fsck_reports_without_changing_and_repair_does_what_a_start_would(tmp_pa
 # -- a full disk at start; idle topics; V1 groups ---------------------------------------------
 
 class FullDisk(FileOps):
-    """Every write refused with ENOSPC while `full`."""
+    """Metadata writes refused with ENOSPC while `full` (entries would still fit: the broker
+    must refuse them itself)."""
 
     def __init__(self) -> None:
         self.full = False
 
-    def _check(self) -> None:
+    def replace_file(self, path, data):
         if self.full:
             raise OSError(errno.ENOSPC, "No space left on device")
-
-    def pwrite(self, fd, data, offset):
-        self._check()
-        return super().pwrite(fd, data, offset)
-
-    def replace_file(self, path, data):
-        self._check()
         super().replace_file(path, data)
 
 
@@ -399,8 +393,9 @@ def test_the_broker_starts_read_only_on_a_full_disk_and_writes_once_space_return
                 reader = await client.create_reader(topic, MessageId.earliest)
                 assert [(await reader.read_next(5000)).data() for _ in range(3)] == [b"0", b"1", b"2"]
                 producer = await client.create_producer(topic, send_timeout_millis=3000)
-                with pytest.raises(PulsarWireError):
+                with pytest.raises(PulsarWireError):  # each try answered SendError "...serves reads only..."
                     await producer.send(b"refused")
+                assert broker.broker.storage_stats()["failed_commits"] > 0
                 with pytest.raises(PulsarWireError):  # no new topic either
                     await client.create_producer(NS + unique("new"))
                 disk.full = False
@@ -454,3 +449,78 @@ def test_many_v1_joins_share_group_writes(tmp_path):
             assert len(metafile.decode(fh.read())) == 200  # every answered JOIN is on disk
     finally:
         broker.stop()
+
+
+class HeldCursorWrites(FileOps):
+    """cursors.json writes wait while `held` is clear, or fail while `failing`."""
+
+    def __init__(self) -> None:
+        import threading
+        self.released = threading.Event()
+        self.released.set()
+        self.failing = False
+
+    def replace_file(self, path, data):
+        if path.endswith("cursors.json"):
+            if self.failing:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            self.released.wait(30)
+        super().replace_file(path, data)
+
+
+def test_a_new_subscription_is_answered_once_on_disk_while_the_loop_goes_on(tmp_path):
+    from pulsarwire import Client, InitialPosition
+    from pulsarwire.errors import PulsarWireError
+    disk = HeldCursorWrites()
+    broker = BrokerThread(tmp_path, v1_port=None, file_ops=disk).start()
+    topic = NS + unique("held")
+    try:
+        async def main():
+            async with Client(broker.url, operation_timeout_seconds=10) as client:
+                producer = await client.create_producer(topic)
+                await producer.send(b"before")
+                disk.released.clear()
+                subscribing = asyncio.ensure_future(
+                    client.subscribe(topic, "new", initial_position=InitialPosition.Earliest))
+                await asyncio.sleep(0.3)
+                assert not subscribing.done()  # not answered: its cursor is not on disk yet
+                await producer.send(b"meanwhile")  # the broker serves meanwhile
+                disk.released.set()
+                consumer = await subscribing
+                assert [(await consumer.receive(5000)).data() for _ in range(2)] == [b"before", b"meanwhile"]
+                disk.failing = True
+                with pytest.raises(PulsarWireError, match="not stored"):
+                    await client.subscribe(topic, "refused")
+                disk.failing = False
+                await client.subscribe(topic, "refused")  # the same subscription, stored now
+        run(main())
+    finally:
+        disk.released.set()
+        broker.stop()
+    with open(os.path.join(topic_directory(str(tmp_path), topic), "cursors.json"), "rb") as fh:
+        assert set(metafile.decode(fh.read())) == {"new", "refused"}
+
+
+@pytest.mark.parametrize("file_name, wrong", [
+    ("cursors.json", {"sub": {"mark_delete": 1, "acked": "abc"}}),
+    ("cursors.json", {"sub": {"mark_delete": "1"}}),
+    ("state.json", {"dedup": {"p": "x"}}),
+    ("schema.json", [{"type": 2}]),
+    ("ledgers.json", [[5, 1], [0, 2]]),
+    ("producer-epoch.json", {"epoch": -1}),
+])
+def test_json_of_the_right_type_but_the_wrong_shape_is_damage(tmp_path, file_name, wrong):
+    core = BrokerCore(str(tmp_path))
+    core.open()
+    name = NS + unique("shape")
+    core.topic(name)
+    core.close()
+    path = os.path.join(topic_directory(str(tmp_path), name), file_name)
+    with open(path, "w") as fh:  # as an editor leaves it: plain JSON
+        json.dump(wrong, fh)
+    assert check(str(tmp_path))[0].path == path
+    core = BrokerCore(str(tmp_path))
+    core.open()
+    topic = core.topic(name)  # opens, whatever the file says
+    assert topic.subscription("sub", 0, True, True, None).cursor.mark_delete == -1
+    core.close()

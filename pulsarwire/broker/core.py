@@ -511,8 +511,9 @@ class BrokerCore:
         """Group commit: write every pending append. Runs before any receipt leaves the broker;
         a topic whose write fails marks its `log.batch` failed (logged), and the front ends
         answer an error instead of a receipt for every send in it."""
+        refusal = MetadataError(self.read_only) if self.read_only is not None else None
         while self.uncommitted:
-            self.uncommitted.pop().commit()
+            self.uncommitted.pop().commit(refusal)
 
     def save(self) -> bool:
         """Persist cursors and dedup state that changed; a topic that cannot is logged and

@@ -196,9 +196,10 @@ class MetadataWriter:
         self.failed = 0
         self.coalesced = 0  # writes that were replaced by a newer one before they started
 
-    def write(self, path: str, data: Any) -> concurrent.futures.Future:
+    def write(self, path: str, data: Any, urgent: bool = False) -> concurrent.futures.Future:
         """Queue `data` (encoded now, so later changes do not leak in) for `path`; the future is
-        done once it is on disk, or holds the StorageError that stopped it."""
+        done once it is on disk, or holds the StorageError that stopped it. An `urgent` write
+        (one the event loop will wait for) goes before those queued."""
         raw = encode(data)
         with self._lock:
             queued = self._pending.get(path)
@@ -208,6 +209,8 @@ class MetadataWriter:
             else:
                 future = concurrent.futures.Future()
             self._pending[path] = (raw, type(data), future)
+            if urgent:
+                self._pending.move_to_end(path, last=False)
             if self._thread is None:
                 self._stopping = False
                 self._thread = threading.Thread(target=self._run, name="pulsarwire-metadata", daemon=True)
@@ -217,7 +220,7 @@ class MetadataWriter:
 
     def write_now(self, path: str, data: Any) -> None:
         """Write `data` and wait until it is on disk (StorageError if it cannot be)."""
-        self.write(path, data).result()
+        self.write(path, data, urgent=True).result()
 
     def pending(self) -> int:
         with self._lock:
@@ -273,7 +276,8 @@ def write_file(path: str, raw: bytes, kind: type, ops: FileOps = DEFAULT_OPS) ->
             ops.keep_copy(path, previous)
         ops.replace_file(path, raw)
         if not _is_good(previous, kind):  # a first write (or a damaged copy): a copy of this one stands in
-            ops.replace_file(previous, raw)  # bytes of its own, not a link: damage to one spares the other
+            # bytes of its own, not a link: damage to one spares the other (a spare: no fsync of its own)
+            ops.replace_file_unsynced(previous, raw)
         ops.sync_directory(os.path.dirname(path) or ".")
     except OSError as exc:
         log.error("cannot write %s: %s", path, exc)

@@ -1316,14 +1316,14 @@ class BrokerConnection(asyncio.Protocol):
         if topic is None:
             return
         if c.consumer_id in self.consumers:
-            self._success(c.request_id)  # a retried subscribe
+            self._answer_subscribe(c.request_id, self.consumers[c.consumer_id])  # a retried subscribe
             return
         if not self._attach_schema(c.request_id, topic, c.schema if c.HasField("schema") else None)[0]:
             return
         subscription = topic.subscription(c.subscription, c.subType, c.durable,
                                           c.initialPosition == pb.CommandSubscribe.Earliest,
                                           start_position(c.start_message_id)
-                                          if c.HasField("start_message_id") else None)
+                                          if c.HasField("start_message_id") else None, wait=False)
         if subscription.consumers and subscription.type != c.subType:
             self._error(c.request_id, pb.ConsumerBusy,
                         f"subscription {c.subscription} is of another type")
@@ -1349,8 +1349,30 @@ class BrokerConnection(asyncio.Protocol):
             consumer.hash_ranges = ranges
         self.consumers[c.consumer_id] = consumer
         subscription.add_consumer(consumer, sticky)
-        self._success(c.request_id)
-        subscription.check_end_of_topic()
+        self._answer_subscribe(c.request_id, consumer)
+
+    def _answer_subscribe(self, request_id: int, consumer: PulsarConsumer) -> None:
+        """Success once the subscription is on disk; the metadata writer stores a new one while
+        the event loop goes on. Not stored: an error, and the consumer is gone again."""
+        subscription = consumer.subscription
+        stored = subscription.topic.stored(subscription)
+        if stored is None:
+            self._success(request_id)
+            subscription.check_end_of_topic()
+            return
+
+        def answer(done: asyncio.Future) -> None:
+            if self.closed or self.consumers.get(consumer.consumer_id) is not consumer:
+                return
+            error = None if done.cancelled() else done.exception()
+            if error is None:
+                self._answer_subscribe(request_id, consumer)
+            else:
+                self.consumers.pop(consumer.consumer_id, None)
+                subscription.detach(consumer)
+                self._error(request_id, pb.PersistenceError, f"the subscription is not stored: {error}")
+            self.flush()
+        asyncio.wrap_future(stored).add_done_callback(answer)
 
     def on_flow(self, frame) -> None:
         c = frame.command.flow

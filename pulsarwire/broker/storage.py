@@ -225,6 +225,18 @@ class FileOps:
                 pass
             raise
 
+    def replace_file_unsynced(self, path: str, data: bytes) -> None:
+        """replace_file without the fsync: for a spare copy, whose loss in a power cut costs nothing."""
+        tmp = path + ".tmp"
+        try:
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
     def keep_copy(self, path: str, copy: str) -> None:
         """Make `copy` hold what `path` holds now (a hard link, put in place by a rename), so a
         later replace_file of `path` leaves the copy as it was."""
@@ -1171,15 +1183,19 @@ class TopicLog:
         self._bases.append(segment.base)
         return segment
 
-    def commit(self) -> bool:
+    def commit(self, refusal: StorageError | None = None) -> bool:
         """Write what was appended (with the `always` policy, fsync it too). Returns False when
-        the file system refused: the batch is rolled back and `batch.error` says why."""
+        the file system refused, or `refusal` says the broker cannot write (a read-only start):
+        the batch is rolled back and `batch.error` says why."""
         batch = self.batch
         if not batch.count:
             return True
         self.batch = CommitBatch()
         segment = self._segments[-1]
         try:
+            if refusal is not None:
+                segment._roll_back()
+                raise refusal
             segment.commit(sync=self.sync_policy == SYNC_ALWAYS)
         except StorageError as exc:
             batch.error = exc

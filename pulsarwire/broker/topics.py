@@ -164,6 +164,7 @@ class Subscription:
         self._dispatching = False
         self._retry_scheduled = False
         self.dirty = False
+        self.stored: concurrent.futures.Future | None = None  # the write of a new one, until it is on disk
         self.active: ConsumerLink | None = None
         self.retained_until = 0.0  # monotonic time; a seek keeps a non-durable subscription
         self.sticky = False  # Key_Shared: consumers own the hash ranges they asked for
@@ -670,8 +671,9 @@ class Topic:
                               f"rebuilt from the log: entries 0..{self.log.next_entry_id - 1} carry ledger "
                               f"{LEGACY_LEDGER_ID} in their message ids from now on, new ones ledger {ranges[-1][1]}")
         if loaded.source != CURRENT:
-            # on disk before an entry of the new range is committed (commit() waits for it)
-            self._write(LEDGERS_FILE, ranges)
+            # on disk before an entry of the new range is committed (commit() waits for it, so
+            # it goes before the writes queued)
+            self._write(LEDGERS_FILE, ranges, urgent=True)
         self._ledger_starts = [int(first) for first, _ in ranges]
         self._ledger_ids = [int(ledger) for _, ledger in ranges]
         self.ledger_id = self._ledger_ids[-1]  # the ledger new entries go to
@@ -682,8 +684,8 @@ class Topic:
     def _path(self, file_name: str) -> str:
         return os.path.join(self.directory, file_name)
 
-    def _write(self, file_name: str, data) -> concurrent.futures.Future:
-        future = self._writes[file_name] = self.metadata.write(self._path(file_name), data)
+    def _write(self, file_name: str, data, urgent: bool = False) -> concurrent.futures.Future:
+        future = self._writes[file_name] = self.metadata.write(self._path(file_name), data, urgent)
         return future
 
     def _written(self, file_name: str) -> None:
@@ -880,11 +882,15 @@ class Topic:
         return self.fenced.get(producer.name) is producer and \
             sequence_id > self.last_sequence.get(producer.name, -1) + 1
 
-    def commit(self) -> bool:
+    def commit(self, refusal: StorageError | None = None) -> bool:
         """Hand the appended entries to the OS; then subscriptions may send them. False when
-        the file system refused (the log is rolled back, and so is the dedup state)."""
+        the file system refused, or `refusal` says the broker cannot write (the log is rolled
+        back, and so is the dedup state)."""
         if not self.log.batch.count:
             return True
+        if refusal is not None:
+            self._settled(self.log.commit(refusal))
+            return False
         ledgers = self._writes.get(LEDGERS_FILE)
         if ledgers is not None:  # the ledger ids of these entries' message ids on disk first
             try:
@@ -893,7 +899,7 @@ class Topic:
             except StorageError as exc:
                 log.error("topic %s: its ledger ids could not be written (%s); trying again", self.name, exc)
                 self._write(LEDGERS_FILE, [[first, ledger] for first, ledger in
-                                           zip(self._ledger_starts, self._ledger_ids)])
+                                           zip(self._ledger_starts, self._ledger_ids)], urgent=True)
         ok = self.log.commit()
         self._settled(ok)
         return ok
@@ -924,9 +930,10 @@ class Topic:
             del self.deliver_at[entry_id]
 
     def subscription(self, name: str, sub_type: int, durable: bool, initial_earliest: bool,
-                     start: int | None) -> Subscription:
+                     start: int | None, wait: bool = True) -> Subscription:
         """The subscription `name`, created at its initial position (or `start`, for a
-        non-durable one: EARLIEST, LATEST or an entry id) if it does not exist."""
+        non-durable one: EARLIEST, LATEST or an entry id) if it does not exist. A new durable
+        one is on disk when this returns; without `wait`, once `stored(subscription)` says so."""
         existing = self.subscriptions.get(name)
         if existing is not None:
             return existing
@@ -944,11 +951,13 @@ class Topic:
             # on disk before the subscribe is answered, as in Pulsar: after a crash, the subscription
             # must not be made again at its initial position, skipping what was published meanwhile
             try:
-                self.save(wait=True)
+                self.save(wait=wait)
             except StorageError:
                 del self.subscriptions[name]
                 subscription.reader.close()
                 raise
+            if not wait:
+                subscription.stored = self._writes.get(CURSORS_FILE)
         return subscription
 
     def set_compacted(self, horizon: int, kept: set[int]) -> None:
@@ -970,6 +979,20 @@ class Topic:
         """Delete every schema version (durably, before the admin request is answered)."""
         self.metadata.write_now(self._path(SCHEMA_FILE), [])
         self.schemas.clear()
+
+    def stored(self, subscription: Subscription) -> concurrent.futures.Future | None:
+        """None once a new subscription made without `wait` is on disk; else the write that puts
+        it there (a new one when the last failed: the future then holds its StorageError)."""
+        future = subscription.stored
+        if future is None:
+            return None
+        if future.done():
+            if future.exception() is None:
+                subscription.stored = None
+                return None
+            self.save()  # writes the cursors again (a failed write marked them changed)
+            future = subscription.stored = self._writes.get(CURSORS_FILE)
+        return future
 
     def drop_subscription(self, name: str) -> None:
         dropped = self.subscriptions.pop(name, None)
@@ -1010,7 +1033,7 @@ class Topic:
         if dirty or self._cursors_dirty:
             cursors = {name: dict(s.cursor.to_json(), type=s.type)
                        for name, s in self.subscriptions.items() if s.durable}
-            self._write(CURSORS_FILE, cursors)
+            self._write(CURSORS_FILE, cursors, urgent=wait)
             for s in dirty:
                 s.dirty = False
             self._cursors_dirty = False
@@ -1019,7 +1042,7 @@ class Topic:
                      "dedup_upto": self.log.committed_entry_id - 1}
             if self.cursors_lost:
                 state["cursors_lost"] = True
-            self._write(STATE_FILE, state)
+            self._write(STATE_FILE, state, urgent=wait)
             self._state_dirty = False
         if wait:
             self._written(CURSORS_FILE)
@@ -1170,17 +1193,26 @@ def _topic_state(data) -> dict:
 
 def _cursors(data) -> dict:
     for name, cursor in metafile.expect(dict)(data).items():
-        Cursor.from_json(metafile.expect(dict)(cursor))
-        if not isinstance(cursor["mark_delete"], int):
-            raise ValueError(f"subscription {name}: mark_delete {cursor['mark_delete']!r}")
+        metafile.expect(dict)(cursor)
+        acked, partial = cursor.get("acked", []), cursor.get("partial", {})
+        if not (_is_int(cursor["mark_delete"]) and _is_int(cursor.get("type", 0))
+                and isinstance(acked, list) and all(_is_int(e) for e in acked)
+                and isinstance(partial, dict) and all(k.lstrip("-").isdigit() and _is_int(v)
+                                                      for k, v in partial.items())):
+            raise ValueError(f"subscription {name}: {str(cursor)[:80]}")
     return data
 
 
 def _schemas(data) -> list:
     for record in metafile.expect(list)(data):
-        if not isinstance(record, dict) or "type" not in record:
-            raise ValueError(f"schema version {record!r}")
+        if not (isinstance(record, dict) and _is_int(record.get("type")) and isinstance(record.get("name"), str)
+                and isinstance(record.get("data"), str) and isinstance(record.get("properties"), dict)):
+            raise ValueError(f"schema version {str(record)[:80]}")
     return data
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _partition_index(name: str) -> int:
