@@ -653,9 +653,11 @@ def main() -> int:
         if "worst_ping_ms" not in r:
             print(f"{name:28s} {r}")
             continue
-        met = "ok" if r["ping_ok"] and r["memory_ok"] else \
-            ("PING over" if not r["ping_ok"] else "") + (" memory over" if not r["memory_ok"] else "")
-        print(f"{name:28s} {r['worst_ping_ms']:13.1f} {str(r['honest_connect_ms']):>12s} {r['growth_mb']:10.1f} "
+        locked_out = isinstance(r["honest_connect_ms"], str)
+        met = " ".join(word for word, missed in (("PING over", not r["ping_ok"]), ("memory over", not r["memory_ok"]),
+                                                 ("locked out", locked_out)) if missed) or "ok"
+        connect_ms = "refused" if locked_out else str(r["honest_connect_ms"])
+        print(f"{name:28s} {r['worst_ping_ms']:13.1f} {connect_ms:>12s} {r['growth_mb']:10.1f} "
               f"{r['peak_rss_mb']:12.1f} {r['peak_fds']:4d}/{r['fd_limit']:<4d}  {met}")
     if args.json:
         with open(args.json, "w") as fh:

@@ -57,10 +57,13 @@ DEFAULT_MAX_INPUT_BYTES = 256 * 1024 * 1024  # unfinished frames held, all conne
 DEFAULT_MAX_TOTAL_OUTPUT_BYTES = 192 * 1024 * 1024
 # output one connection may queue per round while the broker is squeezed (then it waits until all is sent)
 SQUEEZED_OUTPUT_BYTES = 64 * 1024
-RELAX_BELOW = 0.75
+RELAX_BELOW = 0.75  # the share of the total output budget under which squeezed connections take output again
+# requests (Send frames aside, stored in runs) one connection has handled in one turn of the event
+# loop: the rest wait for the next turn, so that a flood of small requests never holds the loop long
+MAX_REQUESTS_PER_TURN = 256
 # bytes dispatched to consumers in one turn of the event loop, all connections together: more waits
 # for the next turn, so that a burst to many consumers never keeps the loop from other clients long
-DISPATCH_BYTES_PER_TURN = 4 * 1024 * 1024  # the share of the total output budget under which squeezed connections take output again
+DISPATCH_BYTES_PER_TURN = 4 * 1024 * 1024
 SPACE_PROBE_INTERVAL = 0.5  # seconds between checks whether a full disk has room again
 SPACE_PROBE_BYTES = 64 * 1024  # what a check writes (and gives back) to see whether the disk has room
 DEFAULT_IDLE_TIMEOUT = 300.0  # seconds a connected connection with no producer or consumer may make no request
@@ -514,6 +517,7 @@ class BrokerConnection(asyncio.Protocol):
         self._backlog_wait = 0.0
         self.unanswered_sends = 0  # sends dropped while the disk was full: closed once it has room
         self._reading = True
+        self._yielding = False  # handled MAX_REQUESTS_PER_TURN requests: the rest in the next turn
 
     # asyncio.Protocol
 
@@ -606,8 +610,12 @@ class BrokerConnection(asyncio.Protocol):
         completed = False
         send_frame = codec.SendFrame
         sends: list = []
+        handled = 0
         try:
             while self.writable and not self.closed:
+                if handled >= MAX_REQUESTS_PER_TURN:
+                    self._yield_turn()  # the rest in the next turn: other connections go first
+                    break
                 try:
                     frame = self.reader.next_frame()
                 except (ChecksumMismatchError, BadMetadataError) as exc:
@@ -633,6 +641,7 @@ class BrokerConnection(asyncio.Protocol):
                     self._send_error(frame.producer_id, frame.sequence_id, pb.AuthenticationError, self.refused)
                 else:
                     self._handle(frame)
+                    handled += 1
             self._store_sends(sends)
         except PulsarWireError as exc:
             self._store_sends(sends)
@@ -654,6 +663,19 @@ class BrokerConnection(asyncio.Protocol):
         if not self.closed:
             self._account_input()
         self.flush()
+
+    def _yield_turn(self) -> None:
+        """Stop reading until the next turn of the event loop, then handle the frames held."""
+        if not self._yielding:
+            self._yielding = True
+            self._set_reading()
+            asyncio.get_running_loop().call_soon(self._next_turn)
+
+    def _next_turn(self) -> None:
+        self._yielding = False
+        if not self.closed:
+            self._process()
+            self._set_reading()
 
     def _peer_closed(self) -> bool:
         """Whether the peer has shut down its side: asyncio cannot see that while reading is paused."""
@@ -757,7 +779,7 @@ class BrokerConnection(asyncio.Protocol):
 
     def _set_reading(self) -> None:
         """Read while output is under its budget and the broker-wide input budget allows."""
-        reading = self.writable and not self._input_paused
+        reading = self.writable and not self._input_paused and not self._yielding
         if reading != self._reading and self.transport is not None and not self.closed:
             self._reading = reading
             if reading:
@@ -1609,7 +1631,8 @@ def _schema_proto(record: dict) -> pb.Schema:
                      properties=[pb.KeyValue(key=k, value=v) for k, v in sorted(record["properties"].items())])
 
 
-_WITHOUT_TEXT = frozenset((T.PING, T.PONG, T.FLOW, T.ACK))  # frequent, and no text the broker reads
+# frequent commands with no text the broker reads
+_WITHOUT_TEXT = frozenset((T.PING, T.PONG, T.FLOW, T.ACK, T.SEND, T.REDELIVER_UNACKNOWLEDGED_MESSAGES))
 
 
 def _undecodable_text(message, prefix: str = "") -> str | None:

@@ -14,11 +14,11 @@ import ssl
 from typing import Any, Callable
 
 from .. import codec
-from .listener import DescriptorReserve, Listener
 from .core import DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER, DEFAULT_TOPIC_IDLE_TIMEOUT, BrokerCore
-from .pulsar import (DEFAULT_AUTHENTICATED_SHARE, DEFAULT_IDLE_TIMEOUT, DEFAULT_FRAME_TIMEOUT, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
-                     DEFAULT_MAX_FRAME_BEFORE_CONNECT, DEFAULT_MAX_INPUT_BYTES, DEFAULT_MAX_OUTPUT_BYTES,
-                     PulsarService)
+from .listener import DescriptorReserve, Listener
+from .pulsar import (DEFAULT_AUTHENTICATED_SHARE, DEFAULT_FRAME_TIMEOUT, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
+                     DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_FRAME_BEFORE_CONNECT, DEFAULT_MAX_INPUT_BYTES,
+                     DEFAULT_MAX_OUTPUT_BYTES, PulsarService)
 from .storage import DEFAULT_MAX_CACHE_BYTES, DEFAULT_PAGE_CACHE_BYTES, SYNC_INTERVAL, FileOps, descriptor_limit
 from .topics import Topic
 from .v1 import DEFAULT_CONSUME_MAX_BYTES, V1Server, check_replication
