@@ -2142,7 +2142,8 @@ def test_service_url_may_list_several_hosts():
         Address("a", 6651, False), Address("b", 6650, False), Address("c", 7000, False)]
     assert Address.parse_service_url("pulsar+ssl://a,b:1") == [Address("a", 6651, True), Address("b", 1, True)]
     assert Address.parse_service_url("pulsar://h:6650") == [Address("h", 6650, False)]
-    for bad in ("http://a:8080", "pulsar://a,", "localhost:6650", "pulsar://a:x"):
+    assert Address.parse_service_url("http://a:8080") == [Address("a", 8080, False, http=True)]  # HTTP lookup
+    for bad in ("ftp://a:8080", "pulsar://a,", "localhost:6650", "pulsar://a:x"):
         with pytest.raises(ValueError):
             Address.parse_service_url(bad)
 
