@@ -614,8 +614,8 @@ async def _first_at_or_after(client, topic: str, start: MessageId, timeout: floa
             return None
         if start.ledger_id >= 0 and (_position(start) > _position(last) or start.entry_id > last.entry_id):
             return None
-        if not await reader.wait(timeout):
-            raise TimeoutError(f"{topic}: no entry at or after {_where(_position(start))} within "
+        if not await reader.wait(timeout):  # (not an OSError: retrying the whole plan would not help)
+            raise RuntimeError(f"{topic}: no entry at or after {_where(_position(start))} within "
                                f"{timeout:g}s (read.timeout.seconds), though the topic ends at "
                                f"{_where(_position(last))}")
         return reader.take(1)[0]
@@ -848,10 +848,9 @@ def _finish(opts: SourceOptions, batch):
             if not opts.permissive:
                 _undecodable(opts, batch, bad)
             value = pa.array(value.to_pylist(), value.type, mask=bad) if value.null_count < bad.sum() else value
-        if opts.permissive:
-            corrupt = raw if bad is None else pa.array(raw.to_pylist(), pa.binary(), mask=~bad)
-            if bad is None:
-                corrupt = pa.nulls(len(raw), pa.binary())
+        if opts.permissive:  # the payload of each row that did not decode, null elsewhere
+            corrupt = pa.nulls(len(raw), pa.binary()) if bad is None else \
+                pa.array(raw.to_pylist(), pa.binary(), mask=~bad)
         columns[0] = value
     if opts.include_headers:
         properties = batch.column("__messageProperties")
