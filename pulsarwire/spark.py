@@ -614,8 +614,8 @@ async def _first_at_or_after(client, topic: str, start: MessageId, timeout: floa
             return None
         if start.ledger_id >= 0 and (_position(start) > _position(last) or start.entry_id > last.entry_id):
             return None
-        if not await reader.wait(timeout):
-            raise TimeoutError(f"{topic}: no entry at or after {_where(_position(start))} within "
+        if not await reader.wait(timeout):  # (not an OSError: retrying the whole plan would not help)
+            raise RuntimeError(f"{topic}: no entry at or after {_where(_position(start))} within "
                                f"{timeout:g}s (read.timeout.seconds), though the topic ends at "
                                f"{_where(_position(last))}")
         return reader.take(1)[0]
@@ -848,10 +848,9 @@ def _finish(opts: SourceOptions, batch):
             if not opts.permissive:
                 _undecodable(opts, batch, bad)
             value = pa.array(value.to_pylist(), value.type, mask=bad) if value.null_count < bad.sum() else value
-        if opts.permissive:
-            corrupt = raw if bad is None else pa.array(raw.to_pylist(), pa.binary(), mask=~bad)
-            if bad is None:
-                corrupt = pa.nulls(len(raw), pa.binary())
+        if opts.permissive:  # the payload of each row that did not decode, null elsewhere
+            corrupt = pa.nulls(len(raw), pa.binary()) if bad is None else \
+                pa.array(raw.to_pylist(), pa.binary(), mask=~bad)
         columns[0] = value
     if opts.include_headers:
         properties = batch.column("__messageProperties")
@@ -1571,6 +1570,10 @@ class SentMessage(WriterCommitMessage):
     count: int
 
 
+# the sink's producer batches, in messages and bytes: 1 MiB rather than the Java client's 128 KiB,
+# so large rows make fewer entries (fewer frames to send, store and split again when read)
+_SINK_BATCH = (1000, 1 << 20)
+
 # accepted column -> (the send field it fills, a description of the types accepted)
 _SINK_COLUMNS = {
     "value": "value", "key": "key", "__key": "key", "properties": "properties",
@@ -1730,7 +1733,8 @@ async def _send_all(client, opts: SinkOptions, fields: dict[str, str], batches,
                 "message_router": _replayable_router(identity.partition)}
             producer = producers[topic] = await client.create_producer(
                 topic, batching_max_publish_delay_ms=5, compression_type=opts.compression,
-                max_pending_messages=opts.max_pending, batching_max_messages=1000,
+                max_pending_messages=opts.max_pending, batching_max_messages=_SINK_BATCH[0],
+                batching_max_allowed_size_in_bytes=_SINK_BATCH[1],
                 schema=None if types[topic] is None else _topic_schema(info), **named)
         return producer
 
