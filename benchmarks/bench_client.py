@@ -10,7 +10,8 @@ process) and message size:
    lowest sampled p99 send latency; the same rule for both clients).
    Produce grid: batching delay, batch size, pending limit, and for the official
    client a Python callback per message or none (`send_async(payload, None)`,
-   then `flush()`); for pulsarwire `send_async` per message or `send_many` of
+   then `flush()`), or its `_pulsar` path (a MessageBuilder per message handed
+   straight to the C extension); for pulsarwire `send_async` per message or `send_many` of
    1 000 payloads at a time. Consume grid: receiver queue size, and a plain
    receive loop or the bulk call (`batch_receive` / `receive_many`); every
    message is acknowledged on its own on both sides.
