@@ -10,7 +10,8 @@ process) and message size:
    lowest sampled p99 send latency; the same rule for both clients).
    Produce grid: batching delay, batch size, pending limit, and for the official
    client a Python callback per message or none (`send_async(payload, None)`,
-   then `flush()`); for pulsarwire `send_async` per message or `send_many` of
+   then `flush()`), or its `_pulsar` path (a MessageBuilder per message handed
+   straight to the C extension); for pulsarwire `send_async` per message or `send_many` of
    1 000 payloads at a time. Consume grid: receiver queue size, and a plain
    receive loop or the bulk call (`batch_receive` / `receive_many`); every
    message is acknowledged on its own on both sides.
@@ -82,10 +83,10 @@ def _grid(**axes):
 
 def produce_grids(quick):
     if quick:
-        official = _grid(callback=["none"], delay_ms=[1, 10], max_messages=[1000], pending=[1000, 5000])
+        official = _grid(callback=["none", "_pulsar"], delay_ms=[1, 10], max_messages=[1000], pending=[1000, 5000])
         ours = _grid(api=["send_async", "send_many"], delay_ms=[1, 10], max_messages=[1000], pending=[1000, 5000])
     else:
-        official = _grid(callback=["none"], delay_ms=[1, 10], max_messages=[1000, 5000],
+        official = _grid(callback=["none", "_pulsar"], delay_ms=[1, 10], max_messages=[1000, 5000],
                          pending=[1000, 5000, 50000])
         official.append(dict(callback="each", delay_ms=10, max_messages=1000, pending=5000))
         ours = _grid(api=["send_async", "send_many"], delay_ms=[1, 10], max_messages=[1000, 5000],
@@ -213,6 +214,14 @@ def official_produce(url, topic, payloads, config):
     def sampler(sent):
         return lambda result, message_id: latencies.append(clock() - sent)
     every = config["callback"] == "each"
+    if config["callback"] == "_pulsar":  # the C extension under the public API: no checks, no schema
+        import _pulsar
+        raw_send = producer._producer.send_async
+
+        def send_async(payload, callback):
+            builder = _pulsar.MessageBuilder()
+            builder.content(payload)
+            raw_send(builder.build(), callback)
     start = clock()
     for index, payload in enumerate(payloads):
         if index % SAMPLE_EVERY == 0:

@@ -970,6 +970,21 @@ class Consumer(_Listening):
                 time.sleep(0)
         return native
 
+    def _took(self, taken: list) -> None:
+        """What _take() does for each message, for messages taken together."""
+        handover = self._handover
+        owners = handover.taken
+        for native in taken:
+            owner = native._ack_unit.owner
+            owner._last_message = native
+            owners.append(owner)
+        if len(owners) >= self._permit_step:
+            handover.flush_taken()
+        self._taken += len(taken)
+        if self._taken >= self._refill_at:
+            self._taken = 0
+            time.sleep(0)  # as in _take
+
     def _wait_and_take(self, timeout_millis):
         """_take(), waiting for a message; the asyncio consumer's errors when none can come."""
         self._loop.refuse_own_thread()
@@ -1016,6 +1031,14 @@ class Consumer(_Listening):
             if native is not None:
                 self._held = None
             else:
+                want = 1000 if max_messages <= 0 else max_messages - len(batch)
+                taken, size, full = self._queue.take_many(want, max_bytes, size, bool(batch))
+                if taken:
+                    self._took(taken)
+                    batch.extend(taken)
+                    if full:
+                        break  # the next one would cross max_num_bytes: it stays queued
+                    continue
                 native = self._take()
                 if native is None:
                     remaining = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))

@@ -83,6 +83,26 @@ class MessageQueue:
             except IndexError:
                 return None
 
+    def take_many(self, count: int, max_bytes: int = 0, size: int = 0, have: bool = False) -> tuple[list, int, bool]:
+        """Up to `count` messages in order, for a thread other than the loop's, and the payload
+        bytes then held (`size` before). With max_bytes > 0 it stops before the message that
+        would go past it (which stays queued), unless none is held yet (`have` false, none
+        taken); the third value says whether it stopped there."""
+        out: list = []
+        with self.lock:
+            items = self._items
+            try:
+                while len(out) < count:
+                    if max_bytes > 0:
+                        length = len(items[0].payload_view())
+                        if (out or have) and size + length > max_bytes:
+                            return out, size, True
+                        size += length
+                    out.append(items.popleft())
+            except IndexError:
+                pass
+        return out, size, False
+
     def notify_threads(self) -> None:
         if self.threads_waiting:
             with self.ready:
