@@ -202,10 +202,12 @@ def main() -> int:
             wait_for(ports["http"])
             create_namespaces(ports["http"])
             for name in args.files:
-                done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rf", *selection, name],
+                done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rf",
+                                       *selection, name],
                                       cwd=suite, env=env, capture_output=True, text=True, timeout=1800)
                 summary = [line for line in done.stdout.splitlines()
-                           if args.full or line.startswith("FAILED ") or re.search(r"\d+ (passed|failed|error).* in ", line)]
+                           if args.full or line.startswith("FAILED ")
+                           or re.search(r"\d+ (passed|failed|error).* in ", line)]
                 print(f"{name}:", *summary, sep="\n  ")
         finally:
             broker.terminate()
