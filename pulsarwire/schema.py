@@ -302,6 +302,9 @@ def _json_default(value):
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
+MAX_WRITER_SCHEMAS = 256  # writer schema versions an AvroSchema keeps parsed
+
+
 class AvroSchema(_RecordSchema):
     """Avro binary of a record class (or of dicts, given `schema_definition`); needs fastavro
     (`pip install pulsarwire[avro]`)."""
@@ -319,6 +322,12 @@ class AvroSchema(_RecordSchema):
         super().__init__(record_cls, schema_definition)
         self._fastavro = fastavro
         self._parsed = fastavro.parse_schema(json.loads(json.dumps(self._schema_dict)))
+        # Writer schemas by (topic, schema version), fetched through `fetch_writer_schema` (set by
+        # a blocking client's consumers and readers: (topic, version) -> SchemaInfo or None), so
+        # that a message written with another compatible version is resolved into this one, as
+        # the official client does. None in the cache: decode with this schema alone.
+        self.fetch_writer_schema: typing.Callable[[str, bytes], SchemaInfo | None] | None = None
+        self._writer_schemas: dict[tuple[str, bytes], Any] = {}
 
     def encode(self, value) -> bytes:
         if not isinstance(value, dict):
@@ -330,6 +339,42 @@ class AvroSchema(_RecordSchema):
     def decode(self, data: bytes):
         plain = self._fastavro.schemaless_reader(io.BytesIO(bytes(data)), self._parsed)
         return self._build(typing.cast(dict, plain), enum_by_name=True)
+
+    def decode_message(self, message) -> Any:
+        version = message.schema_version()
+        if self.fetch_writer_schema is None or not version:
+            return self.decode(message.data())
+        key = (message.topic_name(), bytes(version))
+        if key not in self._writer_schemas:
+            self._writer_schemas[key] = self._writer_schema(*key)
+            if len(self._writer_schemas) > MAX_WRITER_SCHEMAS:  # a bound: the oldest goes
+                del self._writer_schemas[next(iter(self._writer_schemas))]
+        writer = self._writer_schemas[key]
+        if writer is None:
+            return self.decode(message.data())
+        plain = self._fastavro.schemaless_reader(io.BytesIO(bytes(message.data())), writer, self._parsed)
+        return self._build(typing.cast(dict, plain), enum_by_name=True)
+
+    def _writer_schema(self, topic: str, version: bytes):
+        """The parsed writer schema of a version other than this one's, None to decode with this."""
+        try:
+            info = self.fetch_writer_schema(topic, version)  # type: ignore[misc]
+        except Exception:  # noqa: BLE001 - decoded with this schema, as the official client falls back
+            return None
+        if info is None or info.schema_type() != SchemaType.AVRO:
+            return None
+        try:
+            definition = json.loads(info.schema())
+        except ValueError:
+            return None
+        if definition == self._schema_dict or not isinstance(definition, dict):
+            return None
+        # a record reads a record whatever its name (Pulsar checked the versions compatible)
+        definition["name"] = self._schema_dict.get("name", definition.get("name"))
+        try:
+            return self._fastavro.parse_schema(definition)
+        except Exception:  # noqa: BLE001 - a definition fastavro cannot take
+            return None
 
 
 class ProtobufNativeSchema(Schema):

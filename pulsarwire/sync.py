@@ -41,6 +41,7 @@ from .official import (  # noqa: F401 - the official names, offered from here
 )
 
 from . import schema  # noqa: F401 - `pulsar.schema`
+from . import schema as _schema
 from .schema import BytesSchema  # noqa: F401 - the default schema, offered by the official module too
 
 __version__ = "3.13.0-pulsarwire"  # the official API version this surface follows
@@ -315,6 +316,7 @@ class Client(_Facade):
         except official.Unsupported as exc:
             raise OperationNotSupported(str(exc)) from exc
         native = self._run(self._client.subscribe(topics, subscription_name, **options))
+        self._resolve_writer_schemas(schema)
         policy = batch_receive_policy.policy() if batch_receive_policy is not None else BatchReceivePolicy()
         consumer = Consumer(self, native, ConsumerType(consumer_type), policy)
         # as the official client's MultiTopicsConsumer: a list of topics, a pattern, a partitioned
@@ -340,10 +342,22 @@ class Client(_Facade):
         except official.Unsupported as exc:
             raise OperationNotSupported(str(exc)) from exc
         reader = Reader(self, self._run(self._client.create_reader(topic, start, **options)))
+        self._resolve_writer_schemas(schema)
         self._handles.append(reader)
         if reader_listener is not None:
             reader._listen(reader_listener)
         return reader
+
+    def _resolve_writer_schemas(self, schema) -> None:
+        """An Avro schema of a consumer or reader decodes a message by the schema version it was
+        written with (fetched once per version), as the official client does."""
+        if isinstance(schema, _schema.AvroSchema) and schema.fetch_writer_schema is None:
+            schema.fetch_writer_schema = self._writer_schema_info
+
+    def _writer_schema_info(self, topic: str, version: bytes):
+        if threading.current_thread() is self._loop.thread or self._closed:
+            return None  # the loop cannot wait on itself: decoded with the reader's schema
+        return self._run(self._client.get_schema_info(topic, version))
 
     def create_table_view(self, topic, subscription_name=None, schema=None) -> "TableView":
         """The latest value of every key of a topic (from the asyncio client's table view)."""

@@ -312,6 +312,59 @@ def test_unauthenticated_connection_is_refused_every_request(tmp_path):
         broker.stop()
 
 
+def test_anonymous_role_and_grants_authorize_per_namespace(tmp_path):
+    """--anonymous-role admits a CONNECT without credentials as that role; --grant limits each
+    role to its namespaces (AuthorizationError elsewhere); a wrong token is still refused; a JWT
+    token acts as its subject; a topic of an unknown tenant is TopicNotFound whatever the role."""
+    import base64
+    import json
+
+    jwt = ".".join(base64.urlsafe_b64encode(part).rstrip(b"=").decode() for part in (
+        b'{"alg":"HS256"}', json.dumps({"sub": "reader"}).encode(), b"signature"))
+    broker = BrokerThread(tmp_path / "data", v1_port=None, auth_tokens={jwt}, anonymous_role="anonymous",
+                          grants={"public/default": {"anonymous"}, "public/private": {"reader"}},
+                          handshake_timeout=5.0).start()
+
+    def lookup(raw, topic):
+        rid = raw.rid()
+        raw.send(command(T.LOOKUP, "lookupTopic", pb.CommandLookupTopic(topic=topic, request_id=rid)))
+        return raw.next().command.lookupTopicResponse
+
+    try:
+        with Raw(broker.broker.port) as anonymous:
+            connect = pb.CommandLookupTopicResponse.Connect
+            assert lookup(anonymous, "persistent://public/default/open").response == connect
+            assert anonymous.producer("persistent://public/default/open").type == T.PRODUCER_SUCCESS
+            assert lookup(anonymous, "persistent://public/private/closed").error == pb.AuthorizationError
+            answer = anonymous.producer("persistent://public/private/closed")
+            assert answer.type == T.ERROR and answer.command.error.error == pb.AuthorizationError
+            assert lookup(anonymous, "persistent://no-such-tenant/ns/t").error == pb.TopicNotFound
+        with Raw(broker.broker.port, token=jwt) as reader:  # the role "reader", the JWT's subject
+            assert reader.subscribe("persistent://public/private/closed").type == T.SUCCESS
+            assert lookup(reader, "persistent://public/default/open").error == pb.AuthorizationError
+        with Raw(broker.broker.port, token="wrong") as refused:
+            assert lookup(refused, "persistent://public/default/open").error == pb.AuthenticationError
+        assert "persistent://public/private/closed" in broker.broker.topics
+    finally:
+        broker.stop()
+
+
+def test_authorization_needs_authentication(tmp_path):
+    import subprocess
+    import sys
+
+    from pulsarwire.broker.server import Broker
+
+    with pytest.raises(ValueError):
+        Broker(str(tmp_path / "a"), v1_port=None, anonymous_role="anonymous")
+    with pytest.raises(ValueError):
+        Broker(str(tmp_path / "b"), v1_port=None, auth_tokens={"t"}, grants={"no-namespace": {"r"}})
+    done = subprocess.run([sys.executable, "-m", "pulsarwire", "broker", "--http-port", "-1", "--data-dir",
+                           str(tmp_path / "c"), "--port", str(free_port()), "--v1-port", "-1",
+                           "--grant", "public/default=r"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and "need authentication" in done.stderr
+
+
 def test_empty_auth_token_is_refused_at_startup(tmp_path):
     import subprocess
     import sys

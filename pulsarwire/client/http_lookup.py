@@ -12,8 +12,8 @@ import ssl
 import urllib.parse
 from typing import Any
 
-from ..errors import (AuthenticationError, ConnectError, InvalidTopicNameError, ServerError, TimeoutError,
-                      TopicNotFoundError)
+from ..errors import (AuthenticationError, ConnectError, InvalidTopicNameError, PulsarWireError, ServerError,
+                      TimeoutError, TopicNotFoundError)
 
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024  # a namespace's topic list is the largest answer
 
@@ -60,9 +60,9 @@ class HttpLookup:
             except (ValueError, AttributeError):
                 reason = body[:200].decode("utf-8", "replace")
             # credentials refused (401): ConnectError, as the official client answers its lookup
-            refusals: dict[int, type[Exception]] = {401: ConnectError, 403: AuthenticationError,
-                                                    404: TopicNotFoundError, 412: InvalidTopicNameError}
-            error = refusals.get(status, ServerError)
+            errors: dict[int, type[PulsarWireError]] = {401: ConnectError, 403: AuthenticationError,
+                                                         404: TopicNotFoundError, 412: InvalidTopicNameError}
+            error = errors.get(status, ServerError)
             raise error(f"HTTP {status} from {url}: {reason}")
         try:
             return json.loads(body)
