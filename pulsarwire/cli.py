@@ -151,9 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument("--idle-timeout", type=float, default=300.0, metavar="SECONDS",
                         help="a Pulsar connection with no producer or consumer that makes no request but "
                              "PING this long is closed (default 300)")
-    broker.add_argument("--memory-budget", type=int, default=256 * 1024 * 1024, metavar="BYTES",
+    broker.add_argument("--memory-budget", type=int, default=None, metavar="BYTES",
                         help="unsent output of all Pulsar connections plus the entry cache (--max-cache-bytes); "
-                             "past it, connections holding output get no more until they take it (default 256 MiB)")
+                             "past it, connections holding output get no more until they take it (default: "
+                             "--max-cache-bytes plus 192 MiB, 256 MiB in all)")
     broker.add_argument("--v1-max-total-output-bytes", type=int, default=None, metavar="BYTES",
                         help="unsent V1 replies of all connections together before connections holding some "
                              "are answered no more until they fall (default 256 MiB)")

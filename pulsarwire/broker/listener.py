@@ -63,10 +63,21 @@ class Listener:
         self._reserve = reserve
         self._refusal = refusal
         self.counters = counters if counters is not None else {}
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
-        self._sock = socket.create_server((host, port), family=family, backlog=backlog)
-        self._sock.setblocking(False)
-        self.sockets = [self._sock]
+        # every address the host name stands for (as asyncio's server), all on one port
+        self.sockets: list[socket.socket] = []
+        try:
+            for family, _, _, _, address in dict.fromkeys(
+                    (info[0], info[1], info[2], info[3], info[4][:2])
+                    for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)):
+                if self.sockets:
+                    address = (str(address[0]), self.sockets[0].getsockname()[1])
+                sock = socket.create_server((str(address[0]), int(address[1])), family=family, backlog=backlog)
+                sock.setblocking(False)
+                self.sockets.append(sock)
+        except BaseException:
+            for sock in self.sockets:
+                sock.close()
+            raise
         self._loop = asyncio.get_running_loop()
         self._closed = self._loop.create_future()
         self._accepting = False
@@ -78,25 +89,27 @@ class Listener:
     def _resume_accepting(self) -> None:
         if not self._accepting and not self._closed.done():
             self._accepting = True
-            self._loop.add_reader(self._sock.fileno(), self._accept_ready)
+            for sock in self.sockets:
+                self._loop.add_reader(sock.fileno(), self._accept_ready, sock)
 
     def _pause_accepting(self, seconds: float) -> None:
         if self._accepting:
             self._accepting = False
-            self._loop.remove_reader(self._sock.fileno())
+            for sock in self.sockets:
+                self._loop.remove_reader(sock.fileno())
         self._loop.call_later(seconds, self._resume_accepting)
 
-    def _accept_ready(self) -> None:
+    def _accept_ready(self, listening: socket.socket) -> None:
         for _ in range(ACCEPTS_PER_TICK):
             try:
-                conn, _ = self._sock.accept()
+                conn, _ = listening.accept()
             except (BlockingIOError, InterruptedError, ConnectionAbortedError):
                 return
             except OSError as exc:
                 if exc.errno not in _OUT_OF_DESCRIPTORS:
                     log.warning("accept failed: %s", exc)
                     return
-                self._refuse_without_descriptors()
+                self._refuse_without_descriptors(listening)
                 return
             conn.setblocking(False)
             task = self._loop.create_task(self._serve(conn))
@@ -113,12 +126,12 @@ class Listener:
             log.info("dropping an accepted connection: %s", exc)
             conn.close()
 
-    def _refuse_without_descriptors(self) -> None:
+    def _refuse_without_descriptors(self, listening: socket.socket) -> None:
         """No descriptor left: refuse one waiting connection with the reserve, then pause."""
         self.counters["refused_no_descriptors"] = self.counters.get("refused_no_descriptors", 0) + 1
         if self._reserve.release():
             try:
-                conn, _ = self._sock.accept()
+                conn, _ = listening.accept()
             except OSError:
                 conn = None
             if conn is not None:
@@ -133,7 +146,7 @@ class Listener:
         if now - self._last_warning >= 1.0:
             more = f" ({self._unlogged} more since the last warning)" if self._unlogged else ""
             log.warning("no descriptors left: refusing connections on port %d%s",
-                        self._sock.getsockname()[1], more)
+                        listening.getsockname()[1], more)
             self._last_warning, self._unlogged = now, 0
         else:
             self._unlogged += 1
@@ -143,9 +156,11 @@ class Listener:
         if self._closed.done():
             return
         if self._accepting:
-            self._loop.remove_reader(self._sock.fileno())
+            for sock in self.sockets:
+                self._loop.remove_reader(sock.fileno())
             self._accepting = False
-        self._sock.close()
+        for sock in self.sockets:
+            sock.close()
         for task in self._pending:
             task.cancel()
         self._closed.set_result(None)

@@ -18,7 +18,7 @@ from .core import DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER, DEFAULT_TOPIC_IDLE_
 from .listener import DescriptorReserve, Listener
 from .pulsar import (DEFAULT_AUTHENTICATED_SHARE, DEFAULT_FRAME_TIMEOUT, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
                      DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_FRAME_BEFORE_CONNECT, DEFAULT_MAX_INPUT_BYTES,
-                     DEFAULT_MAX_OUTPUT_BYTES, PulsarService)
+                     DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_TOTAL_OUTPUT_BYTES, PulsarService)
 from .storage import DEFAULT_MAX_CACHE_BYTES, DEFAULT_PAGE_CACHE_BYTES, SYNC_INTERVAL, FileOps, descriptor_limit
 from .topics import Topic
 from .v1 import DEFAULT_CONSUME_MAX_BYTES, V1Server, check_replication
@@ -26,8 +26,8 @@ from .v1 import DEFAULT_MAX_CONNECTIONS_PER_ADDRESS as DEFAULT_V1_MAX_CONNECTION
 from .v1 import DEFAULT_MAX_TOTAL_OUTPUT_BYTES as DEFAULT_V1_MAX_TOTAL_OUTPUT_BYTES
 
 log = logging.getLogger("pulsarwire.broker")
-# unsent output of all Pulsar connections plus the entry cache (DEFAULT_MAX_CACHE_BYTES)
-DEFAULT_MEMORY_BUDGET = 256 * 1024 * 1024
+# unsent output of all Pulsar connections plus the entry cache: by default the cache's budget plus
+# DEFAULT_MAX_TOTAL_OUTPUT_BYTES (256 MiB with the default cache)
 # descriptors kept out of every budget: listeners, state-file writes, the interpreter's own
 _SPARE_DESCRIPTORS = 32
 
@@ -70,12 +70,14 @@ class Broker:
                  max_connections_per_address: int | None = None,
                  authenticated_share: float = DEFAULT_AUTHENTICATED_SHARE,
                  idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
-                 memory_budget: int = DEFAULT_MEMORY_BUDGET,
+                 memory_budget: int | None = None,
                  advertised_listeners: dict[str, str] | None = None, tenants: tuple[str, ...] = (),
                  v1_max_total_output_bytes: int = DEFAULT_V1_MAX_TOTAL_OUTPUT_BYTES,
                  anonymous_role: str | None = None, grants: dict[str, set[str]] | None = None,
                  super_user_roles: tuple[str, ...] = ()) -> None:
         check_replication(replication_factor, min_insync_replicas)  # before anything is opened
+        if memory_budget is None:
+            memory_budget = max_cache_bytes + DEFAULT_MAX_TOTAL_OUTPUT_BYTES
         if memory_budget < max_cache_bytes + max_output_bytes:
             raise ValueError("memory_budget must hold the entry cache (max_cache_bytes) and one connection's "
                              "output (max_output_bytes)")
