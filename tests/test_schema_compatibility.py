@@ -61,8 +61,10 @@ def test_type_promotions_unions_enums_and_names():
     check_compatible(colour("R", "G", "B"), [colour("R", "G")], "BACKWARD")
     with pytest.raises(IncompatibleSchema):
         check_compatible(colour("R"), [colour("R", "G")], "BACKWARD")
+    check_compatible(avro(NAME, name="Other"), [V1], "FULL")  # records match by fields, as in Avro
+    fixed = lambda name: avro({"name": "f", "type": {"type": "fixed", "name": name, "size": 4}})
     with pytest.raises(IncompatibleSchema):
-        check_compatible(avro(NAME, name="Other"), [V1], "BACKWARD")
+        check_compatible(fixed("B"), [fixed("A")], "BACKWARD")  # fixed and enum types by name too
     with pytest.raises(IncompatibleSchema):
         check_compatible(pb.Schema(type=pb.Schema.Type.String), [V1], "FULL")
 
