@@ -68,6 +68,9 @@ def test_type_promotions_unions_enums_and_names():
     renamed = avro({"name": "c", "type": {"type": "enum", "name": "D", "symbols": ["R", "G"]}})
     with pytest.raises(IncompatibleSchema):
         check_compatible(renamed, [colour("R", "G")], "BACKWARD")
+    fixed = lambda name: avro({"name": "f", "type": {"type": "fixed", "name": name, "size": 4}})
+    with pytest.raises(IncompatibleSchema):
+        check_compatible(fixed("B"), [fixed("A")], "BACKWARD")  # fixed and enum types by name too
     with pytest.raises(IncompatibleSchema):
         check_compatible(pb.Schema(type=pb.Schema.Type.String), [V1], "FULL")
 

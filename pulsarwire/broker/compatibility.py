@@ -139,10 +139,10 @@ def _reader_problem(reader, writer, reader_names: dict, writer_names: dict, dept
         reader["name"].rsplit(".", 1)[0]
     w_ns = writer.get("namespace", writer_ns) if "." not in writer.get("name", "") else \
         writer["name"].rsplit(".", 1)[0]
-    # Pulsar resolves Avro schemas as Avro's resolving decoder does: a record reads a record
-    # whatever their names (only enums and fixed types must match by name)
-    written_as = {_full_name(writer, writer_ns), writer.get("name", "").rsplit(".", 1)[-1]}
-    if r_type not in ("record", "error") and not (_names(reader, reader_ns) & written_as):
+    # as Avro's SchemaCompatibility (which Pulsar uses): names must match for enums and fixed
+    # types; a record is matched by its fields alone
+    if r_type in ("enum", "fixed") and not (
+            _names(reader, reader_ns) & {_full_name(writer, writer_ns), writer.get("name", "").rsplit(".", 1)[-1]}):
         return f"{_describe(reader)} and {_describe(writer)} have different names"
     if r_type == "fixed":
         return None if reader.get("size") == writer.get("size") else f"fixed {reader.get('name')} changed its size"
