@@ -390,6 +390,12 @@ class Client(_Facade):
         def abort():
             self._client._closed = True
             self._client._pool.close_all()
+            closed = errors.AlreadyClosedError("client is closed")
+            for handle in self._handles:  # what sends are in flight fail now, not never
+                if isinstance(handle, Producer):
+                    handle._fail_handing(closed)
+                    for partition in handle._producer._partitions:
+                        partition._fail_all(closed)
         try:
             self._loop.call(abort)  # at once when called from a callback on the loop's thread
         finally:

@@ -308,3 +308,18 @@ def test_receive_on_the_loop_thread_raises_even_with_a_message_queued(embedded):
         producer.send_async(b"x", callback)
         assert done.wait(10) and len(outcome) == 2 and all("thread" in text for text in outcome)
         assert index(consumer.receive(5000)) == 1
+
+
+def test_shutdown_answers_every_accepted_send(embedded):
+    client = pulsar.Client(embedded.url)
+    producer = client.create_producer(unique(), batching_enabled=True, batching_max_publish_delay_ms=1000,
+                                      max_pending_messages=5000)
+    results = []
+    for _ in range(2000):
+        producer.send_async(b"x", lambda result, mid: results.append(result))
+    client.shutdown()
+    deadline = time.monotonic() + 5
+    while len(results) < 2000 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(results) == 2000
+    assert set(results) <= {pulsar.Result.Ok, pulsar.Result.AlreadyClosed}
