@@ -101,6 +101,7 @@ class BrokerCore:
         self._idle_since: dict[str, float] = {}  # open topics nobody uses, since when
         self._closing: dict[str, list[concurrent.futures.Future]] = {}  # unloaded topics' last writes
         self.unloaded_topics = 0
+        self._last_idle_scan = float("-inf")
 
     def open(self) -> None:
         os.makedirs(self.data_dir, exist_ok=True)
@@ -372,6 +373,9 @@ class BrokerCore:
         reader, nothing pending): their files are closed and their memory given back; they open
         again on their next use. Returns how many were closed."""
         now = time.monotonic() if now is None else now
+        if now - self._last_idle_scan < min(1.0, idle_timeout):  # a scan at most every second
+            return 0
+        self._last_idle_scan = now
         closed = 0
         for name, topic in list(self.topics.items()):
             if topic.in_use() or topic in self.uncommitted:
