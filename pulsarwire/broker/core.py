@@ -125,6 +125,7 @@ class BrokerCore:
         # tenants topics may be made in: Pulsar's defaults, those configured, and (from open())
         # those of every topic the data dir holds, so that no stored topic becomes unreachable
         self.tenants: set[str] = set(DEFAULT_TENANTS) | set(tenants)
+        self._last_idle_scan = float("-inf")
 
     def open(self) -> None:
         os.makedirs(self.data_dir, exist_ok=True)
@@ -449,6 +450,9 @@ class BrokerCore:
         reader, nothing pending): their files are closed and their memory given back; they open
         again on their next use. Returns how many were closed."""
         now = time.monotonic() if now is None else now
+        if now - self._last_idle_scan < min(1.0, idle_timeout):  # a scan at most every second
+            return 0
+        self._last_idle_scan = now
         closed = 0
         for name, topic in list(self.topics.items()):
             if topic.in_use() or topic in self.uncommitted:
