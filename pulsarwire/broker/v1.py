@@ -570,7 +570,7 @@ class V1Connection(asyncio.Protocol):
                     self.close(_error("0", BAD_REQUEST, "request line cut off by the end of the stream "
                                                         "(no newline): not executed"))
                     return
-                answers = []
+                answers: list = []
                 size = 0
                 produce_fast = server._produce_fast
                 answer_now = server.answer_now
