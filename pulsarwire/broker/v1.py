@@ -1374,15 +1374,17 @@ class V1Server:
         plain = _plain_v1_value
         while position < end:
             # the hot path: entries V1 wrote, in the entry cache, their values ready to show as they are
+            append = records.append
             for body in topic_log.cached_bodies(position, end):
                 value = plain(body)
                 if value is None:
                     break
                 record = b"%d:%s" % (position, value)
-                if used + len(record) + 1 > room:
+                size = used + len(record) + 1  # and its comma
+                if size > room:
                     break
-                records.append(record)
-                used += len(record) + 1  # and its comma
+                append(record)
+                used = size
                 position += 1
             if position >= end:
                 break
