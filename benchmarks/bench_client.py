@@ -332,8 +332,9 @@ def surface(module, url, topic, mode, count, size, options):
                    *(f"{k}={v}" for k, v in options.items())])
 
 
-def ratio_row(section, broker_kind, size, title, official, ours, higher_is_better=True, unit="msg/s"):
-    ratios = [(o / b if higher_is_better else o / b) if b else float("nan") for o, b in zip(ours, official)]
+def ratio_row(section, broker_kind, size, title, official, ours, unit="msg/s"):
+    """A row of medians and per-round ratios pulsarwire / official (for ms, under 1 is better)."""
+    ratios = [o / b if b else float("nan") for o, b in zip(ours, official)]
     return {"section": section, "broker": broker_kind, "size": size, "row": title, "unit": unit,
             "official": statistics.median(official), "pulsarwire": statistics.median(ours),
             "ratio_of_medians": statistics.median(ours) / statistics.median(official) if statistics.median(official)
@@ -412,8 +413,8 @@ def run_main_job(rounds):
 def print_ratio_row(row):
     unit = row["unit"]
     fmt = (lambda v: f"{v:,.0f}") if unit == "msg/s" else (lambda v: f"{v:.2f}")
-    print(f"  {row['section']:<8}{row['broker']:<12}{row['size']:>6} {row['row']:<40}official {fmt(row['official']):>10}"
-          f"  pulsarwire {fmt(row['pulsarwire']):>10} {unit:<6} ratio {row['ratio_of_medians']:.2f} (rounds: "
+    print(f"  {row['section']:<8}{row['broker']:<12}{row['size']:>6} {row['row']:<40}"
+          f"official {fmt(row['official']):>10}  pulsarwire {fmt(row['pulsarwire']):>10} {unit:<6} ratio {row['ratio_of_medians']:.2f} (rounds: "
           + ", ".join(f"{r:.2f}" for r in row["ratio_per_round"]) + ")", flush=True)
 
 

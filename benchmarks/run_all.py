@@ -64,7 +64,7 @@ def plot(results: dict, path: str) -> None:
     axes[0].set_ylabel("million messages/s (one core)")
     axes[0].legend()
 
-    client_rows = results["client"]
+    client_rows = [r for r in results["client"] if "kind" in r]  # the asyncio rows (the others: bench_client's table)
     labels = [f"{r['kind']} {r['size']}B\n{r['broker']}\n{'best' if r['row'].startswith('each') else 'same'}"
               for r in client_rows]
     axes[1].bar(range(len(client_rows)), [r["ratio_of_medians"] for r in client_rows])
