@@ -1281,7 +1281,9 @@ def test_a_slow_reader_holds_what_its_input_and_output_budgets_say(tmp_path):
 
 def test_consume_shows_as_is_only_entries_exactly_as_v1_writes_them():
     from pulsarwire._proto import PulsarApi_pb2 as pb
-    plain = v1_module._plain_v1_value
+    def plain(body):
+        start = v1_module._plain_v1_value_start(body)
+        return None if start < 0 else body[start:]
     assert plain(v1_module.v1_entry_body(5, 1_700_000_000_000, b"key", b"value")) == b"value"
     assert plain(v1_module.v1_entry_body(5, 1, b"k" * 200, "東京".encode())) == "東京".encode()
     assert plain(v1_module.v1_entry_body(5, 1, b"", b"")) == b""
@@ -1294,6 +1296,12 @@ def test_consume_shows_as_is_only_entries_exactly_as_v1_writes_them():
         raw = md.SerializeToString()
         assert plain(len(raw).to_bytes(4, "big") + raw + b"payload") is None
     assert plain(b"\x00\x00") is None
+    # the finding is kept with the (cached) entry: other connections reuse it
+    from pulsarwire.broker.storage import Entry
+    entry = Entry(7, v1_module.v1_entry_body(7, 1, b"k", b"value"), 0, 1, 1)
+    assert v1_module._plain_v1_record(entry) == b"7:value" and entry.plain_value_start > 0
+    other = Entry(8, v1_module.v1_entry_body(8, 1, b"k", b"a,b"), 0, 1, 1)
+    assert v1_module._plain_v1_record(other) is None and other.plain_value_start == -1
 
 
 def test_records_of_the_common_produce_path_carry_their_metadata(broker):
