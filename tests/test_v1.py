@@ -1304,6 +1304,28 @@ def test_consume_shows_as_is_only_entries_exactly_as_v1_writes_them():
     assert v1_module._plain_v1_record(other) is None and other.plain_value_start == -1
 
 
+def test_consume_replies_parsed_in_bulk_read_as_piece_by_piece():
+    import random
+    from pulsarwire import v1client
+    rng = random.Random(30)
+    for _ in range(3000):
+        body = "".join(rng.choice(["0", "1", "2", "9", "10", ":", ",", "a", "05", "+1", "\u0663"])
+                       for _ in range(rng.randrange(12)))
+        hw = rng.choice([None, 0, 2, 11])
+        try:
+            expected = v1client._records_one_by_one(body, hw)
+        except V1Error:
+            with pytest.raises(V1Error):
+                v1client._records(body, hw)
+            continue
+        assert v1client._records(body, hw) == expected, (body, hw)
+    assert v1client._records("1:a,0:b,2:c", 3) == [(1, "a,0:b"), (2, "c")]  # out of order: part of a value
+    assert v1client._records("0:a,1:b,3:c", 3) == [(0, "a"), (1, "b,3:c")]  # at or past hw: the same
+    assert v1client._records("0:a,01:b,1:c:d", 3) == [(0, "a,01:b"), (1, "c:d")]
+    body = ",".join(f"{i}:v{i}" for i in range(1000))
+    assert v1client._records(body, 1000) == [(i, f"v{i}") for i in range(1000)]
+
+
 def test_records_of_the_common_produce_path_carry_their_metadata(broker):
     from pulsarwire.broker.topics import entry_metadata
     topic = unique("fast-md")
