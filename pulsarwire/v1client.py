@@ -44,6 +44,7 @@ class V1Error(PulsarWireError):
 _FIELD = re.compile(r"(\w+)=(\[[^\]]*\]|\S*)")
 _TRAILING_FIELD = re.compile(r"\w+=\S*")
 _RECORD_START = re.compile(r"(0|[1-9][0-9]*):")
+_OFFSETS = re.compile(r"(?:0|[1-9][0-9]*)(?:,(?:0|[1-9][0-9]*))*")  # offsets joined by commas
 _TEXT_FIELDS = {"topic", "role", "heartbeat"}  # never read as numbers
 
 
@@ -63,6 +64,20 @@ def _value(key: str, text: str):
 def _records(body: str, hw: int | None) -> list[tuple[int, str]]:
     """`0:a,1:b,c` -> [(0, 'a'), (1, 'b,c')]. The format has no escaping, so a comma
     starts a new record only where an offset in order (>= the last one, below hw) follows."""
+    if body:
+        # the common reply, parsed in bulk: every piece is `offset:value`; if the offsets are in
+        # order each piece is a record (else the loop below decides which commas are values')
+        pieces = body.split(",")
+        heads, colons, values = zip(*[piece.partition(":") for piece in pieces])
+        if len("".join(colons)) == len(pieces) and _OFFSETS.fullmatch(",".join(heads)):
+            offsets = list(map(int, heads))
+            if offsets == sorted(offsets) and (len(offsets) < 2 or offsets[-1] < (hw if hw is not None else 1 << 63)):
+                return list(zip(offsets, values))
+    return _records_one_by_one(body, hw)
+
+
+def _records_one_by_one(body: str, hw: int | None) -> list[tuple[int, str]]:
+    """_records for any reply, deciding piece by piece which comma starts a record."""
     records: list[tuple[int, str]] = []
     for piece in body.split(",") if body else []:
         start = _RECORD_START.match(piece)

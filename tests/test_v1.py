@@ -1281,7 +1281,9 @@ def test_a_slow_reader_holds_what_its_input_and_output_budgets_say(tmp_path):
 
 def test_consume_shows_as_is_only_entries_exactly_as_v1_writes_them():
     from pulsarwire._proto import PulsarApi_pb2 as pb
-    plain = v1_module._plain_v1_value
+    def plain(body):
+        start = v1_module._plain_v1_value_start(body)
+        return None if start < 0 else body[start:]
     assert plain(v1_module.v1_entry_body(5, 1_700_000_000_000, b"key", b"value")) == b"value"
     assert plain(v1_module.v1_entry_body(5, 1, b"k" * 200, "東京".encode())) == "東京".encode()
     assert plain(v1_module.v1_entry_body(5, 1, b"", b"")) == b""
@@ -1294,6 +1296,34 @@ def test_consume_shows_as_is_only_entries_exactly_as_v1_writes_them():
         raw = md.SerializeToString()
         assert plain(len(raw).to_bytes(4, "big") + raw + b"payload") is None
     assert plain(b"\x00\x00") is None
+    # the finding is kept with the (cached) entry: other connections reuse it
+    from pulsarwire.broker.storage import Entry
+    entry = Entry(7, v1_module.v1_entry_body(7, 1, b"k", b"value"), 0, 1, 1)
+    assert v1_module._plain_v1_record(entry) == b"7:value" and entry.plain_value_start > 0
+    other = Entry(8, v1_module.v1_entry_body(8, 1, b"k", b"a,b"), 0, 1, 1)
+    assert v1_module._plain_v1_record(other) is None and other.plain_value_start == -1
+
+
+def test_consume_replies_parsed_in_bulk_read_as_piece_by_piece():
+    import random
+    from pulsarwire import v1client
+    rng = random.Random(30)
+    for _ in range(3000):
+        body = "".join(rng.choice(["0", "1", "2", "9", "10", ":", ",", "a", "05", "+1", "\u0663"])
+                       for _ in range(rng.randrange(12)))
+        hw = rng.choice([None, 0, 2, 11])
+        try:
+            expected = v1client._records_one_by_one(body, hw)
+        except V1Error:
+            with pytest.raises(V1Error):
+                v1client._records(body, hw)
+            continue
+        assert v1client._records(body, hw) == expected, (body, hw)
+    assert v1client._records("1:a,0:b,2:c", 3) == [(1, "a,0:b"), (2, "c")]  # out of order: part of a value
+    assert v1client._records("0:a,1:b,3:c", 3) == [(0, "a"), (1, "b,3:c")]  # at or past hw: the same
+    assert v1client._records("0:a,01:b,1:c:d", 3) == [(0, "a,01:b"), (1, "c:d")]
+    body = ",".join(f"{i}:v{i}" for i in range(1000))
+    assert v1client._records(body, 1000) == [(i, f"v{i}") for i in range(1000)]
 
 
 def test_records_of_the_common_produce_path_carry_their_metadata(broker):

@@ -124,9 +124,11 @@ class CorruptEntryError(StorageError):
 
 
 class Entry:
-    """One stored entry; `body` is the producer's metadata+payload span (bytes or a view of them)."""
+    """One stored entry; `body` is the producer's metadata+payload span (bytes or a view of them).
+    `plain_value_start`: a reader's memo kept with the cached entry (V1 CONSUME: where a value it
+    shows as it is starts in `body`, -1 when it is not such an entry; None until looked at)."""
 
-    __slots__ = ("entry_id", "body", "checksum", "publish_time", "num_messages")
+    __slots__ = ("entry_id", "body", "checksum", "publish_time", "num_messages", "plain_value_start")
 
     def __init__(self, entry_id: int, body, checksum: int, publish_time: int, num_messages: int) -> None:
         self.entry_id = entry_id
@@ -134,6 +136,7 @@ class Entry:
         self.checksum = checksum
         self.publish_time = publish_time
         self.num_messages = num_messages
+        self.plain_value_start: int | None = None
 
 
 class FileOps:
@@ -1220,20 +1223,20 @@ class TopicLog:
         self._readers.add(reader)
         return reader
 
-    def cached_bodies(self, start: int, end: int):
-        """Yield the bodies of entries start..end-1 held by the entry cache, in order, up to the
-        first that is not (read() reads it); the cache is touched once (a reader of many entries)."""
+    def cached_entries(self, start: int, end: int):
+        """Yield entries start..end-1 held by the entry cache, in order, up to the first that is
+        not (read() reads it); the cache is touched once (a reader of many entries)."""
         cache = self._cache
         entry = cache.get(start)
         if entry is None:
             return
         self._shared_cache.touch(self)
-        yield entry.body
+        yield entry
         for entry_id in range(start + 1, end):
             entry = cache.get(entry_id)
             if entry is None:
                 return
-            yield entry.body
+            yield entry
 
     def read(self, entry_id: int, reader: LogReader | None = None) -> Entry:
         """The entry; KeyError outside the log, CorruptEntryError (logged) when it is unreadable,

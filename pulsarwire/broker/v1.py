@@ -183,23 +183,24 @@ _V1_METADATA = re.compile(rb"\n\x00\x10[\x80-\xff]{0,9}[\x00-\x7f]\x18[\x80-\xff
 _U32_AT = struct.Struct(">I").unpack_from
 
 
-def _plain_v1_value(body) -> bytes | None:
-    """The value of an entry whose metadata is exactly what V1 writes and whose value a CONSUME
-    reply carries as it is (UTF-8 without newline, carriage return, `|` or comma); None for any
-    other entry (written by a Pulsar client, or not to be shown as it is), which _render handles."""
+def _plain_v1_value_start(body) -> int:
+    """Where the value starts in an entry whose metadata is exactly what V1 writes and whose value
+    a CONSUME reply carries as it is (UTF-8 without newline, carriage return, `|` or comma); -1
+    for any other entry (written by a Pulsar client, or not to be shown as it is), which _render
+    handles."""
     if type(body) is not bytes:
         body = bytes(body)
     if len(body) < 4:
-        return None
+        return -1
     end = 4 + _U32_AT(body)[0]
     found = _V1_METADATA.match(body, 4, end)
     if found is None:
-        return None
+        return -1
     stop = found.end()
     if stop != end:
         key_size = found.group(1)
         if key_size is None:
-            return None
+            return -1
         if len(key_size) == 1:
             length = key_size[0]
         else:
@@ -207,16 +208,28 @@ def _plain_v1_value(body) -> bytes | None:
             for shift, byte in enumerate(key_size):
                 length |= (byte & 0x7F) << (7 * shift)
         if stop + length != end:
-            return None
+            return -1
     value = body[end:]
     if len(value.translate(None, b",\n\r|")) != len(value):  # one pass for the four
-        return None
+        return -1
     if not value.isascii():
         try:
             value.decode("utf-8")
         except UnicodeDecodeError:
-            return None
-    return value
+            return -1
+    return end
+
+
+def _plain_v1_record(entry: Entry) -> bytes | None:
+    """The entry's `offset:value` text when _plain_v1_value_start recognises it, else None. The
+    finding is kept with the entry, so that the other connections consuming it from the entry
+    cache skip the recognition."""
+    start = entry.plain_value_start
+    if start is None:
+        start = entry.plain_value_start = _plain_v1_value_start(entry.body)
+    if start < 0:
+        return None
+    return b"%d:%s" % (entry.entry_id, entry.body[start:])
 
 
 class _TooLarge(Exception):
@@ -1371,15 +1384,17 @@ class V1Server:
         reader = None if session is None else session.reader(topic_log)
         room = self.consume_max_bytes
         read = topic_log.read
-        plain = _plain_v1_value
+        plain = _plain_v1_value_start
         while position < end:
             # the hot path: entries V1 wrote, in the entry cache, their values ready to show as they are
             append = records.append
-            for body in topic_log.cached_bodies(position, end):
-                value = plain(body)
-                if value is None:
+            for entry in topic_log.cached_entries(position, end):
+                start = entry.plain_value_start
+                if start is None:
+                    start = entry.plain_value_start = plain(entry.body)
+                if start < 0:
                     break
-                record = b"%d:%s" % (position, value)
+                record = b"%d:%s" % (position, entry.body[start:])
                 size = used + len(record) + 1  # and its comma
                 if size > room:
                     break
@@ -1393,14 +1408,12 @@ class V1Server:
             except (StorageError, KeyError):
                 entry = None  # the general path below reports it
             if entry is not None:
-                value = _plain_v1_value(entry.body)
-                if value is not None:
-                    record = b"%d:%s" % (position, value)
-                    if used + len(record) + 1 <= room:
-                        records.append(record)
-                        used += len(record) + 1  # and its comma
-                        position += 1
-                        continue
+                shown = _plain_v1_record(entry)
+                if shown is not None and used + len(shown) + 1 <= room:
+                    records.append(shown)
+                    used += len(shown) + 1  # and its comma
+                    position += 1
+                    continue
             try:
                 rendered = await self._entry_records(topic_log, position, room - used, reader, entry)
             except _TooLarge as exc:
