@@ -420,7 +420,7 @@ class BrokerCore:
         async with self._open_slots:
             if name in self.topics:
                 return
-            closing = self._closing.pop(name, ())  # its last writes, if it was unloaded: before it is read
+            closing = list(self._closing.get(name, ()))  # its last writes, if it was unloaded: before it is read
             directory = topic_directory(self.data_dir, name)
             create = self.read_only is None
             ops = self.files.ops
@@ -428,7 +428,9 @@ class BrokerCore:
             def read() -> dict:
                 concurrent.futures.wait(closing)
                 return read_topic_files(directory, create, ops)
-            self._preloaded[name] = await asyncio.get_running_loop().run_in_executor(self._opener, read)
+            preloaded = await asyncio.get_running_loop().run_in_executor(self._opener, read)
+            if name not in self.topics:  # else opened meanwhile (V1): what was read may be stale once it closes
+                self._preloaded[name] = preloaded
 
     def topic(self, name: str) -> Topic | None:
         """The topic-partition `name`, opened (or created) on first use; None for a partitioned
@@ -469,6 +471,7 @@ class BrokerCore:
         moved out of the topics (one rename). Returns that folder, for the caller to remove off
         the event loop (a restart removes what is left); None when the topic had no files."""
         self.check_topic_name(name)
+        self._preloaded.pop(name, None)
         topic = self.topics.pop(name, None)
         if topic is not None:
             topic.evict_all()
@@ -516,6 +519,7 @@ class BrokerCore:
                 continue
             del self._idle_since[name]
             del self.topics[name]
+            self._preloaded.pop(name, None)
             self._closing[name] = topic.close()
             closed += 1
         if closed:
