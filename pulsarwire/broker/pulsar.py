@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import concurrent.futures
 import errno
 import os
 try:
@@ -1024,6 +1025,30 @@ class BrokerConnection(asyncio.Protocol):
             await self.core.open_topic(name)
         except Exception:  # noqa: BLE001 - handled again, the topic's own open answers the error
             pass
+        self._handle_again(frame, key)
+
+    def _waits_for_write(self, frame, key: tuple[int, int], request_id: int,
+                         written: concurrent.futures.Future | None) -> bool:
+        """Whether the request must wait for a metadata write it made (None: none to wait for): the
+        event loop goes on meanwhile and the request is handled again once it is on disk, or
+        answered PersistenceError if it could not be written."""
+        if written is None or key in self._opening:
+            return False
+        self._opening.add(key)
+
+        def done(result: asyncio.Future) -> None:
+            error = None if result.cancelled() else result.exception()
+            if error is not None and key in self._opening and not self.closed:
+                self._opening.discard(key)
+                self._error(request_id, pb.PersistenceError, f"not stored: {error}")
+                self.flush()
+                return
+            self._handle_again(frame, key)
+        asyncio.wrap_future(written).add_done_callback(done)
+        return True
+
+    def _handle_again(self, frame, key: tuple[int, int]) -> None:
+        """Handle a request whose topic is open now, or whose write is on disk."""
         held = len(self._opening) >= MAX_OPENS_PER_CONNECTION
         if key not in self._opening or self.closed:
             return  # closed (CLOSE_PRODUCER/CLOSE_CONSUMER, or the connection) before it was open
@@ -1222,7 +1247,10 @@ class BrokerConnection(asyncio.Protocol):
             self._error(c.request_id, pb.ProducerBusy, f"producer {name} is already connected to {c.topic}")
             return
         if c.HasField("initial_subscription_name") and c.initial_subscription_name:
-            topic.subscription(c.initial_subscription_name, pb.CommandSubscribe.Shared, True, True, None)
+            initial = topic.subscription(c.initial_subscription_name, pb.CommandSubscribe.Shared, True, True, None,
+                                         wait=False)
+            if self._waits_for_write(frame, (T.PRODUCER, c.producer_id), c.request_id, topic.stored(initial)):
+                return
         producer = PulsarProducer(self, c.producer_id, topic, name)
         producer.schema_version = schema_version
         request_id = c.request_id
