@@ -1658,3 +1658,49 @@ def test_consumers_that_never_read_stay_within_the_broker_wide_output_budget(tmp
         for raw in stuck:
             raw.close()
         broker.stop()
+
+
+# issue 32 item 2: opening topics waits on the disk, off the event loop
+
+@pytest.mark.parametrize("subscribe", [False, True], ids=["producers", "subscriptions"])
+def test_a_flood_of_new_topics_does_not_hold_up_another_connection(broker, subscribe):
+    """One connection pipelines requests on new topics (each one's folder, files and metadata
+    made or read); another connection's PING and lookup are answered while the flood still
+    goes on, not once it is over (the flood fits one turn of the event loop's request limit)."""
+    count = 240
+    requests = []
+    for i in range(count):
+        topic = f"persistent://public/default/flood-{i}"
+        if subscribe:
+            requests.append(command(T.SUBSCRIBE, "subscribe", pb.CommandSubscribe(
+                topic=topic, subscription="s", subType=pb.CommandSubscribe.Shared, consumer_id=i, request_id=i)))
+        else:
+            requests.append(command(T.PRODUCER, "producer", pb.CommandProducer(
+                topic=topic, producer_id=i, request_id=i)))
+    with Raw(broker.broker.port, timeout=30) as flood, Raw(broker.broker.port, timeout=30) as honest:
+        flood.send(b"".join(requests))
+        answered = 1 if flood.next() is not None else 0  # the flood is under way
+        honest.send(command(T.PING, "ping", pb.CommandPing()) + command(T.LOOKUP, "lookupTopic", pb.CommandLookupTopic(
+            topic="persistent://public/default/honest", request_id=1)))
+        answers = [honest.next(skip_pings=False).type for _ in range(2)]
+        assert sorted(answers) == sorted([T.PONG, T.LOOKUP_RESPONSE])
+        # what the flood had been answered by then (and maybe a little after)
+        flood.sock.setblocking(False)
+        try:
+            while True:
+                data = flood.sock.recv(1 << 20)
+                if not data:
+                    break
+                flood.reader.feed(data)
+        except BlockingIOError:
+            pass
+        flood.pending.extend(flood.reader)
+        before = answered + sum(1 for frame in flood.pending if frame.type != T.PING)
+        assert before < count, "the other connection waited until the flood was over"
+        flood.sock.setblocking(True)
+        flood.sock.settimeout(30)
+        while answered < count:
+            frame = flood.next()
+            assert frame is not None
+            answered += 1
+            assert frame.type == (T.SUCCESS if subscribe else T.PRODUCER_SUCCESS), frame

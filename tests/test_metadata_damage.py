@@ -27,7 +27,7 @@ import pytest
 from pulsarwire import codec
 from pulsarwire._proto import PulsarApi_pb2 as pb
 from pulsarwire.broker import metafile
-from pulsarwire.broker.core import BrokerCore
+from pulsarwire.broker.core import BrokerCore, InvalidTopicName
 from pulsarwire.broker.fsck import check, repair
 from pulsarwire.broker.storage import FileOps, topic_directory
 
@@ -426,6 +426,28 @@ def test_idle_topics_are_closed_and_open_again_on_use(tmp_path):
     assert list(core.topics) == [names[0]] and core.storage_stats()["unloaded_topics"] == 19
     reopened = core.topic(names[5])
     assert reopened.log.next_entry_id == 2 and reopened.last_sequence == {"p": 1}
+    core.close()
+
+
+def test_topics_opened_off_the_event_loop_share_one_opening_and_read_their_latest_files(tmp_path):
+    core = BrokerCore(str(tmp_path))
+    core.open()
+    name = NS + "opened-off-loop"
+
+    async def opens():
+        first, second = await asyncio.gather(core.open_topic(name), core.open_topic(name))
+        assert first is second and core.topics[name] is first
+        _fill(core, name, 3)
+        core.save()
+        core.metadata.wait()
+        assert core.unload_idle_topics(10.0, now=1000.0) == 0
+        assert core.unload_idle_topics(10.0, now=1011.0) == 1
+        reopened = await core.open_topic(name)  # reads what the closed topic wrote last
+        assert reopened is not first and reopened.log.next_entry_id == 3 and reopened.last_sequence == {"p": 2}
+        with pytest.raises(InvalidTopicName):
+            await core.open_topic(NS + "a/../b")
+    asyncio.run(opens())
+    assert not core._preloaded
     core.close()
 
 

@@ -19,7 +19,7 @@ from .metafile import CURRENT, LOST, MISSING, PREVIOUS_COPY, MetadataError, Meta
 from .policies import Policies
 from .storage import (DEFAULT_MAX_CACHE_BYTES, DEFAULT_PAGE_CACHE_BYTES, SYNC_INTERVAL, DataDirLock, EntryCache, FileOps, FilePool,
                       StorageError, topic_directory)
-from .topics import DUPLICATE, LEDGERS_FILE, Topic, read_ledger_ranges
+from .topics import DUPLICATE, LEDGERS_FILE, Topic, read_ledger_ranges, read_topic_files
 
 log = logging.getLogger("pulsarwire.broker")
 
@@ -33,6 +33,10 @@ PARTITIONED_FILE = "topics.json"
 # file; the next block is reserved (by the metadata writer) when half of one is left.
 LEDGER_ID_BLOCK = 1024
 DEFAULT_TOPIC_IDLE_TIMEOUT = 600.0  # seconds a topic nobody uses stays open (its files, its memory)
+# topics whose files are being made or read off the event loop at once, broker-wide (open_topic);
+# more wait their turn
+MAX_OPENS_IN_FLIGHT = 64
+OPENER_THREADS = 2
 
 
 class InvalidTopicName(ValueError):
@@ -126,6 +130,11 @@ class BrokerCore:
         # those of every topic the data dir holds, so that no stored topic becomes unreachable
         self.tenants: set[str] = set(DEFAULT_TENANTS) | set(tenants)
         self._last_idle_scan = float("-inf")
+        # open_topic: one opening per name, shared by every request for it; what it read, for topic()
+        self._opening: dict[str, asyncio.Future] = {}
+        self._preloaded: dict[str, dict] = {}
+        self._open_slots: asyncio.Semaphore | None = None
+        self._opener: concurrent.futures.ThreadPoolExecutor | None = None
 
     def open(self) -> None:
         os.makedirs(self.data_dir, exist_ok=True)
@@ -267,6 +276,8 @@ class BrokerCore:
         return ledger_id
 
     def close(self) -> None:
+        if self._opener is not None:
+            self._opener.shutdown(wait=True)
         self.commit()
         for topic in self.topics.values():
             topic.close()
@@ -378,6 +389,49 @@ class BrokerCore:
         return sorted(n for n in names
                       if n.startswith(prefixes) and "/" not in n.split("://", 1)[1][len(namespace) + 1:])
 
+    def needs_opening(self, name: str) -> bool:
+        """Whether `name` is a topic-partition not open yet (a valid name, not a partitioned parent):
+        a front end opens it with open_topic rather than topic(), off the event loop."""
+        if name in self.topics or name in self._partitioned or not isinstance(name, str):
+            return False
+        try:
+            self.check_topic_name(name)
+        except InvalidTopicName:
+            return False  # topic() answers why
+        return True
+
+    async def open_topic(self, name: str) -> Topic | None:
+        """topic(name), with the file-system part of opening it (its folder and first segment made,
+        its metadata files read) done on a thread, so the event loop serves others meanwhile.
+        Concurrent requests for one name share one opening; at most MAX_OPENS_IN_FLIGHT run at once."""
+        if self.needs_opening(name):
+            opening = self._opening.get(name)
+            if opening is None:
+                opening = self._opening[name] = asyncio.ensure_future(self._read_topic_files(name))
+                opening.add_done_callback(lambda _: self._opening.pop(name, None))
+            await asyncio.shield(opening)
+        return self.topic(name)
+
+    async def _read_topic_files(self, name: str) -> None:
+        if self._open_slots is None:
+            self._open_slots = asyncio.Semaphore(MAX_OPENS_IN_FLIGHT)
+        if self._opener is None:
+            self._opener = concurrent.futures.ThreadPoolExecutor(OPENER_THREADS, thread_name_prefix="topic-opener")
+        async with self._open_slots:
+            if name in self.topics:
+                return
+            closing = list(self._closing.get(name, ()))  # its last writes, if it was unloaded: before it is read
+            directory = topic_directory(self.data_dir, name)
+            create = self.read_only is None
+            ops = self.files.ops
+
+            def read() -> dict:
+                concurrent.futures.wait(closing)
+                return read_topic_files(directory, create, ops)
+            preloaded = await asyncio.get_running_loop().run_in_executor(self._opener, read)
+            if name not in self.topics:  # else opened meanwhile (V1): what was read may be stale once it closes
+                self._preloaded[name] = preloaded
+
     def topic(self, name: str) -> Topic | None:
         """The topic-partition `name`, opened (or created) on first use; None for a partitioned
         parent. StorageError when it cannot be opened (MetadataError when its metadata is the
@@ -391,13 +445,14 @@ class BrokerCore:
             if self.read_only is not None and not os.path.isdir(directory):
                 raise MetadataError(f"{name} cannot be created: {self.read_only}")
             concurrent.futures.wait(self._closing.pop(name, ()))  # its last writes, if it was unloaded
+            preloaded = self._preloaded.pop(name, None)
             try:
                 # StorageError (logged) when the file system refuses, e.g. no descriptors left
                 topic = Topic(name, directory, segment_bytes=self.segment_bytes,
                               sync_policy=self.sync_policy, on_append=self.uncommitted.add, pool=self.files,
                               cache=self.cache, new_ledger_id=self.new_ledger_id,
                               max_unacked_messages=self.max_unacked_messages_per_consumer, metadata=self.metadata,
-                              deduplication=self.policies.deduplication(name))
+                              deduplication=self.policies.deduplication(name), preloaded=preloaded)
             except StorageError:
                 raise
             except Exception as exc:  # noqa: BLE001 - whatever its files hold, the front end answers an error
@@ -416,6 +471,7 @@ class BrokerCore:
         moved out of the topics (one rename). Returns that folder, for the caller to remove off
         the event loop (a restart removes what is left); None when the topic had no files."""
         self.check_topic_name(name)
+        self._preloaded.pop(name, None)
         topic = self.topics.pop(name, None)
         if topic is not None:
             topic.evict_all()
@@ -463,6 +519,7 @@ class BrokerCore:
                 continue
             del self._idle_since[name]
             del self.topics[name]
+            self._preloaded.pop(name, None)
             self._closing[name] = topic.close()
             closed += 1
         if closed:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import concurrent.futures
 import errno
 import os
 try:
@@ -61,6 +62,10 @@ RELAX_BELOW = 0.75  # the share of the total output budget under which squeezed 
 # requests (Send frames aside, stored in runs) one connection has handled in one turn of the event
 # loop: the rest wait for the next turn, so that a flood of small requests never holds the loop long
 MAX_REQUESTS_PER_TURN = 256
+# nor longer than this many seconds (requests that do more than answer, e.g. a subscription's cursor)
+MAX_SECONDS_PER_TURN = 0.005
+# topics one connection has being opened (off the event loop) at once: past it, its frames wait
+MAX_OPENS_PER_CONNECTION = 32
 # bytes dispatched to consumers in one turn of the event loop, all connections together: more waits
 # for the next turn, so that a burst to many consumers never keeps the loop from other clients long
 DISPATCH_BYTES_PER_TURN = 4 * 1024 * 1024
@@ -518,6 +523,9 @@ class BrokerConnection(asyncio.Protocol):
         self.unanswered_sends = 0  # sends dropped while the disk was full: closed once it has room
         self._reading = True
         self._yielding = False  # handled MAX_REQUESTS_PER_TURN requests: the rest in the next turn
+        # requests waiting for their topic to open, by (command type, producer or consumer id)
+        self._opening: set[tuple[int, int]] = set()
+        self._opened_frame: Any = None  # the request being handled again, its topic open
 
     # asyncio.Protocol
 
@@ -611,9 +619,10 @@ class BrokerConnection(asyncio.Protocol):
         send_frame = codec.SendFrame
         sends: list = []
         handled = 0
+        turn_ends = time.perf_counter() + MAX_SECONDS_PER_TURN
         try:
-            while self.writable and not self.closed:
-                if handled >= MAX_REQUESTS_PER_TURN:
+            while self.writable and not self.closed and len(self._opening) < MAX_OPENS_PER_CONNECTION:
+                if handled >= MAX_REQUESTS_PER_TURN or (handled & 15 == 15 and time.perf_counter() > turn_ends):
                     self._yield_turn()  # the rest in the next turn: other connections go first
                     break
                 try:
@@ -779,7 +788,8 @@ class BrokerConnection(asyncio.Protocol):
 
     def _set_reading(self) -> None:
         """Read while output is under its budget and the broker-wide input budget allows."""
-        reading = self.writable and not self._input_paused and not self._yielding
+        reading = self.writable and not self._input_paused and not self._yielding and \
+            len(self._opening) < MAX_OPENS_PER_CONNECTION
         if reading != self._reading and self.transport is not None and not self.closed:
             self._reading = reading
             if reading:
@@ -997,6 +1007,64 @@ class BrokerConnection(asyncio.Protocol):
     def _error(self, request_id: int, code: Any, message: str) -> None:
         self.command(T.ERROR, "error", pb.CommandError(request_id=request_id, error=code, message=message))
 
+    def _opens_topic(self, frame, name: str, key: tuple[int, int]) -> bool:
+        """Whether the request must wait for its topic to open: it is opened off the event loop
+        and the request handled again once it is (answers go by request id, so later requests
+        may be answered first; a producer's sends wait for its answer anyway)."""
+        if frame is self._opened_frame or key in self._opening or not self.core.needs_opening(name) or \
+                not self._tenant_exists(name):
+            return False
+        self._opening.add(key)
+        if len(self._opening) >= MAX_OPENS_PER_CONNECTION:
+            self._set_reading()  # its frames wait until one of its topics is open
+        asyncio.ensure_future(self._handle_once_open(frame, name, key))
+        return True
+
+    async def _handle_once_open(self, frame, name: str, key: tuple[int, int]) -> None:
+        try:
+            await self.core.open_topic(name)
+        except Exception:  # noqa: BLE001 - handled again, the topic's own open answers the error
+            pass
+        self._handle_again(frame, key)
+
+    def _waits_for_write(self, frame, key: tuple[int, int], request_id: int,
+                         written: concurrent.futures.Future | None) -> bool:
+        """Whether the request must wait for a metadata write it made (None: none to wait for): the
+        event loop goes on meanwhile and the request is handled again once it is on disk, or
+        answered PersistenceError if it could not be written."""
+        if written is None or key in self._opening:
+            return False
+        self._opening.add(key)
+
+        def done(result: asyncio.Future) -> None:
+            error = None if result.cancelled() else result.exception()
+            if error is not None and key in self._opening and not self.closed:
+                self._opening.discard(key)
+                self._error(request_id, pb.PersistenceError, f"not stored: {error}")
+                self.flush()
+                return
+            self._handle_again(frame, key)
+        asyncio.wrap_future(written).add_done_callback(done)
+        return True
+
+    def _handle_again(self, frame, key: tuple[int, int]) -> None:
+        """Handle a request whose topic is open now, or whose write is on disk."""
+        held = len(self._opening) >= MAX_OPENS_PER_CONNECTION
+        if key not in self._opening or self.closed:
+            return  # closed (CLOSE_PRODUCER/CLOSE_CONSUMER, or the connection) before it was open
+        self._opening.discard(key)
+        self._opened_frame = frame
+        try:
+            self._handle(frame)
+        except Exception as exc:  # noqa: BLE001 - a protocol violation or defect costs this connection
+            log.warning("closing connection: %s: %s", type(exc).__name__, exc)
+            self.close()
+        finally:
+            self._opened_frame = None
+        if held and not self.closed:
+            self._next_turn()  # its frames held meanwhile
+        self.flush()
+
     def _request_topic(self, request_id: int, name: str):
         """The topic a producer or subscribe request names, or None after answering its error."""
         try:
@@ -1152,6 +1220,8 @@ class BrokerConnection(asyncio.Protocol):
 
     def on_producer(self, frame) -> None:
         c = frame.command.producer
+        if self._opens_topic(frame, c.topic, (T.PRODUCER, c.producer_id)):
+            return
         topic = self._request_topic(c.request_id, c.topic)
         if topic is None:
             return
@@ -1177,7 +1247,10 @@ class BrokerConnection(asyncio.Protocol):
             self._error(c.request_id, pb.ProducerBusy, f"producer {name} is already connected to {c.topic}")
             return
         if c.HasField("initial_subscription_name") and c.initial_subscription_name:
-            topic.subscription(c.initial_subscription_name, pb.CommandSubscribe.Shared, True, True, None)
+            initial = topic.subscription(c.initial_subscription_name, pb.CommandSubscribe.Shared, True, True, None,
+                                         wait=False)
+            if self._waits_for_write(frame, (T.PRODUCER, c.producer_id), c.request_id, topic.stored(initial)):
+                return
         producer = PulsarProducer(self, c.producer_id, topic, name)
         producer.schema_version = schema_version
         request_id = c.request_id
@@ -1327,6 +1400,7 @@ class BrokerConnection(asyncio.Protocol):
 
     def on_close_producer(self, frame) -> None:
         c = frame.command.close_producer
+        self._opening.discard((T.PRODUCER, c.producer_id))  # not created once its topic is open
         producer = self.producers.pop(c.producer_id, None) or self.waiting_producers.pop(c.producer_id, None)
         if producer is not None:
             producer.topic.remove_producer(producer)
@@ -1334,6 +1408,8 @@ class BrokerConnection(asyncio.Protocol):
 
     def on_subscribe(self, frame) -> None:
         c = frame.command.subscribe
+        if self._opens_topic(frame, c.topic, (T.SUBSCRIBE, c.consumer_id)):
+            return
         topic = self._request_topic(c.request_id, c.topic)
         if topic is None:
             return
@@ -1477,6 +1553,7 @@ class BrokerConnection(asyncio.Protocol):
 
     def on_close_consumer(self, frame) -> None:
         c = frame.command.close_consumer
+        self._opening.discard((T.SUBSCRIBE, c.consumer_id))  # not created once its topic is open
         consumer = self.consumers.pop(c.consumer_id, None)
         if consumer is not None:
             consumer.subscription.detach(consumer)

@@ -16,7 +16,7 @@ import heapq
 import logging
 import os
 import time
-from typing import Callable, cast
+from typing import Any, Callable, cast
 
 from .. import codec
 from .._proto import PulsarApi_pb2 as pb
@@ -25,7 +25,7 @@ from ..messages import ack_set_words
 from ..routing import murmur3_32
 from . import metafile
 from .metafile import CURRENT, LOST, MISSING, PREVIOUS_COPY, MetadataWriter, report_damage
-from .storage import CorruptEntryError, Cursor, EntryCache, FilePool, StorageError, TopicLog
+from .storage import CorruptEntryError, Cursor, EntryCache, FileOps, FilePool, StorageError, TopicLog
 
 COMPACTION_FILE = "compaction.json"
 DUPLICATE = -1  # the entry id a deduplicated send is answered with
@@ -597,8 +597,10 @@ class Topic:
                  cache: EntryCache | None = None,
                  new_ledger_id: Callable[[], int] = lambda: LEGACY_LEDGER_ID,
                  max_unacked_messages: int = 0, deduplication: bool = True,
-                 metadata: MetadataWriter | None = None) -> None:
+                 metadata: MetadataWriter | None = None, preloaded: dict[str, metafile.Loaded] | None = None) -> None:
         self.name = name
+        # its metadata files as read_topic_files read them off the event loop (each used once)
+        self._preloaded = dict(preloaded or {})
         # whether a send at or below its producer's last sequence id is dropped (answered as a
         # duplicate); the sequence ids are tracked either way, for a policy switched on later
         self.deduplication = deduplication
@@ -656,7 +658,7 @@ class Topic:
         """Which ledger id each entry's message id carries: `[first entry, ledger id]` ranges,
         persisted before any entry of a new range is committed. A topic gets a broker-unique ledger
         id when created; entries stored before ledger ids existed keep ledger 0."""
-        loaded = read_ledger_ranges(self._path(LEDGERS_FILE))
+        loaded = self._load(LEDGERS_FILE, _ledger_ranges)
         ranges = loaded.data
         if loaded.source == PREVIOUS_COPY:
             report_damage(loaded, f"the ledger ids of topic {self.name}'s message ids",
@@ -684,6 +686,10 @@ class Topic:
     def _path(self, file_name: str) -> str:
         return os.path.join(self.directory, file_name)
 
+    def _load(self, file_name: str, validate: Callable[[Any], Any]) -> metafile.Loaded:
+        loaded = self._preloaded.pop(file_name, None)
+        return loaded if loaded is not None else metafile.load(self._path(file_name), validate)
+
     def _write(self, file_name: str, data, urgent: bool = False) -> concurrent.futures.Future:
         future = self._writes[file_name] = self.metadata.write(self._path(file_name), data, urgent)
         return future
@@ -695,7 +701,7 @@ class Topic:
             future.result()
 
     def _load_epoch(self) -> int:
-        loaded = metafile.load(self._path(EPOCH_FILE), _epoch)
+        loaded = self._load(EPOCH_FILE, _epoch)
         if loaded.source == PREVIOUS_COPY:
             report_damage(loaded, f"the producer epoch of topic {self.name}",
                           f"restored from the previous copy (epoch {loaded.data}): a producer fenced after "
@@ -710,7 +716,7 @@ class Topic:
     def _load_state(self) -> dict:
         """Termination and the deduplication snapshot (the entries after the snapshot complete
         it, see _recover_dedup)."""
-        loaded = metafile.load(self._path(STATE_FILE), _topic_state)
+        loaded = self._load(STATE_FILE, _topic_state)
         if loaded.source == PREVIOUS_COPY:
             report_damage(loaded, f"the termination and deduplication state of topic {self.name}",
                           "restored from the previous copy; deduplication state after it rebuilt from the log")
@@ -722,7 +728,7 @@ class Topic:
         return loaded.data or {}
 
     def _load_cursors(self) -> None:
-        loaded = metafile.load(self._path(CURSORS_FILE), _cursors)
+        loaded = self._load(CURSORS_FILE, _cursors)
         for sub_name, data in (loaded.data or {}).items():
             self.subscriptions[sub_name] = Subscription(self, sub_name, data.get("type", 0), True,
                                                         Cursor.from_json(data))
@@ -738,7 +744,7 @@ class Topic:
             self.cursors_lost = self._state_dirty = self._cursors_dirty = True
 
     def _load_schemas(self) -> list[dict]:
-        loaded = metafile.load(self._path(SCHEMA_FILE), _schemas)
+        loaded = self._load(SCHEMA_FILE, _schemas)
         if loaded.source == PREVIOUS_COPY:
             report_damage(loaded, f"the schema versions of topic {self.name}",
                           f"restored from the previous copy ({len(loaded.data)} versions): a version registered "
@@ -967,7 +973,7 @@ class Topic:
         self.compacted = (horizon, kept)
 
     def _load_compaction(self) -> tuple[int, set[int]] | None:
-        loaded = metafile.load(self._path(COMPACTION_FILE), _compaction)
+        loaded = self._load(COMPACTION_FILE, _compaction)
         if loaded.source == PREVIOUS_COPY:
             report_damage(loaded, f"topic {self.name}'s last compaction", "restored from the previous copy")
         elif loaded.source == LOST:
@@ -1222,3 +1228,25 @@ def _partition_index(name: str) -> int:
         if tail.isdigit():
             return int(tail)
     return -1
+
+
+# every metadata file a topic reads when it opens, with its validator
+_METADATA_FILES = ((LEDGERS_FILE, _ledger_ranges), (EPOCH_FILE, _epoch), (STATE_FILE, _topic_state),
+                   (CURSORS_FILE, _cursors), (SCHEMA_FILE, _schemas), (COMPACTION_FILE, _compaction))
+
+
+def read_topic_files(directory: str, create: bool, ops: FileOps) -> dict[str, metafile.Loaded]:
+    """The file-system part of opening a topic, for a thread off the event loop: its folder and
+    first segment made (with `create`, for a new topic) and its metadata files read, for
+    `Topic(preloaded=...)`. Best effort: whatever fails here is tried again, and reported, by
+    the Topic opened on the loop."""
+    try:
+        if create and not os.path.isdir(directory):
+            os.makedirs(directory, exist_ok=True)
+            for suffix in (".log", ".idx"):  # the first segment, so the loop opens files that exist
+                ops.close(ops.open(os.path.join(directory, f"{0:020d}{suffix}")))
+    except OSError:
+        pass
+    if not os.path.isdir(directory):
+        return {}
+    return {name: metafile.load(os.path.join(directory, name), validate) for name, validate in _METADATA_FILES}
