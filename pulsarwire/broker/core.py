@@ -240,7 +240,8 @@ class BrokerCore:
     def _reserve_ledger_ids(self, wait: bool) -> None:
         """Put the next block of ledger ids on disk (at once with `wait`, else by the writer)."""
         reserved = max(self._ledger_ids_reserved, self._next_ledger_id) + LEDGER_ID_BLOCK
-        future = self.metadata.write(self._ledgers_path(), {"next": reserved})
+        # urgent: ahead of the topics' own files, as every new topic soon waits for it
+        future = self.metadata.write(self._ledgers_path(), {"next": reserved}, urgent=True)
         self._reserving = (reserved, future)
         if wait:
             self._settle_reservation(wait=True)
@@ -410,6 +411,11 @@ class BrokerCore:
                 opening = self._opening[name] = asyncio.ensure_future(self._read_topic_files(name))
                 opening.add_done_callback(lambda _: self._opening.pop(name, None))
             await asyncio.shield(opening)
+        reserving = self._reserving
+        if name not in self.topics and reserving is not None and self._next_ledger_id >= self._ledger_ids_reserved:
+            # a new topic needs a ledger id and the block is spent: wait for the next one here,
+            # not in new_ledger_id on the loop (its failure is topic()'s to report)
+            await asyncio.wait([asyncio.wrap_future(reserving[1])])
         return self.topic(name)
 
     async def _read_topic_files(self, name: str) -> None:
