@@ -171,6 +171,9 @@ def test_batched_send_returns_the_id_the_consumer_sees(embedded, official):
         for i in range(3):
             producer.send_async(b"%d" % i, lambda result, mid: later.append(mid))
         producer.flush()
+        deadline = time.monotonic() + 5  # its callbacks run on its own thread, maybe after flush returns
+        while len(later) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
         sent += sorted(later, key=ids_of)
         received = [consumer.receive(5000).message_id() for _ in range(4)]
         return [ids_of(m) for m in sent], [ids_of(m) for m in received]
@@ -212,6 +215,9 @@ def test_consumer_seek_is_exclusive_unless_inclusive(embedded, official, batchin
         for i in range(6):
             producer.send_async(b"%d" % i, lambda result, mid: ids.append(mid))
         producer.flush()
+        deadline = time.monotonic() + 5  # its callbacks run on its own thread, maybe after flush returns
+        while len(ids) < 6 and time.monotonic() < deadline:
+            time.sleep(0.01)
         ids = _sorted_ids(ids)
         consumer = official.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest,
                                       start_message_id_inclusive=inclusive)
