@@ -713,13 +713,23 @@ def test_no_descriptors_left_is_answered_with_an_error_not_a_dropped_connection(
             for _ in range(40):  # take every descriptor the broker has left
                 hogs.append(await asyncio.open_connection("127.0.0.1", int(url.rsplit(":", 1)[1])))
             assert await wait_until_async(lambda: descriptors() >= 40)  # the broker accepted them
-            with pytest.raises(errors.PulsarWireError) as raised:
-                await client.create_producer("persistent://public/default/starved")
-            assert "open" in str(raised.value) or "Persistence" in type(raised.value).__name__
+            # a descriptor may still come free for a moment (the listener refuses the connections
+            # left in its backlog from its reserve): each topic that opens holds its files, so
+            # within a few topics one finds none left
+            refused = None
+            for attempt in range(10):
+                starved = f"persistent://public/default/starved-{attempt}"
+                try:
+                    await client.create_producer(starved)
+                except errors.PulsarWireError as exc:
+                    refused = exc
+                    break
+            assert refused is not None, "no topic was refused with every descriptor taken"
+            assert "open" in str(refused) or "Persistence" in type(refused).__name__
             for _, writer in hogs:
                 writer.close()
-            assert await wait_until_async(lambda: descriptors() <= before)  # the broker saw them go
-            producer = await client.create_producer("persistent://public/default/starved")
+            assert await wait_until_async(lambda: descriptors() <= before + 3 * attempt)  # the broker saw them go
+            producer = await client.create_producer(starved)
             await producer.send(b"fine")  # the same connection, still up
     try:
         run(main(), timeout=60)
