@@ -5,7 +5,6 @@ its namespace's, else the broker's default. Kept in `policies.json` in the data 
 from __future__ import annotations
 
 import asyncio
-import copy
 import os
 from typing import Any, Callable
 
@@ -87,8 +86,9 @@ class Policies:
         if self._write_lock is None:
             self._write_lock = asyncio.Lock()
         async with self._write_lock:
-            snapshot = copy.deepcopy({"tenants": self.tenants, "namespaces": self.namespaces, "topics": self.topics})
-            await asyncio.wrap_future(self.writer.write(self.path, snapshot))
+            # the writer encodes the data when called: later changes do not leak into this write
+            state = {"tenants": self.tenants, "namespaces": self.namespaces, "topics": self.topics}
+            await asyncio.wrap_future(self.writer.write(self.path, state))
         self.changed()
 
     # what a topic gets
