@@ -270,7 +270,7 @@ async def run_broker(args) -> int:
     if args.repair:
         print("pulsarwire broker: --repair goes with --check", file=sys.stderr)
         return 2
-    from .broker.storage import DEFAULT_MAX_CACHE_BYTES, DEFAULT_PAGE_CACHE_BYTES
+    from .broker.storage import DEFAULT_MAX_CACHE_BYTES, DEFAULT_PAGE_CACHE_BYTES, StorageError
     from .broker.v1 import DEFAULT_CONSUME_MAX_BYTES
     if args.auth_token is not None and not all(args.auth_token):
         print("pulsarwire broker: --auth-token must not be empty", file=sys.stderr)
@@ -365,9 +365,9 @@ async def run_broker(args) -> int:
     _tune_collector()
     from .client import topic_name
     for spec, name, count in partitioned:
-        try:  # a bad name, a non-partitioned topic of that name, fewer partitions than it has
-            broker.create_partitioned_topic(topic_name(name), count)
-        except ValueError as exc:
+        try:  # a bad name, a non-partitioned topic of that name, fewer partitions than it has, a full disk
+            await broker.create_partitioned_topic(topic_name(name), count)
+        except (ValueError, StorageError) as exc:
             print(f"pulsarwire broker: --partitioned-topic {spec}: {exc}", file=sys.stderr)
             await broker.stop()
             return 2

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import pathlib
 import shutil
@@ -69,7 +70,8 @@ class BrokerThread:
     def call(self, fn, *args):
         """Run fn(*args) on the broker's loop (admin operations) and return its result."""
         async def invoke():
-            return fn(*args)
+            result = fn(*args)
+            return await result if inspect.isawaitable(result) else result
         return asyncio.run_coroutine_threadsafe(invoke(), self.loop).result(10)
 
     def set_policy(self, key: str, value, *, namespace: str | None = None, topic: str | None = None) -> None:

@@ -546,3 +546,116 @@ def test_json_of_the_right_type_but_the_wrong_shape_is_damage(tmp_path, file_nam
     topic = core.topic(name)  # opens, whatever the file says
     assert topic.subscription("sub", 0, True, True, None).cursor.mark_delete == -1
     core.close()
+
+
+class HeldWrites(FileOps):
+    """Writes of files whose name ends with `suffix` wait while `released` is clear, or fail while `failing`."""
+
+    def __init__(self, suffix: str) -> None:
+        import threading
+        self.suffix = suffix
+        self.released = threading.Event()
+        self.released.set()
+        self.failing = False
+
+    def replace_file(self, path, data):
+        if path.endswith(self.suffix):
+            if self.failing:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            self.released.wait(30)
+        super().replace_file(path, data)
+
+
+def _held_request_cases():
+    from pulsarwire.client import ProducerAccessMode
+    from pulsarwire.schema import StringSchema
+
+    async def schema(client, topic):
+        return await client.create_producer(topic, schema=StringSchema())
+
+    async def epoch(client, topic):
+        return await client.create_producer(topic, access_mode=ProducerAccessMode.Exclusive)
+
+    async def partitioned(client, topic):  # the broker makes new topics partitioned (default partitions)
+        return await client.create_producer(topic)
+
+    async def unsubscribe(client, topic):
+        consumer = await client.subscribe(topic, unique("sub"))
+        return consumer.unsubscribe
+    return {"schema.json": (schema, None), "producer-epoch.json": (epoch, None),
+            "topics.json": (partitioned, None), "cursors.json": (unsubscribe, "unsubscribe")}
+
+
+@pytest.mark.parametrize("file_name", ["schema.json", "producer-epoch.json", "topics.json", "cursors.json"])
+def test_requests_that_write_metadata_are_answered_once_on_disk_while_the_loop_goes_on(tmp_path, file_name):
+    """A new schema version, an exclusive producer's epoch, a partitioned topic the broker makes,
+    an unsubscribe: each is answered once on disk, PersistenceError when it cannot be written,
+    and the event loop serves others while the write waits (it is the writer thread's)."""
+    from pulsarwire import Client
+    from pulsarwire.errors import PulsarWireError
+    disk = HeldWrites(file_name)
+    broker = BrokerThread(tmp_path, v1_port=None, file_ops=disk,
+                          default_partitions=2 if file_name == "topics.json" else 0).start()
+    make, then = _held_request_cases()[file_name]
+    try:
+        async def main():
+            async with Client(broker.url, operation_timeout_seconds=10) as client:
+                other = await client.create_producer(NS + unique("other"))
+                topic = NS + unique("held")
+                if then is not None:  # the request comes after a setup that writes the same file
+                    finish = await make(client, topic)
+                    await asyncio.sleep(0.2)
+                disk.released.clear()
+                started = asyncio.get_running_loop().time()
+                request = asyncio.ensure_future(finish() if then is not None else make(client, topic))
+                await asyncio.sleep(0.3)
+                assert not request.done()  # not answered: not on disk yet
+                await other.send(b"meanwhile")  # the broker serves meanwhile
+                assert asyncio.get_running_loop().time() - started < 2
+                disk.released.set()
+                await request
+                disk.failing = True
+                with pytest.raises(PulsarWireError):
+                    if then is not None:
+                        await (await make(client, NS + unique("refused")))()
+                    else:
+                        await make(client, NS + unique("refused"))
+                disk.failing = False
+        run(main())
+    finally:
+        disk.released.set()
+        broker.stop()
+
+
+def test_a_v1_topic_is_created_off_the_event_loop_and_answered_once_on_disk(tmp_path):
+    disk = HeldWrites("topics.json")
+    broker = BrokerThread(tmp_path, v1_port=0, file_ops=disk).start()
+
+    def ask(sock, line: str) -> str:
+        sock.sendall(line.encode() + b"\n")
+        reply = b""
+        while not reply.endswith(b"\n"):
+            chunk = sock.recv(65536)
+            assert chunk, "connection closed"
+            reply += chunk
+        return reply.decode()
+    try:
+        with socket.create_connection(("127.0.0.1", broker.v1_port), timeout=10) as first, \
+                socket.create_connection(("127.0.0.1", broker.v1_port), timeout=10) as second:
+            assert "|OK|" in ask(first, "V1|1|PRODUCE|known k:v")
+            disk.released.clear()
+            first.sendall(b"V1|2|PRODUCE|new-topic k:v\n")
+            assert "|OK|" in ask(second, "V1|3|PRODUCE|known k:w")  # served while the new topic is written
+            first.settimeout(0.3)
+            with pytest.raises(socket.timeout):
+                first.recv(1)  # not answered: the new topic is not on disk yet
+            first.settimeout(10)
+            disk.released.set()
+            assert ask(first, "V1|4|PRODUCE|new-topic k:x").startswith("V1|2|OK|")
+            disk.failing = True
+            assert "|ERR|" in ask(second, "V1|5|PRODUCE|refused k:v")
+            disk.failing = False
+            assert "|OK|" in ask(second, "V1|6|PRODUCE|refused k:v")
+    finally:
+        disk.released.set()
+        broker.stop()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import concurrent.futures
 import json
 import logging
 import shutil
@@ -38,6 +39,7 @@ DEFAULT_MAX_HTTP_CONNECTIONS = 256
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024  # a schema definition is the largest body the API takes
 MAX_PEEK = 1000  # how deep `position/{n}` may peek
 COMPACTION_SLICE = 256  # entries compaction reads between two turns of the event loop
+MAX_OPENS_PER_REQUEST = 4096  # topics one admin request may wait to open (each opening handles it again)
 DOMAINS = "{domain:persistent|non-persistent}"
 TOPIC = DOMAINS + "/{tenant}/{namespace}/{topic}"
 
@@ -131,7 +133,7 @@ class AdminServer:
     @web.middleware
     async def _errors(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
         try:
-            return await handler(request)
+            return await self._once_open(request, handler)
         except AdminError as exc:
             return _json({"reason": exc.reason}, exc.status)
         except PolicyError as exc:
@@ -149,6 +151,16 @@ class AdminServer:
         except Exception as exc:  # noqa: BLE001 - logged here; the client gets no traceback
             log.exception("admin request %s %s failed", request.method, request.path)
             return _json({"reason": f"internal error ({type(exc).__name__})"}, 500)
+
+    async def _once_open(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
+        """Handle the request; each time it needs a topic that is not open, open that off the
+        event loop and handle it again (a handler asks for its topics before it changes anything)."""
+        for _ in range(MAX_OPENS_PER_REQUEST):
+            try:
+                return await handler(request)
+            except _NotOpen as missing:
+                await self.core.open_topic(missing.name)
+        raise AdminError(503, "the request's topics did not stay open; try again")
 
     @web.middleware
     async def _auth(self, request: web.Request, handler):
@@ -279,6 +291,10 @@ class AdminServer:
         return [name]
 
     def _topic(self, partition: str) -> Topic:
+        """The open topic-partition; one not open yet is opened off the event loop and the
+        request handled again (_NotOpen, see _errors)."""
+        if partition not in self.core.topics and self.core.needs_opening(partition):
+            raise _NotOpen(partition)
         topic = self.core.topic(partition)
         if topic is None:
             raise AdminError(404, f"Topic {partition} not found")
@@ -423,7 +439,10 @@ class AdminServer:
         self._check_namespace(namespace_of(name))
         if self._exists(name):
             raise AdminError(409, "This topic already exists")
-        self._topic(name).save()
+        topic = await self.core.open_topic(name)  # made off the event loop
+        if topic is None:
+            raise AdminError(409, "This topic already exists")
+        topic.save()
         return _no_content()
 
     def _check_unused(self, partitions: list[str], force: bool) -> None:
@@ -452,7 +471,7 @@ class AdminServer:
             raise AdminError(412, "The number of partitions should be more than 0")
         if self._exists(name):
             raise AdminError(409, "This topic already exists")
-        self.core.create_partitioned_topic(name, partitions)
+        await _stored(self.core.create_partitioned_topic(name, partitions))
         return _no_content()
 
     async def update_partitioned(self, request: web.Request) -> web.Response:
@@ -463,13 +482,14 @@ class AdminServer:
             raise AdminError(404, f"Partitioned topic {name} not found")
         if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions <= existing:
             raise AdminError(412, f"The number of partitions must be more than the {existing} the topic has")
-        self.core.create_partitioned_topic(name, partitions)
+        await _stored(self.core.create_partitioned_topic(name, partitions))
         return _no_content()
 
     async def get_partitioned(self, request: web.Request) -> web.Response:
         name = self._topic_name(request)
         if request.query.get("checkAllowAutoCreation", "false").lower() == "true":
-            partitions = self.core.partitions_of(name)  # creates it partitioned where the broker would
+            await _stored(self.core.partitions_written(name))  # creates it partitioned where the broker would
+            partitions = self.core.partitions_of(name)
         else:
             partitions = self.core.partitioned_count(name) or 0
         return _json({"partitions": partitions, "deleted": False})
@@ -480,7 +500,9 @@ class AdminServer:
         if count is None:
             raise AdminError(404, f"Partitioned topic {name} not found")
         self._check_unused(self._partitions(name), request.query.get("force", "false").lower() == "true")
-        await self._remove_folders(self.core.delete_partitioned_topic(name))
+        written, folders = self.core.delete_partitioned_topic(name)
+        await _stored(written)
+        await self._remove_folders(folders)
         return _no_content()
 
     async def unload(self, request: web.Request) -> web.Response:
@@ -493,7 +515,8 @@ class AdminServer:
         if self.core.partitioned_count(name) is not None:
             raise AdminError(405, "Termination of a partitioned topic is not allowed")
         topic = self._topic(self._partitions(name)[0])
-        last = self.core.terminate_topic(name)
+        last, written = self.core.terminate_topic(name)
+        await _stored(written)
         return _json({"ledgerId": topic.ledger_of(max(last, 0)), "entryId": last, "partitionIndex": -1})
 
     async def stats(self, request: web.Request) -> web.Response:
@@ -542,10 +565,13 @@ class AdminServer:
         if any(sub_name in t.subscriptions for t in topics):
             raise AdminError(409, f"Subscription {sub_name} already exists")
         for topic in topics:
-            subscription = topic.subscription(sub_name, pb.CommandSubscribe.Exclusive, True, start == EARLIEST, None)
+            subscription = topic.subscription(sub_name, pb.CommandSubscribe.Exclusive, True, start == EARLIEST, None,
+                                              wait=False)
             if start not in (EARLIEST, LATEST):
                 subscription.seek(start_entry(start, topic.log))
                 topic.save()
+        for topic in topics:
+            await _stored(topic.written_cursors())
         return _no_content()
 
     async def delete_subscription(self, request: web.Request) -> web.Response:
@@ -561,7 +587,7 @@ class AdminServer:
         for topic in found:
             for consumer in list(topic.subscriptions[sub_name].consumers):
                 consumer.evict()
-            topic.drop_subscription(sub_name)
+            await _stored(topic.drop_subscription(sub_name))
         return _no_content()
 
     def _each_subscription(self, request: web.Request):
@@ -649,9 +675,10 @@ class AdminServer:
         partitions = self._partitions(name)
         if any(self._compactions.get(p, {}).get("status") == "RUNNING" for p in partitions):
             raise AdminError(409, "Compaction already in progress")
-        for partition in partitions:
+        topics = [self._topic(partition) for partition in partitions]
+        for partition, topic in zip(partitions, topics):
             self._compactions[partition] = {"status": "RUNNING", "lastError": ""}
-            task = asyncio.ensure_future(self._compact(self._topic(partition)))
+            task = asyncio.ensure_future(self._compact(topic))
             self._compacting.add(task)
             task.add_done_callback(self._compacting.discard)
         return _no_content()
@@ -688,7 +715,7 @@ class AdminServer:
                             removed.discard(key)
             finally:
                 reader.close()
-            topic.set_compacted(horizon, {e for k, e in latest.items() if k not in removed})
+            await _stored(topic.set_compacted(horizon, {e for k, e in latest.items() if k not in removed}))
             state.update(status="SUCCESS", lastError="")
         except asyncio.CancelledError:
             state.update(status="ERROR", lastError="the broker stopped")
@@ -769,19 +796,22 @@ class AdminServer:
         strategy = self.core.policies.schema_strategy(name)
         version = 0
         for topic in topics:
+            await _schema_settled(topic)
             try:
                 version, record = version_for(schema, topic.schemas, strategy)
             except IncompatibleSchema as exc:
                 raise AdminError(409, f"Incompatible schema: {exc}") from None
             if record is not None:
-                version = topic.register_schema(record)
+                await _stored(topic.register_schema(record))
+                version = next(i for i, kept in enumerate(topic.schemas) if kept is record)
         return _json({"version": {"version": version}})
 
     async def delete_schema(self, request: web.Request) -> web.Response:
         _, topics = self._schema_topics(request)
         version = len(topics[0].schemas)
         for topic in topics:
-            topic.clear_schemas()
+            await _schema_settled(topic)
+            await _stored(topic.clear_schemas())
         return _json({"version": version})
 
     async def check_schema(self, request: web.Request) -> web.Response:
@@ -794,6 +824,29 @@ class AdminServer:
         except IncompatibleSchema:
             compatible = False
         return _json({"isCompatibility": compatible, "schemaCompatibilityStrategy": strategy})
+
+
+class _NotOpen(Exception):
+    """A handler needs topic-partition `name`, which is not open yet."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+async def _stored(written: concurrent.futures.Future | None) -> None:
+    """Wait for a metadata write (None: nothing to wait for); its StorageError is raised here."""
+    if written is not None:
+        await asyncio.wrap_future(written)
+
+
+async def _schema_settled(topic: Topic) -> None:
+    """Wait until no schema change of `topic` is being written (whether it succeeded or not)."""
+    while topic.schema_write is not None:
+        try:
+            await asyncio.wrap_future(topic.schema_write)
+        except Exception:  # noqa: BLE001 - its own request was told; this one goes on
+            await asyncio.sleep(0)  # the topic forgets a failed write in a callback of its own
 
 
 class _Refusal(asyncio.Protocol):

@@ -112,6 +112,8 @@ class BrokerCore:
         self.generation = 0  # counts broker starts on this data dir, so names never repeat across restarts
         self._names = itertools.count()
         self._partitioned: dict[str, int] = {}
+        # partitioned topics (and new counts) being written: in force once on disk
+        self._creating: dict[str, tuple[int, concurrent.futures.Future]] = {}
         self._next_ledger_id = 1  # ledger 0 is what entries stored before ledger ids carry
         self._lock = DataDirLock(self.data_dir)  # one broker per data dir
         # namespace and topic policies; `deduplication` is the broker's default, off as in Pulsar
@@ -339,23 +341,45 @@ class BrokerCore:
         if name in self.topics:
             return True
         self.check_topic_name(name)
-        return name not in self._partitioned and os.path.isdir(topic_directory(self.data_dir, name))
+        return name not in self._partitioned and name not in self._creating and \
+            os.path.isdir(topic_directory(self.data_dir, name))
 
     def partitions_of(self, name: str) -> int:
-        """Partitions for a partitioned-metadata lookup (0: not partitioned), creating the
-        topic as partitioned first when the broker has default partitions."""
+        """Partitions for a partitioned-metadata lookup (0: not partitioned). Call
+        `partitions_written` first: it creates the topic as partitioned when the broker has
+        default partitions, and a topic being created has its count once that is on disk."""
         self.check_topic_name(name)
         if PARTITION_MARKER in name:
             return 0
-        if name not in self._partitioned and self.default_partitions and not self.non_partitioned_exists(name):
-            self.create_partitioned_topic(name, self.default_partitions)
         return self._partitioned.get(name, 0)
 
+    def partitions_written(self, name: str) -> concurrent.futures.Future | None:
+        """The write a partitioned-metadata lookup of `name` waits for (None: none): a creation
+        under way, or one it starts when the broker has default partitions."""
+        self.check_topic_name(name)
+        if PARTITION_MARKER in name:
+            return None
+        creating = self._creating.get(name)
+        if creating is not None:
+            return creating[1]
+        if name not in self._partitioned and self.default_partitions and not self.non_partitioned_exists(name):
+            return self.create_partitioned_topic(name, self.default_partitions)
+        return None
 
-    def create_partitioned_topic(self, name: str, partitions: int) -> None:
+
+    def create_partitioned_topic(self, name: str, partitions: int) -> concurrent.futures.Future:
+        """Make `name` a partitioned topic of `partitions` (or grow it to that many). The topic
+        (or its new count) is in force once on disk, so nobody is answered a topic a crash could
+        take back: the future is done then, or holds the StorageError. Off the event loop's
+        thread of work: the write is the metadata writer's."""
         if partitions < 1:
             raise ValueError("a partitioned topic needs at least one partition")
         self.check_topic_name(name, partitions)
+        creating = self._creating.get(name)
+        if creating is not None:
+            if creating[0] == partitions:
+                return creating[1]
+            raise ValueError(f"{name} is being given {creating[0]} partitions; try again once it has them")
         if self.non_partitioned_exists(name):
             raise ValueError(f"{name} already exists as a non-partitioned topic")
         existing = self._partitioned.get(name, 0)
@@ -363,17 +387,33 @@ class BrokerCore:
             raise ValueError(f"{name} has {existing} partitions; partitions can be added, never removed")
         if self.read_only is not None:
             raise MetadataError(self.read_only)
-        previous = self._partitioned.get(name)
-        self._partitioned[name] = partitions
-        try:  # on disk before it is answered
-            self.metadata.write_now(self._metadata_path(), self._partitioned)
-        except StorageError:
-            if previous is None:
-                del self._partitioned[name]
+        if partitions == existing:
+            done: concurrent.futures.Future = concurrent.futures.Future()
+            done.set_result(None)
+            return done
+        future = self._write_partitioned({name: partitions})
+        self._creating[name] = (partitions, future)
+
+        def written(error: BaseException | None) -> None:
+            if self._creating.get(name, (0, None))[1] is future:
+                del self._creating[name]
+                if error is None:
+                    self._partitioned[name] = partitions
+                    self.tenants.add(tenant_of(name))  # made by an operator (CLI, admin): its tenant exists
+        metafile.when_written(future, written)
+        return future
+
+    def _write_partitioned(self, changes: dict[str, int | None]) -> concurrent.futures.Future:
+        """Write topics.json: the counts in force, those being written, and `changes` (None: gone).
+        Writes are coalesced, so each holds every change under way."""
+        counts = dict(self._partitioned)
+        counts.update((name, count) for name, (count, _) in self._creating.items())
+        for name, count in changes.items():
+            if count is None:
+                counts.pop(name, None)
             else:
-                self._partitioned[name] = previous
-            raise
-        self.tenants.add(tenant_of(name))  # made by an operator (CLI, admin): its tenant exists
+                counts[name] = count
+        return self.metadata.write(self._metadata_path(), counts, urgent=True)
 
     def topics_of_namespace(self, namespace: str, persistent: bool = True, non_persistent: bool = False) -> list[str]:
         """The topic-partitions of `tenant/namespace` (open, on disk, or partitions of a
@@ -393,7 +433,7 @@ class BrokerCore:
     def needs_opening(self, name: str) -> bool:
         """Whether `name` is a topic-partition not open yet (a valid name, not a partitioned parent):
         a front end opens it with open_topic rather than topic(), off the event loop."""
-        if name in self.topics or name in self._partitioned or not isinstance(name, str):
+        if name in self.topics or name in self._partitioned or name in self._creating or not isinstance(name, str):
             return False
         try:
             self.check_topic_name(name)
@@ -444,7 +484,7 @@ class BrokerCore:
         cause); nothing else escapes, so a front end can always answer."""
         topic = self.topics.get(name)
         if topic is None:
-            if name in self._partitioned:
+            if name in self._partitioned or name in self._creating:
                 return None
             self.check_topic_name(name)
             directory = topic_directory(self.data_dir, name)
@@ -492,15 +532,18 @@ class BrokerCore:
         os.rename(directory, target)
         return target
 
-    def delete_partitioned_topic(self, name: str) -> list[str]:
-        """Delete a partitioned topic and its partitions; returns the folders to remove."""
+    def delete_partitioned_topic(self, name: str) -> tuple[concurrent.futures.Future, list[str]]:
+        """Delete a partitioned topic and its partitions: the write that makes it final on disk,
+        and the folders to remove once it is."""
         partitions = self._partitioned.get(name)
         if partitions is None:
             raise ValueError(f"{name} is not a partitioned topic")
+        if name in self._creating:
+            raise ValueError(f"{name} is being given more partitions; try again once it has them")
         del self._partitioned[name]
-        self.metadata.write_now(self._metadata_path(), self._partitioned)
+        written = self._write_partitioned({})  # a crash before it is on disk brings it back, empty
         folders = [self.delete_topic(f"{name}{PARTITION_MARKER}{i}") for i in range(partitions)]
-        return [folder for folder in folders if folder]
+        return written, [folder for folder in folders if folder]
 
     def apply_policies(self) -> None:
         """Give open topics the policies now in force (after an admin change)."""
@@ -535,7 +578,8 @@ class BrokerCore:
             log.info("%d idle topics closed (%d open)", closed, len(self.topics))
         return closed
 
-    def terminate_topic(self, name: str) -> int:
+    def terminate_topic(self, name: str) -> tuple[int, concurrent.futures.Future | None]:
+        """Terminate topic-partition `name`: its last entry id, and the write to wait for before answering."""
         topic = self.topic(name)
         if topic is None:
             raise ValueError(f"{name} is partitioned; terminate its partitions")

@@ -267,6 +267,25 @@ class MetadataWriter:
                     self._lock.notify_all()
 
 
+def when_written(future: concurrent.futures.Future, then: Callable[[BaseException | None], None]) -> None:
+    """Call `then(error)` (None: on disk) once `future`, a MetadataWriter write, is done: on the
+    running event loop, before anything that wraps the future later is woken (so state made
+    visible by `then` is there for them); without a running loop (tools, tests, start-up), here,
+    once the write is done."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        then(future.exception())
+        return
+
+    def done(finished: concurrent.futures.Future) -> None:
+        try:
+            loop.call_soon_threadsafe(then, finished.exception())
+        except RuntimeError:  # the loop is closed: the broker stopped, nobody waits any more
+            pass
+    future.add_done_callback(done)
+
+
 def write_file(path: str, raw: bytes, kind: type, ops: FileOps = DEFAULT_OPS) -> None:
     """Replace `path` by `raw` (already encoded data of type `kind`) atomically, keeping the
     current file as the previous copy. StorageError (logged) when the file system refuses."""

@@ -1205,6 +1205,9 @@ class BrokerConnection(asyncio.Protocol):
         c = frame.command.partitionMetadata
         try:
             self.core.check_tenant(c.topic)
+            if self._waits_for_write(frame, (T.PARTITIONED_METADATA, c.request_id), c.request_id,
+                                     self.core.partitions_written(c.topic)):
+                return  # created as partitioned (the broker's default partitions): answered once on disk
             partitions = self.core.partitions_of(c.topic)
         except (InvalidTopicName, UnknownTenant) as exc:
             self.command(T.PARTITIONED_METADATA_RESPONSE, "partitionMetadataResponse",
@@ -1230,13 +1233,13 @@ class BrokerConnection(asyncio.Protocol):
             return
         existing = self.producers.get(c.producer_id)
         if existing is not None and existing.topic is topic:  # a retried create: answer again
-            self._producer_success(c.request_id, existing, existing.epoch)
+            self._producer_granted(c.request_id, existing, existing.epoch)
             return
         waiting = self.waiting_producers.get(c.producer_id)
         if waiting is not None and waiting.topic is topic:
             self._producer_success(c.request_id, waiting, None)
             return
-        accepted, schema_version = self._attach_schema(c.request_id, topic,
+        accepted, schema_version = self._attach_schema(frame, (T.PRODUCER, c.producer_id), c.request_id, topic,
                                                        c.schema if c.HasField("schema") else None)
         if not accepted:
             return
@@ -1259,7 +1262,7 @@ class BrokerConnection(asyncio.Protocol):
             if self.waiting_producers.pop(producer.producer_id, None) is producer and not self.closed:
                 self.producers[producer.producer_id] = producer
                 producer.epoch = epoch
-                self._producer_success(request_id, producer, epoch)
+                self._producer_granted(request_id, producer, epoch)
                 self.flush()
 
         def refused(error: Exception) -> None:
@@ -1282,7 +1285,31 @@ class BrokerConnection(asyncio.Protocol):
         else:
             producer.epoch = epoch if c.producer_access_mode != SHARED else None
             self.producers[c.producer_id] = producer
+            self._producer_granted(c.request_id, producer, producer.epoch)
+            return
         self._producer_success(c.request_id, producer, producer.epoch)
+
+    def _producer_granted(self, request_id: int, producer: PulsarProducer, epoch: int | None) -> None:
+        """Answer a producer that holds the topic, once the topic's epoch is on disk (an exclusive
+        producer's new epoch is written first: a restart must keep the ones it fenced out
+        fenced); PersistenceError, and the producer gone, if it cannot be written."""
+        written = producer.topic.epoch_stored() if epoch is not None else None
+        if written is None:
+            self._producer_success(request_id, producer, epoch)
+            return
+
+        def done(result: asyncio.Future) -> None:
+            if self.closed or self.producers.get(producer.producer_id) is not producer:
+                return  # closed meanwhile: its close was answered
+            error = None if result.cancelled() else result.exception()
+            if error is not None:
+                del self.producers[producer.producer_id]
+                producer.topic.remove_producer(producer)
+                self._error(request_id, pb.PersistenceError, f"the topic's epoch is not stored: {error}")
+            else:
+                self._producer_success(request_id, producer, epoch)
+            self.flush()
+        asyncio.wrap_future(written).add_done_callback(done)
 
     def _producer_success(self, request_id: int, producer: PulsarProducer, epoch: int | None) -> None:
         """Answer a create; a waiting producer (not ready yet) is answered again once it is granted."""
@@ -1416,7 +1443,8 @@ class BrokerConnection(asyncio.Protocol):
         if c.consumer_id in self.consumers:
             self._answer_subscribe(c.request_id, self.consumers[c.consumer_id])  # a retried subscribe
             return
-        if not self._attach_schema(c.request_id, topic, c.schema if c.HasField("schema") else None)[0]:
+        if not self._attach_schema(frame, (T.SUBSCRIBE, c.consumer_id), c.request_id, topic,
+                                   c.schema if c.HasField("schema") else None)[0]:
             return
         subscription = topic.subscription(c.subscription, c.subType, c.durable,
                                           c.initialPosition == pb.CommandSubscribe.Earliest,
@@ -1548,8 +1576,22 @@ class BrokerConnection(asyncio.Protocol):
             if isinstance(other, PulsarConsumer):
                 other.conn.consumers.pop(other.consumer_id, None)
         subscription.consumers.clear()
-        subscription.topic.drop_subscription(subscription.name)
-        self._success(c.request_id)
+        written = subscription.topic.drop_subscription(subscription.name)
+        if written is None:
+            self._success(c.request_id)
+            return
+        request_id = c.request_id
+
+        def done(result: asyncio.Future) -> None:
+            if self.closed:
+                return
+            error = None if result.cancelled() else result.exception()
+            if error is not None:  # the cursors stay marked changed: the next save writes them
+                self._error(request_id, pb.PersistenceError, f"the unsubscribe is not stored: {error}")
+            else:
+                self._success(request_id)
+            self.flush()
+        asyncio.wrap_future(written).add_done_callback(done)
 
     def on_close_consumer(self, frame) -> None:
         c = frame.command.close_consumer
@@ -1603,19 +1645,24 @@ class BrokerConnection(asyncio.Protocol):
 
     # schemas: one per topic; a producer or consumer may declare it, or the same one, or none
 
-    def _attach_schema(self, request_id: int, topic: Topic, schema: pb.Schema | None) -> tuple[bool, bytes | None]:
-        """(accepted, the schema version of a declared schema, registering a new one that the
-        namespace's compatibility strategy admits); not accepted after answering IncompatibleSchema;
-        no version when none is declared."""
+    def _attach_schema(self, frame, key: tuple[int, int], request_id: int, topic: Topic,
+                       schema: pb.Schema | None) -> tuple[bool, bytes | None]:
+        """(accepted, the schema version of a declared schema); no version when none is declared.
+        Not accepted after answering IncompatibleSchema, or while a new version (one the
+        namespace's compatibility strategy admits) is written: the request is handled again
+        once it is on disk (see _waits_for_write)."""
         if schema is None:
             return True, None
+        if self._waits_for_write(frame, key, request_id, topic.schema_write):
+            return False, None
         try:
             version, record = version_for(schema, topic.schemas, self.core.policies.schema_strategy(topic.name))
         except IncompatibleSchema as exc:
             self._error(request_id, pb.IncompatibleSchema, f"{topic.name}: {exc}")
             return False, None
         if record is not None:
-            version = topic.register_schema(record)
+            self._waits_for_write(frame, key, request_id, topic.register_schema(record))
+            return False, None
         return True, version.to_bytes(8, "big")
 
     def on_get_schema(self, frame) -> None:
@@ -1624,7 +1671,10 @@ class BrokerConnection(asyncio.Protocol):
         partitions = self.core.partitioned_count(name)
         if partitions:
             name = f"{name}-partition-0"  # every partition carries the same schema
-        topic = self.core.topic(name) if self.core.non_partitioned_exists(name) else None
+        exists = self.core.non_partitioned_exists(name)
+        if exists and self._opens_topic(frame, name, (T.GET_SCHEMA, c.request_id)):
+            return
+        topic = self.core.topic(name) if exists else None
         response = pb.CommandGetSchemaResponse(request_id=c.request_id)
         versions = topic.schemas if topic is not None else []
         version = int.from_bytes(c.schema_version, "big") if c.HasField("schema_version") and c.schema_version \

@@ -281,11 +281,16 @@ class Broker:
 
     # administration
 
-    def create_partitioned_topic(self, name: str, partitions: int) -> None:
-        self.core.create_partitioned_topic(name, partitions)
+    async def create_partitioned_topic(self, name: str, partitions: int) -> None:
+        """Make `name` a partitioned topic (or grow it); returns once that is on disk."""
+        await asyncio.wrap_future(self.core.create_partitioned_topic(name, partitions))
 
-    def terminate_topic(self, name: str) -> int:
-        return self.core.terminate_topic(name)
+    async def terminate_topic(self, name: str) -> int:
+        """Terminate topic-partition `name` (on disk when this returns); its last entry id."""
+        last, written = self.core.terminate_topic(name)
+        if written is not None:
+            await asyncio.wrap_future(written)
+        return last
 
     def unload_topic(self, name: str) -> int:
         return self.core.unload_topic(name)

@@ -634,6 +634,7 @@ class Topic:
         # bumped each time an exclusive producer takes the topic; kept on disk so that a fenced
         # producer stays fenced across restarts
         self.epoch = self._load_epoch()
+        self.epoch_write: concurrent.futures.Future | None = None  # the last epoch write, None once on disk
         self.subscriptions: dict[str, Subscription] = {}
         self.deliver_at: dict[int, int] = {}  # entry -> epoch ms before which Shared subs hold it
         self._state_dirty = False
@@ -648,6 +649,8 @@ class Topic:
         self._load_cursors()
         # schema versions, oldest first: {"type", "name", "data" (base64), "properties"}
         self.schemas: list[dict] = self._load_schemas()
+        # a change of the versions being written: they change once it is on disk (one at a time)
+        self.schema_write: concurrent.futures.Future | None = None
         if self._state_dirty or self._cursors_dirty:
             self.save()  # what recovery rebuilt, on disk again
         self.messages_in = self.bytes_in = 0  # stored since the topic opened (admin stats, metrics)
@@ -762,15 +765,28 @@ class Topic:
             return self.ledger_id
         return self._ledger_ids[max(0, bisect.bisect_right(self._ledger_starts, entry_id) - 1)]
 
-    def register_schema(self, record: dict) -> int:
-        """Store a new schema version (durably, before the producer or consumer is answered)."""
-        self.schemas.append(record)
-        try:
-            self.metadata.write_now(self._path(SCHEMA_FILE), self.schemas)
-        except StorageError:
-            self.schemas.pop()
-            raise
-        return len(self.schemas) - 1
+    def register_schema(self, record: dict) -> concurrent.futures.Future:
+        """Write a new schema version; it becomes one (in `schemas`) once on disk, so nobody is
+        answered a version that a crash could take back. One change at a time: callers wait for
+        `schema_write` first. The future holds the StorageError if it cannot be written."""
+        return self._change_schemas(self.schemas + [record])
+
+    def clear_schemas(self) -> concurrent.futures.Future:
+        """Delete every schema version (gone once that is on disk; callers wait for `schema_write` first)."""
+        return self._change_schemas([])
+
+    def _change_schemas(self, versions: list[dict]) -> concurrent.futures.Future:
+        if self.schema_write is not None:
+            raise RuntimeError(f"{self.name}: a schema change is being written")
+        future = self.schema_write = self.metadata.write(self._path(SCHEMA_FILE), versions, urgent=True)
+
+        def written(error: BaseException | None) -> None:
+            if self.schema_write is future:
+                self.schema_write = None
+                if error is None:
+                    self.schemas = versions
+        metafile.when_written(future, written)
+        return future
 
     def _recover_dedup(self, upto: int) -> None:
         """Producers' last sequence ids, from the snapshot plus the entries after it."""
@@ -966,11 +982,16 @@ class Topic:
                 subscription.stored = self._writes.get(CURSORS_FILE)
         return subscription
 
-    def set_compacted(self, horizon: int, kept: set[int]) -> None:
-        """Keep a compaction's result (on disk first): subscriptions that read compacted skip the
-        entries up to `horizon` that are not in `kept`."""
-        self.metadata.write_now(self._path(COMPACTION_FILE), {"horizon": horizon, "kept": sorted(kept)})
-        self.compacted = (horizon, kept)
+    def set_compacted(self, horizon: int, kept: set[int]) -> concurrent.futures.Future:
+        """Keep a compaction's result, in force once on disk: subscriptions that read compacted
+        skip the entries up to `horizon` that are not in `kept`."""
+        future = self.metadata.write(self._path(COMPACTION_FILE), {"horizon": horizon, "kept": sorted(kept)})
+
+        def written(error: BaseException | None) -> None:
+            if error is None:
+                self.compacted = (horizon, kept)
+        metafile.when_written(future, written)
+        return future
 
     def _load_compaction(self) -> tuple[int, set[int]] | None:
         loaded = self._load(COMPACTION_FILE, _compaction)
@@ -980,11 +1001,6 @@ class Topic:
             report_damage(loaded, f"topic {self.name}'s last compaction",
                           "lost: compacted reads give every entry until the topic is compacted again")
         return loaded.data
-
-    def clear_schemas(self) -> None:
-        """Delete every schema version (durably, before the admin request is answered)."""
-        self.metadata.write_now(self._path(SCHEMA_FILE), [])
-        self.schemas.clear()
 
     def stored(self, subscription: Subscription) -> concurrent.futures.Future | None:
         """None once a new subscription made without `wait` is on disk; else the write that puts
@@ -1000,12 +1016,19 @@ class Topic:
             future = subscription.stored = self._writes.get(CURSORS_FILE)
         return future
 
-    def drop_subscription(self, name: str) -> None:
+    def written_cursors(self) -> concurrent.futures.Future | None:
+        """The last write of the cursors (None: none under way or failed to wait for)."""
+        return self._writes.get(CURSORS_FILE)
+
+    def drop_subscription(self, name: str) -> concurrent.futures.Future | None:
+        """Drop subscription `name`; returns the cursors' write that makes it final on disk (a
+        crash before it brings the subscription back, never loses one)."""
         dropped = self.subscriptions.pop(name, None)
         if dropped is not None:
             dropped.reader.close()
         self._cursors_dirty = True
-        self.save(wait=True)
+        self.save()
+        return self._writes.get(CURSORS_FILE)
 
     def last_position(self) -> tuple[int, int]:
         """(entry id, batch index) of the last message; (-1, -1) when the topic is empty."""
@@ -1054,14 +1077,15 @@ class Topic:
             self._written(CURSORS_FILE)
             self._written(STATE_FILE)
 
-    def terminate(self) -> int:
-        """No more appends; consumers that have everything are told so. Returns the last entry id."""
+    def terminate(self) -> tuple[int, concurrent.futures.Future | None]:
+        """No more appends; consumers that have everything are told so. Returns the last entry id
+        and the write that puts the termination on disk (the caller answers once it is)."""
         self.terminated = True
         self._state_dirty = True
-        self.save(wait=True)
+        self.save()
         for subscription in self.subscriptions.values():
             subscription.check_end_of_topic()
-        return self.log.last_entry_id
+        return self.log.last_entry_id, self._writes.get(STATE_FILE)
 
     # producers and their access modes
 
@@ -1103,12 +1127,21 @@ class Topic:
         return self._grant(producer, self.epoch + 1 if epoch is None else epoch)
 
     def _grant(self, producer: ProducerLink, epoch: int) -> int:
-        if epoch != self.epoch:
-            self.metadata.write_now(self._path(EPOCH_FILE), {"epoch": epoch})
+        """Give `producer` the topic at `epoch`; a new epoch is written (`epoch_write`) and the
+        producer answered once it is on disk. Fencing others needs no wait: it only refuses more."""
+        if epoch != self.epoch or self.epoch_stored() is not None:
+            self.epoch_write = self._write(EPOCH_FILE, {"epoch": epoch}, urgent=True)
             self.epoch = epoch
         self.exclusive_producer = producer
         self._attached(producer)
         return epoch
+
+    def epoch_stored(self) -> concurrent.futures.Future | None:
+        """None once the topic's epoch is on disk; else its write (pending, or failed)."""
+        future = self.epoch_write
+        if future is not None and future.done() and future.exception() is None:
+            self.epoch_write = future = None
+        return future
 
     def remove_producer(self, producer: ProducerLink) -> None:
         """The producer left (closed, or its connection went): a waiting producer may take over."""

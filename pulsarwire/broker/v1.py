@@ -33,7 +33,7 @@ import socket
 import struct
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from .. import codec, compression
@@ -70,6 +70,7 @@ except (ImportError, AttributeError):
 DEFAULT_CONSUME_MAX_BYTES = 8 * 1024 * 1024  # record bytes in one CONSUME reply
 MAX_CONSUME_ENTRIES = 1000  # entries one CONSUME reply reads at most
 MAX_SESSION_READERS = 8  # partitions a connection reads ahead in at once (least recently read first out)
+MAX_WAITS_PER_REQUEST = 4  # times one request waits for its topic to be created or opened before it fails
 OFF_LOOP_BYTES = 256 * 1024  # compressed entries larger than this decompress on a worker thread
 PRODUCER_NAME = ""  # V1 records' producer name: no Pulsar producer can have it (the broker names unnamed ones), so V1 never shares dedup state with one
 DEFAULT_NAMESPACE = "persistent://public/default/"
@@ -309,6 +310,15 @@ def _response(correlation: str, payload: str | list[bytes] | None) -> bytes:
     if isinstance(payload, str):
         return f"V1|{correlation}|OK|{payload}\n".encode()
     return b"".join((f"V1|{correlation}|OK|".encode(), *payload, b"\n"))
+
+
+class _Waits(Exception):
+    """A request that must wait for its topic to be created (on disk) or opened (off the event
+    loop); `ready()` gives what to wait for, and the request is then handled again."""
+
+    def __init__(self, ready: Callable[[], Awaitable]) -> None:
+        super().__init__("waits for its topic")
+        self.ready = ready
 
 
 def _error(correlation: str, code: str, message: str) -> bytes:
@@ -981,7 +991,14 @@ class V1Server:
     def answer_now(self, raw: bytes, session: Session, fast: bool = True):
         """The answer to a request that needs no waiting: its reply line, or for PRODUCE acks=0/1 a
         _Produced (the record is appended; finish_group renders it once the group is committed).
-        None for one that waits (CONSUME, PRODUCE acks=all, AUTH): answer_later then. Never raises."""
+        None for one that waits (CONSUME, PRODUCE acks=all, AUTH, and any whose topic is being
+        created or opened): answer_later then. Never raises."""
+        try:
+            return self._answer_now(raw, session, fast)
+        except _Waits:
+            return None
+
+    def _answer_now(self, raw: bytes, session: Session, fast: bool):
         if fast:
             produced = self._produce_fast(raw, session)
             if produced is not None:
@@ -1009,12 +1026,31 @@ class V1Server:
             return _response(correlation, handler(args))
         except V1Error as exc:
             return _error(correlation, exc.code, exc.message)
+        except _Waits:
+            raise
         except Exception as exc:  # noqa: BLE001 - a fault must not kill the connection
             log.exception("V1 %s failed", command)
             return _error(correlation, INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
 
     async def answer_later(self, raw: bytes, session: Session) -> bytes:
-        """The reply to a request answer_now left (it parses: answer_now checked)."""
+        """The reply to a request answer_now left (it parses: answer_now checked). One whose
+        topic is being created or opened is answered once that is done."""
+        for _ in range(MAX_WAITS_PER_REQUEST):
+            try:
+                answer = self._answer_now(raw, session, True)
+                if answer is not None:
+                    return self.finish_group([answer])
+                return await self._answer_waiting(raw, session)
+            except _Waits as waits:
+                try:
+                    await waits.ready()
+                except V1Error as exc:
+                    return _error(parse_request(raw)[0], exc.code, exc.message)
+                except Exception as exc:  # noqa: BLE001 - e.g. a full disk: this request fails, the connection goes on
+                    return _error(parse_request(raw)[0], INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
+        return _error(parse_request(raw)[0], INTERNAL_ERROR, "the topic did not stay open; try again")
+
+    async def _answer_waiting(self, raw: bytes, session: Session) -> bytes:
         if self._staged:
             self.store_staged()
         correlation, command, args = parse_request(raw)
@@ -1032,6 +1068,8 @@ class V1Server:
                     payload = await self.produce_all(correlation, args)
         except V1Error as exc:
             return _error(correlation, exc.code, exc.message)
+        except _Waits:
+            raise
         except Exception as exc:  # noqa: BLE001 - a fault must not kill the connection
             log.exception("V1 %s failed", command)
             return _error(correlation, INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
@@ -1126,15 +1164,20 @@ class V1Server:
             raise _bad(f"partition {partition} out of range 0..{count - 1}")
 
     def _create(self, full: str) -> int:
-        """The partition count of `full`, creating it as a V1 topic first if it does not exist."""
+        """The partition count of `full`; one that does not exist is created as a V1 topic, and
+        the request waits (_Waits) until that is on disk."""
         count = self._partition_count(full)
         if count is None:
-            self.core.create_partitioned_topic(full, self.partitions)
-            count = self.partitions
+            creating = self.core.create_partitioned_topic(full, self.partitions)
+            raise _Waits(lambda: asyncio.wrap_future(creating))
         return count
 
     def _log(self, full: str, partition: int) -> Topic:
-        topic = self.core.topic(f"{full}{PARTITION_MARKER}{partition}")
+        name = f"{full}{PARTITION_MARKER}{partition}"
+        topic = self.core.topics.get(name)
+        if topic is None and self.core.needs_opening(name):  # opened off the event loop, then asked again
+            raise _Waits(lambda: self.core.open_topic(name))
+        topic = self.core.topic(name)
         if topic is None:  # someone registered the partition's own name as a partitioned topic
             raise _bad(f"partition {partition} of {self._canonical(full)} is unusable")
         return topic
@@ -1196,8 +1239,9 @@ class V1Server:
         else:
             key_bytes = b""
             partition = self._round_robin % count
+        log_topic, state = self._partition_of(full, partition)  # may wait (_Waits): then asked again, same turn
+        if not key:
             self._round_robin += 1
-        log_topic, state = self._partition_of(full, partition)
         if state.role != "leader":
             raise V1Error(NOT_LEADER, f"partition {partition} of {topic} is a follower on this broker")
         if log_topic.terminated:
