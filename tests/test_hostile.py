@@ -1490,6 +1490,33 @@ def test_tls_connections_that_never_handshake_count_against_the_limit_and_the_ti
     assert process.returncode in (0, -15)
 
 
+def test_a_tls_session_holds_a_small_read_buffer_counted_in_the_output_budget(tmp_path):
+    """Each accepted TLS connection, handshake or not, holds TLS_READ_BUFFER_BYTES (asyncio's own
+    start_tls: 256 KiB), and that is counted in the broker's output budget until it closes."""
+    from pulsarwire.broker.listener import TLS_READ_BUFFER_BYTES
+    from pulsarwire.broker.server import tls_context
+
+    from .peers import BrokerThread
+
+    cert, key = _certificate(tmp_path)
+    broker = BrokerThread(tmp_path / "data", v1_port=None, http_port=None, tls_port=free_port(),
+                          ssl_context=tls_context(str(cert), str(key))).start()
+    service = broker.broker.pulsar
+    try:
+        before = service.output_total
+        stalled = [socket.create_connection(("127.0.0.1", broker.broker.tls_port), timeout=5) for _ in range(10)]
+        assert wait_until(lambda: service.output_total - before == 10 * TLS_READ_BUFFER_BYTES)
+        buffers = {len(c.transport._ssl_protocol._ssl_buffer) for c in service.connections
+                   if c.transport is not None and hasattr(c.transport, "_ssl_protocol")}
+        assert buffers <= {TLS_READ_BUFFER_BYTES}
+        assert _tls_connect(broker.broker.tls_port, cert)  # a handshake through the small buffer
+        for s in stalled:
+            s.close()
+        assert wait_until(lambda: service.output_total == before)
+    finally:
+        broker.stop()
+
+
 def test_a_flood_past_the_descriptors_is_refused_from_the_reserve_without_flooding_the_log(tmp_path):
     """With --max-connections past what the descriptor limit holds, a flood takes every descriptor:
     the broker still accepts and refuses (ServiceNotReady, from a descriptor kept in reserve), logs

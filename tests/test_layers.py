@@ -22,7 +22,7 @@ BELOW = {
     "compatibility": set(),  # schema versions, on protocol types alone
     "core": {"storage", "metafile", "topics", "policies"},
     "fsck": {"storage", "metafile", "topics", "policies", "core"},  # checks a stopped broker's files
-    "pulsar": {"storage", "metafile", "topics", "policies", "core", "compatibility"},
+    "pulsar": {"storage", "listener", "metafile", "topics", "policies", "core", "compatibility"},
     "v1": {"storage", "metafile", "topics", "policies", "core"},
     "stats": {"storage", "metafile", "topics", "policies"},
     "metrics": {"storage", "metafile", "topics", "policies", "stats"},

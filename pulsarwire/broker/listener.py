@@ -14,6 +14,7 @@ import errno
 import logging
 import os
 import socket
+import ssl
 import time
 from typing import Callable
 
@@ -170,3 +171,40 @@ class Listener:
 
     async def serve_forever(self) -> None:
         await asyncio.shield(self._closed)
+
+
+TLS_READ_BUFFER_BYTES = 64 * 1024  # each TLS session's read buffer (asyncio's own: 256 KiB)
+
+try:
+    from asyncio import sslproto as _sslproto
+
+    class _SmallBufferSSLProtocol(_sslproto.SSLProtocol):  # type: ignore[misc, name-defined]
+        max_size = TLS_READ_BUFFER_BYTES  # allocated whole from the accept, handshake or not
+except (ImportError, AttributeError):  # another Python's asyncio: its own start_tls, its own buffer
+    _SmallBufferSSLProtocol = None  # type: ignore[assignment, misc]
+
+
+async def start_tls_server(transport: asyncio.Transport, protocol: asyncio.BaseProtocol,
+                           context: ssl.SSLContext, handshake_timeout: float) -> asyncio.Transport | None:
+    """The server side of a TLS handshake on an accepted plain transport, as `loop.start_tls`
+    does, with a read buffer of TLS_READ_BUFFER_BYTES: a connection that never finishes its
+    handshake holds a quarter of what asyncio's own would (it is counted in the output budget)."""
+    loop = asyncio.get_running_loop()
+    if _SmallBufferSSLProtocol is None:
+        return await loop.start_tls(transport, protocol, context, server_side=True,
+                                    ssl_handshake_timeout=handshake_timeout)
+    waiter = loop.create_future()
+    tls = _SmallBufferSSLProtocol(loop, protocol, context, waiter, server_side=True, call_connection_made=False,
+                                  ssl_handshake_timeout=handshake_timeout)  # type: ignore[arg-type]
+    transport.pause_reading()
+    transport.set_protocol(tls)
+    made = loop.call_soon(tls.connection_made, transport)
+    resumed = loop.call_soon(transport.resume_reading)
+    try:
+        await waiter
+    except BaseException:
+        transport.close()
+        made.cancel()
+        resumed.cancel()
+        raise
+    return tls._app_transport

@@ -35,6 +35,7 @@ from ..errors import BadMetadataError, ChecksumMismatchError, FrameTooLargeError
 from ..messages import ack_set_bits
 from .compatibility import IncompatibleSchema, version_for
 from .core import DUPLICATE, BrokerCore, InvalidTopicName, UnknownTenant, close_transport, highest_sequence
+from .listener import TLS_READ_BUFFER_BYTES, start_tls_server
 from .storage import StorageError
 from .topics import (
     EARLIEST, LATEST, SHARED, ConsumerLink, MalformedBatchError, ProducerBusyError, ProducerFencedError,
@@ -489,6 +490,7 @@ class BrokerConnection(asyncio.Protocol):
         self.tls = ssl_context is not None
         self._ssl_context = ssl_context
         self._handshake: asyncio.Task | None = None  # the TLS handshake, while it runs
+        self._tls_buffer = 0  # bytes of the TLS session's read buffer, counted in the output budget
         self._early_input: list[bytes] = []
         self.transport: asyncio.Transport | None = None
         self.reader = codec.FrameReader(service.max_message_size + codec.FRAME_PADDING, send_fast_path=True)
@@ -549,6 +551,8 @@ class BrokerConnection(asyncio.Protocol):
         self._keepalive = asyncio.ensure_future(self._keep_alive())
         if self.tls:
             transport.pause_reading()  # start_tls takes the bytes from here on
+            self._tls_buffer = TLS_READ_BUFFER_BYTES  # held from now on: counted in the output budget
+            service.output_changed(TLS_READ_BUFFER_BYTES)
             self._handshake = asyncio.ensure_future(self._start_tls(transport))
 
     def displace(self, reason: str) -> None:
@@ -567,8 +571,7 @@ class BrokerConnection(asyncio.Protocol):
         left = service.handshake_timeout - (time.monotonic() - self.accepted_at)
         assert self._ssl_context is not None  # only a TLS listener's connections start TLS
         try:
-            transport = await asyncio.get_running_loop().start_tls(
-                raw, self, self._ssl_context, server_side=True, ssl_handshake_timeout=max(left, 0.01))
+            transport = await start_tls_server(raw, self, self._ssl_context, max(left, 0.01))
         except asyncio.CancelledError:
             raw.abort()
             raise
@@ -928,6 +931,9 @@ class BrokerConnection(asyncio.Protocol):
         self._out.clear()
         self._out_bytes = 0
         self.measure_output()  # closed: gives back all it held
+        if self._tls_buffer:
+            self.service.output_changed(-self._tls_buffer)
+            self._tls_buffer = 0
         if self._keepalive is not None:
             self._keepalive.cancel()
         if self._handshake is not None:
