@@ -24,7 +24,7 @@ from pyspark.sql.types import (
     LongType, MapType, ShortType, StringType, StructField, StructType, TimestampType,
 )
 
-from .schema import SchemaInfo, SchemaType, _unpack_pair
+from ..schema import SchemaInfo, SchemaType, _unpack_pair
 
 # primitive Pulsar schemas: the Spark type, and the big-endian layout of their payloads
 _PRIMITIVES: dict[int, tuple[DataType, str]] = {
@@ -175,7 +175,6 @@ _KINDS_BY_NAME = {**{k.name: int(k) for k in SchemaType}, "BOOLEAN": 5, "INT8": 
                   "INT64": 9, "FLOAT": 10, "DOUBLE": 11, "TIMESTAMP": 14}
 
 
-# --- decoding a batch ------------------------------------------------------------
 
 def decode_values(vt: ValueType, values, keys=None):
     """(typed Arrow array, numpy bool mask of rows that did not decode, or None) for a binary
@@ -427,7 +426,6 @@ def _json_to_column(value: dict, definition: dict) -> dict:
     return out
 
 
-# --- encoding for the sink ---------------------------------------------------------
 
 def encode_values(vt: ValueType, column, name: str) -> list[bytes]:
     """Payloads for a sink's `value` column under the topic's schema: a typed column encoded
@@ -495,7 +493,7 @@ def encode_one(vt: ValueType, value) -> bytes:
         if vt.separated:
             raise SchemaMismatchError("a SEPARATED KeyValue topic is written with its key in the 'key' column; "
                                       "not supported by the sink")
-        from .schema import _pack_pair
+        from ..schema import _pack_pair
         assert vt.key is not None and vt.value is not None
         key, val = value.get("key"), value.get("value")
         return _pack_pair(None if key is None else encode_one(vt.key, key),
