@@ -8,6 +8,9 @@ message, so the two stay apart.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from .._codec_py import varint_bytes
 from .columns import _arrow_schema
 
@@ -35,6 +38,20 @@ def _unknown_fields(data):
         return [(f.field_number, f.wire_type, f.data) for f in data.UnknownFields()]
 
 
+@dataclass(slots=True)
+class _Slice:
+    """Rows [lo, hi) of one entry's Columns, with what every row of them shares."""
+
+    columns: Any
+    lo: int
+    hi: int
+    ledger: int
+    entry: int
+    publish_ms: int
+    id_head: bytes  # each row's __messageId up to its batch index (all of it when not a batch)
+    id_tail: bytes | None  # after the batch index: batch size and topic (None: not a batch)
+
+
 class _BatchBuilder:
     """Rows of whole entries (the codec's Columns, row slices of them) gathered into one Arrow
     record batch, built with a few array operations per entry and none per row."""
@@ -45,8 +62,7 @@ class _BatchBuilder:
         self._clear()
 
     def _clear(self) -> None:
-        self.parts: list = []
-        self.ids: list = []  # per part: (the row ids' bytes before the batch index, after it)
+        self.slices: list[_Slice] = []
         self.rows = 0
         self.bytes = 0
 
@@ -64,14 +80,14 @@ class _BatchBuilder:
             pk = np.frombuffer(columns.property_key_offsets, np.int64)
             pv = np.frombuffer(columns.property_value_offsets, np.int64)
             size += int(pk[pair_offsets[-1]] - pk[pair_offsets[0]] + pv[pair_offsets[-1]] - pv[pair_offsets[0]])
-        self.parts.append((columns, lo, hi, ledger, entry, publish_ms))
         batch_indexes = np.frombuffer(columns.batch_indexes, np.int64)
         prefix = _message_id_prefix(ledger, entry, self.partition)
         suffix = self._topic_field
         if batch_indexes[lo] < 0:
-            self.ids.append((prefix + suffix, None))
+            head, tail = prefix + suffix, None
         else:
-            self.ids.append((prefix, _varint(0x30) + _varint(columns.count) + suffix))  # batch_size, topic
+            head, tail = prefix, _varint(0x30) + _varint(columns.count) + suffix  # batch_size, topic
+        self.slices.append(_Slice(columns, lo, hi, ledger, entry, publish_ms, head, tail))
         self.rows += count
         self.bytes += size + count * (64 + len(prefix) + len(suffix))
 
@@ -80,99 +96,121 @@ class _BatchBuilder:
         import numpy as np
         import pyarrow as pa
 
-        parts, ids, rows = self.parts, self.ids, self.rows
+        slices, rows = self.slices, self.rows
         self._clear()
         wrap = pa.py_buffer
+        counts = np.array([s.hi - s.lo for s in slices], np.int64)
 
-        def spans(data_of, offsets_of, los, his):
-            """Concatenated spans (data, int32 offsets) of row ranges of several Columns."""
-            offsets = np.empty(sum(h - l for l, h in zip(los, his)) + 1, np.int64)
-            offsets[0] = 0
-            chunks, at, base = [], 1, 0
-            for part, lo, hi in zip(parts_of, los, his):
-                source = np.frombuffer(offsets_of(part), np.int64)
-                first, last = int(source[lo]), int(source[hi])
-                offsets[at:at + hi - lo] = source[lo + 1:hi + 1] - first + base
-                at += hi - lo
-                base += last - first
-                chunks.append(memoryview(data_of(part))[first:last])
-            return b"".join(chunks), offsets.astype(np.int32)
+        def per_entry(value_of, kind):
+            return np.repeat(np.array([value_of(s) for s in slices], kind), counts)
 
-        def bits(bitmap_of, los, his):
-            out = []
-            for part, lo, hi in zip(parts_of, los, his):
-                out.append(np.unpackbits(np.frombuffer(bitmap_of(part), np.uint8), bitorder="little")[lo:hi])
-            return np.concatenate(out).astype(bool)
+        def per_row(column_of, kind):
+            return np.concatenate([np.frombuffer(column_of(s.columns), kind)[s.lo:s.hi] for s in slices])
 
-        parts_of = [p[0] for p in parts]
-        los = [p[1] for p in parts]
-        his = [p[2] for p in parts]
-        counts = np.array([h - l for l, h in zip(los, his)], np.int64)
-        # value (a null value is null), key
-        payloads, payload_offsets = spans(lambda c: c.payloads, lambda c: c.payload_offsets, los, his)
-        null_value = bits(lambda c: c.null_value, los, his)
-        value = pa.Array.from_buffers(pa.binary(), rows, [
-            None if not null_value.any() else wrap(np.packbits(~null_value, bitorder="little")),
-            wrap(payload_offsets), wrap(payloads)])
-        keys, key_offsets = spans(lambda c: c.partition_keys, lambda c: c.partition_key_offsets, los, his)
-        has_key = bits(lambda c: c.has_partition_key, los, his)
-        key = pa.Array.from_buffers(pa.string(), rows, [wrap(np.packbits(has_key, bitorder="little")),
-                                                        wrap(key_offsets), wrap(keys)])
-        # properties: the pairs of the rows, as an Arrow map
-        pair_los = [int(np.frombuffer(c.property_offsets, np.int64)[lo]) for c, lo in zip(parts_of, los)]
-        pair_his = [int(np.frombuffer(c.property_offsets, np.int64)[hi]) for c, hi in zip(parts_of, his)]
-        map_offsets = np.empty(rows + 1, np.int64)
-        map_offsets[0] = 0
-        at, base = 1, 0
-        for c, lo, hi, plo in zip(parts_of, los, his, pair_los):
-            source = np.frombuffer(c.property_offsets, np.int64)
-            map_offsets[at:at + hi - lo] = source[lo + 1:hi + 1] - plo + base
-            at += hi - lo
-            base += int(source[hi]) - plo
-        pairs = base
-        if pairs:
-            pk, pk_offsets = spans(lambda c: c.property_keys, lambda c: c.property_key_offsets, pair_los, pair_his)
-            pv, pv_offsets = spans(lambda c: c.property_values, lambda c: c.property_value_offsets,
-                                   pair_los, pair_his)
-        else:
-            pk = pv = b""
-            pk_offsets = pv_offsets = np.zeros(1, np.int32)
-        map_type = _arrow_schema().field("__messageProperties").type
-        properties = pa.MapArray.from_arrays(
-            pa.Array.from_buffers(pa.int32(), rows + 1, [None, wrap(map_offsets.astype(np.int32))]),
-            pa.Array.from_buffers(pa.string(), pairs, [None, wrap(pk_offsets), wrap(pk)]),
-            pa.Array.from_buffers(pa.string(), pairs, [None, wrap(pv_offsets), wrap(pv)]), type=map_type)
-        # per-entry constants, repeated; per-row times
-        publish = np.repeat(np.array([p[5] for p in parts], np.int64) * 1000, counts)
-        event_ms = np.concatenate([np.frombuffer(c.event_times, np.uint64)[lo:hi]
-                                   for c, lo, hi in zip(parts_of, los, his)]).astype(np.int64)
-        has_event = event_ms != 0
+        event_ms = per_row(lambda c: c.event_times, np.uint64).astype(np.int64)
         ts = pa.timestamp("us", tz="UTC")
-        event = pa.Array.from_buffers(ts, rows, [wrap(np.packbits(has_event, bitorder="little")),
+        event = pa.Array.from_buffers(ts, rows, [wrap(np.packbits(event_ms != 0, bitorder="little")),
                                                  wrap(event_ms * 1000)])
-        batch_index = np.concatenate([np.frombuffer(c.batch_indexes, np.int64)[lo:hi]
-                                      for c, lo, hi in zip(parts_of, los, his)]).astype(np.int32)
         name = self.topic.encode()
         topic = pa.Array.from_buffers(pa.string(), rows, [
             None, wrap(np.arange(0, (rows + 1) * len(name), len(name), dtype=np.int32)), wrap(name * rows)])
         arrays = [
-            value, key, topic, _message_ids(parts, ids, rows),
-            pa.Array.from_buffers(ts, rows, [None, wrap(publish)]), event, properties,
-            pa.array(np.repeat(np.array([p[3] for p in parts], np.int64), counts)),
-            pa.array(np.repeat(np.array([p[4] for p in parts], np.int64), counts)),
-            pa.array(batch_index), pa.array(np.full(rows, self.partition, np.int32)),
+            _values(slices, rows), _keys(slices, rows), topic, _message_ids(slices, rows),
+            pa.Array.from_buffers(ts, rows, [None, wrap(per_entry(lambda s: s.publish_ms, np.int64) * 1000)]),
+            event, _properties(slices, rows),
+            pa.array(per_entry(lambda s: s.ledger, np.int64)), pa.array(per_entry(lambda s: s.entry, np.int64)),
+            pa.array(per_row(lambda c: c.batch_indexes, np.int64).astype(np.int32)),
+            pa.array(np.full(rows, self.partition, np.int32)),
         ]
         return pa.RecordBatch.from_arrays(arrays, schema=_arrow_schema())
 
 
-def _message_ids(parts, ids, rows: int):
+def _spans(slices: list[_Slice], bounds: list[tuple[int, int]], data_of, offsets_of):
+    """Concatenated spans (data, int32 offsets) of rows [lo, hi) of each slice's Columns, one
+    (lo, hi) a slice in `bounds`."""
+    import numpy as np
+    offsets = np.empty(sum(hi - lo for lo, hi in bounds) + 1, np.int64)
+    offsets[0] = 0
+    chunks, at, base = [], 1, 0
+    for piece, (lo, hi) in zip(slices, bounds):
+        source = np.frombuffer(offsets_of(piece.columns), np.int64)
+        first, last = int(source[lo]), int(source[hi])
+        offsets[at:at + hi - lo] = source[lo + 1:hi + 1] - first + base
+        at += hi - lo
+        base += last - first
+        chunks.append(memoryview(data_of(piece.columns))[first:last])
+    return b"".join(chunks), offsets.astype(np.int32)
+
+
+def _bits(slices: list[_Slice], bitmap_of):
+    """A bitmap column of the slices' rows, as bools."""
+    import numpy as np
+    return np.concatenate([np.unpackbits(np.frombuffer(bitmap_of(s.columns), np.uint8), bitorder="little")[s.lo:s.hi]
+                           for s in slices]).astype(bool)
+
+
+def _values(slices: list[_Slice], rows: int):
+    """The value column: the payloads, a null value null."""
+    import numpy as np
+    import pyarrow as pa
+    bounds = [(s.lo, s.hi) for s in slices]
+    payloads, offsets = _spans(slices, bounds, lambda c: c.payloads, lambda c: c.payload_offsets)
+    null_value = _bits(slices, lambda c: c.null_value)
+    return pa.Array.from_buffers(pa.binary(), rows, [
+        None if not null_value.any() else pa.py_buffer(np.packbits(~null_value, bitorder="little")),
+        pa.py_buffer(offsets), pa.py_buffer(payloads)])
+
+
+def _keys(slices: list[_Slice], rows: int):
+    """The __key column: the partition keys, null where a message has none."""
+    import numpy as np
+    import pyarrow as pa
+    bounds = [(s.lo, s.hi) for s in slices]
+    keys, offsets = _spans(slices, bounds, lambda c: c.partition_keys, lambda c: c.partition_key_offsets)
+    has_key = _bits(slices, lambda c: c.has_partition_key)
+    return pa.Array.from_buffers(pa.string(), rows, [pa.py_buffer(np.packbits(has_key, bitorder="little")),
+                                                     pa.py_buffer(offsets), pa.py_buffer(keys)])
+
+
+def _properties(slices: list[_Slice], rows: int):
+    """The __messageProperties column: the pairs of the rows, as an Arrow map."""
+    import numpy as np
+    import pyarrow as pa
+    wrap = pa.py_buffer
+    pair_bounds = []
+    map_offsets = np.empty(rows + 1, np.int64)
+    map_offsets[0] = 0
+    at, base = 1, 0
+    for s in slices:
+        source = np.frombuffer(s.columns.property_offsets, np.int64)
+        first, last = int(source[s.lo]), int(source[s.hi])
+        pair_bounds.append((first, last))
+        map_offsets[at:at + s.hi - s.lo] = source[s.lo + 1:s.hi + 1] - first + base
+        at += s.hi - s.lo
+        base += last - first
+    pairs = base
+    if pairs:
+        pk, pk_offsets = _spans(slices, pair_bounds, lambda c: c.property_keys, lambda c: c.property_key_offsets)
+        pv, pv_offsets = _spans(slices, pair_bounds, lambda c: c.property_values, lambda c: c.property_value_offsets)
+    else:
+        pk = pv = b""
+        pk_offsets = pv_offsets = np.zeros(1, np.int32)
+    return pa.MapArray.from_arrays(
+        pa.Array.from_buffers(pa.int32(), rows + 1, [None, wrap(map_offsets.astype(np.int32))]),
+        pa.Array.from_buffers(pa.string(), pairs, [None, wrap(pk_offsets), wrap(pk)]),
+        pa.Array.from_buffers(pa.string(), pairs, [None, wrap(pv_offsets), wrap(pv)]),
+        type=_arrow_schema().field("__messageProperties").type)
+
+
+def _message_ids(slices: list[_Slice], rows: int):
     """The __messageId column: per row its entry's prefix, its batch index field, the entry's
     tail; built as fixed-width blocks (one per varint width) rather than one bytes per row."""
     import numpy as np
     import pyarrow as pa
 
     pieces, lengths = [], []
-    for (_, lo, hi, *_rest), (head, tail) in zip(parts, ids):
+    for s in slices:
+        lo, hi, head, tail = s.lo, s.hi, s.id_head, s.id_tail
         if tail is None:  # not a batch: no batch index
             pieces.append(np.frombuffer(head, np.uint8))
             lengths.append(np.full(1, len(head), np.int32))
@@ -197,7 +235,6 @@ def _message_ids(parts, ids, rows: int):
     np.cumsum(np.concatenate(lengths), out=offsets[1:])
     return pa.Array.from_buffers(pa.binary(), rows, [None, pa.py_buffer(offsets),
                                                      pa.py_buffer(np.concatenate(pieces))])
-
 
 
 def _message_id_prefix(ledger: int, entry: int, partition: int) -> bytes:
