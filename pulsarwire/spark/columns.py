@@ -1,6 +1,8 @@
 """The columns the source gives: Spark's schema of a read, and the same as an Arrow schema."""
 from __future__ import annotations
 
+import functools
+
 from pyspark.sql.types import (
     ArrayType, BinaryType, IntegerType, LongType, MapType, StringType, StructField, StructType, TimestampType,
 )
@@ -23,13 +25,10 @@ SCHEMA = StructType([
 HEADERS = StructField("headers", ArrayType(StructType([StructField("key", StringType()),
                                                       StructField("value", BinaryType())])))
 
-_arrow_schema_cache: list = []
-
-
+@functools.cache
 def _arrow_schema():
-    if not _arrow_schema_cache:
-        from pyspark.sql.pandas.types import to_arrow_schema
-        _arrow_schema_cache.append(to_arrow_schema(SCHEMA, timezone="UTC"))
-    return _arrow_schema_cache[0]
+    """SCHEMA as an Arrow schema (built once: pyarrow is imported when first asked)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    return to_arrow_schema(SCHEMA, timezone="UTC")
 
 

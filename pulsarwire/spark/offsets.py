@@ -6,6 +6,7 @@ side 1 meaning "just after that message" and 0 "just before it".
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..messages import MessageId
 from .errors import PulsarSparkError
@@ -25,6 +26,11 @@ class Boundary:
     @classmethod
     def before_everything(cls) -> "Boundary":
         return cls(-1, -1, -1, True)
+
+    @property
+    def position(self) -> Position:
+        """The entry this boundary lies beside."""
+        return Position(self.ledger, self.entry)
 
     def key(self) -> tuple:
         return (self.ledger, self.entry, self.batch, 1 if self.after else 0)
@@ -67,6 +73,13 @@ def canonical(offsets: dict[str, Boundary]) -> dict:
     return {topic: offsets[topic].to_json() for topic in sorted(offsets)}
 
 
+class TopicPartition(NamedTuple):
+    """A partition topic read, and its partition index (-1: a topic that is not partitioned)."""
+
+    topic: str
+    partition: int
+
+
 def _partition_index(topic: str) -> int:
     marker = "-partition-"
     if marker in topic and topic.rsplit(marker, 1)[1].isdigit():
@@ -74,12 +87,22 @@ def _partition_index(topic: str) -> int:
     return -1
 
 
-def _position(mid) -> tuple[int, int]:
-    return (mid.ledger_id, mid.entry_id)
+class Position(NamedTuple):
+    """Where an entry is: compared as a tuple, ledger first."""
+
+    ledger: int
+    entry: int
+
+    def __str__(self) -> str:
+        return f"{self.ledger}:{self.entry}"
 
 
-def _where(position) -> str:
-    return f"{position[0]}:{position[1]}"
+def _position(mid) -> Position:
+    return Position(mid.ledger_id, mid.entry_id)
+
+
+def _where(position: Position) -> str:
+    return str(position)
 
 
 def _row_range(start: Boundary, end: Boundary, ledger: int, entry: int, count: int, batched: bool) -> tuple:

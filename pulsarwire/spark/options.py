@@ -5,27 +5,36 @@ import datetime
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from .columns import SCHEMA
 from .errors import PulsarSparkError
 from .offsets import Boundary
 
 
+class _ClientOption(NamedTuple):
+    target: str | None  # the Client keyword (None: checked, not passed)
+    parse: Callable[[Any], Any]
+
+
 # pulsar.client.<name> (names as in the Java client's configuration) -> Client keyword, parser
-_CLIENT_OPTIONS: dict[str, tuple[str | None, Callable[[Any], Any]]] = {
-    "authtoken": ("authentication", str),
-    "authparams": ("authentication", str),
-    "authpluginclassname": (None, str),
-    "operationtimeoutms": ("operation_timeout_seconds", lambda v: _positive(v, "operationTimeoutMs") / 1000),
-    "connectiontimeoutms": ("connection_timeout_ms", lambda v: int(_positive(v, "connectionTimeoutMs"))),
-    "keepaliveintervalseconds": ("keep_alive_interval_seconds",
-                                 lambda v: _positive(v, "keepAliveIntervalSeconds")),
-    "tlstrustcertsfilepath": ("tls_trust_certs_file_path", str),
-    "tlsallowinsecureconnection": ("tls_allow_insecure_connection", lambda v: _boolean(v, "tlsAllowInsecureConnection")),
-    "tlshostnameverificationenable": ("tls_validate_hostname",
-                                      lambda v: _boolean(v, "tlsHostnameVerificationEnable")),
-    "maxbackoffintervalnanos": ("max_backoff_seconds", lambda v: _positive(v, "maxBackoffIntervalNanos") / 1e9),
+_CLIENT_OPTIONS: dict[str, _ClientOption] = {
+    "authtoken": _ClientOption("authentication", str),
+    "authparams": _ClientOption("authentication", str),
+    "authpluginclassname": _ClientOption(None, str),
+    "operationtimeoutms": _ClientOption("operation_timeout_seconds",
+                                        lambda v: _positive(v, "operationTimeoutMs") / 1000),
+    "connectiontimeoutms": _ClientOption("connection_timeout_ms",
+                                         lambda v: int(_positive(v, "connectionTimeoutMs"))),
+    "keepaliveintervalseconds": _ClientOption("keep_alive_interval_seconds",
+                                              lambda v: _positive(v, "keepAliveIntervalSeconds")),
+    "tlstrustcertsfilepath": _ClientOption("tls_trust_certs_file_path", str),
+    "tlsallowinsecureconnection": _ClientOption("tls_allow_insecure_connection",
+                                                lambda v: _boolean(v, "tlsAllowInsecureConnection")),
+    "tlshostnameverificationenable": _ClientOption("tls_validate_hostname",
+                                                   lambda v: _boolean(v, "tlsHostnameVerificationEnable")),
+    "maxbackoffintervalnanos": _ClientOption("max_backoff_seconds",
+                                             lambda v: _positive(v, "maxBackoffIntervalNanos") / 1e9),
 }
 _COMMON = {"service.url", "connect.timeout.seconds", "operation.timeout.seconds", "auth.token", "path"}
 _SOURCE = _COMMON | {"topic", "topics", "topicspattern", "startingoffsets", "endingoffsets", "startingtime",
@@ -142,15 +151,22 @@ def _client_settings(options: dict, known: set) -> ClientSettings:
     return ClientSettings(url, kwargs, timeout)
 
 
-def _short_pattern(pattern: str) -> tuple[str, re.Pattern]:
-    """topicsPattern as (namespace, regex over the topic's local name)."""
+class TopicPattern(NamedTuple):
+    """topicsPattern: a namespace and a regex over the local names of its topics."""
+
+    namespace: str
+    regex: re.Pattern
+
+
+def _short_pattern(pattern: str) -> TopicPattern:
+    """topicsPattern as a namespace and a regex over the topic's local name."""
     body = pattern.split("://", 1)[1] if "://" in pattern else pattern
     if pattern.startswith("non-persistent://"):
         raise PulsarSparkError("topicsPattern: only persistent topics can be read")
     parts = body.split("/", 2)
     namespace, regex = (f"{parts[0]}/{parts[1]}", parts[2]) if len(parts) == 3 else ("public/default", body)
     try:
-        return namespace, re.compile(regex)
+        return TopicPattern(namespace, re.compile(regex))
     except re.error as exc:
         raise PulsarSparkError(f"topicsPattern {pattern!r} is not a regular expression: {exc}") from None
 
@@ -159,7 +175,7 @@ def _short_pattern(pattern: str) -> tuple[str, re.Pattern]:
 class SourceOptions:
     client: ClientSettings
     topics: list[str]
-    pattern: tuple[str, Any] | None
+    pattern: TopicPattern | None
     starting: str | None
     ending: str | None
     starting_time: int | None

@@ -9,18 +9,20 @@ import time
 
 from ..messages import MessageId
 from .errors import PulsarSparkError
-from .offsets import _WHOLE_ENTRY, Boundary, _admit, _first_unread_entry, _partition_index, _position, _where
+from .offsets import (
+    _WHOLE_ENTRY, Boundary, Position, TopicPartition, _admit, _first_unread_entry, _partition_index, _position, _where,
+)
 from .options import SourceOptions, _parse_offsets_spec
 
 log = logging.getLogger("pulsarwire.spark")
 
-async def _topic_partitions(client, opts: SourceOptions, missing_ok: bool = False) -> list[tuple[str, int]]:
-    """(partition topic, index) of every topic read, each partition once however it is named
+async def _topic_partitions(client, opts: SourceOptions, missing_ok: bool = False) -> list[TopicPartition]:
+    """The partition topics of every topic read, each partition once however it is named
     (a topic and one of its partitions), discovering a pattern. A topic that does not exist is
     an error, or with `missing_ok` (a stream under failOnDataLoss=false) logged and left out."""
     namespaces = {t.split("://", 1)[1].rsplit("/", 1)[0] for t in opts.topics}
     if opts.pattern:
-        namespaces.add(opts.pattern[0])
+        namespaces.add(opts.pattern.namespace)
     existing: set[str] = set()
     for namespace in sorted(namespaces):
         existing.update(await client.get_topics_of_namespace(namespace))
@@ -43,7 +45,7 @@ async def _topic_partitions(client, opts: SourceOptions, missing_ok: bool = Fals
             raise PulsarSparkError(f"topic {topic} does not exist (the source does not create topics)")
         for index, name in enumerate(names):
             out.setdefault(name, index if partitioned else _partition_index(name))
-    return list(out.items())
+    return [TopicPartition(topic, index) for topic, index in out.items()]
 
 
 async def _latest_of(client, topic: str) -> Boundary:
@@ -58,9 +60,9 @@ async def _latest_of(client, topic: str) -> Boundary:
     return Boundary(mid.ledger_id, mid.entry_id, _WHOLE_ENTRY, True)
 
 
-async def _latest_all(client, parts) -> dict[str, Boundary]:
-    found = await asyncio.gather(*(_latest_of(client, t) for t, _ in parts))
-    return dict(zip((t for t, _ in parts), found))
+async def _latest_all(client, parts: list[TopicPartition]) -> dict[str, Boundary]:
+    found = await asyncio.gather(*(_latest_of(client, p.topic) for p in parts))
+    return dict(zip((p.topic for p in parts), found))
 
 
 async def _first_at_or_after(client, topic: str, start: MessageId, timeout: float):
@@ -87,10 +89,10 @@ async def _first_at_or_after(client, topic: str, start: MessageId, timeout: floa
         await reader.close()
 
 
-async def _entry_at_or_after(client, topic: str, start: MessageId, timeout: float) -> tuple[int, int] | None:
-    """(ledger, entry) of `_first_at_or_after`."""
+async def _entry_at_or_after(client, topic: str, start: MessageId, timeout: float) -> Position | None:
+    """The position of `_first_at_or_after`."""
     entry = await _first_at_or_after(client, topic, start, timeout)
-    return None if entry is None else (entry.ledger_id, entry.entry_id)
+    return None if entry is None else _position(entry)
 
 
 async def _messages_per_entry(client, topic: str, s: Boundary, timeout: float) -> int:
@@ -114,20 +116,20 @@ async def _advance(client, topic: str, s: Boundary, e: Boundary, budget: int, ti
         return _admit(s, e, budget)
     first = MessageId(s.ledger, _first_unread_entry(s)) if s.ledger >= 0 else MessageId.earliest
     found = await _entry_at_or_after(client, topic, first, timeout)
-    if found is None or found > (e.ledger, e.entry):
+    if found is None or found > e.position:
         return e
     ledger, entry = found
     if ledger == e.ledger:
         return e if e.entry - entry + 1 <= budget else Boundary(ledger, entry + budget - 1, _WHOLE_ENTRY, True)
-    target = (ledger, entry + budget - 1)
+    target = Position(ledger, entry + budget - 1)
     found = await _entry_at_or_after(client, topic, MessageId(*target), timeout)
-    if found is None or found > (e.ledger, e.entry):
+    if found is None or found > e.position:
         # fewer than `budget` entries up to e (or, on a Pulsar broker whose newest ledger is
         # shorter than the budget reaches, possibly more: admitted rather than guessed)
         return e
     if found == target:
-        return Boundary(ledger, target[1], _WHOLE_ENTRY, True)
-    return Boundary(found[0], found[1], -1, False)  # the rest of the ledger: just before the next one's first
+        return Boundary(ledger, target.entry, _WHOLE_ENTRY, True)
+    return Boundary(found.ledger, found.entry, -1, False)  # the rest of the ledger: just before the next one's first
 
 
 async def _at_time(client, topic: str, when_ms: int, latest: Boundary) -> Boundary:
@@ -144,7 +146,7 @@ async def _at_time(client, topic: str, when_ms: int, latest: Boundary) -> Bounda
         except Exception:  # noqa: BLE001 - nothing published since: start at the end
             return latest
         mid = message.message_id()
-        if (mid.ledger_id, mid.entry_id) > (latest.ledger, latest.entry):
+        if _position(mid) > latest.position:
             return latest
         return Boundary(mid.ledger_id, mid.entry_id, -1, False)
     finally:
@@ -186,8 +188,8 @@ async def _check_position(client, topic: str, given: Boundary, latest: Boundary,
     """A position a user gave must name a message of the topic."""
     if given.ledger < 0:
         return
-    position = (given.ledger, given.entry)
-    if latest.ledger < 0 or position > (latest.ledger, latest.entry):
+    position = given.position
+    if latest.ledger < 0 or position > latest.position:
         raise PulsarSparkError(f"{what}: {topic} has no entry {_where(position)}: it is past the topic's last "
                                + (f"entry ({latest.ledger}:{latest.entry})" if latest.ledger >= 0 else "(the topic is empty)"))
     found = await _entry_at_or_after(client, topic, MessageId(*position), timeout)

@@ -105,6 +105,7 @@ class _RangeReader:
         self.part = part
         self.start = Boundary.from_json(part.start)
         self.end = Boundary.from_json(part.end)
+        self.end_position = self.end.position
         self.builder = _BatchBuilder(part.topic, part.partition)
         self.client: Any = None
         self.reader: Any = None
@@ -139,12 +140,12 @@ class _RangeReader:
         """The reader starts at the start boundary's own entry, which the batch before read: see
         at once whether it is gone, rather than wait for an entry that never comes (a broker
         may wait at that entry id in a re-created topic)."""
-        start = (self.start.ledger, self.start.entry)
+        start = self.start.position
         last = await self.reader.get_last_message_id()
         if last.entry_id < 0 or _position(last) < start:
             await self._start_gone("the topic is now empty" if last.entry_id < 0
                                    else f"the topic now ends at {_where(_position(last))}")
-        elif last.entry_id < start[1]:  # the last entry is in a later, shorter ledger
+        elif last.entry_id < start.entry:  # the last entry is in a later, shorter ledger
             first = await _entry_at_or_after(self.client, self.part.topic, MessageId.earliest, self.opts.read_timeout)
             if first is None or first > start:
                 await self._start_gone(f"the first entry there now is {_where(first)}" if first
@@ -172,11 +173,10 @@ class _RangeReader:
                 entry = entries[0]
                 if self.first:
                     self.first = False
-                    if self.start.ledger >= 0 and (entry.ledger_id, entry.entry_id) != (self.start.ledger,
-                                                                                         self.start.entry):
+                    if self.start.ledger >= 0 and _position(entry) != self.start.position:
                         await self._start_gone(f"the first entry there now is {entry.ledger_id}:{entry.entry_id}")
                         continue
-                self.seen = (entry.ledger_id, entry.entry_id)
+                self.seen = (entry.ledger_id, entry.entry_id)  # a plain tuple: this runs once an entry
                 self._entry(entry)
             else:
                 await self._wait()
@@ -197,7 +197,7 @@ class _RangeReader:
                 last = await self.reader.get_last_message_id()
             except _retryable():
                 continue
-            end = (self.end.ledger, self.end.entry)
+            end = self.end.position
             # gone when the topic now ends before the range does and every entry up to its end is here
             if last.entry_id < 0 or (_position(last) < end and self.seen is not None
                                      and self.seen >= _position(last)):
@@ -226,8 +226,8 @@ class _RangeReader:
 
     def _entry(self, entry) -> None:
         from .. import codec
-        position = (entry.ledger_id, entry.entry_id)
-        if position >= (self.end.ledger, self.end.entry):
+        position = (entry.ledger_id, entry.entry_id)  # a plain tuple: this runs once an entry
+        if position >= self.end_position:
             self.reached_end = True
         md = entry.metadata
         if self.chunk_of_producer:

@@ -25,7 +25,8 @@ class SentMessage(WriterCommitMessage):
 
 # the sink's producer batches, in messages and bytes: 1 MiB rather than the Java client's 128 KiB,
 # so large rows make fewer entries (fewer frames to send, store and split again when read)
-_SINK_BATCH = (1000, 1 << 20)
+_SINK_BATCH_MESSAGES = 1000
+_SINK_BATCH_BYTES = 1 << 20
 
 # accepted column -> (the send field it fills, a description of the types accepted)
 _SINK_COLUMNS = {
@@ -153,8 +154,8 @@ async def _send_all(client, opts: SinkOptions, fields: dict[str, str], batches,
                 "message_router": _replayable_router(identity.partition)}
             producer = producers[topic] = await client.create_producer(
                 topic, batching_max_publish_delay_ms=5, compression_type=opts.compression,
-                max_pending_messages=opts.max_pending, batching_max_messages=_SINK_BATCH[0],
-                batching_max_allowed_size_in_bytes=_SINK_BATCH[1],
+                max_pending_messages=opts.max_pending, batching_max_messages=_SINK_BATCH_MESSAGES,
+                batching_max_allowed_size_in_bytes=_SINK_BATCH_BYTES,
                 schema=None if types[topic] is None else _topic_schema(info), **named)
         return producer
 

@@ -9,6 +9,7 @@ import asyncio
 import json
 import logging
 import re
+from typing import NamedTuple
 
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader
 from pyspark.sql.streaming.datasource import (
@@ -20,7 +21,9 @@ from ..messages import MessageId
 from .columns import HEADERS, SCHEMA
 from .connect import _run, _with_client
 from .errors import PulsarDataLossError, PulsarSparkError
-from .offsets import _WHOLE_ENTRY, Boundary, _entries_between, _first_unread_entry, _partition_index, _share, canonical
+from .offsets import (
+    _WHOLE_ENTRY, Boundary, TopicPartition, _entries_between, _first_unread_entry, _partition_index, _share, canonical,
+)
 from .options import SourceOptions
 from .positions import (
     _advance, _entry_at_or_after, _hold, _latest_all, _messages_per_entry, _resolve, _topic_partitions,
@@ -91,7 +94,7 @@ def with_value_type(opts: SourceOptions) -> SourceOptions:
     return opts
 
 
-def _ranges(parts, start: dict[str, Boundary], end: dict[str, Boundary]) -> list[RangePartition]:
+def _ranges(parts: list[TopicPartition], start: dict[str, Boundary], end: dict[str, Boundary]) -> list[RangePartition]:
     out = []
     for topic, index in parts:
         s, e = start.get(topic, Boundary.before_everything()), end[topic]
@@ -100,13 +103,25 @@ def _ranges(parts, start: dict[str, Boundary], end: dict[str, Boundary]) -> list
     return out
 
 
+class _Span(NamedTuple):
+    """The entries of a range that can be cut: first to last, all in one ledger."""
+
+    ledger: int
+    first: int
+    last: int
+
+    @property
+    def entries(self) -> int:
+        return self.last - self.first + 1
+
+
 async def _split(client, ranges: list[RangePartition], want: int | None, timeout: float) -> list[RangePartition]:
     """At least `want` ranges where entries allow (minPartitions): each range cut at entries,
     in pieces in proportion to its entries, so that one partition can keep several cores busy.
     A range is cut within the ledger of its end (entry ids are consecutive within a ledger)."""
     if not want or len(ranges) >= want:
         return ranges
-    spans = []  # per range: (ledger, first entry, entry of the end) or None when it cannot be cut
+    spans: list[_Span | None] = []  # per range: None when it cannot be cut
     for part in ranges:
         s, e = Boundary.from_json(part.start), Boundary.from_json(part.end)
         first = None
@@ -115,17 +130,17 @@ async def _split(client, ranges: list[RangePartition], want: int | None, timeout
         else:
             start = MessageId(s.ledger, _first_unread_entry(s)) if s.ledger >= 0 else MessageId.earliest
             found = await _entry_at_or_after(client, part.topic, start, timeout)
-            if found is not None and found[0] == e.ledger:
-                first = found[1]
-        spans.append(None if first is None or e.entry <= first else (e.ledger, first, e.entry))
-    total = sum(span[2] - span[1] + 1 for span in spans if span)
+            if found is not None and found.ledger == e.ledger:
+                first = found.entry
+        spans.append(None if first is None or e.entry <= first else _Span(e.ledger, first, e.entry))
+    total = sum(span.entries for span in spans if span)
     out = []
     for part, span in zip(ranges, spans):
         if span is None:
             out.append(part)
             continue
-        ledger, first, last = span
-        entries = last - first + 1
+        ledger, first = span.ledger, span.first
+        entries = span.entries
         pieces = min(entries, max(1, round(want * entries / total)))
         cuts = [first - 1 + (j * entries) // pieces for j in range(1, pieces)]
         bounds = [part.start] + [Boundary(ledger, x, _WHOLE_ENTRY, True).to_json() for x in cuts] + [part.end]
@@ -167,10 +182,10 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._latest: dict | None = None  # for reportLatestOffset
         self._turn = 0
 
-    def _now(self) -> tuple[list, dict[str, Boundary]]:
+    def _latest_now(self) -> dict[str, Boundary]:
         async def look(client):
             parts = await _topic_partitions(client, self.opts, missing_ok=not self.opts.fail_on_data_loss)
-            return parts, await _latest_all(client, parts)
+            return await _latest_all(client, parts)
         return _run(_with_client(self.opts.client, look))
 
     def initialOffset(self) -> dict:
@@ -191,7 +206,7 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(limit) if limit else ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._frozen = canonical(self._now()[1])
+        self._frozen = canonical(self._latest_now())
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         opts = self.opts
@@ -243,7 +258,7 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._latest
 
     def partitions(self, start: dict, end: dict):
-        parts = [(t, _partition_index(t)) for t in sorted(end)]
+        parts = [TopicPartition(t, _partition_index(t)) for t in sorted(end)]
         begin = {t: Boundary.from_json(v) for t, v in (start or {}).items()}
         finish = {t: Boundary.from_json(v) for t, v in end.items()}
         for topic, s in list(begin.items()):
