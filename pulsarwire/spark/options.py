@@ -230,60 +230,12 @@ def _kafka_aliases(options: dict) -> dict:
 
 def source_options(options: dict, streaming: bool) -> SourceOptions:
     """Every source option checked, with a clear message for each mistake."""
-    from ..client import topic_name
     settings = _client_settings(options, _SOURCE)
     options = _kafka_aliases(options)
-    given = [k for k in ("topic", "topics", "topicspattern") if options.get(k)]
-    if len(given) != 1:
-        raise PulsarSparkError("exactly one of the options 'topic', 'topics' or 'topicsPattern' is required"
-                               + (f" (got {', '.join(given)})" if given else ""))
-    topics: list[str] = []
-    pattern = None
-    if given[0] == "topicspattern":
-        pattern = _short_pattern(options["topicspattern"].strip())
-    else:
-        for raw in str(options[given[0]]).split(","):
-            if not raw.strip():
-                continue
-            try:
-                name = topic_name(raw.strip())
-            except ValueError as exc:
-                raise PulsarSparkError(f"option {given[0]!r}: {exc}") from None
-            if not name.startswith("persistent://"):
-                raise PulsarSparkError(f"option {given[0]!r}: only persistent topics can be read, got {name}")
-            if name in topics:
-                raise PulsarSparkError(f"option {given[0]!r} names topic {name} twice")
-            topics.append(name)
-        if not topics:
-            raise PulsarSparkError(f"option {given[0]!r} names no topic")
-        if given[0] == "topic" and len(topics) > 1:
-            raise PulsarSparkError("option 'topic' takes one topic; use 'topics' for a comma-separated list")
+    topics, pattern = _topics_read(options)
     stream_only = streaming is False  # None: at load(), batch or stream not known yet
-    if streaming and options.get("endingoffsets"):
-        raise PulsarSparkError("option 'endingOffsets' is for batch queries; a stream has no end")
-    if streaming and options.get("endingtime"):
-        raise PulsarSparkError("option 'endingTime' is for batch queries; a stream has no end")
-    if options.get("startingoffsets") and options.get("startingtime"):
-        raise PulsarSparkError("give 'startingOffsets' or 'startingTime', not both")
-    if options.get("endingoffsets") and options.get("endingtime"):
-        raise PulsarSparkError("give 'endingOffsets' or 'endingTime', not both")
-    starting, ending = options.get("startingoffsets"), options.get("endingoffsets")
-    for name, spec in (("startingOffsets", starting), ("endingOffsets", ending)):
-        if spec is not None:
-            _parse_offsets_spec(spec, name, allow_earliest=name == "startingOffsets")
-    max_entries = options.get("maxentriespertrigger")
-    if max_entries is not None:
-        if stream_only:
-            raise PulsarSparkError("option 'maxEntriesPerTrigger' is for streaming queries")
-        max_entries = int(_positive(max_entries, "maxEntriesPerTrigger", integer=True))
-    max_messages = options.get("maxoffsetspertrigger")
-    if max_messages is not None:
-        if stream_only:
-            raise PulsarSparkError("option 'maxOffsetsPerTrigger' is for streaming queries")
-        if max_entries is not None:
-            raise PulsarSparkError("give 'maxOffsetsPerTrigger' (messages) or 'maxEntriesPerTrigger' (entries), "
-                                   "not both")
-        max_messages = int(_positive(max_messages, "maxOffsetsPerTrigger", integer=True))
+    _check_bounds(options, streaming)
+    max_entries, max_messages = _trigger_limits(options, stream_only)
     min_partitions = options.get("minpartitions")
     if min_partitions is not None:
         min_partitions = int(_positive(min_partitions, "minPartitions", integer=True))
@@ -300,18 +252,86 @@ def source_options(options: dict, streaming: bool) -> SourceOptions:
         if not str(subscription).strip():
             raise PulsarSparkError("option 'subscriptionName' is empty")
     return SourceOptions(
-        settings, topics, pattern, starting, ending,
-        _time_ms(options["startingtime"], "startingTime") if options.get("startingtime") else None,
-        _time_ms(options["endingtime"], "endingTime") if options.get("endingtime") else None,
-        _boolean(options.get("failondataloss", "true"), "failOnDataLoss"), max_entries,
-        int(_positive(options.get("maxrowsperbatch", _DEFAULT_ROWS_PER_BATCH), "maxRowsPerBatch", integer=True)),
-        int(_positive(options.get("maxbytesperbatch", _DEFAULT_BYTES_PER_BATCH), "maxBytesPerBatch",
-                      integer=True)),
-        _positive(options.get("read.timeout.seconds", 30), "read.timeout.seconds"),
-        str(subscription).strip() if subscription else None, max_messages, min_partitions,
-        _boolean(options.get("includeheaders", "false"), "includeHeaders"),
-        _boolean(options.get("rawvalue", "false"), "rawValue"), _mode(options.get("mode", "FAILFAST")),
-        _corrupt_column(options.get("columnnameofcorruptrecord", "_corrupt_record")), None, max_partitions)
+        client=settings, topics=topics, pattern=pattern,
+        starting=options.get("startingoffsets"), ending=options.get("endingoffsets"),
+        starting_time=_time_ms(options["startingtime"], "startingTime") if options.get("startingtime") else None,
+        ending_time=_time_ms(options["endingtime"], "endingTime") if options.get("endingtime") else None,
+        fail_on_data_loss=_boolean(options.get("failondataloss", "true"), "failOnDataLoss"), max_entries=max_entries,
+        rows_per_batch=int(_positive(options.get("maxrowsperbatch", _DEFAULT_ROWS_PER_BATCH), "maxRowsPerBatch",
+                                     integer=True)),
+        bytes_per_batch=int(_positive(options.get("maxbytesperbatch", _DEFAULT_BYTES_PER_BATCH),
+                                      "maxBytesPerBatch", integer=True)),
+        read_timeout=_positive(options.get("read.timeout.seconds", 30), "read.timeout.seconds"),
+        subscription=str(subscription).strip() if subscription else None, max_messages=max_messages,
+        min_partitions=min_partitions,
+        include_headers=_boolean(options.get("includeheaders", "false"), "includeHeaders"),
+        raw_value=_boolean(options.get("rawvalue", "false"), "rawValue"),
+        permissive=_mode(options.get("mode", "FAILFAST")),
+        corrupt_column=_corrupt_column(options.get("columnnameofcorruptrecord", "_corrupt_record")),
+        value_type=None, max_partitions=max_partitions)
+
+
+def _topics_read(options: dict) -> tuple[list[str], TopicPattern | None]:
+    """The topics named by 'topic' or 'topics', or else the pattern 'topicsPattern' gives."""
+    from ..client import topic_name
+    given = [k for k in ("topic", "topics", "topicspattern") if options.get(k)]
+    if len(given) != 1:
+        raise PulsarSparkError("exactly one of the options 'topic', 'topics' or 'topicsPattern' is required"
+                               + (f" (got {', '.join(given)})" if given else ""))
+    if given[0] == "topicspattern":
+        return [], _short_pattern(options["topicspattern"].strip())
+    topics: list[str] = []
+    for raw in str(options[given[0]]).split(","):
+        if not raw.strip():
+            continue
+        try:
+            name = topic_name(raw.strip())
+        except ValueError as exc:
+            raise PulsarSparkError(f"option {given[0]!r}: {exc}") from None
+        if not name.startswith("persistent://"):
+            raise PulsarSparkError(f"option {given[0]!r}: only persistent topics can be read, got {name}")
+        if name in topics:
+            raise PulsarSparkError(f"option {given[0]!r} names topic {name} twice")
+        topics.append(name)
+    if not topics:
+        raise PulsarSparkError(f"option {given[0]!r} names no topic")
+    if given[0] == "topic" and len(topics) > 1:
+        raise PulsarSparkError("option 'topic' takes one topic; use 'topics' for a comma-separated list")
+    return topics, None
+
+
+def _check_bounds(options: dict, streaming: bool | None) -> None:
+    """Where a read starts and ends: given once each, and no end for a stream."""
+    if streaming and options.get("endingoffsets"):
+        raise PulsarSparkError("option 'endingOffsets' is for batch queries; a stream has no end")
+    if streaming and options.get("endingtime"):
+        raise PulsarSparkError("option 'endingTime' is for batch queries; a stream has no end")
+    if options.get("startingoffsets") and options.get("startingtime"):
+        raise PulsarSparkError("give 'startingOffsets' or 'startingTime', not both")
+    if options.get("endingoffsets") and options.get("endingtime"):
+        raise PulsarSparkError("give 'endingOffsets' or 'endingTime', not both")
+    starting, ending = options.get("startingoffsets"), options.get("endingoffsets")
+    for name, spec in (("startingOffsets", starting), ("endingOffsets", ending)):
+        if spec is not None:
+            _parse_offsets_spec(spec, name, allow_earliest=name == "startingOffsets")
+
+
+def _trigger_limits(options: dict, stream_only: bool) -> tuple[int | None, int | None]:
+    """A micro-batch's budget: (entries, messages), at most one of them given."""
+    max_entries = options.get("maxentriespertrigger")
+    if max_entries is not None:
+        if stream_only:
+            raise PulsarSparkError("option 'maxEntriesPerTrigger' is for streaming queries")
+        max_entries = int(_positive(max_entries, "maxEntriesPerTrigger", integer=True))
+    max_messages = options.get("maxoffsetspertrigger")
+    if max_messages is not None:
+        if stream_only:
+            raise PulsarSparkError("option 'maxOffsetsPerTrigger' is for streaming queries")
+        if max_entries is not None:
+            raise PulsarSparkError("give 'maxOffsetsPerTrigger' (messages) or 'maxEntriesPerTrigger' (entries), "
+                                   "not both")
+        max_messages = int(_positive(max_messages, "maxOffsetsPerTrigger", integer=True))
+    return max_entries, max_messages
 
 
 def _mode(value) -> bool:

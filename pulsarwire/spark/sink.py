@@ -131,38 +131,85 @@ async def _send_batches(opts: SinkOptions, fields: dict[str, str], batches,
 
 async def _send_all(client, opts: SinkOptions, fields: dict[str, str], batches,
                     identity: WriteIdentity | None = None) -> int:
-    import pyarrow as pa
-    producers: dict[str, Any] = {}
+    producers = _Producers(client, opts, identity)
     futures: list = []
     count = 0
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        rows = _SinkRows.of(batch, fields, opts, count)
+        for target, picked in rows.by_topic(opts.topic, fields, count).items():
+            producer = await producers.get(target)
+            payloads = rows.payloads(producers.types[target], picked, target, fields["value"])
+            futures.append(await producer.send_columns(
+                payloads, partition_keys=_pick(rows.keys, picked), properties=_pick(rows.properties, picked),
+                event_timestamps=_pick(rows.events, picked)))
+        count += batch.num_rows
+    await producers.finish(futures)
+    return count
 
-    types: dict[str, Any] = {}
 
-    async def producer_for(topic: str):
-        """The topic's producer, declaring the topic's schema (if it has one) as its own."""
+class _Producers:
+    """One producer a topic, each declaring its topic's schema (if it has one) as its own."""
+
+    def __init__(self, client, opts: SinkOptions, identity: WriteIdentity | None) -> None:
+        self.client, self.opts, self.identity = client, opts, identity
+        self.producers: dict[str, Any] = {}
+        self.types: dict[str, Any] = {}  # topic -> its schema as a ValueType (None: no schema)
+
+    async def get(self, topic: str):
         from .types import UnsupportedSchemaError, value_type
-        producer = producers.get(topic)
+        producer = self.producers.get(topic)
         if producer is None:
-            info = await client.get_schema_info(topic)
+            info = await self.client.get_schema_info(topic)
             try:
-                types[topic] = value_type(info)
+                self.types[topic] = value_type(info)
             except UnsupportedSchemaError as exc:
                 raise PulsarSparkError(f"{topic}: {exc}") from None
+            identity, opts = self.identity, self.opts
             named = {} if identity is None else {
                 # a replay must send each row to the partition, and under the sequence id, it had
                 "producer_name": identity.producer_name, "initial_sequence_id": identity.last_sequence_id,
                 "message_router": _replayable_router(identity.partition)}
-            producer = producers[topic] = await client.create_producer(
+            producer = self.producers[topic] = await self.client.create_producer(
                 topic, batching_max_publish_delay_ms=5, compression_type=opts.compression,
                 max_pending_messages=opts.max_pending, batching_max_messages=_SINK_BATCH_MESSAGES,
                 batching_max_allowed_size_in_bytes=_SINK_BATCH_BYTES,
-                schema=None if types[topic] is None else _topic_schema(info), **named)
+                schema=None if self.types[topic] is None else _topic_schema(info), **named)
         return producer
 
-    from ..client import topic_name
-    for batch in batches:
-        if batch.num_rows == 0:
-            continue
+    async def finish(self, futures: list) -> None:
+        """Return once the broker acknowledged every send (else raise), then close the producers."""
+        for producer in self.producers.values():
+            await producer.flush()
+        outcomes = await asyncio.gather(*futures, return_exceptions=True)
+        failed = [o for o in outcomes if isinstance(o, BaseException)]
+        if failed:
+            raise RuntimeError(f"{len(failed)} send(s) of this task were not acknowledged by the broker: "
+                               f"{failed[0]}") from failed[0]
+        for producer in self.producers.values():
+            await producer.close()
+
+
+def _pick(column: list | None, rows: list[int] | None) -> list | None:
+    return column if column is None or rows is None else [column[i] for i in rows]
+
+
+@dataclass(slots=True)
+class _SinkRows:
+    """One Arrow batch's rows as the fields of the messages they become (None: a field not given)."""
+
+    column: Any  # the value column as given
+    values: list | None  # the values as bytes, where the column is binary or string
+    keys: list | None
+    properties: list | None
+    events: list | None  # event times in milliseconds
+    topics: list | None  # each row's topic, where a column gives it and option 'topic' does not
+
+    @classmethod
+    def of(cls, batch, fields: dict[str, str], opts: SinkOptions, count: int) -> "_SinkRows":
+        """The batch's rows, checked (`count`: rows before this batch, for the messages)."""
+        import pyarrow as pa
         column = batch.column(fields["value"])
         values = None
         if pa.types.is_string(column.type) or pa.types.is_large_string(column.type) or pa.types.is_binary(column.type):
@@ -181,48 +228,34 @@ async def _send_all(client, opts: SinkOptions, fields: dict[str, str], batches,
                                            "Pulsar cannot carry it (0 means no event time); null it")
         if properties is not None:
             properties = [dict(p) if p else None for p in properties]
-        # rows by target topic, each group sent at once
-        groups: dict[str, list[int] | None]
-        if topics is None:
-            groups = {opts.topic or '': None}
-        else:
-            by_topic: dict[str, list[int]] = {}
-            for i, target in enumerate(topics):
-                if target is None:
-                    raise PulsarSparkError(f"row {count + i + 1} has a null {fields['topic']!r} (and there is "
-                                           "no option 'topic')")
-                by_topic.setdefault(topic_name(target), []).append(i)
-            groups = dict(by_topic)
-        for target, rows in groups.items():
-            producer = await producer_for(target)
+        return cls(column, values, keys, properties, events, topics)
 
-            def pick(column):
-                return column if column is None or rows is None else [column[i] for i in rows]
-            kind = types[target]
-            if kind is not None:  # the topic's schema: a typed value encoded, bytes checked
-                from .types import SchemaMismatchError, encode_values
-                try:
-                    payloads = encode_values(kind, column if rows is None else column.take(rows), fields["value"])
-                except SchemaMismatchError as exc:
-                    raise PulsarSparkError(f"{target}: {exc}") from None
-            elif values is None:
-                raise PulsarSparkError(f"{target} has no schema: column {fields['value']!r} must be "
-                                       f"binary or string, not {column.type}")
-            else:
-                payloads = pick(values)
-            futures.append(await producer.send_columns(payloads, partition_keys=pick(keys),
-                                                       properties=pick(properties), event_timestamps=pick(events)))
-        count += batch.num_rows
-    for producer in producers.values():
-        await producer.flush()
-    outcomes = await asyncio.gather(*futures, return_exceptions=True)
-    failed = [o for o in outcomes if isinstance(o, BaseException)]
-    if failed:
-        raise RuntimeError(f"{len(failed)} send(s) of this task were not acknowledged by the broker: "
-                           f"{failed[0]}") from failed[0]
-    for producer in producers.values():
-        await producer.close()
-    return count
+    def by_topic(self, default: str | None, fields: dict[str, str], count: int) -> dict[str, list[int] | None]:
+        """The rows by target topic, each group sent at once (None: every row)."""
+        from ..client import topic_name
+        if self.topics is None:
+            return {default or '': None}
+        groups: dict[str, list[int]] = {}
+        for i, target in enumerate(self.topics):
+            if target is None:
+                raise PulsarSparkError(f"row {count + i + 1} has a null {fields['topic']!r} (and there is "
+                                       "no option 'topic')")
+            groups.setdefault(topic_name(target), []).append(i)
+        return dict(groups)
+
+    def payloads(self, kind, rows: list[int] | None, target: str, name: str) -> list:
+        """The payloads of `rows` for a topic whose schema is `kind`: a typed value encoded, bytes
+        checked; bytes as they are where the topic has no schema."""
+        if kind is not None:
+            from .types import SchemaMismatchError, encode_values
+            try:
+                return encode_values(kind, self.column if rows is None else self.column.take(rows), name)
+            except SchemaMismatchError as exc:
+                raise PulsarSparkError(f"{target}: {exc}") from None
+        if self.values is None:
+            raise PulsarSparkError(f"{target} has no schema: column {name!r} must be "
+                                   f"binary or string, not {self.column.type}")
+        return self.values if rows is None else [self.values[i] for i in rows]
 
 
 def _topic_schema(info):
