@@ -192,7 +192,7 @@ class SourceOptions:
     raw_value: bool = False  # value as bytes whatever the topic's schema
     permissive: bool = False  # mode=PERMISSIVE: a payload that does not decode is a null value
     corrupt_column: str = "_corrupt_record"
-    value_type: Any = None  # the topics' schema as a spark_types.ValueType (None: bytes)
+    value_type: Any = None  # the topics' schema as a types.ValueType (None: bytes)
     max_partitions: int | None = None  # at most this many Spark tasks (ranges packed together)
 
 

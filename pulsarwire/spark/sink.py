@@ -260,7 +260,7 @@ class _SinkRows:
 
 def _topic_schema(info):
     """The topic's own schema, declared by the sink's producer; payloads are encoded (or
-    checked) before they reach it (spark_types.encode_values)."""
+    checked) before they reach it (types.encode_values)."""
     from ..schema import Schema
 
     class TopicSchema(Schema):
