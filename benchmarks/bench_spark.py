@@ -38,7 +38,7 @@ def _floor_source(rows_per_partition: int, size: int, partitions: int):
         def read(self, partition):
             from pulsarwire import codec
             from pulsarwire._proto import PulsarApi_pb2 as pb
-            from pulsarwire.spark import _BatchBuilder
+            from pulsarwire.spark.arrow import _BatchBuilder
             builder = codec.BatchBuilder()
             for i in range(100):
                 builder.add(b"x" * size, None, None, 0, None, i)

@@ -1,5 +1,6 @@
 """Module structure. The broker's layers import one way: storage -> metafile -> topics -> core ->
-front ends -> server; each client module imports alone; the client package keeps its public names.
+front ends -> server; each client module imports alone; the client package keeps its public names; the spark
+package's modules import one way and the package keeps its public names.
 
 Each module is imported alone in a fresh interpreter; the broker modules it pulls
 in must all lie at or below its own layer."""
@@ -116,3 +117,57 @@ def test_client_package_keeps_its_public_names():
     assert set(CLIENT_NAMES) <= set(client.__all__)
     from pulsarwire import Client, Consumer, Producer, Reader
     assert (client.Client, client.Producer, client.Consumer, client.Reader) == (Client, Producer, Consumer, Reader)
+
+
+# Each module of the Spark data source and the spark modules it may pull in at import time: one
+# concern each, importing one way (options and offsets below the source, the sink and the reader;
+# typed values imported where a topic has a schema, not at import).
+SPARK_DEPENDS = {
+    "errors": set(),
+    "columns": set(),
+    "types": set(),
+    "offsets": {"errors"},
+    "options": {"errors", "columns", "offsets"},
+    "connect": {"errors", "columns", "offsets", "options"},
+    "positions": {"errors", "columns", "offsets", "options"},
+    "arrow": {"columns"},
+    "reader": {"errors", "columns", "offsets", "options", "connect", "positions", "arrow"},
+    "source": {"errors", "columns", "offsets", "options", "connect", "positions", "arrow", "reader"},
+    "sink": {"errors", "columns", "offsets", "options", "connect"},
+    "datasource": {"errors", "columns", "offsets", "options", "connect", "positions", "arrow", "reader", "source",
+                   "sink"},
+}
+# Every public name `pulsarwire.spark` offered when it was one module.
+SPARK_NAMES = [
+    "PulsarDataSource", "register", "SCHEMA", "HEADERS", "Boundary", "canonical", "PulsarSparkError",
+    "PulsarDataLossError", "message_id_topic", "ClientSettings", "SourceOptions", "SinkOptions", "source_options",
+    "sink_options", "source_schema", "with_value_type", "RangePartition", "RangeGroup", "PulsarBatchReader",
+    "PulsarStreamReader", "PulsarBatchWriter", "PulsarStreamWriter", "SentMessage", "WriteIdentity",
+]
+
+
+@pytest.mark.parametrize("module", sorted(SPARK_DEPENDS))
+def test_spark_module_imports_only_what_it_builds_on(module):
+    pytest.importorskip("pyspark")
+    # stand-ins for the packages, as for the client: `module` is the first spark module loaded
+    code = ("import importlib, importlib.util, json, sys, types\n"
+            "root = importlib.util.find_spec('pulsarwire').submodule_search_locations[0]\n"
+            "for name, path in (('pulsarwire', root), ('pulsarwire.spark', root + '/spark')):\n"
+            "    package = types.ModuleType(name)\n"
+            "    package.__path__ = [path]\n"
+            "    sys.modules[name] = package\n"
+            "sys.modules['pulsarwire'].__version__ = '0'\n"
+            f"importlib.import_module('pulsarwire.spark.{module}')\n"
+            "print(json.dumps(sorted(m.rsplit('.', 1)[1] for m in sys.modules "
+            "if m.startswith('pulsarwire.spark.'))))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    loaded = set(json.loads(out)) - {module}
+    assert loaded == SPARK_DEPENDS[module], f"{module} pulls in {sorted(loaded)}"
+
+
+def test_spark_package_keeps_its_public_names():
+    pytest.importorskip("pyspark")
+    import pulsarwire.spark as spark
+    missing = [name for name in SPARK_NAMES if not hasattr(spark, name)]
+    assert not missing
+    assert spark.PulsarDataSource.name() == "pulsarwire"

@@ -157,7 +157,7 @@ def test_bad_options_are_reported(spark, embedded):
 
 def test_boundaries_and_admission():
     from pulsarwire.messages import MessageId
-    from pulsarwire.spark import _WHOLE_ENTRY, Boundary, _admit, _entries_between, _share
+    from pulsarwire.spark.offsets import _WHOLE_ENTRY, Boundary, _admit, _entries_between, _share
 
     assert _share({"a": 10, "b": 10, "c": 10}, 3, 0) == {"a": 1, "b": 1, "c": 1}
     assert _share({"a": 100, "b": 1, "c": 0}, 10, 0) == {"a": 9, "b": 1, "c": 0}
@@ -181,7 +181,8 @@ def test_boundaries_and_admission():
 # --- speed-shaped reading: entries to Arrow, capped in rows and bytes ------------
 
 def test_batches_are_capped_in_rows_and_bytes(embedded):
-    from pulsarwire.spark import RangePartition, _read_range, source_options
+    from pulsarwire.spark import RangePartition, source_options
+    from pulsarwire.spark.reader import _read_range
 
     topic = "persistent://public/default/" + unique("spark-cap")
     client = blocking.Client(embedded.url)
@@ -204,7 +205,9 @@ def test_batches_are_capped_in_rows_and_bytes(embedded):
 
 
 def _last(embedded, topic):
-    from pulsarwire.spark import _latest_of, _run, source_options, _with_client
+    from pulsarwire.spark import source_options
+    from pulsarwire.spark.connect import _run, _with_client
+    from pulsarwire.spark.positions import _latest_of
     opts = source_options({"service.url": embedded.url, "topic": topic}, streaming=False)
     return _run(_with_client(opts.client, lambda c: _latest_of(c, topic))).to_json()
 
@@ -216,7 +219,8 @@ def test_arrow_batches_never_overflow_2_gib():
 
     from pulsarwire import codec
     from pulsarwire._proto import PulsarApi_pb2 as pb
-    from pulsarwire.spark import _DEFAULT_BYTES_PER_BATCH, _BatchBuilder
+    from pulsarwire.spark.arrow import _BatchBuilder
+    from pulsarwire.spark.options import _DEFAULT_BYTES_PER_BATCH
 
     md = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1)
     columns = codec.split_columns(md, b"x" * (1 << 20))
@@ -409,7 +413,8 @@ def test_sink_takes_the_sources_columns_and_checks_types(spark, embedded):
 def test_broker_down_at_task_start_is_retried_and_a_disconnect_is_reported(tmp_path):
     import threading
 
-    from pulsarwire.spark import RangePartition, _read_range, source_options
+    from pulsarwire.spark import RangePartition, source_options
+    from pulsarwire.spark.reader import _read_range
 
     from .peers import BrokerThread
 
@@ -547,7 +552,8 @@ def test_data_deleted_under_a_checkpoint_fails_unless_told(spark, tmp_path):
 
 def test_a_chunked_message_its_producer_gave_up_is_skipped(small, monkeypatch):
     from pulsarwire.client import producer as producer_module
-    from pulsarwire.spark import RangePartition, _read_range, source_options
+    from pulsarwire.spark import RangePartition, source_options
+    from pulsarwire.spark.reader import _read_range
 
     topic = "persistent://public/default/" + unique("spark-abandoned")
     enqueue = producer_module.PartitionProducer._enqueue
@@ -575,7 +581,8 @@ def test_a_chunked_message_its_producer_gave_up_is_skipped(small, monkeypatch):
 def test_message_ids_of_big_batches_and_single_messages():
     from pulsarwire import MessageId, codec
     from pulsarwire._proto import PulsarApi_pb2 as pb
-    from pulsarwire.spark import _BatchBuilder, message_id_topic
+    from pulsarwire.spark import message_id_topic
+    from pulsarwire.spark.arrow import _BatchBuilder
 
     builder = codec.BatchBuilder()
     for i in range(20_000):  # batch indexes of 1, 2 and 3 varint bytes
@@ -817,7 +824,7 @@ def test_typed_columns_from_the_topics_schema(spark, embedded):
     import struct
 
     from pulsarwire.schema import SchemaInfo, SchemaType, _pack_pair
-    from pulsarwire.spark import _topic_schema
+    from pulsarwire.spark.sink import _topic_schema
 
     record = {"type": "record", "name": "Reading", "fields": [
         {"name": "sensor", "type": "string"}, {"name": "value", "type": "long"},

@@ -17,20 +17,26 @@ import io
 import json
 import struct
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from pyspark.sql.types import (
     ArrayType, BinaryType, BooleanType, ByteType, DataType, DateType, DoubleType, FloatType, IntegerType,
     LongType, MapType, ShortType, StringType, StructField, StructType, TimestampType,
 )
 
-from .schema import SchemaInfo, SchemaType, _unpack_pair
+from ..schema import SchemaInfo, SchemaType, _unpack_pair
 
 # primitive Pulsar schemas: the Spark type, and the big-endian layout of their payloads
-_PRIMITIVES: dict[int, tuple[DataType, str]] = {
-    5: (BooleanType(), "?"), 6: (ByteType(), ">i1"), 7: (ShortType(), ">i2"), 8: (IntegerType(), ">i4"),
-    9: (LongType(), ">i8"), 10: (FloatType(), ">f4"), 11: (DoubleType(), ">f8"),
-    14: (TimestampType(), ">i8"),  # Timestamp: milliseconds since the epoch
+class _Primitive(NamedTuple):
+    spark_type: DataType
+    layout: str  # numpy's name of the big-endian value
+
+
+_PRIMITIVES: dict[int, _Primitive] = {
+    5: _Primitive(BooleanType(), "?"), 6: _Primitive(ByteType(), ">i1"), 7: _Primitive(ShortType(), ">i2"),
+    8: _Primitive(IntegerType(), ">i4"), 9: _Primitive(LongType(), ">i8"), 10: _Primitive(FloatType(), ">f4"),
+    11: _Primitive(DoubleType(), ">f8"),
+    14: _Primitive(TimestampType(), ">i8"),  # Timestamp: milliseconds since the epoch
 }
 _NO_SCHEMA = {SchemaType.BYTES, SchemaType.NONE}
 
@@ -120,7 +126,7 @@ class ValueType:
         if self.kind == SchemaType.STRING:
             return StringType()
         if self.kind in _PRIMITIVES:
-            return _PRIMITIVES[self.kind][0]
+            return _PRIMITIVES[self.kind].spark_type
         if self.kind in (SchemaType.JSON, SchemaType.AVRO):
             return _avro_type(self.definition, {})[0]
         if self.kind == SchemaType.KEY_VALUE:
@@ -175,7 +181,6 @@ _KINDS_BY_NAME = {**{k.name: int(k) for k in SchemaType}, "BOOLEAN": 5, "INT8": 
                   "INT64": 9, "FLOAT": 10, "DOUBLE": 11, "TIMESTAMP": 14}
 
 
-# --- decoding a batch ------------------------------------------------------------
 
 def decode_values(vt: ValueType, values, keys=None):
     """(typed Arrow array, numpy bool mask of rows that did not decode, or None) for a binary
@@ -354,7 +359,7 @@ def decode_one(vt: ValueType, payload: bytes, key: str | None = None) -> Any:
     if vt.kind == SchemaType.STRING:
         return payload.decode("utf-8")
     if vt.kind in _PRIMITIVES:
-        layout = _PRIMITIVES[vt.kind][1]
+        layout = _PRIMITIVES[vt.kind].layout
         width = 1 if layout == "?" else int(layout[-1])
         if len(payload) != width:
             raise SchemaMismatchError(f"{len(payload)} bytes where the schema takes {width}")
@@ -427,7 +432,6 @@ def _json_to_column(value: dict, definition: dict) -> dict:
     return out
 
 
-# --- encoding for the sink ---------------------------------------------------------
 
 def encode_values(vt: ValueType, column, name: str) -> list[bytes]:
     """Payloads for a sink's `value` column under the topic's schema: a typed column encoded
@@ -468,7 +472,7 @@ def encode_one(vt: ValueType, value) -> bytes:
             raise SchemaMismatchError(f"{type(value).__name__} is not a string")
         return value.encode()
     if vt.kind in _PRIMITIVES:
-        layout = _PRIMITIVES[vt.kind][1]
+        layout = _PRIMITIVES[vt.kind].layout
         if vt.kind == 14 and isinstance(value, datetime.datetime):
             value = int(value.timestamp() * 1000)
         if layout == "?":
@@ -495,7 +499,7 @@ def encode_one(vt: ValueType, value) -> bytes:
         if vt.separated:
             raise SchemaMismatchError("a SEPARATED KeyValue topic is written with its key in the 'key' column; "
                                       "not supported by the sink")
-        from .schema import _pack_pair
+        from ..schema import _pack_pair
         assert vt.key is not None and vt.value is not None
         key, val = value.get("key"), value.get("value")
         return _pack_pair(None if key is None else encode_one(vt.key, key),

@@ -1,0 +1,65 @@
+"""The data source Spark registers: format `pulsarwire`, its source and its sink."""
+from __future__ import annotations
+
+from pyspark.sql.datasource import DataSource
+from pyspark.sql.types import BinaryType
+
+from .connect import _run, _with_client
+from .errors import PulsarSparkError
+from .options import SourceOptions, _options, sink_options, source_options
+from .sink import PulsarBatchWriter, PulsarStreamWriter, _check_sink_schema
+from .source import PulsarBatchReader, PulsarStreamReader, source_schema, with_value_type
+
+class PulsarDataSource(DataSource):
+    """Format `pulsarwire` (`pulsar` is taken by other connectors)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "pulsarwire"
+
+    def schema(self):
+        # called at load() for reads: check every option there (batch or stream is known later),
+        # and read the topics' schema for the value's type
+        return source_schema(with_value_type(source_options(_options(self.options), streaming=None)))
+
+    def reader(self, schema):
+        return PulsarBatchReader(self._source(schema, streaming=False))
+
+    def streamReader(self, schema):
+        return PulsarStreamReader(self._source(schema, streaming=True))
+
+    def _source(self, schema, streaming: bool) -> SourceOptions:
+        opts = with_value_type(source_options(_options(self.options), streaming=streaming))
+        if schema is not None and schema["value"].dataType != source_schema(opts)["value"].dataType:
+            raise PulsarSparkError(f"the topics' schema changed since the query was defined: value is now "
+                                   f"{source_schema(opts)['value'].dataType.simpleString()}, was "
+                                   f"{schema['value'].dataType.simpleString()}; define the query again")
+        return opts
+
+    def writer(self, schema, overwrite):
+        opts, fields = self._sink(schema, overwrite)
+        if opts.exactly_once:
+            raise PulsarSparkError("option 'exactlyOnce' is for streaming writes (a batch write has no "
+                                   "micro-batch to replay)")
+        return PulsarBatchWriter(opts, fields)
+
+    def streamWriter(self, schema, overwrite):
+        return PulsarStreamWriter(*self._sink(schema, overwrite))
+
+    def _sink(self, schema, overwrite):
+        if overwrite:
+            raise PulsarSparkError("mode 'overwrite' cannot be honoured: a Pulsar topic is append-only "
+                                   "(use mode 'append')")
+        opts = sink_options(_options(self.options))
+        typed = False
+        if opts.topic is not None and not isinstance(schema["value"].dataType, BinaryType) \
+                if "value" in schema.fieldNames() else False:
+            typed = _run(_with_client(opts.client, lambda client: client.get_schema_info(opts.topic))) is not None
+        return opts, _check_sink_schema(schema, opts.topic is not None, typed)
+
+
+def register(spark) -> None:
+    """spark.dataSource.register(PulsarDataSource), spelled shorter."""
+    spark.dataSource.register(PulsarDataSource)
+
+

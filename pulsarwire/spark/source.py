@@ -1,0 +1,282 @@
+"""The source's planning, on the driver: which ranges each batch or micro-batch reads.
+
+A batch or micro-batch reads every message strictly between its start and end boundaries, so
+consecutive micro-batches neither overlap nor leave gaps.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from typing import NamedTuple
+
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import BinaryType, StructField, StructType
+
+from ..messages import MessageId
+from .columns import HEADERS, SCHEMA
+from .connect import _run, _with_client
+from .errors import PulsarDataLossError, PulsarSparkError
+from .offsets import (
+    _WHOLE_ENTRY, Boundary, TopicPartition, _entries_between, _first_unread_entry, _partition_index, _share, canonical,
+)
+from .options import SourceOptions
+from .positions import (
+    _advance, _entry_at_or_after, _hold, _latest_all, _messages_per_entry, _resolve, _topic_partitions,
+)
+from .reader import RangeGroup, RangePartition, _read_partition
+
+log = logging.getLogger("pulsarwire.spark")
+
+def _pack(ranges: list[RangePartition], most: int | None) -> list:
+    """At most `most` Spark partitions: ranges packed greedily, the largest (by entries, where
+    counted) first into the least loaded group. Fewer tasks cost Spark less per row when
+    partitions outnumber cores."""
+    if not most or len(ranges) <= most:
+        return ranges
+
+    def size(part: RangePartition) -> int:
+        counted = _entries_between(Boundary.from_json(part.start), Boundary.from_json(part.end))
+        return 1 if counted is None else max(1, counted)
+    groups: list[list] = [[] for _ in range(most)]
+    loads = [0] * most
+    for part in sorted(ranges, key=size, reverse=True):
+        i = loads.index(min(loads))
+        groups[i].append(part)
+        loads[i] += size(part)
+    return [RangeGroup(g) for g in groups if g]
+
+
+def source_schema(opts: SourceOptions) -> StructType:
+    """The columns a read gives: SCHEMA with `value` typed by the topics' schema, and what the
+    options add."""
+    fields = list(SCHEMA.fields)
+    if opts.value_type is not None:
+        fields[0] = StructField("value", opts.value_type.spark_type)
+    if opts.include_headers:
+        fields.append(HEADERS)
+    if opts.value_type is not None and opts.permissive:
+        fields.append(StructField(opts.corrupt_column, BinaryType()))
+    return StructType(fields)
+
+
+async def _value_type(client, opts: SourceOptions):
+    """The ValueType of the topics read (one schema for all of them), or None for bytes."""
+    from .types import UnsupportedSchemaError, value_type
+    if opts.raw_value:
+        return None
+    parts = await _topic_partitions(client, opts, missing_ok=not opts.fail_on_data_loss)
+    parents = sorted({re.sub(r"-partition-\d+$", "", t) if i >= 0 else t for t, i in parts})
+    infos = await asyncio.gather(*(client.get_schema_info(t) for t in parents))
+    found = {}
+    for topic, info in zip(parents, infos):
+        try:
+            found[topic] = value_type(info)
+        except UnsupportedSchemaError as exc:
+            raise PulsarSparkError(f"{topic}: {exc}; read it with rawValue=true") from None
+    kinds = {json.dumps(None if v is None else v.info, sort_keys=True) for v in found.values()}
+    if len(kinds) > 1:
+        raise PulsarSparkError("the topics read have different schemas (" + ", ".join(
+            f"{t}: {v.info['name'] if v else 'none'}" for t, v in found.items())
+            + "); read them apart, or with rawValue=true")
+    return next(iter(found.values()), None)
+
+
+def with_value_type(opts: SourceOptions) -> SourceOptions:
+    """`opts` with the topics' schema looked up (none looked up with rawValue=true)."""
+    if opts.raw_value:
+        return opts
+    opts.value_type = _run(_with_client(opts.client, lambda client: _value_type(client, opts)))
+    return opts
+
+
+def _ranges(parts: list[TopicPartition], start: dict[str, Boundary], end: dict[str, Boundary]) -> list[RangePartition]:
+    out = []
+    for topic, index in parts:
+        s, e = start.get(topic, Boundary.before_everything()), end[topic]
+        if s.key() < e.key():
+            out.append(RangePartition(topic, index, s.to_json(), e.to_json()))
+    return out
+
+
+class _Span(NamedTuple):
+    """The entries of a range that can be cut: first to last, all in one ledger."""
+
+    ledger: int
+    first: int
+    last: int
+
+    @property
+    def entries(self) -> int:
+        return self.last - self.first + 1
+
+
+async def _split(client, ranges: list[RangePartition], want: int | None, timeout: float) -> list[RangePartition]:
+    """At least `want` ranges where entries allow (minPartitions): each range cut at entries,
+    in pieces in proportion to its entries, so that one partition can keep several cores busy.
+    A range is cut within the ledger of its end (entry ids are consecutive within a ledger)."""
+    if not want or len(ranges) >= want:
+        return ranges
+    spans: list[_Span | None] = []  # per range: None when it cannot be cut
+    for part in ranges:
+        s, e = Boundary.from_json(part.start), Boundary.from_json(part.end)
+        first = None
+        if s.ledger >= 0 and s.ledger == e.ledger:
+            first = _first_unread_entry(s)
+        else:
+            start = MessageId(s.ledger, _first_unread_entry(s)) if s.ledger >= 0 else MessageId.earliest
+            found = await _entry_at_or_after(client, part.topic, start, timeout)
+            if found is not None and found.ledger == e.ledger:
+                first = found.entry
+        spans.append(None if first is None or e.entry <= first else _Span(e.ledger, first, e.entry))
+    total = sum(span.entries for span in spans if span)
+    out = []
+    for part, span in zip(ranges, spans):
+        if span is None:
+            out.append(part)
+            continue
+        ledger, first = span.ledger, span.first
+        entries = span.entries
+        pieces = min(entries, max(1, round(want * entries / total)))
+        cuts = [first - 1 + (j * entries) // pieces for j in range(1, pieces)]
+        bounds = [part.start] + [Boundary(ledger, x, _WHOLE_ENTRY, True).to_json() for x in cuts] + [part.end]
+        out += [RangePartition(part.topic, part.partition, a, b) for a, b in zip(bounds, bounds[1:])]
+    return out
+
+
+class PulsarBatchReader(DataSourceReader):
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+
+    def partitions(self):
+        opts = self.opts
+
+        async def plan(client):
+            parts = await _topic_partitions(client, opts)
+            latest = await _latest_all(client, parts)
+            start = await _resolve(client, opts.starting, opts.starting_time, parts, "earliest",
+                                   "startingOffsets", latest, opts.read_timeout)
+            end = await _resolve(client, opts.ending, opts.ending_time, parts, "latest", "endingOffsets", latest,
+                                 opts.read_timeout)
+            if opts.ending and opts.starting:
+                for topic, _ in parts:
+                    if end[topic].key() < start[topic].key():
+                        raise PulsarSparkError(f"endingOffsets: {topic} ends at {end[topic].to_json()}, before "
+                                               f"startingOffsets starts it ({start[topic].to_json()})")
+            ranges = await _split(client, _ranges(parts, start, end), opts.min_partitions, opts.read_timeout)
+            return _pack(ranges, opts.max_partitions)
+        return _run(_with_client(opts.client, plan))
+
+    def read(self, partition):
+        return _read_partition(self.opts, partition)
+
+
+class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+        self._frozen: dict | None = None  # the target offset of an availableNow query
+        self._latest: dict | None = None  # for reportLatestOffset
+        self._turn = 0
+
+    def _latest_now(self) -> dict[str, Boundary]:
+        async def look(client):
+            parts = await _topic_partitions(client, self.opts, missing_ok=not self.opts.fail_on_data_loss)
+            return await _latest_all(client, parts)
+        return _run(_with_client(self.opts.client, look))
+
+    def initialOffset(self) -> dict:
+        opts = self.opts
+
+        async def plan(client):
+            parts = await _topic_partitions(client, opts)
+            latest = await _latest_all(client, parts)
+            start = await _resolve(client, opts.starting, opts.starting_time, parts, "latest",
+                                   "startingOffsets", latest, opts.read_timeout)
+            if opts.subscription:
+                await _hold(client, opts.subscription, start)
+            return start
+        return canonical(_run(_with_client(opts.client, plan)))
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        limit = self.opts.max_entries or self.opts.max_messages
+        return ReadMaxRows(limit) if limit else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._frozen = canonical(self._latest_now())
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        opts = self.opts
+        frozen = None if self._frozen is None else {t: Boundary.from_json(v) for t, v in self._frozen.items()}
+        begin = {t: Boundary.from_json(v) for t, v in (start or {}).items()}
+        budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+
+        async def plan(client):
+            latest = frozen
+            if latest is None:
+                parts = await _topic_partitions(client, opts, missing_ok=not opts.fail_on_data_loss)
+                latest = await _latest_all(client, parts)
+            for topic, s in begin.items():
+                e = latest.get(topic)
+                if e is not None and e.key() < s.key():
+                    self._data_lost(f"{topic}: the topic now ends at {e.to_json()}, before the checkpointed "
+                                    f"offset {s.to_json()}: data was deleted or the topic re-created")
+                    begin[topic] = Boundary.before_everything()
+            starts = {t: begin.get(t, Boundary.before_everything()) for t in latest}
+            if budget is None:
+                return latest, {t: e if e.key() > starts[t].key() else starts[t] for t, e in latest.items()}
+            available = {t: _entries_between(starts[t], e) for t, e in latest.items()}
+            if opts.max_messages:  # a budget in messages: each partition's entries at its own rate
+                backlog = [t for t, n in available.items() if n != 0]
+                rates = dict(zip(backlog, await asyncio.gather(
+                    *(_messages_per_entry(client, t, starts[t], opts.read_timeout) for t in backlog))))
+                shares = _share({t: None if n is None else n * rates.get(t, 1) for t, n in available.items()},
+                                budget, self._turn)
+                grant = {t: 0 if not n else max(1, n // rates[t]) for t, n in shares.items()}
+            else:
+                grant = _share(available, budget, self._turn)
+            ends = await asyncio.gather(*(_advance(client, t, starts[t], e, grant[t], opts.read_timeout)
+                                          for t, e in latest.items()))
+            return latest, dict(zip(latest, ends))
+
+        latest, out = _run(_with_client(opts.client, plan))
+        self._turn += 1
+        self._latest = canonical(latest)
+        for topic, s in begin.items():  # a topic no longer read (or gone for now) keeps its offset
+            out.setdefault(topic, s)
+        return canonical(out)
+
+    def _data_lost(self, message: str) -> None:
+        if self.opts.fail_on_data_loss:
+            raise PulsarDataLossError(message + "; set failOnDataLoss=false to go on from the earliest data")
+        log.warning("%s; going on from the earliest data (failOnDataLoss=false)", message)
+
+    def reportLatestOffset(self):
+        return self._latest
+
+    def partitions(self, start: dict, end: dict):
+        parts = [TopicPartition(t, _partition_index(t)) for t in sorted(end)]
+        begin = {t: Boundary.from_json(v) for t, v in (start or {}).items()}
+        finish = {t: Boundary.from_json(v) for t, v in end.items()}
+        for topic, s in list(begin.items()):
+            e = finish.get(topic)
+            if e is not None and e.key() < s.key():  # re-created (failOnDataLoss=false): read it anew
+                begin[topic] = Boundary.before_everything()
+        ranges = _ranges(parts, begin, finish)
+        if self.opts.min_partitions and len(ranges) < self.opts.min_partitions:
+            ranges = _run(_with_client(self.opts.client, lambda client: _split(
+                client, ranges, self.opts.min_partitions, self.opts.read_timeout)))
+        return _pack(ranges, self.opts.max_partitions)
+
+    def read(self, partition):
+        return _read_partition(self.opts, partition)
+
+    def commit(self, end: dict) -> None:
+        if self.opts.subscription:  # move the held subscription up to what is now read
+            done = {t: Boundary.from_json(v) for t, v in end.items()}
+            _run(_with_client(self.opts.client, lambda client: _hold(client, self.opts.subscription, done)))
+
+
