@@ -53,20 +53,22 @@ def test_domain_layer_knows_no_front_end():
         assert word not in source
 
 
-# Each client module and the client modules it may pull in at import time (type-only imports
-# sit under TYPE_CHECKING): producers and consumers know nothing of each other or of `Client`.
+# Each client module and the client modules it pulls in at import time, which are also all it
+# may import for type checking alone: producers and consumers know nothing of each other or of
+# `Client`; the connection knows them only by the contracts it declares (`ConsumerHandler`,
+# `ProducerHandler`, `ClientContext`), and the dead letter router the consumer by its own.
 CLIENT_DEPENDS = {
     "options": set(),
     "auth": set(),
-    "reconnect": {"options"},
     "http_lookup": set(),
     "connection": {"options", "http_lookup"},
-    "producer": {"options", "reconnect"},
+    "reconnect": {"options", "connection", "http_lookup"},
+    "producer": {"options", "reconnect", "connection", "http_lookup"},
     "dead_letter": set(),
-    "consumer": {"options", "reconnect", "dead_letter"},
-    "reader": {"options", "reconnect", "consumer", "dead_letter"},
-    "table_view": {"options", "reconnect", "consumer", "dead_letter", "reader"},
-    "entries": {"options", "reconnect"},
+    "consumer": {"options", "reconnect", "connection", "http_lookup", "dead_letter"},
+    "reader": {"options", "reconnect", "connection", "http_lookup", "consumer", "dead_letter"},
+    "table_view": {"options", "reconnect", "connection", "http_lookup", "consumer", "dead_letter"},
+    "entries": {"options", "reconnect", "connection", "http_lookup"},
     "client": {"options", "reconnect", "connection", "http_lookup", "producer", "consumer", "dead_letter", "reader",
                "table_view", "entries"},
 }
