@@ -1,15 +1,14 @@
 """pulsarwire: the Apache Pulsar binary protocol, fast."""
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
-from .client import (  # noqa: E402
+from ._version import __version__
+from .client import (
     AuthenticationToken, Client, CompressionType, Consumer, ConsumerType, InitialPosition, Producer,
     Reader,
 )
-from .errors import *  # noqa: E402,F401,F403
-from .messages import Message, MessageId, MessageIds  # noqa: E402
-from .routing import HashingScheme, RoutingMode  # noqa: E402
+from .errors import *  # noqa: F401,F403
+from .messages import Message, MessageId, MessageIds
+from .routing import HashingScheme, RoutingMode
 
 __all__ = [
     "__version__", "AuthenticationToken", "Client", "CompressionType", "Consumer", "ConsumerType",

@@ -21,7 +21,8 @@ import sys
 import tempfile
 import time
 
-from . import __version__, codec
+from . import codec
+from ._version import __version__
 from .client import Client, InitialPosition
 
 

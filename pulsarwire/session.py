@@ -11,7 +11,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Callable, cast
 
-from . import __version__, codec
+from . import codec
+from ._version import __version__
 from ._proto import PulsarApi_pb2 as pb
 from .errors import CodecError, ProtocolError, ServerError, server_error
 

@@ -493,7 +493,7 @@ def test_receive_with_timeout_misses_no_wakeup():
 
     async def main():
         client = Client("pulsar://127.0.0.1:1")
-        consumer = Consumer(client, ["persistent://public/default/t"], "s")
+        consumer = Consumer(client.context, ["persistent://public/default/t"], "s")
         from pulsarwire import codec
         md = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1)
         (single,) = codec.split_messages(md, b"x")

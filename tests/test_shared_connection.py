@@ -63,7 +63,7 @@ def test_reattaching_on_a_live_connection_gives_back_the_budget(embedded):
             futures = [await producer.send_async(b"x" * 100) for _ in range(50)]
             # the broker closing the producer (not the connection): what was on the wire goes again
             conn.producers.pop(partition.producer_id)
-            partition._connection_lost(conn)
+            partition.connection_lost(conn)
             futures += [await producer.send_async(b"y" * 100) for _ in range(50)]
             await producer.flush()
             ids = await asyncio.gather(*futures)

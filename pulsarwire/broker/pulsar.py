@@ -29,8 +29,9 @@ from typing import Any, Callable
 
 from crc32c import crc32c
 
-from .. import __version__, codec
+from .. import codec
 from .._proto import PulsarApi_pb2 as pb
+from .._version import __version__
 from ..errors import BadMetadataError, ChecksumMismatchError, FrameTooLargeError, PulsarWireError
 from ..messages import ack_set_bits
 from .compatibility import IncompatibleSchema, version_for

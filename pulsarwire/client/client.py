@@ -3,7 +3,6 @@ producers, consumers and readers (which it closes with itself)."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import re
 import uuid
@@ -14,13 +13,13 @@ from ..errors import AlreadyClosedError, TopicNotFoundError
 from ..messages import MessageId
 from .._proto import PulsarApi_pb2 as pb
 from ..schema import Schema, SchemaInfo
-from .connection import Connection, ConnectionPool
-from .consumer import Consumer
+from .connection import ClientContext, ConnectionPool
+from .consumer import Consumer, open_consumer
 from .entries import EntryReader
-from .options import Address, AuthenticationToken, ConsumerType, TopicsPattern, topic_name
-from .producer import Producer
+from .options import Address, AuthenticationToken, Backoff, ConsumerType, TopicsPattern, topic_name
+from .producer import Producer, open_producer
 from .reader import Reader
-from .table_view import TableView
+from .table_view import TableView, open_table_view
 
 log = logging.getLogger("pulsarwire")
 
@@ -37,47 +36,36 @@ class Client:
                  max_frame_size: int = codec.DEFAULT_MAX_FRAME_SIZE, listener_name: str | None = None,
                  tls_certificate_file_path: str | None = None, tls_private_key_file_path: str | None = None) -> None:
         hosts = Address.parse_service_url(service_url)
-        self._authentication = authentication
         if bool(tls_certificate_file_path) != bool(tls_private_key_file_path):
             raise ValueError("tls_certificate_file_path and tls_private_key_file_path go together")
         # a client certificate shown in TLS handshakes whatever the authentication (as the official
         # client's), for brokers that require one; AuthenticationTLS's own takes precedence
-        self._tls_certificate = (tls_certificate_file_path, tls_private_key_file_path) \
-            if tls_certificate_file_path else None
-        # the broker's advertised listener whose address lookups answer (None: the default one)
-        self._listener_name = listener_name or None
-        self._operation_timeout = operation_timeout_seconds
-        self._connection_timeout = connection_timeout_ms / 1000
-        self._keep_alive_interval = keep_alive_interval_seconds
-        self._initial_backoff = initial_backoff_seconds
-        self._max_backoff = max_backoff_seconds
-        self._max_frame_size = max_frame_size
-        self._loop = asyncio.get_running_loop()
-        self._pool = ConnectionPool(self, hosts[0], other_service_hosts=hosts[1:],
-                                    connection_timeout=self._connection_timeout,
-                                    tls_trust_certs_file_path=tls_trust_certs_file_path,
-                                    tls_allow_insecure_connection=tls_allow_insecure_connection,
-                                    tls_validate_hostname=tls_validate_hostname)
-        self._ids = itertools.count()
-        self._handles: set = set()
-        self._closed = False
+        certificate = (tls_certificate_file_path, tls_private_key_file_path) \
+            if tls_certificate_file_path and tls_private_key_file_path else None
+        self.context = context = ClientContext(
+            loop=asyncio.get_running_loop(), operation_timeout=operation_timeout_seconds,
+            connection_timeout=connection_timeout_ms / 1000, keep_alive_interval=keep_alive_interval_seconds,
+            backoff=Backoff(initial_backoff_seconds, max_backoff_seconds), max_frame_size=max_frame_size,
+            authentication=authentication, tls_certificate=certificate,
+            # the broker's advertised listener whose address lookups answer (None: the default one)
+            listener_name=listener_name or None, create_producer=self.create_producer)
+        self._pool = context.pool = ConnectionPool(
+            context, hosts[0], other_service_hosts=hosts[1:], tls_trust_certs_file_path=tls_trust_certs_file_path,
+            tls_allow_insecure_connection=tls_allow_insecure_connection, tls_validate_hostname=tls_validate_hostname)
+
+    @property
+    def _closed(self) -> bool:
+        return self.context.closed
+
+    @_closed.setter
+    def _closed(self, closed: bool) -> None:  # the facades' shutdown() marks the client closed at once
+        self.context.closed = closed
 
     async def __aenter__(self) -> "Client":
         return self
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
-
-    # connections (the pool owns them; producers and consumers ask the client)
-
-    async def _connection(self, address: Address) -> Connection:
-        return await self._pool.connection(address)
-
-    def _connection_closed(self, conn: Connection) -> None:
-        self._pool.discard(conn)
-
-    async def _lookup(self, topic: str) -> Connection:
-        return await self._pool.lookup(topic)
 
     async def connect(self) -> None:
         """Open the connection to the service URL now (raising what the first request would)."""
@@ -92,9 +80,6 @@ class Client:
         response = await self._pool.topics_of_namespace(namespace, pb.CommandGetTopicsOfNamespace.PERSISTENT)
         return list(response.topics)
 
-    async def _backoff(self, attempt: int) -> None:
-        await asyncio.sleep(min(self._max_backoff, self._initial_backoff * (2 ** min(attempt, 20))))
-
     # public API
 
     def _check_open(self) -> None:
@@ -103,10 +88,7 @@ class Client:
 
     async def create_producer(self, topic: str, **options) -> Producer:
         self._check_open()
-        producer = Producer(self, topic_name(topic), **options)
-        await producer._start()
-        self._handles.add(producer)
-        return producer
+        return await open_producer(self.context, topic_name(topic), **options)
 
     async def subscribe(self, topic: "str | list[str] | re.Pattern[str] | None" = None,
                         subscription_name: str | None = None, *,
@@ -122,18 +104,12 @@ class Client:
         if topics_pattern is not None:
             if topic is not None:
                 raise ValueError("give either topic(s) or topics_pattern, not both")
-            consumer = Consumer(self, [], subscription_name, _pattern=TopicsPattern.parse(topics_pattern),
-                                **options)
-            await consumer._start()
-            self._handles.add(consumer)
-            return consumer
+            return await open_consumer(self.context, [], subscription_name,
+                                       _pattern=TopicsPattern.parse(topics_pattern), **options)
         if topic is None:
             raise ValueError("subscribe needs a topic, a list of topics or a topics pattern")
         topics = [topic_name(t) for t in ([topic] if isinstance(topic, str) else topic)]
-        consumer = Consumer(self, topics, subscription_name, **options)
-        await consumer._start()
-        self._handles.add(consumer)
-        return consumer
+        return await open_consumer(self.context, topics, subscription_name, **options)
 
     async def create_reader(self, topic: str, start_message_id: MessageId, *,
                             reader_name: str | None = None, receiver_queue_size: int = 1000,
@@ -143,32 +119,22 @@ class Client:
         """A reader from `start_message_id`; `read_compacted` reads a compacted topic's compacted
         view (the latest message of each key up to the compaction horizon, then every message)."""
         self._check_open()
-        consumer = Consumer(self, [topic_name(topic)], f"{subscription_role_prefix}-{uuid.uuid4().hex[:10]}",
-                            consumer_type=ConsumerType.Exclusive, consumer_name=reader_name,
-                            read_compacted=read_compacted,
-                            receiver_queue_size=receiver_queue_size, _durable=False, schema=schema,
-                            _start_message_id=start_message_id,
-                            _start_inclusive=start_message_id_inclusive)
-        await consumer._start()
-        self._handles.add(consumer)
+        consumer = await open_consumer(
+            self.context, [topic_name(topic)], f"{subscription_role_prefix}-{uuid.uuid4().hex[:10]}",
+            consumer_type=ConsumerType.Exclusive, consumer_name=reader_name, read_compacted=read_compacted,
+            receiver_queue_size=receiver_queue_size, _durable=False, schema=schema,
+            _start_message_id=start_message_id, _start_inclusive=start_message_id_inclusive)
         return Reader(consumer)
 
     async def create_table_view(self, topic: str, subscription_name: str | None = None,
                                 schema: Schema | None = None) -> TableView:
         """The latest value of each key of `topic`, read up to now before this returns and kept
         current in the background (an empty message removes its key)."""
-        consumer = Consumer(self, [topic_name(topic)], subscription_name or f"tableview-{uuid.uuid4().hex[:10]}",
-                            consumer_type=ConsumerType.Exclusive, read_compacted=True, schema=schema,
-                            _durable=False, _start_message_id=MessageId.earliest, _start_inclusive=True)
-        await consumer._start()
-        self._handles.add(consumer)
-        view = TableView(consumer)
-        try:
-            await view._start()
-        except BaseException:
-            await view.close()
-            raise
-        return view
+        consumer = await open_consumer(
+            self.context, [topic_name(topic)], subscription_name or f"tableview-{uuid.uuid4().hex[:10]}",
+            consumer_type=ConsumerType.Exclusive, read_compacted=True, schema=schema,
+            _durable=False, _start_message_id=MessageId.earliest, _start_inclusive=True)
+        return await open_table_view(consumer)
 
     async def get_schema_info(self, topic: str, schema_version: bytes | None = None) -> SchemaInfo | None:
         """The schema the broker keeps for `topic` (the latest, or `schema_version`); None if none."""
@@ -182,18 +148,18 @@ class Client:
     async def create_entry_reader(self, topic: str, start: MessageId, *, receiver_queue_size: int = 1000,
                                   max_queued_bytes: int = 64 << 20) -> EntryReader:
         """Whole entries of one (partition) topic from entry `start` (inclusive), for bulk readers."""
-        reader = EntryReader(self, topic_name(topic), start, receiver_queue_size=receiver_queue_size,
+        reader = EntryReader(self.context, topic_name(topic), start, receiver_queue_size=receiver_queue_size,
                              max_queued_bytes=max_queued_bytes)
         await reader.start()
-        self._handles.add(reader)
+        self.context.handles.add(reader)
         return reader
 
     async def close(self) -> None:
         if self._closed:
             return
-        for handle in list(self._handles):
+        for handle in list(self.context.handles):
             try:
-                await asyncio.wait_for(handle.close(), self._operation_timeout)
+                await asyncio.wait_for(handle.close(), self.context.operation_timeout)
             except Exception as exc:  # noqa: BLE001 - closing must go on
                 log.debug("error closing %r: %s", handle, exc)
         self._closed = True

@@ -1,35 +1,92 @@
 """One connection to a broker: the transport, keep-alive and the dispatch of the
 sans-IO session's events to the producers and consumers multiplexed on it; and the
-pool that shares connections per broker and looks topics up (following redirects)."""
+pool that shares connections per broker and looks topics up (following redirects).
+
+The contracts with the modules above: what the connection calls on a consumer or a producer
+(`ConsumerHandler`, `ProducerHandler`), and what they and the connection need from their client
+(`ClientContext`), so that nothing here knows the classes that implement them."""
 from __future__ import annotations
 
 import asyncio
 import collections
 import logging
+import itertools
 import ssl
 import time
-from typing import TYPE_CHECKING, Callable
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Iterator, Protocol
 
 from .._proto import PulsarApi_pb2 as pb
 from ..errors import (
     AlreadyClosedError, ConnectError, ConnectionClosedError, ConnectTimeoutError, PulsarWireError, ServerError,
     ServiceNotReadyError, TimeoutError,
 )
-from ..messages import MessageId
+from ..errors import CodecError
+from ..messages import MessageId, entry_id_data
 from ..session import (
     ActiveConsumerChanged, ClientSession, Connected, ConnectionFailed, ConsumerClosedByBroker,
     CorruptMessage, EndOfTopic, MessageArrived, ProducerClosedByBroker, RequestDone, RequestFailed,
     SendFailed, SendReceipt,
 )
 from .http_lookup import HttpLookup
-from .options import Address, partition_name
-
-if TYPE_CHECKING:
-    from .client import Client
-    from .consumer import PartitionConsumer
-    from .producer import PartitionProducer
+from .options import Address, Backoff, ConsumerType, InitialPosition, KeySharedPolicy, partition_name
 
 log = logging.getLogger("pulsarwire")
+
+
+class ConsumerHandler(Protocol):
+    """What a connection calls on a consumer subscribed through it (a partition consumer, an
+    entry reader), from its event dispatch."""
+
+    consumer_id: int
+    is_active: bool  # set as the broker names the active consumer of a Failover subscription
+
+    def on_message(self, command: pb.CommandMessage, frame: Any) -> None: ...
+
+    def on_corrupt(self, message_id: pb.MessageIdData, error: CodecError) -> None: ...
+
+    def on_end_of_topic(self) -> None: ...
+
+    def connection_lost(self, conn: Connection) -> None:
+        """`conn` closed, or the broker closed this consumer on it."""
+
+
+class ProducerHandler(Protocol):
+    """What a connection calls on a producer attached through it."""
+
+    conn: Connection | None
+
+    def on_receipt(self, receipt: SendReceipt) -> None: ...
+
+    def on_send_error(self, event: SendFailed) -> None: ...
+
+    def write_pending(self) -> None:
+        """The connection's budget for unanswered Send bytes has room again."""
+
+    def connection_lost(self, conn: Connection) -> None:
+        """`conn` closed, or the broker closed this producer on it."""
+
+
+@dataclass(slots=True, eq=False)
+class ClientContext:
+    """What connections, producers and consumers need from their client: its loop, timeouts,
+    retry backoff, credentials, ids, connection pool and open handles (read here, not from the
+    client's private attributes)."""
+
+    loop: asyncio.AbstractEventLoop
+    operation_timeout: float
+    connection_timeout: float
+    keep_alive_interval: float
+    backoff: Backoff
+    max_frame_size: int
+    authentication: Any
+    tls_certificate: tuple[str, str] | None  # shown in TLS handshakes whatever the authentication
+    listener_name: str | None  # the broker's advertised listener lookups answer for (None: default)
+    create_producer: Callable[..., Awaitable[Any]]  # the client's, for dead and retry letters
+    ids: Iterator[int] = field(default_factory=itertools.count)  # producer and consumer ids
+    handles: set[Any] = field(default_factory=set)  # open producers, consumers, readers: closed with the client
+    closed: bool = False
+    pool: ConnectionPool = field(init=False)  # set by the client once the pool exists
 
 
 class Connection(asyncio.Protocol):
@@ -42,27 +99,27 @@ class Connection(asyncio.Protocol):
     # client producing and consuming, the consumer's permits waited behind megabytes).
     WIRE_BUDGET = 512 * 1024
 
-    def __init__(self, client: "Client", address: Address) -> None:
-        self.client = client
+    def __init__(self, context: ClientContext, address: Address) -> None:
+        self.context = context
         self.address = address
-        auth = client._authentication
+        auth = context.authentication
         self.session = ClientSession(
             auth_method_name=auth.method_name if auth else None,
             auth_data=auth.auth_data if auth else None,
-            max_frame_size=client._max_frame_size)
+            max_frame_size=context.max_frame_size)
         self.transport: asyncio.Transport | None = None
-        self.ready: asyncio.Future = client._loop.create_future()
+        self.ready: asyncio.Future = context.loop.create_future()
         self.closed = False
-        self.producers: dict[int, PartitionProducer] = {}
-        self.consumers: dict[int, PartitionConsumer] = {}
+        self.producers: dict[int, ProducerHandler] = {}
+        self.consumers: dict[int, ConsumerHandler] = {}
         self._requests: dict[int, asyncio.Future] = {}
         self._last_received = time.monotonic()
         self._keepalive: asyncio.Task | None = None
-        self._can_write = asyncio.Event()
-        self._can_write.set()
+        self.can_write = asyncio.Event()  # clear while the transport's buffer is full
+        self.can_write.set()
         self.wire_bytes = 0  # Send bytes written and not yet answered
         self._flush_soon = False  # a flush is scheduled for frames queued by write_frame
-        self._waiting_for_wire: collections.deque[PartitionProducer] = collections.deque()
+        self._waiting_for_wire: collections.deque[ProducerHandler] = collections.deque()
 
     @property
     def max_message_size(self) -> int:
@@ -92,10 +149,10 @@ class Connection(asyncio.Protocol):
         self._closed(exc)
 
     def pause_writing(self) -> None:
-        self._can_write.clear()
+        self.can_write.clear()
 
     def resume_writing(self) -> None:
-        self._can_write.set()
+        self.can_write.set()
 
     # operations
 
@@ -111,13 +168,13 @@ class Connection(asyncio.Protocol):
             self.session.send_frame(frame)
             if not self._flush_soon:
                 self._flush_soon = True
-                self.client._loop.call_soon(self._flush_queued)
+                self.context.loop.call_soon(self._flush_queued)
 
     def _flush_queued(self) -> None:
         self._flush_soon = False
         self.flush()
 
-    def wait_for_wire(self, producer: "PartitionProducer") -> None:
+    def wait_for_wire(self, producer: ProducerHandler) -> None:
         """`producer` has frames to write once the budget has room."""
         if producer not in self._waiting_for_wire:
             self._waiting_for_wire.append(producer)
@@ -129,19 +186,41 @@ class Connection(asyncio.Protocol):
         while waiting and self.wire_bytes < self.WIRE_BUDGET and not self.closed:
             producer = waiting.popleft()
             if producer.conn is self:
-                producer._write_pending()
+                producer.write_pending()
 
     async def drain(self) -> None:
-        await self._can_write.wait()
+        await self.can_write.wait()
 
-    async def subscribe(self, consumer: PartitionConsumer, **fields) -> None:
-        """Subscribe `consumer` (its consumer_id in `fields`): it gets the consumer's events from
-        the moment the request goes out, and none if the broker refuses."""
-        self.consumers[fields["consumer_id"]] = consumer
+    async def subscribe(self, consumer: ConsumerHandler, topic: str, subscription: str, sub_type: ConsumerType, *,
+                        durable: bool = True, initial_position: InitialPosition = InitialPosition.Latest,
+                        start: MessageId | None = None, read_compacted: bool = False,
+                        consumer_name: str | None = None, key_shared: KeySharedPolicy | None = None,
+                        properties: dict[str, str] | None = None, replicate_state: bool = False,
+                        schema: pb.Schema | None = None) -> None:
+        """Subscribe `consumer` (the one place a Subscribe command's fields are built): it gets its
+        events from the moment the request goes out, and none if the broker refuses. A
+        non-durable subscription starts at `start`."""
+        consumer_id = consumer.consumer_id
+        fields: dict[str, Any] = dict(
+            topic=topic, subscription=subscription, subType=int(sub_type), consumer_id=consumer_id,
+            durable=durable, initialPosition=int(initial_position), read_compacted=read_compacted)
+        if consumer_name:
+            fields["consumer_name"] = consumer_name
+        if key_shared is not None:
+            fields["keySharedMeta"] = key_shared.to_proto()
+        if properties:
+            fields["metadata"] = [pb.KeyValue(key=k, value=v) for k, v in properties.items()]
+        if replicate_state:
+            fields["replicate_subscription_state"] = True
+        if schema is not None:
+            fields["schema"] = schema
+        if not durable and start is not None:
+            fields["start_message_id"] = entry_id_data(start.ledger_id, start.entry_id)
+        self.consumers[consumer_id] = consumer
         try:
             await self.request(self.session.subscribe, **fields)
         except BaseException:
-            self.consumers.pop(fields["consumer_id"], None)
+            self.consumers.pop(consumer_id, None)
             raise
 
     async def last_message_id(self, consumer_id: int, topic: str) -> MessageId:
@@ -155,14 +234,14 @@ class Connection(asyncio.Protocol):
         if self.closed:
             raise ConnectionClosedError(f"connection to {self.address.url()} is closed")
         rid = start(*args, **kwargs)
-        future = self.client._loop.create_future()
+        future = self.context.loop.create_future()
         self._requests[rid] = future
         self.flush()
         try:
-            return await asyncio.wait_for(future, None if _wait else self.client._operation_timeout)
+            return await asyncio.wait_for(future, None if _wait else self.context.operation_timeout)
         except asyncio.TimeoutError:
             raise TimeoutError(f"no answer from {self.address.url()} within "
-                               f"{self.client._operation_timeout}s") from None
+                               f"{self.context.operation_timeout}s") from None
         finally:
             self._requests.pop(rid, None)
 
@@ -183,7 +262,7 @@ class Connection(asyncio.Protocol):
         if self.closed:
             return
         self.closed = True
-        self._can_write.set()  # a sender waiting in drain() for room must not wait on a dead connection
+        self.can_write.set()  # a sender waiting in drain() for room must not wait on a dead connection
         self.session.connection_lost()
         if self._keepalive is not None:
             self._keepalive.cancel()
@@ -195,16 +274,16 @@ class Connection(asyncio.Protocol):
             if not future.done():
                 future.set_exception(error)
         self._requests.clear()
-        self.client._connection_closed(self)
+        self.context.pool.discard(self)
         for producer in list(self.producers.values()):
-            producer._connection_lost(self)
+            producer.connection_lost(self)
         for consumer in list(self.consumers.values()):
-            consumer._connection_lost(self)
+            consumer.connection_lost(self)
         self.producers.clear()
         self.consumers.clear()
 
     async def _keep_alive(self) -> None:
-        interval = self.client._keep_alive_interval
+        interval = self.context.keep_alive_interval
         try:
             while not self.closed:
                 await asyncio.sleep(interval)
@@ -223,11 +302,11 @@ class Connection(asyncio.Protocol):
         if kind is MessageArrived:
             consumer = self.consumers.get(event.consumer_id)
             if consumer is not None:
-                consumer._on_message(event.command, event.frame)
+                consumer.on_message(event.command, event.frame)
         elif kind is SendReceipt:
             producer = self.producers.get(event.producer_id)
             if producer is not None:
-                producer._on_receipt(event)
+                producer.on_receipt(event)
         elif kind is RequestDone or kind is RequestFailed:
             future = self._requests.get(event.request_id)
             if future is not None and not future.done():
@@ -245,23 +324,23 @@ class Connection(asyncio.Protocol):
         elif kind is SendFailed:
             producer = self.producers.get(event.producer_id)
             if producer is not None:
-                producer._on_send_error(event)
+                producer.on_send_error(event)
         elif kind is CorruptMessage:
             consumer = self.consumers.get(event.consumer_id)
             if consumer is not None:
-                consumer._on_corrupt(event.message_id, event.error)
+                consumer.on_corrupt(event.message_id, event.error)
         elif kind is ProducerClosedByBroker:
             producer = self.producers.pop(event.producer_id, None)
             if producer is not None:
-                producer._connection_lost(self)
+                producer.connection_lost(self)
         elif kind is ConsumerClosedByBroker:
             consumer = self.consumers.pop(event.consumer_id, None)
             if consumer is not None:
-                consumer._connection_lost(self)
+                consumer.connection_lost(self)
         elif kind is EndOfTopic:
             consumer = self.consumers.get(event.consumer_id)
             if consumer is not None:
-                consumer._on_end_of_topic()
+                consumer.on_end_of_topic()
         elif kind is ActiveConsumerChanged:
             consumer = self.consumers.get(event.consumer_id)
             if consumer is not None:
@@ -276,13 +355,13 @@ class ConnectionPool:
     """One ready connection per broker address, shared by everything that talks to that
     broker; lookups and partitioned-topic metadata go through it."""
 
-    def __init__(self, client: "Client", service: Address, *, connection_timeout: float,
+    def __init__(self, context: ClientContext, service: Address, *,
                  tls_trust_certs_file_path: str | None, tls_allow_insecure_connection: bool,
                  tls_validate_hostname: bool, other_service_hosts: "list[Address] | None" = None) -> None:
-        self._client = client
+        self._context = context
         self._service = service  # the service host in use; lookups and metadata go there
         self._service_hosts = [service, *(other_service_hosts or [])]
-        self._connection_timeout = connection_timeout
+        self._connection_timeout = context.connection_timeout
         self._tls_trust = tls_trust_certs_file_path
         self._tls_insecure = tls_allow_insecure_connection
         self._tls_validate_hostname = tls_validate_hostname
@@ -291,7 +370,7 @@ class ConnectionPool:
         self._http: HttpLookup | None = None  # an http(s):// service URL: lookups over HTTP
         self._http_broker: Address | None = None  # the binary address that HTTP lookup named
         if service.http:
-            self._http = HttpLookup(service.url(), client._authentication, client._operation_timeout,
+            self._http = HttpLookup(service.url(), context.authentication, context.operation_timeout,
                                     self._ssl_context(service))
 
     def __len__(self) -> int:
@@ -310,8 +389,8 @@ class ConnectionPool:
             context.verify_mode = ssl.CERT_NONE
         # AuthenticationTLS: the client certificate is the credential; else the client's own
         # (tls_certificate_file_path, with another authentication or none)
-        certificate = getattr(self._client._authentication, "tls_certificate", None) or \
-            self._client._tls_certificate
+        certificate = getattr(self._context.authentication, "tls_certificate", None) or \
+            self._context.tls_certificate
         if certificate is not None:
             try:
                 context.load_cert_chain(*certificate)
@@ -323,7 +402,7 @@ class ConnectionPool:
     async def connection(self, address: Address) -> Connection:
         """A ready connection to `address`: the pooled one, or a new one (opened once even
         when several callers ask at the same time)."""
-        if self._client._closed:
+        if self._context.closed:
             raise AlreadyClosedError("client is closed")
         if address.http:  # the service URL is an admin URL: the broker it names speaks the protocol
             address = await self._binary_service()
@@ -340,9 +419,9 @@ class ConnectionPool:
     async def _open(self, address: Address) -> Connection:
         """Connect, retrying refused or unanswered attempts with backoff until the client's
         operation timeout (as the official client does), then ConnectTimeoutError."""
-        client = self._client
-        loop = client._loop
-        deadline = loop.time() + client._operation_timeout
+        context = self._context
+        loop = context.loop
+        deadline = loop.time() + context.operation_timeout
         attempt = hosts_tried = 0
         while True:
             remaining = deadline - loop.time()
@@ -361,25 +440,24 @@ class ConnectionPool:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     raise ConnectTimeoutError(f"could not connect to {address.url()} within "
-                                              f"{client._operation_timeout}s: {exc}") from exc
+                                              f"{context.operation_timeout}s: {exc}") from exc
                 log.info("connecting to %s failed (%s); retrying", address.url(), exc)
-                delay = min(client._max_backoff, client._initial_backoff * (2 ** min(attempt, 20)))
-                await asyncio.sleep(min(delay, remaining))
+                await asyncio.sleep(min(context.backoff.delay(attempt), remaining))
                 attempt += 1
-                if client._closed:
+                if context.closed:
                     raise AlreadyClosedError("client is closed") from exc
                 continue
             self._connections[address] = conn
             return conn
 
     async def _open_once(self, address: Address, timeout: float) -> Connection:
-        loop = self._client._loop
-        prepare = getattr(self._client._authentication, "prepare", None)
+        loop = self._context.loop
+        prepare = getattr(self._context.authentication, "prepare", None)
         try:
             if prepare is not None:  # e.g. OAuth2 fetches or refreshes its token first
                 await asyncio.wait_for(prepare(), self._connection_timeout)
             _, conn = await asyncio.wait_for(loop.create_connection(
-                lambda: Connection(self._client, address), address.host, address.port,
+                lambda: Connection(self._context, address), address.host, address.port,
                 ssl=self._ssl_context(address),
                 server_hostname=address.host if address.tls else None), timeout)
         except asyncio.TimeoutError:
@@ -415,29 +493,28 @@ class ConnectionPool:
         client does."""
         if self._http is not None:
             return await self.connection(Address.parse(await self._http.broker_url(topic, self._service.tls)))
-        client = self._client
-        deadline = client._loop.time() + client._operation_timeout
+        context = self._context
+        deadline = context.loop.time() + context.operation_timeout
         attempt = 0
         while True:
             try:
                 return await self._lookup_once(topic)
             except ServiceNotReadyError as exc:
-                remaining = deadline - client._loop.time()
+                remaining = deadline - context.loop.time()
                 if remaining <= 0:
-                    raise TimeoutError(f"lookup of {topic} not served within {client._operation_timeout}s: "
+                    raise TimeoutError(f"lookup of {topic} not served within {context.operation_timeout}s: "
                                        f"{exc}") from exc
                 log.info("lookup of %s refused (%s); retrying", topic, exc)
-                await asyncio.sleep(min(client._max_backoff, client._initial_backoff * (2 ** min(attempt, 20)),
-                                        remaining))
+                await asyncio.sleep(min(context.backoff.delay(attempt), remaining))
                 attempt += 1
-                if client._closed:
+                if context.closed:
                     raise AlreadyClosedError("client is closed") from exc
 
     async def _lookup_once(self, topic: str) -> Connection:
         conn = await self.connection(self._service)
         authoritative = False
         for _ in range(20):
-            response = await conn.request(conn.session.lookup, topic, authoritative, self._client._listener_name)
+            response = await conn.request(conn.session.lookup, topic, authoritative, self._context.listener_name)
             url = response.brokerServiceUrlTls if self._service.tls and response.brokerServiceUrlTls \
                 else response.brokerServiceUrl
             if response.proxy_through_service_url or not url:

@@ -8,7 +8,7 @@ import collections
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from .. import codec
 from .._proto import PulsarApi_pb2 as pb
@@ -18,15 +18,12 @@ from ..errors import (
 )
 from ..messages import Message, MessageId, ack_set_bits, ack_set_words, entry_id_data, signed64
 from ..schema import Schema, as_schema
+from .connection import ClientContext, Connection
 from .dead_letter import DeadLetterRouter, backoff_delay_ms
 from .options import (
     ConsumerType, InitialPosition, KeySharedPolicy, RegexSubscriptionMode, TopicsPattern, topic_name,
 )
 from .reconnect import Reconnecting
-
-if TYPE_CHECKING:
-    from .client import Client
-    from .connection import Connection
 
 log = logging.getLogger("pulsarwire")
 
@@ -150,10 +147,10 @@ class PartitionConsumer(Reconnecting):
 
     def __init__(self, parent: "Consumer", topic: str, partition: int) -> None:
         self.parent = parent
-        self.client = parent.client
+        self.context = parent.context
         self.topic = topic
         self.partition = partition
-        self.consumer_id = next(self.client._ids)
+        self.consumer_id = next(self.context.ids)
         self.conn: Connection | None = None
         self.is_active = True
         self.end_of_topic = False
@@ -185,28 +182,17 @@ class PartitionConsumer(Reconnecting):
 
     async def _connect(self) -> None:
         parent = self.parent
-        conn = await self.client._lookup(self.topic)
-        fields: dict[str, Any] = dict(
-            topic=self.topic, subscription=parent._subscription, subType=int(parent._type),
-            consumer_id=self.consumer_id, durable=parent._durable,
-            initialPosition=int(parent._initial_position), read_compacted=parent._read_compacted)
-        if parent._consumer_name:
-            fields["consumer_name"] = parent._consumer_name
-        if parent._type == ConsumerType.KeyShared:
-            fields["keySharedMeta"] = parent._key_shared_policy.to_proto()
-        if parent._properties:
-            fields["metadata"] = [pb.KeyValue(key=k, value=v) for k, v in parent._properties.items()]
-        if parent._replicate_subscription_state:
-            fields["replicate_subscription_state"] = True
-        if parent._wire_schema is not None:
-            fields["schema"] = parent._wire_schema
+        conn = await self.context.pool.lookup(self.topic)
         if not parent._durable and self._last_message is not None:
             # resume after what the application already has
             self._start_message_id, self._start_inclusive = self._last_message.message_id(), False
-        start = self._start_message_id
-        if not parent._durable and start is not None:
-            fields["start_message_id"] = entry_id_data(start.ledger_id, start.entry_id)
-        await conn.subscribe(self, **fields)
+        await conn.subscribe(
+            self, self.topic, parent._subscription, parent._type, durable=parent._durable,
+            initial_position=parent._initial_position, start=self._start_message_id,
+            read_compacted=parent._read_compacted, consumer_name=parent._consumer_name,
+            key_shared=parent._key_shared_policy if parent._type == ConsumerType.KeyShared else None,
+            properties=parent._properties, replicate_state=parent._replicate_subscription_state,
+            schema=parent._wire_schema)
         self.conn = conn
         # A fresh subscription gets a full window; messages still queued locally are dropped
         # (the broker redelivers what was not acknowledged).
@@ -219,9 +205,9 @@ class PartitionConsumer(Reconnecting):
         log.warning("consumer on %s cannot reconnect: %s", self.topic, error)
         self.parent._fail(error)
 
-    # incoming
+    # incoming (ConsumerHandler: called by the connection)
 
-    def _on_message(self, command: pb.CommandMessage, frame) -> None:
+    def on_message(self, command: pb.CommandMessage, frame) -> None:
         md = frame.metadata
         mid = command.message_id
         ledger, entry = signed64(mid.ledgerId), signed64(mid.entryId)
@@ -231,7 +217,7 @@ class PartitionConsumer(Reconnecting):
         try:
             singles = frame.messages()
         except CodecError as exc:
-            self._on_corrupt(mid, exc)
+            self.on_corrupt(mid, exc)
             return
         self._deliver(singles, md, ledger, entry, command, None)
 
@@ -329,7 +315,7 @@ class PartitionConsumer(Reconnecting):
             payload = codec.decompress_payload(md_whole, whole)
             singles = codec.split_messages(md_whole, payload)
         except CodecError as exc:
-            self._on_corrupt(mid, exc)
+            self.on_corrupt(mid, exc)
             return
         last_ledger, last_entry = parts[-1][0], parts[-1][1]
         self._deliver(singles, md, last_ledger, last_entry, command, [(l, e) for l, e, _ in parts])
@@ -352,7 +338,7 @@ class PartitionConsumer(Reconnecting):
         if expiry and self._chunk_timer is None and self._chunks:
             oldest = next(iter(self._chunks.values()))[0]
             delay = max(0.0, oldest + expiry - time.monotonic())
-            self._chunk_timer = self.client._loop.call_later(delay, self._expire_chunks)
+            self._chunk_timer = self.context.loop.call_later(delay, self._expire_chunks)
 
     def _expire_chunks(self) -> None:
         """Incomplete chunked messages older than the expiry are acknowledged and dropped (the
@@ -367,7 +353,7 @@ class PartitionConsumer(Reconnecting):
             self._drop_chunks(parts, True, "incomplete chunked message expired")
         self._schedule_chunk_expiry()
 
-    def _on_corrupt(self, message_id: pb.MessageIdData, error: CodecError) -> None:
+    def on_corrupt(self, message_id: pb.MessageIdData, error: CodecError) -> None:
         log.warning("discarding corrupt message %s:%s on %s: %s", message_id.ledgerId,
                     message_id.entryId, self.topic, error)
         self.parent.corrupt_messages += 1
@@ -380,7 +366,7 @@ class PartitionConsumer(Reconnecting):
             self.conn.flush()
         self._message_consumed(1)
 
-    def _on_end_of_topic(self) -> None:
+    def on_end_of_topic(self) -> None:
         self.end_of_topic = True
         self.parent._queue.wake_all()
 
@@ -464,7 +450,7 @@ class PartitionConsumer(Reconnecting):
         if delay <= 0:
             self.flush_acks()
         elif self._ack_timer is None:
-            self._ack_timer = self.client._loop.call_later(delay, self.flush_acks)
+            self._ack_timer = self.context.loop.call_later(delay, self.flush_acks)
 
     def flush_acks(self) -> None:
         if self._ack_timer is not None:
@@ -490,7 +476,7 @@ class PartitionConsumer(Reconnecting):
             self._nack_timer = None
         if self._nack_timer is None:
             self._nack_timer_at = deadline
-            self._nack_timer = self.client._loop.call_later(delay, self._redeliver_nacked)
+            self._nack_timer = self.context.loop.call_later(delay, self._redeliver_nacked)
 
     def _redeliver_nacked(self) -> None:
         self._nack_timer = None
@@ -498,13 +484,17 @@ class PartitionConsumer(Reconnecting):
         due = [k for k, deadline in self._nacks.items() if deadline <= now]
         for key in due:
             del self._nacks[key]
-        self._redeliver_keys(due)
+        self.redeliver_keys(due)
         if self._nacks:
             self._nack_timer_at = min(self._nacks.values())
-            self._nack_timer = self.client._loop.call_later(max(0.0, self._nack_timer_at - now),
+            self._nack_timer = self.context.loop.call_later(max(0.0, self._nack_timer_at - now),
                                                             self._redeliver_nacked)
 
-    def _redeliver_keys(self, keys) -> None:
+    def is_unacked(self, ledger_id: int, entry_id: int) -> bool:
+        return (ledger_id, entry_id) in self._unacked
+
+    def redeliver_keys(self, keys) -> None:
+        """Redeliver the entries (ledger, entry) of `keys` (those past the dead letter limit go there)."""
         if keys and self.parent._dead_letter is not None:
             keys = self.parent._dead_letter.divert(self, keys)
         if not keys or self.conn is None:
@@ -522,7 +512,7 @@ class PartitionConsumer(Reconnecting):
         expired = [k for k, unit in self._unacked.items() if now - unit.delivered_at > timeout]
         if expired:
             log.info("redelivering %d entries not acknowledged within %.1fs", len(expired), timeout)
-            self._redeliver_keys(expired)
+            self.redeliver_keys(expired)
 
     def redeliver_unacknowledged(self) -> None:
         if self.conn is None:
@@ -531,7 +521,7 @@ class PartitionConsumer(Reconnecting):
             # by id, as the official client does with a dead letter policy: what has been
             # redelivered max_redeliver_count times goes to the dead letter topic instead
             removed = self.parent._queue.remove_from(self)
-            self._redeliver_keys(list(self._unacked))
+            self.redeliver_keys(list(self._unacked))
             if removed:
                 self._message_consumed(removed)
             return
@@ -568,6 +558,27 @@ class PartitionConsumer(Reconnecting):
             raise ConnectionClosedError("consumer is not connected")
         return await conn.last_message_id(self.consumer_id, self.topic)
 
+    async def has_message_after_position(self) -> bool:
+        """Whether the topic holds a message after what this consumer has handed out (or at or
+        after its start position, before it has handed out any)."""
+        last = await self.get_last_message_id()
+        if last.entry_id < 0:
+            return False
+        seen = self._last_message.message_id() if self._last_message is not None else None
+        if seen is None:
+            start = self._start_message_id
+            if start is None or start == MessageId.earliest:
+                return True
+            if start == MessageId.latest:
+                return False
+            return (last.ledger_id, last.entry_id) > (start.ledger_id, start.entry_id) or \
+                (self.parent._start_inclusive and
+                 (last.ledger_id, last.entry_id) >= (start.ledger_id, start.entry_id))
+        if (last.ledger_id, last.entry_id) > (seen.ledger_id, seen.entry_id):
+            return True
+        return (last.ledger_id, last.entry_id) == (seen.ledger_id, seen.entry_id) and bool(seen.batch_size) and \
+            seen.batch_index < seen.batch_size - 1
+
     async def close(self, unsubscribe: bool = False) -> None:
         self.flush_acks()
         self._closed = True
@@ -589,10 +600,19 @@ class PartitionConsumer(Reconnecting):
                 conn.consumers.pop(self.consumer_id, None)
 
 
+async def open_consumer(context: ClientContext, topics: list[str], subscription_name: str,
+                        **options: Any) -> Consumer:
+    """A started consumer of `topics` (or of a pattern's, in `options`), among the client's open handles."""
+    consumer = Consumer(context, topics, subscription_name, **options)
+    await consumer._start()
+    context.handles.add(consumer)
+    return consumer
+
+
 class Consumer:
     """Receives messages from one or more topics (and every partition of each)."""
 
-    def __init__(self, client: Client, topics: list[str], subscription_name: str, *,
+    def __init__(self, context: ClientContext, topics: list[str], subscription_name: str, *,
                  consumer_type: ConsumerType = ConsumerType.Exclusive,
                  initial_position: InitialPosition = InitialPosition.Latest,
                  receiver_queue_size: int = 1000, consumer_name: str | None = None,
@@ -624,7 +644,7 @@ class Consumer:
         self._regex_mode = RegexSubscriptionMode(regex_subscription_mode)
         self._topics_hash: str | None = None
         self._discovery: asyncio.Task | None = None
-        self.client = client
+        self.context = context
         self._topics = topics
         self._subscription = subscription_name
         self._type = ConsumerType(consumer_type)
@@ -657,8 +677,10 @@ class Consumer:
         retry_enable = retry_enable or getattr(dead_letter_policy, "retry_letter_topic", None) is not None
         if retry_enable and dead_letter_policy is None:
             raise ValueError("retry_enable needs a dead_letter_policy (its max_redeliver_count bounds retries)")
-        self._dead_letter = DeadLetterRouter(self, dead_letter_policy, retry_enable) \
-            if dead_letter_policy is not None else None
+        self._dead_letter = DeadLetterRouter(
+            dead_letter_policy, retry_enable, topic=self._topics[0], subscription=subscription_name,
+            receiver_queue_size=receiver_queue_size, acknowledge=self.acknowledge,
+            create_producer=context.create_producer) if dead_letter_policy is not None else None
         if self._dead_letter is not None and self._dead_letter.retry_letter_topic is not None:
             retry_topic = topic_name(self._dead_letter.retry_letter_topic)
             if retry_topic not in self._topics:
@@ -678,7 +700,7 @@ class Consumer:
                 self._add_partition(name, _partition_index(name))
         else:
             for topic in self._topics:
-                names = await self.client.get_topic_partitions(topic)
+                names = await self.context.pool.topic_partitions(topic)
                 partitioned = len(names) > 1 or names[0] != topic
                 for index, name in enumerate(names):
                     # one partition named on its own keeps its index in message ids, as Pulsar gives it
@@ -706,7 +728,7 @@ class Consumer:
         last answer (the broker compares the topic-list hash we send back)."""
         pattern = self._pattern
         assert pattern is not None
-        response = await self.client._pool.topics_of_namespace(
+        response = await self.context.pool.topics_of_namespace(
             pattern.namespace, int(self._regex_mode), pattern.text, self._topics_hash)
         if response.HasField("topics_hash"):
             self._topics_hash = response.topics_hash
@@ -767,6 +789,20 @@ class Consumer:
     def consumer_name(self) -> str:
         return self._consumer_name or ""
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def has_message_available(self) -> bool:
+        """Whether a message is queued, or the topic holds one after this consumer's position (a
+        reader's question, one partition after another)."""
+        if len(self._queue):
+            return True
+        for p in self._partitions:
+            if await p.has_message_after_position():
+                return True
+        return False
+
     def _fail(self, error: BaseException) -> None:
         self._error = error
         self._queue.wake_all()
@@ -784,7 +820,7 @@ class Consumer:
             unit.owner._last_message = message
             unit.owner._message_consumed(1)
             return message
-        loop = self.client._loop
+        loop = self.context.loop
         deadline = None if timeout_millis is None else loop.time() + timeout_millis / 1000
         while True:
             message = self._queue.pop()
@@ -944,7 +980,7 @@ class Consumer:
         results = await asyncio.gather(*(p.close(unsubscribe) for p in self._partitions),
                                        return_exceptions=True)
         self._queue.wake_all()
-        self.client._handles.discard(self)
+        self.context.handles.discard(self)
         errors = [r for r in results if isinstance(r, BaseException)]
         if unsubscribe and errors:
             raise errors[0]

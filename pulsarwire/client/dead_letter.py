@@ -10,14 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Awaitable, Callable, Protocol
 
 from ..errors import PulsarWireError
-from ..messages import Message
-
-if TYPE_CHECKING:
-    from .consumer import AckUnit, Consumer, PartitionConsumer
-    from .producer import Producer
+from ..messages import Message, MessageId
 
 log = logging.getLogger("pulsarwire")
 
@@ -70,6 +66,34 @@ def backoff_delay_ms(backoff: Any, redelivery_count: int) -> int:
     return max(0, int(delay))
 
 
+class LetterOwner(Protocol):
+    """The partition consumer that delivered an entry, as the router uses it."""
+
+    def is_unacked(self, ledger_id: int, entry_id: int) -> bool: ...
+
+    def redeliver_keys(self, keys: list) -> None: ...
+
+    def ack_in(self, unit: Any, batch_index: int) -> None: ...
+
+
+class DeliveredEntry(Protocol):
+    """A delivered entry's acknowledgement state (the consumer's AckUnit)."""
+
+    owner: LetterOwner
+    ledger_id: int
+    entry_id: int
+    batch_size: int
+    remaining: int  # bitmask of batch indexes not yet acknowledged
+
+
+class LetterProducer(Protocol):
+    """A dead or retry letter producer, as the router uses it."""
+
+    async def send(self, content: bytes, **options: Any) -> MessageId: ...
+
+    async def close(self) -> None: ...
+
+
 def _base_topic(topic: str) -> str:
     return topic.rsplit("-partition-", 1)[0] if "-partition-" in topic else topic
 
@@ -77,27 +101,30 @@ def _base_topic(topic: str) -> str:
 class DeadLetterRouter:
     """One consumer's dead letter and retry letter producers and the messages that may go there."""
 
-    def __init__(self, consumer: "Consumer", policy: Any, retry_enable: bool) -> None:
-        self.consumer = consumer
+    def __init__(self, policy: Any, retry_enable: bool, *, topic: str, subscription: str, receiver_queue_size: int,
+                 acknowledge: Callable[[Message], None],
+                 create_producer: Callable[..., Awaitable[LetterProducer]]) -> None:
+        self._acknowledge = acknowledge  # the consumer's
+        self._create_producer = create_producer  # the client's
+        self._max_candidates = 4 * receiver_queue_size
         self.max_redeliver_count: int = policy.max_redeliver_count
-        topic, subscription = consumer._topics[0], consumer._subscription
         self.dead_letter_topic = getattr(policy, "dead_letter_topic", None) or f"{topic}-{subscription}-DLQ"
         retry = getattr(policy, "retry_letter_topic", None)
         self.retry_letter_topic = retry or (f"{topic}-{subscription}-RETRY" if retry_enable else None)
         self.initial_subscription_name = getattr(policy, "initial_subscription_name", None)
         # delivered entries at or past the limit: (partition consumer, ledger, entry) -> (unit, messages)
-        self._candidates: dict[tuple, tuple[AckUnit, list[Message]]] = {}
+        self._candidates: dict[tuple, tuple[DeliveredEntry, list[Message]]] = {}
         self._sending: set[tuple] = set()
         self._producers: dict[str, asyncio.Future] = {}
         self._tasks: set[asyncio.Task] = set()
 
     # called by the partition consumers
 
-    def remember(self, unit: "AckUnit", message: Message) -> None:
+    def remember(self, unit: DeliveredEntry, message: Message) -> None:
         key = (unit.owner, unit.ledger_id, unit.entry_id)
         held = self._candidates.get(key)
         if held is None:
-            if len(self._candidates) >= 4 * self.consumer._receiver_queue_size:
+            if len(self._candidates) >= self._max_candidates:
                 self._prune()
             self._candidates[key] = (unit, [message])
         else:
@@ -106,10 +133,10 @@ class DeadLetterRouter:
     def _prune(self) -> None:
         """Forget entries acknowledged meanwhile (the bound on what is remembered)."""
         for key, (unit, _) in list(self._candidates.items()):
-            if (unit.ledger_id, unit.entry_id) not in unit.owner._unacked:
+            if not unit.owner.is_unacked(unit.ledger_id, unit.entry_id):
                 del self._candidates[key]
 
-    def divert(self, owner: "PartitionConsumer", keys: list) -> list:
+    def divert(self, owner: LetterOwner, keys: list) -> list:
         """Of the entries about to be redelivered, send those past the limit to the dead letter
         topic instead; returns the keys still to redeliver."""
         kept = []
@@ -136,7 +163,7 @@ class DeadLetterRouter:
         except Exception as exc:  # noqa: BLE001 - the broker redelivers it instead
             log.warning("could not dead-letter %s: %s; redelivering", messages[0].message_id(), exc)
             self._sending.discard(full_key)
-            owner._redeliver_keys([full_key[1:]])
+            owner.redeliver_keys([full_key[1:]])
             return
         self._sending.discard(full_key)
         unit.remaining = 0
@@ -161,14 +188,14 @@ class DeadLetterRouter:
             if delay_ms > 0:
                 options["deliver_after_ms"] = int(delay_ms)
         await producer.send(message.data(), **options)
-        self.consumer.acknowledge(message)
+        self._acknowledge(message)
 
     # producers
 
-    async def _producer(self, topic: str, initial_subscription: str | None) -> "Producer":
+    async def _producer(self, topic: str, initial_subscription: str | None) -> LetterProducer:
         pending = self._producers.get(topic)
         if pending is None or (pending.done() and pending.exception() is not None):
-            pending = self._producers[topic] = asyncio.ensure_future(self.consumer.client.create_producer(
+            pending = self._producers[topic] = asyncio.ensure_future(self._create_producer(
                 topic, batching_enabled=False, initial_subscription_name=initial_subscription))
         return await asyncio.shield(pending)
 

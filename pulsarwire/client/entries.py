@@ -10,16 +10,14 @@ import asyncio
 import collections
 import logging
 import uuid
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import NamedTuple
 
 from .._proto import PulsarApi_pb2 as pb
 from ..errors import CodecError, ConnectionClosedError, PulsarWireError
-from ..messages import MessageId, entry_id_data, signed64
+from ..messages import MessageId, signed64
+from .connection import ClientContext
 from .options import ConsumerType, InitialPosition
 from .reconnect import Reconnecting
-
-if TYPE_CHECKING:
-    from .client import Client
 
 log = logging.getLogger("pulsarwire")
 
@@ -48,11 +46,11 @@ class EntryReader(Reconnecting):
     after the last entry received.
     """
 
-    def __init__(self, client: Client, topic: str, start: MessageId, *, receiver_queue_size: int = 1000,
+    def __init__(self, context: ClientContext, topic: str, start: MessageId, *, receiver_queue_size: int = 1000,
                  max_queued_bytes: int = 64 << 20) -> None:
-        self.client = client
+        self.context = context
         self.topic = topic
-        self.consumer_id = next(client._ids)
+        self.consumer_id = next(context.ids)
         self.conn = None
         self._subscription = f"entries-{uuid.uuid4().hex[:10]}"
         self._start = start
@@ -74,12 +72,10 @@ class EntryReader(Reconnecting):
         await self._connect()
 
     async def _connect(self) -> None:
-        conn = await self.client._lookup(self.topic)
+        conn = await self.context.pool.lookup(self.topic)
         start = self._start if self._last is None else MessageId(*self._last)
-        fields: dict[str, Any] = dict(topic=self.topic, subscription=self._subscription, subType=int(ConsumerType.Exclusive),
-                      consumer_id=self.consumer_id, durable=False, initialPosition=int(InitialPosition.Earliest),
-                      start_message_id=entry_id_data(start.ledger_id, start.entry_id))
-        await conn.subscribe(self, **fields)  # type: ignore[arg-type]  # dispatched like a consumer
+        await conn.subscribe(self, self.topic, self._subscription, ConsumerType.Exclusive, durable=False,
+                             initial_position=InitialPosition.Earliest, start=start)
         self.conn = conn
         self.disconnect = None
         self._permits_owed = 0
@@ -87,18 +83,18 @@ class EntryReader(Reconnecting):
         conn.session.flow(self.consumer_id, max(1, room))
         conn.flush()
 
-    def _connection_lost(self, conn) -> None:
+    def connection_lost(self, conn) -> None:
         self.disconnect = ConnectionClosedError(f"connection to the broker of {self.topic} lost")
-        super()._connection_lost(conn)
+        super().connection_lost(conn)
         self._wake()
 
     def _give_up(self, error: BaseException) -> None:
         self._error = error
         self._wake()
 
-    # incoming (called by the connection)
+    # incoming (ConsumerHandler: called by the connection)
 
-    def _on_message(self, command: pb.CommandMessage, frame) -> None:
+    def on_message(self, command: pb.CommandMessage, frame) -> None:
         mid = command.message_id
         position = (signed64(mid.ledgerId), signed64(mid.entryId))
         if self._last is not None and position <= self._last:
@@ -109,11 +105,11 @@ class EntryReader(Reconnecting):
         self._queued_bytes += entry.size
         self._wake()
 
-    def _on_corrupt(self, message_id: pb.MessageIdData, error: CodecError) -> None:
+    def on_corrupt(self, message_id: pb.MessageIdData, error: CodecError) -> None:
         self._error = error  # a reader must not skip what it cannot read
         self._wake()
 
-    def _on_end_of_topic(self) -> None:
+    def on_end_of_topic(self) -> None:
         self.end_of_topic = True
         self._wake()
 
@@ -154,7 +150,7 @@ class EntryReader(Reconnecting):
             return True
         if self._closed:
             raise ConnectionClosedError("entry reader is closed")
-        self._waiter = self.client._loop.create_future()
+        self._waiter = self.context.loop.create_future()
         try:
             await asyncio.wait_for(self._waiter, timeout)
         except asyncio.TimeoutError:
@@ -176,7 +172,7 @@ class EntryReader(Reconnecting):
         if self._reconnecting is not None:
             self._reconnecting.cancel()
         conn, self.conn = self.conn, None
-        self.client._handles.discard(self)
+        self.context.handles.discard(self)
         if conn is not None and not conn.closed:
             try:
                 await conn.request(conn.session.close_consumer, self.consumer_id)

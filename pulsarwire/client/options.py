@@ -1,5 +1,5 @@
 """What the client's parts share: the user-facing enums, token authentication,
-broker addresses, topic naming and the errors after which retrying is pointless."""
+broker addresses, topic naming, the retry backoff and the errors after which retrying is pointless."""
 from __future__ import annotations
 
 import enum
@@ -21,6 +21,18 @@ DEFAULT_TLS_PORT = 6651
 # Errors after which retrying the same producer or consumer cannot succeed.
 FATAL_ERRORS = (TopicTerminatedError, ProducerFencedError, NotAllowedError, AuthenticationError,
                 AuthorizationError, TopicNotFoundError, IncompatibleSchemaError)
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """The delay before retry `attempt` (0, 1, ...): `initial` seconds, doubling each attempt, at
+    most `maximum`. Reconnecting producers and consumers, connects and lookups all wait this."""
+
+    initial: float
+    maximum: float
+
+    def delay(self, attempt: int) -> float:
+        return min(self.maximum, self.initial * (2 ** min(attempt, 20)))
 
 
 class ConsumerType(enum.IntEnum):

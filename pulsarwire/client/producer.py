@@ -9,7 +9,7 @@ import enum
 import itertools
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from .. import codec, compression
 from .._proto import PulsarApi_pb2 as pb
@@ -21,12 +21,9 @@ from ..messages import MessageId, MessageIds, signed64
 from ..routing import HashingScheme, OutgoingMessage, Router, RoutingMode
 from ..schema import Schema, as_schema
 from ..session import SendFailed, SendReceipt
+from .connection import ClientContext, Connection
 from .options import FATAL_ERRORS, CompressionType, ProducerAccessMode, now_ms
 from .reconnect import Reconnecting
-
-if TYPE_CHECKING:
-    from .client import Client
-    from .connection import Connection
 
 log = logging.getLogger("pulsarwire")
 
@@ -161,10 +158,10 @@ class PartitionProducer(Reconnecting):
 
     def __init__(self, parent: "Producer", topic: str, partition: int) -> None:
         self.parent = parent
-        self.client = parent.client
+        self.context = parent.context
         self.topic = topic
         self.partition = partition
-        self.producer_id = next(self.client._ids)
+        self.producer_id = next(self.context.ids)
         self.producer_name = parent._producer_name
         self.conn: Connection | None = None
         self.pending: collections.deque[_OpSend] = collections.deque()
@@ -205,7 +202,7 @@ class PartitionProducer(Reconnecting):
             self._timeout_task = asyncio.ensure_future(self._check_send_timeouts())
 
     async def _connect(self) -> None:
-        conn = await self.client._lookup(self.topic)
+        conn = await self.context.pool.lookup(self.topic)
         fields: dict[str, Any] = dict(topic=self.topic, producer_id=self.producer_id, epoch=self._epoch,
                                       producer_access_mode=self.parent._access_mode)
         if self.producer_name:
@@ -238,7 +235,7 @@ class PartitionProducer(Reconnecting):
             self._next_sequence_id = response.last_sequence_id + 1
         self.conn = conn
         self._forget_pending()  # what went out on an earlier connection (or attachment) goes again
-        self._write_pending()  # resend in order, same sequence ids: the broker dedups
+        self.write_pending()  # resend in order, same sequence ids: the broker dedups
 
     def _give_up(self, error: BaseException) -> None:
         self._fail_all(error)
@@ -284,7 +281,7 @@ class PartitionProducer(Reconnecting):
                     self._batch.size >= parent._batching_max_bytes:
                 self.flush_batch()
             elif self._batch_timer is None:
-                self._batch_timer = self.client._loop.call_later(parent._batching_delay, self.flush_batch)
+                self._batch_timer = self.context.loop.call_later(parent._batching_delay, self.flush_batch)
             return
         self.flush_batch()  # keep order: anything batched before goes first
         metadata = self._metadata(sequence_id, options)
@@ -326,7 +323,7 @@ class PartitionProducer(Reconnecting):
         if batch.num_messages >= parent._batching_max_messages or batch.size >= parent._batching_max_bytes:
             self.flush_batch()
         elif self._batch_timer is None:
-            self._batch_timer = self.client._loop.call_later(parent._batching_delay, self.flush_batch)
+            self._batch_timer = self.context.loop.call_later(parent._batching_delay, self.flush_batch)
 
     def send_many(self, items: list, start: int, stop: int, indexes: list[int] | None, bulk: _BulkSend) -> None:
         """Queue items[start:stop] in order, receipts to `bulk`; items are plain bytes payloads or
@@ -360,7 +357,7 @@ class PartitionProducer(Reconnecting):
                 index = k if indexes is None else indexes[k]
                 k += 1
                 if not batching or len(payload) >= max_bytes:
-                    future = self.client._loop.create_future()
+                    future = self.context.loop.create_future()
                     future.add_done_callback(bulk.one_done(index))
                     self.send(payload, {"partition_key": key, "properties": properties,
                                         "event_timestamp": event_timestamp}, future)
@@ -373,7 +370,7 @@ class PartitionProducer(Reconnecting):
             if batch.num_messages >= max_messages or batch.size >= max_bytes:
                 self.flush_batch()
             elif self._batch_timer is None and batch.num_messages:
-                self._batch_timer = self.client._loop.call_later(parent._batching_delay, self.flush_batch)
+                self._batch_timer = self.context.loop.call_later(parent._batching_delay, self.flush_batch)
 
     def _bulk_span(self, bulk: _BulkSend, first: int, count: int) -> None:
         """Inputs first..first+count-1 of `bulk` are the batch's next messages."""
@@ -484,7 +481,7 @@ class PartitionProducer(Reconnecting):
             else:
                 conn.wait_for_wire(self)
 
-    def _write_pending(self) -> None:
+    def write_pending(self) -> None:
         """Write pending frames not yet on the wire, in order, while the connection's budget for
         unacknowledged Send bytes lets them (one frame of this producer's always goes)."""
         conn = self.conn
@@ -511,7 +508,9 @@ class PartitionProducer(Reconnecting):
         if conn is not None and size:
             conn.wire_released(size)
 
-    def _on_receipt(self, receipt: SendReceipt) -> None:
+    # ProducerHandler: called by the connection
+
+    def on_receipt(self, receipt: SendReceipt) -> None:
         while self.pending:
             op = self.pending[0]
             if receipt.sequence_id < op.sequence_id:
@@ -529,7 +528,7 @@ class PartitionProducer(Reconnecting):
                 if self._wire_conn is not None:
                     self._wire_conn.wire_released(len(op.frame))  # other producers waiting go first
                 if self._written < len(self.pending):
-                    self._write_pending()
+                    self.write_pending()
             if op.num_messages == 0 and op.first_chunk is not None and not op.futures:
                 if op.first_chunk not in self._chunk_ids:
                     mid = receipt.message_id
@@ -557,7 +556,7 @@ class PartitionProducer(Reconnecting):
             self.parent._release(len(op.futures))
             return
 
-    def _on_send_error(self, event: SendFailed) -> None:
+    def on_send_error(self, event: SendFailed) -> None:
         log.warning("producer %s: send error for %d: %s", self.producer_name, event.sequence_id, event.error)
         if isinstance(event.error, FATAL_ERRORS):
             self._fail_all(event.error)
@@ -599,7 +598,7 @@ class PartitionProducer(Reconnecting):
     async def wait_pending(self) -> None:
         waiting = {id(f): f for op in self.pending for f in op.futures if f is not None}
         waiting.update((id(f), f) for f in self._batch_futures if f is not None)
-        loop = self.client._loop
+        loop = self.context.loop
         for key, receipt in list(waiting.items()):
             if isinstance(receipt, Receipt):
                 waiting[key] = receipt.waiter(loop)
@@ -643,10 +642,18 @@ def _fail_op(futures: list, bulk: list | None, error: BaseException) -> None:
         span[0].fail(error)
 
 
+async def open_producer(context: ClientContext, topic: str, **options: Any) -> Producer:
+    """A started producer on `topic`, among the client's open handles."""
+    producer = Producer(context, topic, **options)
+    await producer._start()
+    context.handles.add(producer)
+    return producer
+
+
 class Producer:
     """Sends messages to a topic (all partitions of it when partitioned)."""
 
-    def __init__(self, client: Client, topic: str, *, producer_name: str | None = None,
+    def __init__(self, context: ClientContext, topic: str, *, producer_name: str | None = None,
                  initial_sequence_id: int | None = None, send_timeout_millis: int = 30_000,
                  compression_type: int | str = CompressionType.NONE,
                  max_pending_messages: int = 1000, block_if_queue_full: bool = True,
@@ -668,7 +675,7 @@ class Producer:
         self._message_router = message_router
         self._lazy = lazy_start_partitioned_producers
         self._initial_subscription_name = initial_subscription_name
-        self.client = client
+        self.context = context
         self._topic = topic
         self._producer_name = producer_name
         self._user_named = producer_name is not None
@@ -696,7 +703,7 @@ class Producer:
         self._closed = False
 
     async def _start(self) -> None:
-        topics = await self.client.get_topic_partitions(self._topic)
+        topics = await self.context.pool.topic_partitions(self._topic)
         partitioned = len(topics) > 1 or topics[0] != self._topic
         self._partitions = [PartitionProducer(self, t, i if partitioned else -1) for i, t in enumerate(topics)]
         # lazy: each partition's producer attaches on the first message routed to it
@@ -766,14 +773,14 @@ class Producer:
         target = partitions[0 if len(partitions) == 1 else self._partition_index(content, options)]
         if not target.ready:
             await target.start()  # a lazy partition's producer attaches on its first message
-        future = self.client._loop.create_future()
+        future = self.context.loop.create_future()
         self._in_flight += 1
         if options is _NO_OPTIONS:
             target.send_plain(content, future)
         else:
             target.send(content, options, future)
         conn = target.conn
-        if conn is not None and not conn._can_write.is_set():
+        if conn is not None and not conn.can_write.is_set():
             await conn.drain()
         elif target._batch.num_messages == 0 and self._batching:
             await asyncio.sleep(0)  # a batch went out: let the loop write it and read receipts (bounds latency)
@@ -847,7 +854,7 @@ class Producer:
             raise ConnectionClosedError("producer is closed")
         items = messages if type(messages) is list else list(messages)
         count = len(items)
-        future = self.client._loop.create_future()
+        future = self.context.loop.create_future()
         bulk = _BulkSend(future, count)
         if count == 0:
             future.set_result(MessageIds([]))
@@ -902,7 +909,7 @@ class Producer:
             start = stop
             for target in targets:
                 conn = target.conn
-                if conn is not None and not conn._can_write.is_set():
+                if conn is not None and not conn.can_write.is_set():
                     await conn.drain()
         await asyncio.sleep(0)  # let the loop write what went out and read receipts (bounds latency)
         return future
@@ -967,7 +974,7 @@ class Producer:
             return
         self._closed = True
         await asyncio.gather(*(p.close() for p in self._partitions), return_exceptions=True)
-        self.client._handles.discard(self)
+        self.context.handles.discard(self)
 
 
 def _check_send_options(properties, partition_key, ordering_key, **integers) -> None:

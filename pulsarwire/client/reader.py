@@ -15,7 +15,7 @@ class Reader:
         return self._consumer.topic()
 
     def is_connected(self) -> bool:
-        return not self._consumer._closed and self._consumer.is_connected()
+        return not self._consumer.closed and self._consumer.is_connected()
 
     async def read_next(self, timeout_millis: int | None = None) -> Message:
         return self._read(await self._consumer.receive(timeout_millis))
@@ -28,30 +28,7 @@ class Reader:
         return message
 
     async def has_message_available(self) -> bool:
-        if len(self._consumer._queue):
-            return True
-        for p in self._consumer._partitions:
-            last = await p.get_last_message_id()
-            if last.entry_id < 0:
-                continue
-            seen = p._last_message.message_id() if p._last_message is not None else None
-            if seen is None:
-                start = p._start_message_id
-                if start is None or start == MessageId.earliest:
-                    return True
-                if start == MessageId.latest:
-                    continue
-                if (last.ledger_id, last.entry_id) > (start.ledger_id, start.entry_id) or \
-                        (self._consumer._start_inclusive and
-                         (last.ledger_id, last.entry_id) >= (start.ledger_id, start.entry_id)):
-                    return True
-                continue
-            if (last.ledger_id, last.entry_id) > (seen.ledger_id, seen.entry_id):
-                return True
-            if (last.ledger_id, last.entry_id) == (seen.ledger_id, seen.entry_id) and seen.batch_size and \
-                    seen.batch_index < seen.batch_size - 1:
-                return True
-        return False
+        return await self._consumer.has_message_available()
 
     async def seek(self, target: MessageId | int) -> None:
         await self._consumer.seek(target)

@@ -3,14 +3,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
 
 from ..errors import PulsarWireError
+from .connection import ClientContext, Connection
 from .options import FATAL_ERRORS
-
-if TYPE_CHECKING:
-    from .client import Client
-    from .connection import Connection
 
 log = logging.getLogger("pulsarwire")
 
@@ -20,7 +16,7 @@ class Reconnecting:
     them), look the topic up again and re-attach, backing off exponentially; give up only on
     errors that retrying cannot fix."""
 
-    client: Client
+    context: ClientContext
     topic: str
     conn: Connection | None
     _closed: bool
@@ -32,7 +28,7 @@ class Reconnecting:
     def _give_up(self, error: BaseException) -> None:
         raise NotImplementedError
 
-    def _connection_lost(self, conn: Connection) -> None:
+    def connection_lost(self, conn: Connection) -> None:
         if self.conn is not conn and self.conn is not None:
             return
         self.conn = None
@@ -44,7 +40,7 @@ class Reconnecting:
         attempt = 0
         try:
             while not self._closed:
-                await self.client._backoff(attempt)
+                await asyncio.sleep(self.context.backoff.delay(attempt))
                 attempt += 1
                 try:
                     await self._connect()

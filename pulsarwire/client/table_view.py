@@ -9,9 +9,20 @@ from typing import Any, Callable, Iterator
 from ..errors import ConnectionClosedError, TopicTerminatedError
 from ..messages import Message
 from .consumer import Consumer
-from .reader import Reader
 
 log = logging.getLogger("pulsarwire")
+
+
+async def open_table_view(consumer: Consumer) -> "TableView":
+    """A table view over `consumer` (a compacted, non-durable reader from the earliest message),
+    filled with what the topic holds now; the consumer is closed if that fails."""
+    view = TableView(consumer)
+    try:
+        await view._start()
+    except BaseException:
+        await view.close()
+        raise
+    return view
 
 
 class TableView:
@@ -31,9 +42,7 @@ class TableView:
         self._task = asyncio.ensure_future(self._follow())
 
     async def _has_more(self) -> bool:
-        if len(self._consumer._queue):
-            return True
-        return await Reader(self._consumer).has_message_available()
+        return await self._consumer.has_message_available()
 
     async def _follow(self) -> None:
         try:

@@ -29,13 +29,21 @@ def _retryable() -> tuple:
     return _RETRYABLE
 
 
+def _broker_backoff():
+    """The client's backoff formula, from 0.1s up to 2s between tries to reach the broker."""
+    from ..client.options import Backoff  # imported late, as the client is
+    return Backoff(0.1, 2.0)
+
+
 async def _connected(settings: ClientSettings):
     """A client whose connection to the broker is up, retried until connect.timeout.seconds
     have passed (then a clear error), however the broker fails: refused, reset, or a port that
     accepts and never answers. The caller closes it."""
     deadline = time.monotonic() + settings.connect_timeout
-    delay = 0.1
+    backoff = _broker_backoff()
+    attempt = 0
     while True:
+        delay = backoff.delay(attempt)
         client = settings.client()
         try:
             await asyncio.wait_for(client.connect(), max(0.05, deadline - time.monotonic()))
@@ -51,15 +59,17 @@ async def _connected(settings: ClientSettings):
             await client.close()
             raise
         await asyncio.sleep(delay)
-        delay = min(delay * 2, 2.0)
+        attempt += 1
 
 
 async def _with_client(settings: ClientSettings, work):
     """Run `work(client)` with a fresh connected client, retrying a broker that cannot be
     reached or drops the connection until connect.timeout.seconds have passed; then a clear error."""
     deadline = time.monotonic() + settings.connect_timeout
-    delay = 0.1
+    backoff = _broker_backoff()
+    attempt = 0
     while True:
+        delay = backoff.delay(attempt)
         client = await _connected(settings)
         try:
             return await work(client)
@@ -71,6 +81,6 @@ async def _with_client(settings: ClientSettings, work):
         finally:
             await client.close()
         await asyncio.sleep(delay)
-        delay = min(delay * 2, 2.0)
+        attempt += 1
 
 
