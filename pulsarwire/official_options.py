@@ -59,17 +59,20 @@ class Option:
     def default_for(self, facade: Facade) -> Any:
         return self.default if facade == "sync" or self.asyncio_default is _SAME else self.asyncio_default
 
-    def checked(self, value: Any) -> Any:
-        kind = self.kind
+    def checker(self) -> Callable[[Any], Any] | None:
+        """What checks a value as the official client does and gives the value to use (None: no check)."""
+        kind, name = self.kind, self.name
         if kind is None:
+            return None
+        if issubclass(kind, OfficialEnum):
+            enum_kind = kind
+            return lambda value: accept(enum_kind, value, name)
+        check = check_type_or_none if self.optional else check_type
+
+        def checked(value: Any) -> Any:
+            check(kind, value, name)
             return value
-        if isinstance(kind, type) and issubclass(kind, OfficialEnum):
-            return accept(kind, value, self.name)
-        if self.optional:
-            check_type_or_none(kind, value, self.name)
-        else:
-            check_type(kind, value, self.name)
-        return value
+        return checked
 
     def signature_annotation(self) -> Any:
         if self.annotation is not None or self.kind is None:
@@ -85,6 +88,9 @@ class Surface:
         self.call = call
         self.options = options
         self._finish = finish
+        # per option, what translate() does: (name, default, checker, keyword passed on or None, when, convert)
+        self._plan = tuple((option.name, option.default, option.checker(), (option.to or option.name)
+                            if option.passed else None, option.when, option.convert) for option in options)
 
     def offered(self, facade: Facade) -> tuple[Option, ...]:
         return tuple(option for option in self.options if option.only in (None, facade))
@@ -94,13 +100,15 @@ class Surface:
         has its default), each checked as the official client checks it; `context` is what a
         surface's own rules need beyond the options (a consumer's topic)."""
         options: dict[str, Any] = {}
-        checked = dict(values)
-        for option in self.options:
-            value = option.checked(values.get(option.name, option.default))
-            checked[option.name] = value
-            if not option.passed or (option.when is not None and not option.when(value)):
+        checked: dict[str, Any] = {}
+        for name, default, checker, keyword, when, convert in self._plan:
+            value = values.get(name, default)
+            if checker is not None:
+                value = checker(value)
+            checked[name] = value
+            if keyword is None or (when is not None and not when(value)):
                 continue
-            options[option.to or option.name] = value if option.convert is None else option.convert(value)
+            options[keyword] = value if convert is None else convert(value)
         if self._finish is not None:
             self._finish(checked, options, **context)
         return options
