@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from . import client as aio
 from . import errors
-from . import official
+from . import official, official_options
 from .official import (  # noqa: F401 - the official module offers these names
     BatchingType, CompressionType, ConsumerCryptoFailureAction, ConsumerType, InitialPosition, Message, MessageId,
     PartitionsRoutingMode, ProducerAccessMode, RegexSubscriptionMode, Result,
@@ -211,10 +211,6 @@ class Reader(_Handle):
         return not self._closed and self._reader.is_connected()
 
 
-_CLIENT_ONLY_OPTIONS = ("io_threads", "message_listener_threads", "concurrent_lookup_requests", "log_conf_file_path",
-                        "stats_interval_in_seconds", "use_tls", "logger")
-
-
 class Client(_Handle):
     """The asyncio client: `Client(service_url, **kwargs)` with `pulsar.Client`'s keyword arguments.
     It may be made outside a running loop; it starts on the loop of its first call."""
@@ -224,17 +220,9 @@ class Client(_Handle):
     def __init__(self, service_url, **kwargs) -> None:
         if not isinstance(service_url, str):
             raise ValueError("Argument service_url is expected to be of type 'str'")
-        defaults = dict(authentication=None, operation_timeout_seconds=30, connection_timeout_ms=10000,
-                        tls_trust_certs_file_path=None, tls_allow_insecure_connection=False,
-                        tls_validate_hostname=False, listener_name=None, tls_private_key_file_path=None,
-                        tls_certificate_file_path=None)
-        unknown = set(kwargs) - set(defaults) - set(_CLIENT_ONLY_OPTIONS)
-        if unknown:
-            raise TypeError(f"Client() got an unexpected keyword argument {sorted(unknown)[0]!r}")
-        for name in _CLIENT_ONLY_OPTIONS:  # accepted and ignored, as in the blocking client
-            kwargs.pop(name, None)
+        values = official_options.CLIENT.keywords(kwargs, "asyncio")
         self._service_url = service_url
-        self._options = official.client_options(**{**defaults, **kwargs})
+        self._options = official_options.CLIENT.translate(values)
         aio.Address.parse_service_url(service_url)  # a bad URL fails here, as in the official client
         self._client: aio.Client | None = None
         # closed with the client, so that later calls raise AlreadyClosed (weak: no growth)
@@ -251,54 +239,20 @@ class Client(_Handle):
             self._client = aio.Client(self._service_url, **self._options)
         return self._client
 
-    async def create_producer(self, topic: str, producer_name: str | None = None, schema=None,
-                              initial_sequence_id: int | None = None, send_timeout_millis: int = 30000,
-                              compression_type=CompressionType.NONE, max_pending_messages: int = 1000,
-                              max_pending_messages_across_partitions: int = 50000, block_if_queue_full: bool = False,
-                              batching_enabled: bool = True, batching_max_messages: int = 1000,
-                              batching_max_allowed_size_in_bytes: int = 128 * 1024,
-                              batching_max_publish_delay_ms: int = 10, chunking_enabled: bool = False,
-                              message_routing_mode=PartitionsRoutingMode.RoundRobinDistribution,
-                              lazy_start_partitioned_producers: bool = False, properties: dict | None = None,
-                              batching_type=BatchingType.Default, encryption_key: str | None = None,
-                              crypto_key_reader=None, access_mode=ProducerAccessMode.Shared,
-                              message_router: Callable | None = None) -> Producer:
+    @official_options.PRODUCER.method("asyncio")
+    async def create_producer(self, topic: str, values: dict) -> Producer:
         _checked_topic(topic)
         try:
-            options = official.producer_options(
-                producer_name=producer_name, schema=schema, initial_sequence_id=initial_sequence_id,
-                send_timeout_millis=send_timeout_millis, compression_type=compression_type,
-                max_pending_messages=max_pending_messages,
-                max_pending_messages_across_partitions=max_pending_messages_across_partitions,
-                block_if_queue_full=block_if_queue_full, batching_enabled=batching_enabled,
-                batching_max_messages=batching_max_messages,
-                batching_max_allowed_size_in_bytes=batching_max_allowed_size_in_bytes,
-                batching_max_publish_delay_ms=batching_max_publish_delay_ms, chunking_enabled=chunking_enabled,
-                message_routing_mode=message_routing_mode,
-                lazy_start_partitioned_producers=lazy_start_partitioned_producers, properties=properties,
-                batching_type=batching_type, encryption_key=encryption_key, crypto_key_reader=crypto_key_reader,
-                access_mode=access_mode, message_router=message_router)
+            options = official_options.PRODUCER.translate(values)
         except official.Unsupported as exc:
             _raise_official(exc)
-        return self._made(Producer(await self._await(official.create_producer(self._native(), topic, options)),
-                                   schema))
+        producer = await self._await(official_options.create_producer(self._native(), topic, options))
+        return self._made(Producer(producer, values["schema"]))
 
-    async def subscribe(self, topic, subscription_name: str, consumer_type=ConsumerType.Exclusive, schema=None,
-                        receiver_queue_size: int = 1000, max_total_receiver_queue_size_across_partitions: int = 50000,
-                        consumer_name: str | None = None, unacked_messages_timeout_ms: int | None = None,
-                        broker_consumer_stats_cache_time_ms: int = 30000,
-                        negative_ack_redelivery_delay_ms: int = 60000, is_read_compacted: bool = False,
-                        properties: dict | None = None, initial_position=InitialPosition.Latest,
-                        crypto_key_reader=None, replicate_subscription_state_enabled: bool = False,
-                        max_pending_chunked_message: int = 10,
-                        auto_ack_oldest_chunked_message_on_queue_full: bool = False,
-                        start_message_id_inclusive: bool = False, batch_receive_policy=None,
-                        key_shared_policy=None, batch_index_ack_enabled: bool = False,
-                        regex_subscription_mode=RegexSubscriptionMode.PersistentOnly, dead_letter_policy=None,
-                        crypto_failure_action=ConsumerCryptoFailureAction.FAIL,
-                        is_pattern_topic: bool = False) -> Consumer:
+    @official_options.CONSUMER.method("asyncio")
+    async def subscribe(self, topic, subscription_name: str, values: dict) -> Consumer:
         official.check_type(str, subscription_name, "subscription_name")
-        if is_pattern_topic:
+        if values["is_pattern_topic"]:
             if not isinstance(topic, str):
                 raise ValueError("Argument 'topic' must be a string when 'is_pattern_topic' is True; lists of "
                                  "topics do not support pattern subscriptions")
@@ -311,39 +265,18 @@ class Client(_Handle):
         except official.BadTopicName as exc:
             _raise_official(exc)
         try:
-            options = official.consumer_options(
-                topic=topics, consumer_type=consumer_type, schema=schema, receiver_queue_size=receiver_queue_size,
-                max_total_receiver_queue_size_across_partitions=max_total_receiver_queue_size_across_partitions,
-                consumer_name=consumer_name, unacked_messages_timeout_ms=unacked_messages_timeout_ms,
-                broker_consumer_stats_cache_time_ms=broker_consumer_stats_cache_time_ms,
-                negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
-                is_read_compacted=is_read_compacted, properties=properties,
-                pattern_auto_discovery_period=60, initial_position=initial_position,
-                crypto_key_reader=crypto_key_reader,
-                replicate_subscription_state_enabled=replicate_subscription_state_enabled,
-                max_pending_chunked_message=max_pending_chunked_message,
-                auto_ack_oldest_chunked_message_on_queue_full=auto_ack_oldest_chunked_message_on_queue_full,
-                start_message_id_inclusive=start_message_id_inclusive, key_shared_policy=key_shared_policy,
-                batch_index_ack_enabled=batch_index_ack_enabled, regex_subscription_mode=regex_subscription_mode,
-                dead_letter_policy=dead_letter_policy)
+            options = official_options.CONSUMER.translate(values, topic=topics)
         except official.Unsupported as exc:
             _raise_official(exc)
         native = await self._await(self._native().subscribe(topics, subscription_name, **options))
-        return self._made(Consumer(native, ConsumerType(consumer_type)))
+        return self._made(Consumer(native, ConsumerType(values["consumer_type"])))
 
-    async def create_reader(self, topic: str, start_message_id, schema=None, receiver_queue_size: int = 1000,
-                            reader_name: str | None = None, subscription_role_prefix: str | None = None,
-                            is_read_compacted: bool = False, crypto_key_reader=None,
-                            start_message_id_inclusive: bool = False,
-                            crypto_failure_action=ConsumerCryptoFailureAction.FAIL) -> Reader:
+    @official_options.READER.method("asyncio")
+    async def create_reader(self, topic: str, start_message_id, values: dict) -> Reader:
         _checked_topic(topic)
         start = official.native_id(start_message_id)
         try:
-            options = official.reader_options(schema=schema, receiver_queue_size=receiver_queue_size,
-                                              reader_name=reader_name,
-                                              subscription_role_prefix=subscription_role_prefix,
-                                              is_read_compacted=is_read_compacted, crypto_key_reader=crypto_key_reader,
-                                              start_message_id_inclusive=start_message_id_inclusive)
+            options = official_options.READER.translate(values)
         except official.Unsupported as exc:
             _raise_official(exc)
         return self._made(Reader(await self._await(self._native().create_reader(topic, start, **options))))

@@ -6,8 +6,8 @@ It owns: the enums with the official members and values; `Result` and the table 
 errors to official results (each official exception class is also a subclass of the pulsarwire
 error it stands for, so both `except pulsar.Timeout` and `except pulsarwire.TimeoutError` work);
 `MessageId` with the official constructor and accessor methods; `Message`; the consumer policies;
-the authentication classes; and the translation of the official keyword arguments into the
-asyncio client's (`producer_options`, `consumer_options`, `reader_options`, `client_options`).
+the authentication classes; the official argument checks, and the translation of a send's
+keyword arguments (those of making a client, producer, consumer or reader: `official_options`).
 """
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ from typing import Any, Callable
 from . import client as aio
 from . import errors
 from . import messages
-from .routing import HashingScheme, RoutingMode
 
 
 # --- enums -----------------------------------------------------------------------------
@@ -725,7 +724,7 @@ class FileLogger:
         self.log_level, self.log_file = log_level, log_file
 
 
-# --- official keyword arguments -> the asyncio client's ------------------------------------
+# --- checking official arguments; send options --------------------------------------------
 
 def _same_meaning(var_type, var) -> bool:
     """An official object where pulsarwire's `var_type` is expected: the policies (same accessors)
@@ -759,104 +758,8 @@ class Unsupported(ValueError):
     """An option pulsarwire cannot honour (end-to-end encryption); raised as OperationNotSupported."""
 
 
-def client_options(authentication, operation_timeout_seconds, connection_timeout_ms, tls_trust_certs_file_path,
-                   tls_allow_insecure_connection, tls_validate_hostname, listener_name,
-                   tls_private_key_file_path, tls_certificate_file_path) -> dict:
-    check_type_or_none(Authentication, authentication, "authentication")
-    check_type(int, operation_timeout_seconds, "operation_timeout_seconds")
-    check_type(int, connection_timeout_ms, "connection_timeout_ms")
-    check_type_or_none(str, tls_trust_certs_file_path, "tls_trust_certs_file_path")
-    check_type(bool, tls_allow_insecure_connection, "tls_allow_insecure_connection")
-    check_type(bool, tls_validate_hostname, "tls_validate_hostname")
-    check_type_or_none(str, listener_name, "listener_name")
-    check_type_or_none(str, tls_private_key_file_path, "tls_private_key_file_path")
-    check_type_or_none(str, tls_certificate_file_path, "tls_certificate_file_path")
-    options: dict[str, Any] = dict(
-        authentication=authentication.auth if authentication is not None else None,
-        operation_timeout_seconds=operation_timeout_seconds, connection_timeout_ms=connection_timeout_ms,
-        tls_trust_certs_file_path=tls_trust_certs_file_path,
-        tls_allow_insecure_connection=tls_allow_insecure_connection, tls_validate_hostname=tls_validate_hostname)
-    # features the asyncio client may not have yet: passed only when asked for, so that a
-    # missing one fails loudly instead of being dropped
-    for name, value in (("listener_name", listener_name), ("tls_private_key_file_path", tls_private_key_file_path),
-                        ("tls_certificate_file_path", tls_certificate_file_path)):
-        if value:
-            options[name] = value
-    return options
-
-
-def _is_default_schema(schema) -> bool:
+def is_default_schema(schema) -> bool:
     return schema is None or type(schema).__name__ == "BytesSchema"
-
-
-def producer_options(*, producer_name, schema, initial_sequence_id, send_timeout_millis, compression_type,
-                     max_pending_messages, max_pending_messages_across_partitions, block_if_queue_full,
-                     batching_enabled, batching_max_messages, batching_max_allowed_size_in_bytes,
-                     batching_max_publish_delay_ms, chunking_enabled, message_routing_mode,
-                     lazy_start_partitioned_producers, properties, batching_type, encryption_key,
-                     crypto_key_reader, access_mode, message_router) -> dict:
-    check_type_or_none(str, producer_name, "producer_name")
-    check_type_or_none(int, initial_sequence_id, "initial_sequence_id")
-    check_type(int, send_timeout_millis, "send_timeout_millis")
-    check_type(int, max_pending_messages, "max_pending_messages")
-    check_type(int, max_pending_messages_across_partitions, "max_pending_messages_across_partitions")
-    check_type(bool, block_if_queue_full, "block_if_queue_full")
-    check_type(bool, batching_enabled, "batching_enabled")
-    check_type(int, batching_max_messages, "batching_max_messages")
-    check_type(int, batching_max_allowed_size_in_bytes, "batching_max_allowed_size_in_bytes")
-    check_type(int, batching_max_publish_delay_ms, "batching_max_publish_delay_ms")
-    check_type(bool, chunking_enabled, "chunking_enabled")
-    check_type_or_none(dict, properties, "properties")
-    check_type(bool, lazy_start_partitioned_producers, "lazy_start_partitioned_producers")
-    compression_type = accept(CompressionType, compression_type, "compression_type")
-    message_routing_mode = accept(PartitionsRoutingMode, message_routing_mode, "message_routing_mode")
-    batching_type = accept(BatchingType, batching_type, "batching_type")
-    access_mode = accept(ProducerAccessMode, access_mode, "access_mode")
-    if encryption_key or crypto_key_reader is not None:
-        raise Unsupported("pulsarwire does not encrypt messages (encryption_key, crypto_key_reader)")
-    if batching_max_messages <= 1:
-        raise ValueError("batchingMaxMessages needs to be greater than 1")
-    if batching_enabled and chunking_enabled:
-        raise ValueError("Batching and chunking of messages can't be enabled together.")
-    options: dict[str, Any] = dict(
-        producer_name=producer_name,
-        # the official client treats 0 as "not set", like None
-        initial_sequence_id=initial_sequence_id or None,
-        send_timeout_millis=max(0, send_timeout_millis),  # 0 (or less): no send timeout
-        compression_type=int(CompressionType(compression_type)),
-        max_pending_messages=max_pending_messages,
-        max_pending_messages_across_partitions=max_pending_messages_across_partitions,
-        block_if_queue_full=block_if_queue_full, batching_enabled=batching_enabled,
-        batching_max_messages=batching_max_messages,
-        batching_max_allowed_size_in_bytes=batching_max_allowed_size_in_bytes,
-        batching_max_publish_delay_ms=batching_max_publish_delay_ms, chunking_enabled=chunking_enabled,
-        message_routing_mode=RoutingMode.SinglePartition
-        if message_routing_mode == PartitionsRoutingMode.UseSinglePartition else RoutingMode.RoundRobinPartition,
-        hashing_scheme=HashingScheme.BoostHash,  # the official client's key hash
-        properties=properties, access_mode=int(ProducerAccessMode(access_mode)))
-    if lazy_start_partitioned_producers:
-        options["lazy_start_partitioned_producers"] = True
-    if message_router is not None:
-        options["message_router"] = message_router
-    if not _is_default_schema(schema):
-        options["schema"] = schema
-    return options
-
-
-_UNBOUNDED_PENDING = 1_000_000  # both official bounds 0 ("no limit"): a million messages
-
-
-async def create_producer(client: aio.Client, topic: str, options: dict) -> aio.Producer:
-    """A producer from `producer_options`. The official bound on pending messages is per partition,
-    capped across all of them; pulsarwire has one bound for the whole producer: the product, capped."""
-    options = dict(options)
-    across = options.pop("max_pending_messages_across_partitions")
-    per_partition = options["max_pending_messages"]
-    partitions = len(await client.get_topic_partitions(topic))
-    # 0 means "no limit" to the official client; pulsarwire keeps a bound: the cap across partitions
-    bounds = [bound for bound in (per_partition * partitions, across) if bound > 0]
-    options["max_pending_messages"] = min(bounds) if bounds else _UNBOUNDED_PENDING
-    return await client.create_producer(topic, **options)
 
 
 def send_options(properties, partition_key, ordering_key, sequence_id, replication_clusters, disable_replication,
@@ -895,74 +798,8 @@ def send_options(properties, partition_key, ordering_key, sequence_id, replicati
 
 def check_content(content, schema) -> None:
     """Without a schema the content must be bytes (with one, the asyncio client encodes it)."""
-    if _is_default_schema(schema) and not isinstance(content, (bytes, bytearray, memoryview)):
+    if is_default_schema(schema) and not isinstance(content, (bytes, bytearray, memoryview)):
         raise TypeError(f"Invalid record obj of type {type(content)} - expected type is {bytes}")
-
-
-def consumer_options(*, topic, consumer_type, schema, receiver_queue_size,
-                     max_total_receiver_queue_size_across_partitions, consumer_name,
-                     unacked_messages_timeout_ms, broker_consumer_stats_cache_time_ms,
-                     negative_ack_redelivery_delay_ms, is_read_compacted, properties, pattern_auto_discovery_period,
-                     initial_position, crypto_key_reader, replicate_subscription_state_enabled,
-                     max_pending_chunked_message, auto_ack_oldest_chunked_message_on_queue_full,
-                     start_message_id_inclusive, key_shared_policy, batch_index_ack_enabled,
-                     regex_subscription_mode, dead_letter_policy) -> dict:
-    consumer_type = accept(ConsumerType, consumer_type, "consumer_type")
-    initial_position = accept(InitialPosition, initial_position, "initial_position")
-    regex_subscription_mode = accept(RegexSubscriptionMode, regex_subscription_mode, "regex_subscription_mode")
-    check_type(int, receiver_queue_size, "receiver_queue_size")
-    check_type(int, max_total_receiver_queue_size_across_partitions,
-               "max_total_receiver_queue_size_across_partitions")
-    check_type_or_none(str, consumer_name, "consumer_name")
-    check_type_or_none(int, unacked_messages_timeout_ms, "unacked_messages_timeout_ms")
-    check_type(int, broker_consumer_stats_cache_time_ms, "broker_consumer_stats_cache_time_ms")
-    check_type(int, negative_ack_redelivery_delay_ms, "negative_ack_redelivery_delay_ms")
-    check_type(int, pattern_auto_discovery_period, "pattern_auto_discovery_period")
-    check_type(bool, is_read_compacted, "is_read_compacted")
-    check_type_or_none(dict, properties, "properties")
-    check_type(int, max_pending_chunked_message, "max_pending_chunked_message")
-    check_type(bool, auto_ack_oldest_chunked_message_on_queue_full, "auto_ack_oldest_chunked_message_on_queue_full")
-    check_type(bool, start_message_id_inclusive, "start_message_id_inclusive")
-    check_type_or_none(ConsumerKeySharedPolicy, key_shared_policy, "key_shared_policy")
-    check_type(bool, batch_index_ack_enabled, "batch_index_ack_enabled")
-    check_type_or_none(ConsumerDeadLetterPolicy, dead_letter_policy, "dead_letter_policy")
-    if unacked_messages_timeout_ms and unacked_messages_timeout_ms < 10_000:
-        raise ValueError("Consumer Config Exception: Unacknowledged message timeout should be greater than "
-                         "10 seconds.")
-    if crypto_key_reader is not None:
-        raise Unsupported("pulsarwire does not decrypt messages (crypto_key_reader)")
-    import uuid
-    options: dict[str, Any] = dict(
-        consumer_type=int(ConsumerType(consumer_type)), initial_position=int(InitialPosition(initial_position)),
-        # a zero queue (one message at a time) becomes a queue of one: the nearest pulsarwire has
-        receiver_queue_size=max(1, receiver_queue_size),
-        # the official client names an unnamed consumer itself, and consumer_name() returns it
-        consumer_name=consumer_name or uuid.uuid4().hex[:10],
-        unacked_messages_timeout_ms=unacked_messages_timeout_ms or None,
-        negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms, read_compacted=is_read_compacted,
-        properties=properties, max_pending_chunked_message=max_pending_chunked_message,
-        batch_index_ack_enabled=batch_index_ack_enabled)
-    optional = (("auto_ack_oldest_chunked_message_on_queue_full", auto_ack_oldest_chunked_message_on_queue_full),
-                ("start_message_id_inclusive", start_message_id_inclusive),
-                ("replicate_subscription_state_enabled", replicate_subscription_state_enabled))
-    for name, value in optional:
-        if value:
-            options[name] = value
-    if key_shared_policy is not None:
-        options["key_shared_policy"] = aio.KeySharedPolicy(
-            aio.KeySharedMode(int(key_shared_policy.key_shared_mode)),
-            allow_out_of_order_delivery=key_shared_policy.allow_out_of_order_delivery,
-            sticky_ranges=key_shared_policy.sticky_ranges or None)
-    if dead_letter_policy is not None:
-        options["dead_letter_policy"] = aio.DeadLetterPolicy(
-            dead_letter_policy.max_redeliver_count, dead_letter_topic=dead_letter_policy.dead_letter_topic or None,
-            initial_subscription_name=dead_letter_policy.initial_subscription_name or None)
-    if isinstance(topic, re.Pattern):
-        options["pattern_auto_discovery_period"] = pattern_auto_discovery_period
-        options["regex_subscription_mode"] = int(RegexSubscriptionMode(regex_subscription_mode))
-    if not _is_default_schema(schema):
-        options["schema"] = schema
-    return options
 
 
 class BadTopicName(ValueError):
@@ -989,23 +826,3 @@ def subscribe_topic(topic):
     if isinstance(topic, re.Pattern):
         return topic
     raise ValueError("Argument 'topic' is expected to be of a type between (str, list, re.pattern)")
-
-
-def reader_options(*, schema, receiver_queue_size, reader_name, subscription_role_prefix, is_read_compacted,
-                   crypto_key_reader, start_message_id_inclusive) -> dict:
-    check_type(int, receiver_queue_size, "receiver_queue_size")
-    check_type_or_none(str, reader_name, "reader_name")
-    check_type_or_none(str, subscription_role_prefix, "subscription_role_prefix")
-    check_type(bool, is_read_compacted, "is_read_compacted")
-    check_type(bool, start_message_id_inclusive, "start_message_id_inclusive")
-    if crypto_key_reader is not None:
-        raise Unsupported("pulsarwire does not decrypt messages (crypto_key_reader)")
-    options: dict[str, Any] = dict(receiver_queue_size=max(1, receiver_queue_size), reader_name=reader_name,
-                                   start_message_id_inclusive=start_message_id_inclusive)
-    if subscription_role_prefix:
-        options["subscription_role_prefix"] = subscription_role_prefix
-    if is_read_compacted:
-        options["read_compacted"] = True
-    if not _is_default_schema(schema):
-        options["schema"] = schema
-    return options

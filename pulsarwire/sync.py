@@ -31,7 +31,7 @@ from . import client as aio
 from . import errors, messages
 from .blocking import LoopThread
 from .client.producer import Receipt
-from . import official
+from . import official, official_options
 from .official import (  # noqa: F401 - the official names, offered from here
     Authentication, AuthenticationAthenz, AuthenticationBasic, AuthenticationOauth2, AuthenticationTLS,
     AuthenticationToken, BatchingType, BatchReceivePolicy, CompressionType, ConsumerBatchReceivePolicy,
@@ -219,27 +219,14 @@ class Client(_Facade):
 
     _shut_down = False
 
-    def __init__(self, service_url, authentication=None, operation_timeout_seconds=30, io_threads=1,
-                 message_listener_threads=1, concurrent_lookup_requests=50000, log_conf_file_path=None,
-                 stats_interval_in_seconds=600, use_tls=False, tls_trust_certs_file_path=None,
-                 tls_allow_insecure_connection=False, tls_validate_hostname=False, logger=None,
-                 connection_timeout_ms=10000, listener_name=None, tls_private_key_file_path=None,
-                 tls_certificate_file_path=None) -> None:
+    @official_options.CLIENT.method("sync")
+    def __init__(self, service_url, values: dict) -> None:
         if not isinstance(service_url, str):
             raise ValueError("Argument service_url is expected to be of type 'str' (pulsarwire has no "
                              "AutoClusterFailover or ServiceInfoProvider)")
-        official.check_type(int, io_threads, "io_threads")  # ignored: one event loop does all I/O
-        official.check_type(int, message_listener_threads, "message_listener_threads")
-        official.check_type(int, concurrent_lookup_requests, "concurrent_lookup_requests")
-        official.check_type_or_none(str, log_conf_file_path, "log_conf_file_path")
-        official.check_type(int, stats_interval_in_seconds, "stats_interval_in_seconds")
-        official.check_type(bool, use_tls, "use_tls")
-        options = official.client_options(authentication, operation_timeout_seconds, connection_timeout_ms,
-                                          tls_trust_certs_file_path, tls_allow_insecure_connection,
-                                          tls_validate_hostname, listener_name, tls_private_key_file_path,
-                                          tls_certificate_file_path)
+        options = official_options.CLIENT.translate(values)
         self._loop = LoopThread()
-        self._listeners = _ListenerThreads(message_listener_threads)
+        self._listeners = _ListenerThreads(values["message_listener_threads"])
         self._handles: list = []
 
         async def make():
@@ -250,102 +237,55 @@ class Client(_Facade):
             self._loop.stop()
             raise  # a bad service URL: ValueError, as from the official client
 
-    def create_producer(self, topic, producer_name=None, schema=None, initial_sequence_id=None,
-                        send_timeout_millis=30000, compression_type=CompressionType.NONE, max_pending_messages=1000,
-                        max_pending_messages_across_partitions=50000, block_if_queue_full=False,
-                        batching_enabled=False, batching_max_messages=1000,
-                        batching_max_allowed_size_in_bytes=128 * 1024, batching_max_publish_delay_ms=10,
-                        chunking_enabled=False, message_routing_mode=PartitionsRoutingMode.RoundRobinDistribution,
-                        lazy_start_partitioned_producers=False, properties=None,
-                        batching_type=BatchingType.Default, encryption_key=None, crypto_key_reader=None,
-                        access_mode=ProducerAccessMode.Shared, message_router=None) -> "Producer":
+    @official_options.PRODUCER.method("sync")
+    def create_producer(self, topic, values: dict) -> "Producer":
         _checked_topic(topic)
         try:
-            options = official.producer_options(
-                producer_name=producer_name, schema=schema, initial_sequence_id=initial_sequence_id,
-                send_timeout_millis=send_timeout_millis, compression_type=compression_type,
-                max_pending_messages=max_pending_messages,
-                max_pending_messages_across_partitions=max_pending_messages_across_partitions,
-                block_if_queue_full=block_if_queue_full, batching_enabled=batching_enabled,
-                batching_max_messages=batching_max_messages,
-                batching_max_allowed_size_in_bytes=batching_max_allowed_size_in_bytes,
-                batching_max_publish_delay_ms=batching_max_publish_delay_ms, chunking_enabled=chunking_enabled,
-                message_routing_mode=message_routing_mode,
-                lazy_start_partitioned_producers=lazy_start_partitioned_producers, properties=properties,
-                batching_type=batching_type, encryption_key=encryption_key, crypto_key_reader=crypto_key_reader,
-                access_mode=access_mode, message_router=message_router)
+            options = official_options.PRODUCER.translate(values)
         except official.Unsupported as exc:
             raise OperationNotSupported(str(exc)) from exc
-        producer = Producer(self, self._run(official.create_producer(self._client, topic, options)), schema)
+        producer = Producer(self, self._run(official_options.create_producer(self._client, topic, options)),
+                            values["schema"])
         self._handles.append(producer)
         return producer
 
-    def subscribe(self, topic, subscription_name, consumer_type=ConsumerType.Exclusive, schema=None,
-                  message_listener=None, receiver_queue_size=1000,
-                  max_total_receiver_queue_size_across_partitions=50000, consumer_name=None,
-                  unacked_messages_timeout_ms=None, broker_consumer_stats_cache_time_ms=30000,
-                  negative_ack_redelivery_delay_ms=60000, is_read_compacted=False, properties=None,
-                  pattern_auto_discovery_period=60, initial_position=InitialPosition.Latest,
-                  crypto_key_reader=None, replicate_subscription_state_enabled=False,
-                  max_pending_chunked_message=10, auto_ack_oldest_chunked_message_on_queue_full=False,
-                  start_message_id_inclusive=False, batch_receive_policy=None, key_shared_policy=None,
-                  batch_index_ack_enabled=False, regex_subscription_mode=RegexSubscriptionMode.PersistentOnly,
-                  dead_letter_policy=None, crypto_failure_action=ConsumerCryptoFailureAction.FAIL) -> "Consumer":
+    @official_options.CONSUMER.method("sync")
+    def subscribe(self, topic, subscription_name, values: dict) -> "Consumer":
         official.check_type(str, subscription_name, "subscription_name")
-        official.check_type_or_none(ConsumerBatchReceivePolicy, batch_receive_policy, "batch_receive_policy")
         try:
             topics = official.subscribe_topic(topic)
         except official.BadTopicName as exc:
             raise InvalidTopicName(official.error_text(Result.InvalidTopicName)) from None
         try:
-            options = official.consumer_options(
-                topic=topics, consumer_type=consumer_type, schema=schema, receiver_queue_size=receiver_queue_size,
-                max_total_receiver_queue_size_across_partitions=max_total_receiver_queue_size_across_partitions,
-                consumer_name=consumer_name, unacked_messages_timeout_ms=unacked_messages_timeout_ms,
-                broker_consumer_stats_cache_time_ms=broker_consumer_stats_cache_time_ms,
-                negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
-                is_read_compacted=is_read_compacted, properties=properties,
-                pattern_auto_discovery_period=pattern_auto_discovery_period, initial_position=initial_position,
-                crypto_key_reader=crypto_key_reader,
-                replicate_subscription_state_enabled=replicate_subscription_state_enabled,
-                max_pending_chunked_message=max_pending_chunked_message,
-                auto_ack_oldest_chunked_message_on_queue_full=auto_ack_oldest_chunked_message_on_queue_full,
-                start_message_id_inclusive=start_message_id_inclusive, key_shared_policy=key_shared_policy,
-                batch_index_ack_enabled=batch_index_ack_enabled, regex_subscription_mode=regex_subscription_mode,
-                dead_letter_policy=dead_letter_policy)
+            options = official_options.CONSUMER.translate(values, topic=topics)
         except official.Unsupported as exc:
             raise OperationNotSupported(str(exc)) from exc
         native = self._run(self._client.subscribe(topics, subscription_name, **options))
-        self._resolve_writer_schemas(schema)
+        self._resolve_writer_schemas(values["schema"])
+        batch_receive_policy = values["batch_receive_policy"]
         policy = batch_receive_policy.policy() if batch_receive_policy is not None else BatchReceivePolicy()
-        consumer = Consumer(self, native, ConsumerType(consumer_type), policy)
+        consumer = Consumer(self, native, ConsumerType(values["consumer_type"]), policy)
         # as the official client's MultiTopicsConsumer: a list of topics, a pattern, a partitioned
         # topic (or one with its retry letter topic) takes only ids that name their topic
         consumer._multi_topics = not isinstance(topic, str) or native.topics() != [aio.topic_name(topic)]
         self._handles.append(consumer)
-        if message_listener is not None:
-            consumer._listen(message_listener)
+        if values["message_listener"] is not None:
+            consumer._listen(values["message_listener"])
         return consumer
 
-    def create_reader(self, topic, start_message_id, schema=None, reader_listener=None, receiver_queue_size=1000,
-                      reader_name=None, subscription_role_prefix=None, is_read_compacted=False,
-                      crypto_key_reader=None, start_message_id_inclusive=False,
-                      crypto_failure_action=ConsumerCryptoFailureAction.FAIL) -> "Reader":
+    @official_options.READER.method("sync")
+    def create_reader(self, topic, start_message_id, values: dict) -> "Reader":
         _checked_topic(topic)
         start = official.native_id(start_message_id)
         try:
-            options = official.reader_options(schema=schema, receiver_queue_size=receiver_queue_size,
-                                              reader_name=reader_name,
-                                              subscription_role_prefix=subscription_role_prefix,
-                                              is_read_compacted=is_read_compacted, crypto_key_reader=crypto_key_reader,
-                                              start_message_id_inclusive=start_message_id_inclusive)
+            options = official_options.READER.translate(values)
         except official.Unsupported as exc:
             raise OperationNotSupported(str(exc)) from exc
         reader = Reader(self, self._run(self._client.create_reader(topic, start, **options)))
-        self._resolve_writer_schemas(schema)
+        self._resolve_writer_schemas(values["schema"])
         self._handles.append(reader)
-        if reader_listener is not None:
-            reader._listen(reader_listener)
+        if values["reader_listener"] is not None:
+            reader._listen(values["reader_listener"])
         return reader
 
     def _resolve_writer_schemas(self, schema) -> None:

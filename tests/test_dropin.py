@@ -167,6 +167,42 @@ def test_keys_hash_as_the_official_client_routes_them():
         {key: Router(HashingScheme.BoostHash).partition(key, 97) for key in expected}
 
 
+# (surface, method): the methods made from the option tables of pulsarwire.official_options
+OFFICIAL_SIGNATURES = [("sync", "__init__"), ("sync", "create_producer"), ("sync", "subscribe"),
+                       ("sync", "create_reader"), ("asyncio", "create_producer"), ("asyncio", "subscribe"),
+                       ("asyncio", "create_reader")]
+
+
+@pytest.mark.parametrize("surface, method", OFFICIAL_SIGNATURES, ids=[".".join(m) for m in OFFICIAL_SIGNATURES])
+def test_signatures_are_the_official_ones(surface, method):
+    """Names, order (positional calls bind alike) and defaults as the official client's; the
+    official default schema is a BytesSchema where pulsarwire's is None, which means the same."""
+    import inspect
+    official = pytest.importorskip("pulsar")
+    import pulsar.asyncio as official_asyncio
+    theirs = inspect.signature(getattr((official if surface == "sync" else official_asyncio).Client, method))
+    ours = inspect.signature(getattr((pulsar if surface == "sync" else pulsar_asyncio).Client, method))
+    assert list(ours.parameters) == list(theirs.parameters)
+    for name, parameter in ours.parameters.items():
+        official_default = theirs.parameters[name].default
+        assert parameter.kind == theirs.parameters[name].kind, name
+        if name == "schema":
+            assert parameter.default is None and type(official_default).__name__ in ("BytesSchema", "NoneType")
+        elif hasattr(official_default, "value"):  # an official enum (pybind11)
+            assert int(parameter.default) == int(official_default.value), name
+        else:
+            assert parameter.default == official_default, name
+    assert inspect.iscoroutinefunction(getattr(pulsar_asyncio.Client, "subscribe"))
+
+
+def test_async_client_takes_the_official_client_keywords_only():
+    client = pulsar_asyncio.Client("pulsar://localhost:6650", io_threads=2, operation_timeout_seconds=5,
+                                   logger=pulsar.ConsoleLogger())
+    assert client._options["operation_timeout_seconds"] == 5
+    with pytest.raises(TypeError, match="unexpected keyword argument 'operation_timeout'"):
+        pulsar_asyncio.Client("pulsar://localhost:6650", operation_timeout=5)
+
+
 @pytest.mark.parametrize("module", ["official", "sync", "asyncio", "blocking"])
 def test_each_surface_imports_alone_without_starting_threads(module):
     import subprocess

@@ -2097,19 +2097,11 @@ def test_official_key_shared_policy_reaches_the_asyncio_client_as_its_own_policy
     """`subscribe(key_shared_policy=pulsar.ConsumerKeySharedPolicy(...))` was refused with
     TypeError("key_shared_policy must be a KeySharedPolicy") by the asyncio consumer."""
     from pulsarwire import client as aio
-    from pulsarwire import official
+    from pulsarwire import official, official_options
 
     def options(policy):
-        return official.consumer_options(
-            topic="t", consumer_type=official.ConsumerType.KeyShared, schema=None, receiver_queue_size=1000,
-            max_total_receiver_queue_size_across_partitions=50000, consumer_name=None,
-            unacked_messages_timeout_ms=None, broker_consumer_stats_cache_time_ms=30000,
-            negative_ack_redelivery_delay_ms=60000, is_read_compacted=False, properties=None,
-            pattern_auto_discovery_period=60, initial_position=official.InitialPosition.Latest,
-            crypto_key_reader=None, replicate_subscription_state_enabled=False, max_pending_chunked_message=10,
-            auto_ack_oldest_chunked_message_on_queue_full=False, start_message_id_inclusive=False,
-            key_shared_policy=policy, batch_index_ack_enabled=False,
-            regex_subscription_mode=official.RegexSubscriptionMode.PersistentOnly, dead_letter_policy=None)
+        return official_options.CONSUMER.translate(
+            {"consumer_type": official.ConsumerType.KeyShared, "key_shared_policy": policy}, topic="t")
 
     sticky = options(official.ConsumerKeySharedPolicy(official.KeySharedMode.Sticky, True, [(0, 99), (200, 299)]))
     policy = sticky["key_shared_policy"]
