@@ -512,7 +512,9 @@ class Producer(_Facade):
              replication_clusters=None, disable_replication=False, event_timestamp=None, deliver_at=None,
              deliver_after=None) -> MessageId:
         """Publish one message and wait until the broker has it; returns its id. `None` content
-        sends a null value (a tombstone: compaction and table views drop the key)."""
+        sends a null value (a tombstone: compaction and table views drop the key). With batching,
+        its batch goes out at once (with what other threads added to it), as the Java client's
+        send() does: waiting out the batching delay would only hold the caller."""
         if content is not None:
             official.check_content(content, self._schema)
         options = official.send_options(properties, partition_key, ordering_key, sequence_id, replication_clusters,
@@ -610,15 +612,20 @@ class Producer(_Facade):
         if self._hand_over_task is not None:
             return  # the task takes what is queued, in order
         send_nowait = self._producer.send_nowait
+        awaited = False  # a blocking send() among them: its batch goes out now
         while True:
             with self._gate:
                 runs = self._handing
                 if not runs:
                     self._handing_over = False
+                    if awaited:
+                        self._producer.flush_batches()
                     return
                 self._handing = collections.deque()
             while runs:
                 content, options, sent = runs[0]
+                if type(sent) is _Awaited:
+                    awaited = True
                 try:
                     queued = send_nowait(content, sent, **options)
                 except Exception as exc:  # noqa: BLE001 - this send's answer
@@ -629,6 +636,8 @@ class Producer(_Facade):
                     with self._gate:
                         runs.extend(self._handing)
                         self._handing = runs
+                    if awaited:
+                        self._producer.flush_batches()
                     self._hand_over_task = _asyncio.ensure_future(self._hand_over_waiting())
                     return
                 runs.popleft()
@@ -651,6 +660,8 @@ class Producer(_Facade):
             sent.set_exception(exc)
         else:
             future.add_done_callback(functools.partial(_future_answered, sent))
+            if type(sent) is _Awaited:
+                self._producer.flush_batches()
         self._hand_over_task = None
         self._hand_over()
 

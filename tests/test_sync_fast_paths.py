@@ -323,3 +323,25 @@ def test_shutdown_answers_every_accepted_send(embedded):
         time.sleep(0.01)
     assert len(results) == 2000
     assert set(results) <= {pulsar.Result.Ok, pulsar.Result.AlreadyClosed}
+
+
+def test_a_blocking_send_does_not_wait_out_the_batching_delay(embedded):
+    """send() sends its batch at once (as the Java client's send does), so a loop of send()
+    with batching on is not held by the batching delay; send_async still batches."""
+    topic = unique("send-flush")
+    client = pulsar.Client(embedded.url)
+    try:
+        producer = client.create_producer(topic, batching_enabled=True, batching_max_publish_delay_ms=5000)
+        consumer = client.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+        started = time.monotonic()
+        ids = [producer.send(f"m{i}".encode()) for i in range(3)]
+        assert time.monotonic() - started < 2.5  # three batching delays would be 15 s
+        assert [consumer.receive(5000).data() for _ in range(3)] == [b"m0", b"m1", b"m2"]
+        assert len({(i.ledger_id(), i.entry_id()) for i in ids}) == 3  # each in a batch of its own
+        results = []
+        for i in range(2):
+            producer.send_async(f"a{i}".encode(), lambda res, msg_id: results.append(msg_id))
+        producer.flush()
+        assert len({(i.ledger_id(), i.entry_id()) for i in results}) == 1  # batched together
+    finally:
+        client.close()
