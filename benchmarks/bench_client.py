@@ -321,6 +321,7 @@ SURFACE_ROWS = [
     ("send_async+cb batched", "send_async", {"batching": "1", "pending": "1000"}, 1.0),
     ("send_async+cb defaults", "send_async", {"batching": "0"}, 0.3),
     ("send loop defaults", "send", {"batching": "0"}, 0.03),
+    ("send loop batched", "send", {"batching": "1"}, 0.01),  # the official client waits out its delay per send
     ("receive+acknowledge", "receive", {}, 1.0),
     ("batch_receive", "batch_receive", {"batch": "1000"}, 1.0),
     ("message_listener", "listener", {}, 1.0),
