@@ -23,13 +23,14 @@ def test_wheel_and_sdist_build(tmp_path):
     source = tmp_path / "source"
     shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
         ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis",
-        "*.so", "*.pyd", "_codec.c", "_codec.html"))
+        "*.so", "*.pyd", "_codec.c", "_codec.html", "_staging.c", "_staging.html"))
     sdist = subprocess.run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "-o", str(tmp_path),
                             str(source)], capture_output=True, text=True, timeout=600)
     assert sdist.returncode == 0, sdist.stderr[-2000:]
     (archive,) = tmp_path.glob("pulsarwire-*.tar.gz")
     members = [m.split("/", 1)[1] for m in tarfile.open(archive).getnames() if "/" in m]
-    for expected in ("setup.py", "pyproject.toml", "pulsarwire/_codec.pyx", "proto/PulsarApi.proto"):
+    for expected in ("setup.py", "pyproject.toml", "pulsarwire/_codec.pyx", "pulsarwire/_codec.pxd",
+                     "pulsarwire/broker/_staging.pyx", "proto/PulsarApi.proto"):
         assert expected in members
 
     # The wheel is built from the sdist, as pip does from an index.
@@ -39,7 +40,8 @@ def test_wheel_and_sdist_build(tmp_path):
     assert wheel.returncode == 0, wheel.stderr[-2000:]
     (built,) = tmp_path.glob("pulsarwire-*.whl")
     names = zipfile.ZipFile(built).namelist()
-    assert any(n.startswith("pulsarwire/_codec") and n.endswith((".so", ".pyd")) for n in names)
+    for extension in ("pulsarwire/_codec", "pulsarwire/broker/_staging"):
+        assert any(n.startswith(extension) and n.endswith((".so", ".pyd")) for n in names), extension
     for expected in ("pulsarwire/py.typed", "pulsarwire/_proto/PulsarApi_pb2.py",
                      "pulsarwire/_proto/PulsarApi_pb2.pyi", "pulsarwire/_codec_py.py"):
         assert expected in names
