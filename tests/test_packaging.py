@@ -42,7 +42,7 @@ def test_wheel_and_sdist_build(tmp_path):
     names = zipfile.ZipFile(built).namelist()
     for extension in ("pulsarwire/_codec", "pulsarwire/broker/_staging"):
         assert any(n.startswith(extension) and n.endswith((".so", ".pyd")) for n in names), extension
-    for expected in ("pulsarwire/py.typed", "pulsarwire/_proto/PulsarApi_pb2.py",
+    for expected in ("pulsarwire/py.typed", "pulsarwire/_codec.pyi", "pulsarwire/_proto/PulsarApi_pb2.py",
                      "pulsarwire/_proto/PulsarApi_pb2.pyi", "pulsarwire/_codec_py.py"):
         assert expected in names
     # Every module of every subpackage ships (a package left out of pyproject.toml would not).
