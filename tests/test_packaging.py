@@ -70,8 +70,20 @@ def test_missing_extension_falls_back_with_a_warning():
     assert result.stdout.startswith("python ") and "pure-Python codec" in result.stdout
 
 
+def test_missing_staging_extension_falls_back_with_a_warning():
+    # the broker's Cython staging follows the Cython codec; without its extension, the pure twin
+    code = ("import sys, warnings; sys.modules['pulsarwire.broker._staging'] = None\n"
+            "with warnings.catch_warnings(record=True) as caught:\n"
+            "    warnings.simplefilter('always')\n"
+            "    import pulsarwire.broker.staging as s\n"
+            "print(s.IMPLEMENTATION, [str(w.message) for w in caught])")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("python ") and "broker staging not built" in result.stdout
+
+
 def test_env_var_forces_the_pure_twin():
     env = dict(os.environ, PULSARWIRE_PURE_PYTHON="1")
-    result = subprocess.run([sys.executable, "-c", "import pulsarwire.codec as c; print(c.IMPLEMENTATION)"],
-                            capture_output=True, text=True, cwd=ROOT, env=env)
-    assert result.stdout.strip() == "python"
+    code = "import pulsarwire.codec as c, pulsarwire.broker.staging as s; print(c.IMPLEMENTATION, s.IMPLEMENTATION)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env)
+    assert result.stdout.strip() == "python python"
