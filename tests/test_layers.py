@@ -1,6 +1,5 @@
-"""Module structure. The broker's layers import one way: staging -> storage -> metafile -> topics ->
-core -> front ends -> server; each client module imports alone; the client package keeps its
-public names.
+"""Module structure. The broker's layers import one way: storage -> metafile -> topics -> core ->
+front ends -> server; each client module imports alone; the client package keeps its public names.
 
 Each module is imported alone in a fresh interpreter; the broker modules it pulls
 in must all lie at or below its own layer."""
