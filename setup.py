@@ -1,7 +1,7 @@
-"""Builds the Cython codec. Metadata lives in pyproject.toml.
+"""Builds the Cython codec and the broker's Cython staging. Metadata lives in pyproject.toml.
 
 Without a C compiler (or with PULSARWIRE_NO_EXTENSIONS=1) the package installs
-without the extension and falls back to the pure-Python codec at import.
+without the extension and falls back to the pure-Python twins at import.
 """
 import os
 
@@ -37,7 +37,9 @@ def extensions():
 
     flags = [] if os.name == "nt" else ["-O3"]
     return cythonize(
-        [Extension("pulsarwire._codec", ["pulsarwire/_codec.pyx"], extra_compile_args=flags)],
+        [Extension("pulsarwire._codec", ["pulsarwire/_codec.pyx"], extra_compile_args=flags),
+         # cimports the codec's SendFrame (pulsarwire/_codec.pxd)
+         Extension("pulsarwire.broker._staging", ["pulsarwire/broker/_staging.pyx"], extra_compile_args=flags)],
         compiler_directives={"language_level": "3"},
     )
 

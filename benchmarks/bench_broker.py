@@ -385,7 +385,8 @@ def _measure(broker, client, payloads, messages, size, stall, raw_messages, raw_
     """One produce-then-consume of `client` against a running broker, with the broker's CPU time
     (and the driver's, for raw rows) over each phase and its peak RSS while the consumer reads."""
     pid = broker.process.pid
-    topic = f"broker-bench-{client}-{time.time_ns()}"
+    # the raw driver names the topic in full: the broker knows no tenant "broker-bench-..."
+    topic = f"persistent://public/default/broker-bench-{client}-{time.time_ns()}"
     os.sync()  # the previous run's dirty pages are written back now, not during this one
     cpu_start, driver_start, wall_start = cpu_seconds(pid), time.process_time(), time.perf_counter()
     if client.startswith("raw"):  # the broker's per-entry work dominates

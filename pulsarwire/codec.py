@@ -35,9 +35,6 @@ decompress_payload = _impl.decompress_payload
 split_messages = _impl.split_messages
 count_batch = _impl.count_batch
 count_entry_batch = _impl.count_entry_batch
-plan_send_run = _impl.plan_send_run
-queue_send_receipts = _impl.queue_send_receipts
-stage_entries = _impl.stage_entries
 split_columns = _impl.split_columns
 encode_command = _impl.encode_command
 encode_metadata_and_payload = _impl.encode_metadata_and_payload
@@ -49,8 +46,8 @@ encode_send_receipt = _impl.encode_send_receipt
 __all__ = [
     "IMPLEMENTATION", "MAGIC_CRC32C", "MAGIC_BROKER_ENTRY_METADATA", "DEFAULT_MAX_MESSAGE_SIZE",
     "DEFAULT_MAX_FRAME_SIZE", "FRAME_PADDING", "Frame", "SendFrame", "FrameReader", "SingleMessage", "Columns",
-    "BatchBuilder", "decode_frame", "decompress_payload", "split_messages", "count_batch", "count_entry_batch", "plan_send_run",
-    "queue_send_receipts", "stage_entries", "split_columns", "encode_command",
+    "BatchBuilder", "decode_frame", "decompress_payload", "split_messages", "count_batch", "count_entry_batch",
+    "split_columns", "encode_command",
     "encode_metadata_and_payload", "encode_payload_frame", "encode_payload_command",
     "encode_single_message_metadata", "encode_send_receipt",
 ]

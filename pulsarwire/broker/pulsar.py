@@ -34,6 +34,7 @@ from .._proto import PulsarApi_pb2 as pb
 from .._version import __version__
 from ..errors import BadMetadataError, ChecksumMismatchError, FrameTooLargeError, PulsarWireError
 from ..messages import ack_set_bits
+from . import staging
 from .compatibility import IncompatibleSchema, version_for
 from .core import DUPLICATE, BrokerCore, InvalidTopicName, UnknownTenant, close_transport, highest_sequence
 from .listener import TLS_READ_BUFFER_BYTES, start_tls_server
@@ -1380,8 +1381,8 @@ class BrokerConnection(asyncio.Protocol):
             if not self._batches or self._batches[-1] is not batch:
                 self._batches.append(batch)
             if not self.closed:
-                self._queued(codec.queue_send_receipts(self._out, self._sends, batch, producer_id, frames, start, ids,
-                                                       topic.ledger_id, DUPLICATE))
+                self._queued(staging.queue_send_receipts(self._out, self._sends, batch, producer_id, frames, start, ids,
+                                                         topic.ledger_id, DUPLICATE))
             start += len(ids)
 
     def _store_frame(self, frame) -> None:

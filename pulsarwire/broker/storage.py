@@ -50,7 +50,7 @@ import weakref
 
 from crc32c import crc32c
 
-from .. import codec
+from . import staging
 
 log = logging.getLogger("pulsarwire.broker.storage")
 
@@ -771,7 +771,7 @@ class _Segment:
 
     def append_staged(self, records: list, positions: list[int], size: int) -> None:
         """Queue records as append() does, many at once: `records` alternates headers and bodies,
-        `positions` holds where each starts and `size` where the last ends (codec.stage_entries)."""
+        `positions` holds where each starts and `size` where the last ends (staging.stage_entries)."""
         self.positions.extend(positions)
         self._pending += records
         self.size = size
@@ -1148,8 +1148,8 @@ class TopicLog:
         if size >= limit and segment.positions:
             return 0
         entry_id = self.next_entry_id
-        records, positions, entries, size = codec.stage_entries(bodies, checksums, publish_times, counts, entry_id,
-                                                                size, limit, _HEADER, Entry)
+        records, positions, entries, size = staging.stage_entries(bodies, checksums, publish_times, counts, entry_id,
+                                                                  size, limit, _HEADER, Entry)
         if entries:
             segment.append_staged(records, positions, size)
             self.next_entry_id = entry_id + len(entries)

@@ -23,7 +23,7 @@ from .._proto import PulsarApi_pb2 as pb
 from ..errors import PulsarWireError
 from ..messages import ack_set_words
 from ..routing import murmur3_32
-from . import metafile
+from . import metafile, staging
 from .metafile import CURRENT, LOST, MISSING, PREVIOUS_COPY, MetadataWriter, report_damage
 from .storage import CorruptEntryError, Cursor, EntryCache, FileOps, FilePool, StorageError, TopicLog
 
@@ -847,7 +847,7 @@ class Topic:
         DUPLICATE for a send the producer made before (only when the topic deduplicates)."""
         first_id = self.log.next_entry_id
         last = self.last_sequence.get(producer_name, -1) if self.deduplication else -1
-        ids, bodies, checksums, publish_times, counts, highest_ids = codec.plan_send_run(
+        ids, bodies, checksums, publish_times, counts, highest_ids = staging.plan_send_run(
             frames, start, end, last, first_id, DUPLICATE)
         if not self.deduplication and DUPLICATE in ids:
             # the plan judges each frame against the ones before it in the run: without
