@@ -16,24 +16,25 @@ import sys
 
 import pytest
 
-LAYERS = ["storage", "listener", "metafile", "topics", "policies", "compatibility", "core", "fsck", "pulsar", "v1", "stats",
-          "metrics", "admin_http", "server"]
+LAYERS = ["storage", "settings", "listener", "metafile", "topics", "policies", "compatibility", "core", "fsck", "pulsar",
+          "v1", "stats", "metrics", "admin_http", "server"]
 BELOW = {
     "storage": set(),
+    "settings": {"storage"},  # every broker setting with its default and flag, read by the layers above
     "listener": set(),  # accepting sockets within the descriptor budget
     "metafile": {"storage"},  # the broker's small metadata files, beside the log
     "topics": {"storage", "metafile"},
     "policies": {"storage", "metafile"},  # namespace and topic policies, beside the domain
     "compatibility": set(),  # schema versions, on protocol types alone
-    "core": {"storage", "metafile", "topics", "policies"},
-    "fsck": {"storage", "metafile", "topics", "policies", "core"},  # checks a stopped broker's files
-    "pulsar": {"storage", "listener", "metafile", "topics", "policies", "core", "compatibility"},
-    "v1": {"storage", "metafile", "topics", "policies", "core"},
+    "core": {"storage", "settings", "metafile", "topics", "policies"},
+    "fsck": {"storage", "settings", "metafile", "topics", "policies", "core"},  # checks a stopped broker's files
+    "pulsar": {"storage", "settings", "listener", "metafile", "topics", "policies", "core", "compatibility"},
+    "v1": {"storage", "settings", "metafile", "topics", "policies", "core"},
     "stats": {"storage", "metafile", "topics", "policies"},
     "metrics": {"storage", "metafile", "topics", "policies", "stats"},
     # the HTTP front end: admin API, HTTP lookup, /metrics; server imports it only when it serves HTTP
-    "admin_http": {"storage", "metafile", "topics", "policies", "core", "compatibility", "stats", "metrics"},
-    "server": {"storage", "listener", "metafile", "topics", "policies", "core", "compatibility", "pulsar", "v1"},
+    "admin_http": {"storage", "settings", "metafile", "topics", "policies", "core", "compatibility", "stats", "metrics"},
+    "server": {"storage", "settings", "listener", "metafile", "topics", "policies", "core", "compatibility", "pulsar", "v1"},
 }
 
 
