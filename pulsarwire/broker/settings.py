@@ -61,8 +61,8 @@ def _basic_credentials(specs: list[str] | None) -> dict[str, str] | None:
     return dict(spec.partition(":")[::2] for spec in specs) if specs else None
 
 
-def _listeners(specs: list[str]) -> dict[str, str]:
-    return dict(spec.partition("=")[::2] for spec in specs)
+def _listeners(specs: list[str]) -> dict[str, str] | None:
+    return dict(spec.partition("=")[::2] for spec in specs) or None
 
 
 def _grants(specs: list[str] | None) -> dict[str, set[str]] | None:
