@@ -99,94 +99,73 @@ def add_parser(sub) -> None:
 
     topics = groups.add_parser("topics", help="topics and their subscriptions").add_subparsers(
         dest="admin_command", required=True)
-    cmd = topics.add_parser("create-partitioned-topic", help="create a partitioned topic")
-    cmd.add_argument("topic")
+    cmd = _command(topics, "create-partitioned-topic", "create a partitioned topic", "topic")
     cmd.add_argument("-p", "--partitions", type=int, required=True, help="number of partitions")
-    cmd = topics.add_parser("update-partitioned-topic", help="add partitions to a partitioned topic")
-    cmd.add_argument("topic")
+    cmd = _command(topics, "update-partitioned-topic", "add partitions to a partitioned topic", "topic")
     cmd.add_argument("-p", "--partitions", type=int, required=True, help="new number of partitions")
-    cmd = topics.add_parser("get-partitioned-topic-metadata", help="a topic's partitions")
-    cmd.add_argument("topic")
-    cmd = topics.add_parser("create", help="create a non-partitioned topic")
-    cmd.add_argument("topic")
-    cmd = topics.add_parser("list", help="the topics of a namespace")
-    cmd.add_argument("namespace")
-    cmd = topics.add_parser("list-partitioned-topics", help="the partitioned topics of a namespace")
-    cmd.add_argument("namespace")
-    for name, help_text in (("stats", "a topic's stats"), ("stats-internal", "a topic's internal stats"),
-                            ("partitioned-stats", "a partitioned topic's stats"),
-                            ("subscriptions", "a topic's subscriptions"), ("unload", "unload a topic"),
-                            ("terminate", "terminate a topic"), ("compact", "start compacting a topic"),
-                            ("compaction-status", "how a topic's last compaction went")):
-        cmd = topics.add_parser(name, help=help_text)
-        cmd.add_argument("topic")
-    cmd = topics.add_parser("delete", help="delete a topic")
-    cmd.add_argument("topic")
+    for name, help_text, target in (
+            ("get-partitioned-topic-metadata", "a topic's partitions", "topic"),
+            ("create", "create a non-partitioned topic", "topic"),
+            ("list", "the topics of a namespace", "namespace"),
+            ("list-partitioned-topics", "the partitioned topics of a namespace", "namespace"),
+            ("stats", "a topic's stats", "topic"), ("stats-internal", "a topic's internal stats", "topic"),
+            ("partitioned-stats", "a partitioned topic's stats", "topic"),
+            ("subscriptions", "a topic's subscriptions", "topic"), ("unload", "unload a topic", "topic"),
+            ("terminate", "terminate a topic", "topic"), ("compact", "start compacting a topic", "topic"),
+            ("compaction-status", "how a topic's last compaction went", "topic")):
+        _command(topics, name, help_text, target)
+    cmd = _command(topics, "delete", "delete a topic", "topic")
     cmd.add_argument("-f", "--force", action="store_true", help="close its producers and consumers first")
-    cmd = topics.add_parser("delete-partitioned-topic", help="delete a partitioned topic")
-    cmd.add_argument("topic")
+    cmd = _command(topics, "delete-partitioned-topic", "delete a partitioned topic", "topic")
     cmd.add_argument("-f", "--force", action="store_true", help="close its producers and consumers first")
-    cmd = topics.add_parser("create-subscription", help="create a subscription")
-    cmd.add_argument("topic")
-    cmd.add_argument("-s", "--subscription", required=True)
+    cmd = _command(topics, "create-subscription", "create a subscription", "topic", subscription=True)
     cmd.add_argument("-m", "--messageId", default="latest", help="latest, earliest or ledgerId:entryId")
-    cmd = topics.add_parser("unsubscribe", help="delete a subscription")
-    cmd.add_argument("topic")
-    cmd.add_argument("-s", "--subscription", required=True)
+    cmd = _command(topics, "unsubscribe", "delete a subscription", "topic", subscription=True)
     cmd.add_argument("-f", "--force", action="store_true", help="close its consumers first")
-    cmd = topics.add_parser("skip", help="skip messages of a subscription")
-    cmd.add_argument("topic")
-    cmd.add_argument("-s", "--subscription", required=True)
+    cmd = _command(topics, "skip", "skip messages of a subscription", "topic", subscription=True)
     cmd.add_argument("-n", "--count", type=int, required=True)
-    cmd = topics.add_parser("clear-backlog", help="skip every message of a subscription")
-    cmd.add_argument("topic")
-    cmd.add_argument("-s", "--subscription", required=True)
-    cmd = topics.add_parser("peek-messages", help="show messages of a subscription without consuming them")
-    cmd.add_argument("topic")
-    cmd.add_argument("-s", "--subscription", required=True)
+    _command(topics, "clear-backlog", "skip every message of a subscription", "topic", subscription=True)
+    cmd = _command(topics, "peek-messages", "show messages of a subscription without consuming them", "topic",
+                   subscription=True)
     cmd.add_argument("-n", "--count", type=int, default=1)
-    cmd = topics.add_parser("reset-cursor", help="move a subscription to a time or a message id")
-    cmd.add_argument("topic")
-    cmd.add_argument("-s", "--subscription", required=True)
+    cmd = _command(topics, "reset-cursor", "move a subscription to a time or a message id", "topic", subscription=True)
     where = cmd.add_mutually_exclusive_group(required=True)
     where.add_argument("-t", "--time", help="how long ago: 10s, 5m, 2h, 1d, 1w (or milliseconds)")
     where.add_argument("-m", "--messageId", help="ledgerId:entryId")
 
     namespaces = groups.add_parser("namespaces", help="namespaces and their policies").add_subparsers(
         dest="admin_command", required=True)
-    cmd = namespaces.add_parser("list", help="the namespaces of a tenant")
-    cmd.add_argument("tenant")
-    cmd = namespaces.add_parser("create", help="create a namespace")
-    cmd.add_argument("namespace")
-    cmd = namespaces.add_parser("delete", help="delete an empty namespace")
-    cmd.add_argument("namespace")
-    cmd = namespaces.add_parser("policies", help="a namespace's policies")
-    cmd.add_argument("namespace")
-    cmd = namespaces.add_parser("topics", help="the topics of a namespace")
-    cmd.add_argument("namespace")
-    cmd = namespaces.add_parser("set-deduplication", help="turn deduplication on or off for a namespace")
-    cmd.add_argument("namespace")
+    for name, help_text, target in (
+            ("list", "the namespaces of a tenant", "tenant"), ("create", "create a namespace", "namespace"),
+            ("delete", "delete an empty namespace", "namespace"), ("policies", "a namespace's policies", "namespace"),
+            ("topics", "the topics of a namespace", "namespace")):
+        _command(namespaces, name, help_text, target)
+    cmd = _command(namespaces, "set-deduplication", "turn deduplication on or off for a namespace", "namespace")
     onoff = cmd.add_mutually_exclusive_group(required=True)
     onoff.add_argument("-e", "--enable", action="store_true")
     onoff.add_argument("-d", "--disable", action="store_true")
-    cmd = namespaces.add_parser("get-deduplication", help="a namespace's deduplication policy")
-    cmd.add_argument("namespace")
-    cmd = namespaces.add_parser("set-schema-compatibility-strategy", help="a namespace's schema compatibility")
-    cmd.add_argument("namespace")
+    _command(namespaces, "get-deduplication", "a namespace's deduplication policy", "namespace")
+    cmd = _command(namespaces, "set-schema-compatibility-strategy", "a namespace's schema compatibility", "namespace")
     cmd.add_argument("-c", "--compatibility", required=True,
                      help="ALWAYS_INCOMPATIBLE, ALWAYS_COMPATIBLE, BACKWARD, FORWARD, FULL, BACKWARD_TRANSITIVE, "
                           "FORWARD_TRANSITIVE, FULL_TRANSITIVE or UNDEFINED")
-    cmd = namespaces.add_parser("get-schema-compatibility-strategy", help="a namespace's schema compatibility")
-    cmd.add_argument("namespace")
+    _command(namespaces, "get-schema-compatibility-strategy", "a namespace's schema compatibility", "namespace")
 
     tenants = groups.add_parser("tenants", help="tenants").add_subparsers(dest="admin_command", required=True)
     tenants.add_parser("list", help="the tenants")
-    cmd = tenants.add_parser("create", help="create a tenant")
-    cmd.add_argument("tenant")
+    cmd = _command(tenants, "create", "create a tenant", "tenant")
     cmd.add_argument("-c", "--allowed-clusters", default="standalone", help="comma-separated clusters")
     cmd.add_argument("-r", "--admin-roles", default="", help="comma-separated roles")
-    cmd = tenants.add_parser("delete", help="delete a tenant without namespaces")
-    cmd.add_argument("tenant")
+    _command(tenants, "delete", "delete a tenant without namespaces", "tenant")
+
+
+def _command(group, name: str, help_text: str, target: str, subscription: bool = False):
+    """A subcommand taking the topic, namespace or tenant it acts on (and -s, the subscription)."""
+    cmd = group.add_parser(name, help=help_text)
+    cmd.add_argument(target)
+    if subscription:
+        cmd.add_argument("-s", "--subscription", required=True)
+    return cmd
 
 
 def _duration_ms(text: str) -> int:

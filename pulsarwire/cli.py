@@ -54,6 +54,26 @@ def _add_load_options(parser: argparse.ArgumentParser, messages: int, duration: 
     parser.add_argument("--quiet", action="store_true", help="no live progress")
 
 
+def _add_broker_options(parser: argparse.ArgumentParser) -> None:
+    """`pulsarwire broker`'s flags: one per field of BrokerSettings that declares one (settings.py),
+    and those a setting is made of by hand (TLS files) or that are no setting (data dir, checks)."""
+    from .broker import settings
+    parser.add_argument("--data-dir", default="./pulsarwire-data")
+    for field in settings.flags():
+        parser.add_argument(settings.flag_name(field), dest=field.name, **field.metadata[settings.ARGUMENT])
+    parser.add_argument("--tls-cert-file", help="PEM certificate chain of the TLS listener")
+    parser.add_argument("--tls-key-file", help="PEM private key of the TLS listener")
+    parser.add_argument("--tls-trust-certs-file",
+                        help="CA for client certificates: verified, and accepted as auth method tls")
+    parser.add_argument("--partitioned-topic", action="append", default=[], metavar="TOPIC=N",
+                        help="create a partitioned topic (repeatable)")
+    parser.add_argument("--check", nargs="?", const="", default=None, metavar="DATA_DIR",
+                        help="report every damaged or inconsistent metadata file of DATA_DIR (default: "
+                             "--data-dir) and what a start would do about it, change nothing, and exit")
+    parser.add_argument("--repair", action="store_true",
+                        help="with --check: do what a start would do about each damaged file, then exit")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pulsarwire", description="Apache Pulsar binary protocol, fast.")
     parser.add_argument("--version", action="version", version=f"pulsarwire {__version__} ({codec.IMPLEMENTATION} codec)")
@@ -63,112 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command")
 
     broker = sub.add_parser("broker", help="serve the embedded broker")
-    broker.add_argument("--data-dir", default="./pulsarwire-data")
-    broker.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
-    broker.add_argument("--port", type=int, default=6650, help="plaintext Pulsar port (-1 to disable; needs --tls-port)")
-    broker.add_argument("--http-port", type=int, default=8080,
-                        help="admin REST API, HTTP lookup and /metrics port (-1 to disable; default 8080)")
-    broker.add_argument("--max-http-connections", type=int, default=None, metavar="N",
-                        help="HTTP connections open at once; past it one is answered 503 (default 256)")
-    broker.add_argument("--tls-port", type=int, default=None, help="Pulsar over TLS port (needs the two files below)")
-    broker.add_argument("--tls-cert-file", help="PEM certificate chain of the TLS listener")
-    broker.add_argument("--tls-key-file", help="PEM private key of the TLS listener")
-    broker.add_argument("--v1-port", type=int, default=6680, help="V1 text protocol port (-1 to disable)")
-    broker.add_argument("--partitioned-topic", action="append", default=[], metavar="TOPIC=N",
-                        help="create a partitioned topic (repeatable)")
-    broker.add_argument("--tenant", action="append", default=[], metavar="NAME",
-                        help="a tenant topics may be made in, besides public and pulsar and those of stored "
-                             "topics (repeatable; a topic of another tenant is not found, as in Pulsar)")
-    broker.add_argument("--advertised-listener", action="append", default=[], metavar="NAME=URL",
-                        help="a listener clients name in lookups (listener_name), answered with URL "
-                             "(pulsar://host:port or pulsar+ssl://host:port; repeatable)")
-    broker.add_argument("--auth-token", action="append", default=None,
-                        help="accepted token (repeatable; enables auth; an empty token is refused)")
-    broker.add_argument("--auth-basic", action="append", default=None, metavar="USER:PASSWORD",
-                        help="accepted basic credentials (repeatable; enables auth)")
-    broker.add_argument("--tls-trust-certs-file",
-                        help="CA for client certificates: verified, and accepted as auth method tls")
-    broker.add_argument("--anonymous-role", metavar="ROLE",
-                        help="with auth on, the role of a client offering no credentials (or credentials of a "
-                             "method this broker does not serve) instead of refusing it (Pulsar's anonymousUserRole)")
-    broker.add_argument("--grant", action="append", default=None, metavar="TENANT/NAMESPACE=ROLE",
-                        help="turns authorization on: a role may look up, produce and consume only in the "
-                             "namespaces granted to it (repeatable; needs auth)")
-    broker.add_argument("--super-user-role", action="append", default=[], metavar="ROLE",
-                        help="a role authorized on every namespace (repeatable)")
-    broker.add_argument("--deduplication", action="store_true",
-                        help="drop a send whose sequence id is not above its producer's last one, in namespaces "
-                             "and topics without a deduplication policy of their own (default off, as Pulsar's "
-                             "brokerDeduplicationEnabled)")
-    broker.add_argument("--sync-policy", default="interval", choices=["always", "interval", "never"])
-    broker.add_argument("--max-open-files", type=int, default=None, metavar="N",
-                        help="most segment files open at once; idle ones are closed and reopened on "
-                             "demand (default: a quarter of the descriptor limit, 16 to 1024)")
-    broker.add_argument("--max-cache-bytes", type=int, default=None, metavar="BYTES",
-                        help="recently written entries kept in memory, all topics together; past it the "
-                             "least recently used topic's oldest are dropped and read from disk (default 64 MiB)")
-    broker.add_argument("--page-cache-bytes", type=int, default=None, metavar="BYTES",
-                        help="page cache each topic's appends keep behind its end once written back: older "
-                             "pages are given back to the OS, and readers of what is past the entry cache "
-                             "read ahead from disk in large reads (0: keep everything cached; default 16 MiB)")
-    broker.add_argument("--max-unacked-messages-per-consumer", type=int, default=None, metavar="N",
-                        help="a consumer of a Shared or Key_Shared subscription holding this many "
-                             "unacknowledged messages gets no more until it acknowledges half, as Pulsar's "
-                             "maxUnackedMessagesPerConsumer (0: no limit; default 50 000)")
-    broker.add_argument("--replication-factor", type=int, default=3)
-    broker.add_argument("--min-insync-replicas", type=int, default=2)
-    broker.add_argument("--v1-partitions", type=int, default=3, help="partitions of a topic V1 creates")
-    broker.add_argument("--replication-timeout", type=float, default=5.0, metavar="SECONDS",
-                        help="how long a V1 acks=all produce waits for the in-sync replicas")
-    broker.add_argument("--replica-lag-time", type=float, default=10.0, metavar="SECONDS",
-                        help="a V1 replica silent this long leaves the ISR")
-    broker.add_argument("--session-timeout", type=float, default=10.0, metavar="SECONDS",
-                        help="a V1 group member silent this long is removed")
-    broker.add_argument("--max-connections", type=int, default=None,
-                        help="connections served at once per protocol (Pulsar, V1); more are refused (default "
-                             "1000, lowered to fit the descriptor limit beside --max-open-files)")
-    broker.add_argument("--max-output-bytes", type=int, default=4 * 1024 * 1024, metavar="BYTES",
-                        help="unsent output per connection before the broker stops dispatching to it and "
-                             "reading from it (V1: answering it) (default 4 MiB)")
-    broker.add_argument("--handshake-timeout", type=float, default=10.0, metavar="SECONDS",
-                        help="a connection without an accepted CONNECT (V1: a successful AUTH with --auth-token, "
-                             "else a valid request) this long is closed (default 10)")
-    broker.add_argument("--max-frame-before-connect", type=int, default=64 * 1024, metavar="BYTES",
-                        help="largest frame before CONNECT is accepted (default 64 KiB)")
-    broker.add_argument("--max-input-bytes", type=int, default=256 * 1024 * 1024, metavar="BYTES",
-                        help="unfinished frames held across all connections before the broker stops "
-                             "reading from those adding to them (default 256 MiB)")
-    broker.add_argument("--frame-timeout", type=float, default=30.0, metavar="SECONDS",
-                        help="a frame (V1: a request line) still incomplete after this long closes its "
-                             "connection; so does a V1 client taking none of its replies this long (default 30)")
-    broker.add_argument("--v1-max-connections-per-address", type=int, default=None, metavar="N",
-                        help="V1 connections one client address may hold at once; more are refused (default 100)")
-    broker.add_argument("--max-connections-per-address", type=int, default=None, metavar="N",
-                        help="Pulsar connections one client address may hold (default: half of "
-                             "--max-connections, at least 8)")
-    broker.add_argument("--authenticated-share", type=float, default=0.25, metavar="FRACTION",
-                        help="share of --max-connections kept for Pulsar connections past CONNECT "
-                             "(authenticated, with auth on): connections before it hold the rest (default 0.25)")
-    broker.add_argument("--idle-timeout", type=float, default=300.0, metavar="SECONDS",
-                        help="a Pulsar connection with no producer or consumer that makes no request but "
-                             "PING this long is closed (default 300)")
-    broker.add_argument("--memory-budget", type=int, default=None, metavar="BYTES",
-                        help="unsent output of all Pulsar connections plus the entry cache (--max-cache-bytes); "
-                             "past it, connections holding output get no more until they take it (default: "
-                             "--max-cache-bytes plus 192 MiB, 256 MiB in all)")
-    broker.add_argument("--v1-max-total-output-bytes", type=int, default=None, metavar="BYTES",
-                        help="unsent V1 replies of all connections together before connections holding some "
-                             "are answered no more until they fall (default 256 MiB)")
-    broker.add_argument("--v1-consume-max-bytes", type=int, default=None, metavar="BYTES",
-                        help="most record bytes in one V1 CONSUME reply (default 8 MiB)")
-    broker.add_argument("--topic-idle-timeout", type=float, default=None, metavar="SECONDS",
-                        help="a topic without producers, consumers or readers this long is closed (its "
-                             "files and memory given back) until it is used again (default 600)")
-    broker.add_argument("--check", nargs="?", const="", default=None, metavar="DATA_DIR",
-                        help="report every damaged or inconsistent metadata file of DATA_DIR (default: "
-                             "--data-dir) and what a start would do about it, change nothing, and exit")
-    broker.add_argument("--repair", action="store_true",
-                        help="with --check: do what a start would do about each damaged file, then exit")
+    _add_broker_options(broker)
 
     fsck = sub.add_parser("fsck", help="check a stopped broker's metadata files (the same as broker --check)")
     fsck.add_argument("data_dir", metavar="DATA_DIR")
@@ -264,16 +179,15 @@ async def run_fsck(args) -> int:
 
 async def run_broker(args) -> int:
     from .broker.server import Broker
-    from .broker.core import DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER, DEFAULT_TOPIC_IDLE_TIMEOUT
     if args.check is not None:
         args.data_dir = args.check or args.data_dir
         return await run_fsck(args)
     if args.repair:
         print("pulsarwire broker: --repair goes with --check", file=sys.stderr)
         return 2
-    from .broker.storage import DEFAULT_MAX_CACHE_BYTES, DEFAULT_PAGE_CACHE_BYTES, StorageError
-    from .broker.v1 import DEFAULT_CONSUME_MAX_BYTES
-    if args.auth_token is not None and not all(args.auth_token):
+    from .broker.settings import from_flags
+    from .broker.storage import StorageError
+    if args.auth_tokens is not None and not all(args.auth_tokens):
         print("pulsarwire broker: --auth-token must not be empty", file=sys.stderr)
         return 2
     ssl_context = None
@@ -296,24 +210,19 @@ async def run_broker(args) -> int:
         print(f"pulsarwire broker: --min-insync-replicas {args.min_insync_replicas} must be between 1 and "
               f"--replication-factor {args.replication_factor}: V1 acks=all could never be met", file=sys.stderr)
         return 2
-    listeners = {}
-    for spec in args.advertised_listener:
+    for spec in args.advertised_listeners:
         name, _, url = spec.partition("=")
         if not name or not url.startswith(("pulsar://", "pulsar+ssl://")):
             print(f"pulsarwire broker: --advertised-listener {spec}: takes NAME=pulsar://host:port "
                   "(or pulsar+ssl://)", file=sys.stderr)
             return 2
-        listeners[name] = url
-    grants: dict[str, set[str]] | None = None
-    for spec in args.grant or ():
+    for spec in args.grants or ():
         namespace, _, role = spec.partition("=")
         if namespace.count("/") != 1 or not all(namespace.split("/")) or not role:
             print(f"pulsarwire broker: --grant {spec}: takes TENANT/NAMESPACE=ROLE", file=sys.stderr)
             return 2
-        grants = grants if grants is not None else {}
-        grants.setdefault(namespace, set()).add(role)
-    if (args.anonymous_role or grants is not None or args.super_user_role) and \
-            args.auth_token is None and not args.auth_basic and not args.tls_trust_certs_file:
+    if (args.anonymous_role or args.grants is not None or args.super_user_roles) and \
+            args.auth_tokens is None and not args.auth_basic and not args.tls_trust_certs_file:
         print("pulsarwire broker: --anonymous-role, --grant and --super-user-role need authentication "
               "(--auth-token, --auth-basic or --tls-trust-certs-file)", file=sys.stderr)
         return 2
@@ -329,39 +238,8 @@ async def run_broker(args) -> int:
                   "at least 1", file=sys.stderr)
             return 2
         partitioned.append((spec, name, partitions))
-    broker = Broker(args.data_dir, host=args.host, port=None if args.port < 0 else args.port,
-                    tls_port=args.tls_port, ssl_context=ssl_context,
-                    v1_port=None if args.v1_port < 0 else args.v1_port,
-                    auth_tokens=set(args.auth_token) if args.auth_token is not None else None,
-                    auth_basic=dict(c.partition(":")[::2] for c in args.auth_basic) if args.auth_basic else None,
-                    auth_tls=bool(args.tls_trust_certs_file),
-                    sync_policy=args.sync_policy, deduplication=args.deduplication,
-                    http_port=None if args.http_port < 0 else args.http_port,
-                    max_http_connections=args.max_http_connections,
-                    replication_factor=args.replication_factor,
-                    min_insync_replicas=args.min_insync_replicas, v1_partitions=args.v1_partitions,
-                    replication_timeout=args.replication_timeout, replica_lag_time=args.replica_lag_time,
-                    session_timeout=args.session_timeout, max_open_files=args.max_open_files, max_connections=args.max_connections,
-                    max_output_bytes=args.max_output_bytes, handshake_timeout=args.handshake_timeout,
-                    max_frame_before_connect=args.max_frame_before_connect, frame_timeout=args.frame_timeout,
-                    max_input_bytes=args.max_input_bytes, max_connections_per_address=args.max_connections_per_address,
-                    authenticated_share=args.authenticated_share, idle_timeout=args.idle_timeout,
-                    memory_budget=args.memory_budget,
-                    max_unacked_messages_per_consumer=DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER
-                    if args.max_unacked_messages_per_consumer is None else args.max_unacked_messages_per_consumer,
-                    max_cache_bytes=DEFAULT_MAX_CACHE_BYTES if args.max_cache_bytes is None else args.max_cache_bytes,
-                    page_cache_bytes=DEFAULT_PAGE_CACHE_BYTES if args.page_cache_bytes is None else args.page_cache_bytes,
-                    v1_consume_max_bytes=DEFAULT_CONSUME_MAX_BYTES if args.v1_consume_max_bytes is None
-                    else args.v1_consume_max_bytes,
-                    topic_idle_timeout=DEFAULT_TOPIC_IDLE_TIMEOUT if args.topic_idle_timeout is None
-                    else args.topic_idle_timeout,
-                    advertised_listeners=listeners, tenants=tuple(args.tenant),
-                    anonymous_role=args.anonymous_role or None, grants=grants,
-                    super_user_roles=tuple(args.super_user_role),
-                    **({} if args.v1_max_connections_per_address is None
-                       else {"v1_max_connections_per_address": args.v1_max_connections_per_address}),
-                    **({} if args.v1_max_total_output_bytes is None
-                       else {"v1_max_total_output_bytes": args.v1_max_total_output_bytes}))
+    broker = Broker(args.data_dir, ssl_context=ssl_context, auth_tls=bool(args.tls_trust_certs_file),
+                    **from_flags(vars(args)))
     await broker.start()
     _tune_collector()
     from .client import topic_name

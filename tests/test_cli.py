@@ -137,3 +137,20 @@ def test_the_broker_process_freezes_what_it_started_with_and_collects_young_obje
             "after = gc.get_threshold(); print(gc.get_freeze_count() > 0, after[0], after[1:] == before[1:])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["True", "10000", "True"], out.stderr
+
+
+def test_broker_flags_are_the_settings_fields_with_the_keywords_defaults():
+    import dataclasses
+
+    from pulsarwire.broker.settings import BrokerSettings, flag_name, flags, from_flags
+    from pulsarwire.cli import parse_args
+    # `pulsarwire broker` with no flags: the settings of Broker(data_dir), but for the ports it serves
+    given = BrokerSettings(**from_flags(vars(parse_args(["broker"]))))
+    assert given == dataclasses.replace(BrokerSettings(), port=6650, v1_port=6680, http_port=8080)
+    assert {flag_name(field) for field in flags()} >= {"--max-connections", "--tenant", "--grant", "--port"}
+    # -1 turns a port off; repeatable flags make the keywords' collections
+    args = parse_args(["broker", "--port", "-1", "--tenant", "a", "--grant", "t/n=r", "--grant", "t/n=s",
+                       "--auth-basic", "u:p:q", "--advertised-listener", "x=pulsar://h:1"])
+    given = BrokerSettings(**from_flags(vars(args)))
+    assert (given.port, given.tenants, given.grants) == (None, ("a",), {"t/n": {"r", "s"}})
+    assert (given.auth_basic, given.advertised_listeners) == ({"u": "p:q"}, {"x": "pulsar://h:1"})

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-LAYERS = ["staging", "storage", "listener", "metafile", "topics", "policies",
+LAYERS = ["staging", "storage", "settings", "listener", "metafile", "topics", "policies",
           "compatibility", "core", "fsck", "pulsar", "v1", "stats", "metrics", "admin_http", "server"]
 # broker/staging.py and the twin it loads (_staging.pyx or _staging_py.py, as the codec was
 # chosen): runs of Send frames planned, staged as records and answered; below storage, which
@@ -25,20 +25,21 @@ STAGING = {"staging", "_staging", "_staging_py"}
 BELOW = {
     "staging": {"_staging", "_staging_py"},
     "storage": STAGING,
+    "settings": {"storage"} | STAGING,  # every broker setting with its default and flag, read by the layers above
     "listener": set(),  # accepting sockets within the descriptor budget
     "metafile": {"storage"} | STAGING,  # the broker's small metadata files, beside the log
     "topics": {"storage", "metafile"} | STAGING,
     "policies": {"storage", "metafile"} | STAGING,  # namespace and topic policies, beside the domain
     "compatibility": set(),  # schema versions, on protocol types alone
-    "core": {"storage", "metafile", "topics", "policies"} | STAGING,
-    "fsck": {"storage", "metafile", "topics", "policies", "core"} | STAGING,  # checks a stopped broker's files
-    "pulsar": {"storage", "listener", "metafile", "topics", "policies", "core", "compatibility"} | STAGING,
-    "v1": {"storage", "metafile", "topics", "policies", "core"} | STAGING,
+    "core": {"storage", "settings", "metafile", "topics", "policies"} | STAGING,
+    "fsck": {"storage", "settings", "metafile", "topics", "policies", "core"} | STAGING,  # checks a stopped broker's files
+    "pulsar": {"storage", "settings", "listener", "metafile", "topics", "policies", "core", "compatibility"} | STAGING,
+    "v1": {"storage", "settings", "metafile", "topics", "policies", "core"} | STAGING,
     "stats": {"storage", "metafile", "topics", "policies"} | STAGING,
     "metrics": {"storage", "metafile", "topics", "policies", "stats"} | STAGING,
     # the HTTP front end: admin API, HTTP lookup, /metrics; server imports it only when it serves HTTP
-    "admin_http": {"storage", "metafile", "topics", "policies", "core", "compatibility", "stats", "metrics"} | STAGING,
-    "server": {"storage", "listener", "metafile", "topics", "policies", "core", "compatibility", "pulsar", "v1"} | STAGING,
+    "admin_http": {"storage", "settings", "metafile", "topics", "policies", "core", "compatibility", "stats", "metrics"} | STAGING,
+    "server": {"storage", "settings", "listener", "metafile", "topics", "policies", "core", "compatibility", "pulsar", "v1"} | STAGING,
 }
 
 

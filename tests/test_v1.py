@@ -20,6 +20,7 @@ import zstandard
 from pulsarwire import Client, CompressionType, InitialPosition, MessageId
 from pulsarwire.broker import metafile
 from pulsarwire.broker import v1 as v1_module
+from pulsarwire.broker.settings import BrokerSettings
 from pulsarwire.v1client import V1Client, V1Error, parse_payload
 
 from .conftest import unique
@@ -737,7 +738,7 @@ def test_consume_within_the_budget_keeps_memory_to_a_few_budgets(bomb_broker):
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert peak < 8 * v1_module.DEFAULT_CONSUME_MAX_BYTES, f"peak {peak} bytes"
+    assert peak < 8 * BrokerSettings().v1_consume_max_bytes, f"peak {peak} bytes"
 
 
 def test_pulsar_port_answers_while_a_big_entry_decompresses(bomb_broker, monkeypatch):

@@ -13,12 +13,13 @@ import os
 import shutil
 import time
 import urllib.parse
+from typing import Any
 
 from . import metafile
 from .metafile import CURRENT, LOST, MISSING, PREVIOUS_COPY, MetadataError, MetadataWriter, report_damage
 from .policies import Policies
-from .storage import (DEFAULT_MAX_CACHE_BYTES, DEFAULT_PAGE_CACHE_BYTES, SYNC_INTERVAL, DataDirLock, EntryCache, FileOps, FilePool,
-                      StorageError, topic_directory)
+from .settings import BrokerSettings
+from .storage import DataDirLock, EntryCache, FilePool, StorageError, topic_directory
 from .topics import DUPLICATE, LEDGERS_FILE, Topic, read_ledger_ranges, read_topic_files
 
 log = logging.getLogger("pulsarwire.broker")
@@ -32,7 +33,6 @@ PARTITIONED_FILE = "topics.json"
 # Ledger ids are reserved on disk this many at a time, so creating a topic writes no broker-wide
 # file; the next block is reserved (by the metadata writer) when half of one is left.
 LEDGER_ID_BLOCK = 1024
-DEFAULT_TOPIC_IDLE_TIMEOUT = 600.0  # seconds a topic nobody uses stays open (its files, its memory)
 # topics whose files are being made or read off the event loop at once, broker-wide (open_topic);
 # more wait their turn
 MAX_OPENS_IN_FLIGHT = 64
@@ -83,31 +83,25 @@ def highest_sequence(sequence_id: int, highest_sequence_id: int | None) -> int:
     return sequence_id
 
 
-# As Pulsar's maxUnackedMessagesPerConsumer: past it a consumer gets nothing more until it
-# acknowledges half (each unacknowledged entry costs the broker about 200 bytes to track)
-DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER = 50_000
-
-
 class BrokerCore:
-    def __init__(self, data_dir: str, *, sync_policy: str = SYNC_INTERVAL,
-                 segment_bytes: int = 64 * 1024 * 1024, default_partitions: int = 0,
-                 max_open_files: int | None = None, file_ops: FileOps | None = None,
-                 max_cache_bytes: int = DEFAULT_MAX_CACHE_BYTES,
-                 max_unacked_messages_per_consumer: int = DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER,
-                 page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES, deduplication: bool = False,
-                 tenants: tuple[str, ...] = ()) -> None:
+    """The domain behind the front ends. `BrokerCore(data_dir, settings=...)`, or keywords naming
+    fields of `BrokerSettings` (those of storage and the domain: sync_policy, max_cache_bytes...)."""
+
+    def __init__(self, data_dir: str, *, settings: BrokerSettings | None = None, **keywords: Any) -> None:
+        settings = BrokerSettings.of(settings, keywords)
+        max_unacked_messages_per_consumer = settings.max_unacked_messages_per_consumer
         if max_unacked_messages_per_consumer < 0:
             raise ValueError("max_unacked_messages_per_consumer must not be negative")
         self.data_dir = os.path.abspath(data_dir)
         self.max_unacked_messages_per_consumer = max_unacked_messages_per_consumer
-        self.sync_policy = sync_policy
-        self.segment_bytes = segment_bytes
-        self.default_partitions = default_partitions
+        self.sync_policy = settings.sync_policy
+        self.segment_bytes = settings.segment_bytes
+        self.default_partitions = settings.default_partitions
         self.topics: dict[str, Topic] = {}
         self.uncommitted: set[Topic] = set()  # topics with appends not yet handed to the OS
         # every segment's descriptors, bounded; and the page cache each log's appends keep
-        self.files = FilePool(max_open_files, file_ops, page_cache_bytes)
-        self.cache = EntryCache(max_cache_bytes)  # recent entries of every topic, bounded in all
+        self.files = FilePool(settings.max_open_files, settings.file_ops, settings.page_cache_bytes)
+        self.cache = EntryCache(settings.max_cache_bytes)  # recent entries of every topic, bounded in all
         self.producer_name_prefix = "pulsarwire"
         self.generation = 0  # counts broker starts on this data dir, so names never repeat across restarts
         self._names = itertools.count()
@@ -118,7 +112,7 @@ class BrokerCore:
         self._lock = DataDirLock(self.data_dir)  # one broker per data dir
         # namespace and topic policies; `deduplication` is the broker's default, off as in Pulsar
         self.metadata = MetadataWriter(self.files.ops)  # every metadata file is written through it
-        self.policies = Policies(self.data_dir, self.metadata, deduplication=deduplication)
+        self.policies = Policies(self.data_dir, self.metadata, deduplication=settings.deduplication)
         self.policies.changed = self.apply_policies
         self._ledger_ids_reserved = 1  # ids below it may have been given out (they are on disk)
         self._reserving: tuple[int, concurrent.futures.Future] | None = None
@@ -130,7 +124,7 @@ class BrokerCore:
         self.unloaded_topics = 0
         # tenants topics may be made in: Pulsar's defaults, those configured, and (from open())
         # those of every topic the data dir holds, so that no stored topic becomes unreachable
-        self.tenants: set[str] = set(DEFAULT_TENANTS) | set(tenants)
+        self.tenants: set[str] = set(DEFAULT_TENANTS) | set(settings.tenants)
         self._last_idle_scan = float("-inf")
         # open_topic: one opening per name, shared by every request for it; what it read, for topic()
         self._opening: dict[str, asyncio.Future] = {}

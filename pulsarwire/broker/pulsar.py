@@ -38,6 +38,7 @@ from . import staging
 from .compatibility import IncompatibleSchema, version_for
 from .core import DUPLICATE, BrokerCore, InvalidTopicName, UnknownTenant, close_transport, highest_sequence
 from .listener import TLS_READ_BUFFER_BYTES, start_tls_server
+from .settings import BrokerSettings
 from .storage import StorageError
 from .topics import (
     EARLIEST, LATEST, SHARED, ConsumerLink, MalformedBatchError, ProducerBusyError, ProducerFencedError,
@@ -49,16 +50,9 @@ _NO_ENTRY = (1 << 64) - 1  # entry id -1 as the wire's uint64 carries it
 T = pb.BaseCommand
 SERVER_VERSION = f"pulsarwire-broker-{__version__}"
 MAX_PROTOCOL_VERSION = 21
-# Limits on what one client can make the broker hold (Broker options and CLI flags of the same names).
-DEFAULT_MAX_CONNECTIONS = 1000
+# Limits on what one client can make the broker hold: those a user sets are in settings.py
+# (Broker keywords and CLI flags of the same names), these are fixed.
 MAX_SEND_RUN = 256  # Send frames stored together: their receipts may pass the output budget by this many
-DEFAULT_MAX_OUTPUT_BYTES = 4 * 1024 * 1024  # unsent output per connection before it is paused
-DEFAULT_HANDSHAKE_TIMEOUT = 10.0  # seconds from accept to an accepted CONNECT
-DEFAULT_MAX_FRAME_BEFORE_CONNECT = 64 * 1024
-DEFAULT_FRAME_TIMEOUT = 30.0  # seconds one frame may take to arrive in full
-DEFAULT_MAX_INPUT_BYTES = 256 * 1024 * 1024  # unfinished frames held, all connections together
-# output unsent to every connection together, when no memory budget says otherwise
-DEFAULT_MAX_TOTAL_OUTPUT_BYTES = 192 * 1024 * 1024
 # output one connection may queue per round while the broker is squeezed (then it waits until all is sent)
 SQUEEZED_OUTPUT_BYTES = 64 * 1024
 RELAX_BELOW = 0.75  # the share of the total output budget under which squeezed connections take output again
@@ -74,9 +68,6 @@ MAX_OPENS_PER_CONNECTION = 32
 DISPATCH_BYTES_PER_TURN = 4 * 1024 * 1024
 SPACE_PROBE_INTERVAL = 0.5  # seconds between checks whether a full disk has room again
 SPACE_PROBE_BYTES = 64 * 1024  # what a check writes (and gives back) to see whether the disk has room
-DEFAULT_IDLE_TIMEOUT = 300.0  # seconds a connected connection with no producer or consumer may make no request
-# the share of max_connections only connections past CONNECT (authenticated, with auth on) may take
-DEFAULT_AUTHENTICATED_SHARE = 0.25
 _U64 = 0xFFFFFFFFFFFFFFFF
 _I64_MAX = 0x7FFFFFFFFFFFFFFF
 
@@ -102,53 +93,46 @@ def start_position(mid: pb.MessageIdData) -> int:
 class PulsarService:
     """The Pulsar front end's settings and live connections, shared by its listeners."""
 
-    def __init__(self, core: BrokerCore, *, auth_tokens: set[str] | None = None,
-                 auth_basic: dict[str, str] | None = None, auth_tls: bool = False,
-                 max_message_size: int = codec.DEFAULT_MAX_MESSAGE_SIZE,
-                 keep_alive_interval: float = 30.0, max_connections: int = DEFAULT_MAX_CONNECTIONS,
-                 max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
-                 handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
-                 max_frame_before_connect: int = DEFAULT_MAX_FRAME_BEFORE_CONNECT,
-                 frame_timeout: float = DEFAULT_FRAME_TIMEOUT,
-                 max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
-                 max_connections_per_address: int | None = None,
-                 authenticated_share: float = DEFAULT_AUTHENTICATED_SHARE,
-                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
-                 max_total_output_bytes: int = DEFAULT_MAX_TOTAL_OUTPUT_BYTES) -> None:
-        if max_total_output_bytes < max_output_bytes:
+    def __init__(self, core: BrokerCore, settings: BrokerSettings | None = None) -> None:
+        settings = self.settings = settings or BrokerSettings()
+        if settings.max_total_output_bytes < settings.max_output_bytes:
             raise ValueError("max_total_output_bytes must hold at least one connection's max_output_bytes")
-        if not 0 <= authenticated_share < 1:
+        if not 0 <= settings.authenticated_share < 1:
             raise ValueError("authenticated_share must be at least 0 and below 1")
-        if max_connections_per_address is not None and max_connections_per_address < 1:
+        if settings.max_connections_per_address is not None and settings.max_connections_per_address < 1:
             raise ValueError("max_connections_per_address must be positive")
-        if idle_timeout <= 0:
+        if settings.idle_timeout <= 0:
             raise ValueError("idle_timeout must be positive")
-        if max_input_bytes < max_message_size + codec.FRAME_PADDING:
+        if settings.max_input_bytes < settings.max_message_size + codec.FRAME_PADDING:
             raise ValueError("max_input_bytes must hold at least one frame of the max message size")
-        for name, value in (("max_connections", max_connections), ("max_output_bytes", max_output_bytes),
-                            ("handshake_timeout", handshake_timeout), ("frame_timeout", frame_timeout)):
+        for name, value in (("max_connections", settings.connection_limit),
+                            ("max_output_bytes", settings.max_output_bytes),
+                            ("handshake_timeout", settings.handshake_timeout),
+                            ("frame_timeout", settings.frame_timeout)):
             if value <= 0:
                 raise ValueError(f"{name} must be positive")
-        if max_frame_before_connect < 64:
+        if settings.max_frame_before_connect < 64:
             raise ValueError("max_frame_before_connect must be at least 64 bytes (a CONNECT must fit)")
         self.core = core
-        self.max_connections = max_connections
-        self.max_output_bytes = max_output_bytes
-        self.handshake_timeout = handshake_timeout
-        self.max_frame_before_connect = max_frame_before_connect
-        self.frame_timeout = frame_timeout
-        self.max_input_bytes = max_input_bytes
-        self._max_per_address = max_connections_per_address
-        self.authenticated_share = authenticated_share
-        self.idle_timeout = idle_timeout
+        # copies of settings read per connection or frame; max_connections the broker may lower
+        # to fit the descriptor limit
+        self.max_connections = settings.connection_limit
+        self.max_output_bytes = settings.max_output_bytes
+        self.handshake_timeout = settings.handshake_timeout
+        self.max_frame_before_connect = settings.max_frame_before_connect
+        self.frame_timeout = settings.frame_timeout
+        self.max_input_bytes = settings.max_input_bytes
+        self._max_per_address = settings.max_connections_per_address
+        self.authenticated_share = settings.authenticated_share
+        self.idle_timeout = settings.idle_timeout
         self.per_address: collections.Counter[str] = collections.Counter()  # live connections by peer address
         # not past CONNECT (or refused it), oldest first
         self.unauthenticated: dict[BrokerConnection, None] = {}
         self.input_bytes = 0  # bytes of unfinished frames held by every connection
         # unsent output of every connection (as each last measured its own), and its broker-wide bound:
         # past it the broker is squeezed, and a connection holding any output takes no more until
-        # it has sent all it holds
-        self.max_total_output_bytes = max_total_output_bytes
+        # it has sent all it holds (what the entry cache leaves of the memory budget)
+        self.max_total_output_bytes = settings.max_total_output_bytes
         self.output_total = 0
         self.squeezed = False
         self.turn_bytes = 0  # dispatched in this turn of the loop
@@ -166,26 +150,28 @@ class PulsarService:
         self._last_refusal_log = -1.0
         self._logged_suppressed = 0
         self._sweeper: asyncio.Task | None = None
+        auth_tokens = settings.auth_tokens
         if auth_tokens is not None and (not auth_tokens or any(not token for token in auth_tokens)):
             raise ValueError("auth tokens must be non-empty strings (an empty one would admit a CONNECT without a token)")
         self.auth_tokens = None if auth_tokens is None else [t.encode() for t in auth_tokens]
-        self.auth_basic = auth_basic  # username -> password
-        self.auth_tls = auth_tls  # accept a client certificate the TLS listener verified
-        self.max_message_size = max_message_size
-        self.keep_alive_interval = keep_alive_interval
+        self.auth_basic = settings.auth_basic  # username -> password
+        self.auth_tls = settings.auth_tls  # accept a client certificate the TLS listener verified
+        self.max_message_size = settings.max_message_size
+        self.keep_alive_interval = settings.keep_alive_interval
         self.connections: set[BrokerConnection] = set()
         self.lookup_url = ""  # what lookups answer: this broker, or a proxy in front of it
         self.service_url_tls = ""
         # Pulsar's advertisedListeners: name -> the pulsar:// or pulsar+ssl:// URL a lookup naming
         # that listener answers (a lookup naming another listener fails, as in Pulsar)
-        self.advertised_listeners: dict[str, str] = {}
+        self.advertised_listeners: dict[str, str] = dict(settings.advertised_listeners or {})
         # Pulsar's anonymousUserRole: the role of a CONNECT offering no credentials, or offering
         # them by a method this broker does not serve (None: such a CONNECT is refused)
-        self.anonymous_role: str | None = None
+        self.anonymous_role: str | None = settings.anonymous_role
         # authorization (Pulsar's authorizationEnabled), on when grants is not None: a role may
         # look up, produce and consume in a namespace granted to it; super users everywhere
-        self.grants: dict[str, frozenset[str]] | None = None
-        self.super_user_roles: frozenset[str] = frozenset()
+        self.grants: dict[str, frozenset[str]] | None = None if settings.grants is None else {
+            namespace: frozenset(roles) for namespace, roles in settings.grants.items()}
+        self.super_user_roles: frozenset[str] = frozenset(settings.super_user_roles)
 
     @property
     def max_connections_per_address(self) -> int:

@@ -13,21 +13,15 @@ import logging
 import ssl
 from typing import Any, Callable
 
-from .. import codec
-from .core import DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER, DEFAULT_TOPIC_IDLE_TIMEOUT, BrokerCore
+from .core import BrokerCore
 from .listener import DescriptorReserve, Listener
-from .pulsar import (DEFAULT_AUTHENTICATED_SHARE, DEFAULT_FRAME_TIMEOUT, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
-                     DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_FRAME_BEFORE_CONNECT, DEFAULT_MAX_INPUT_BYTES,
-                     DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_TOTAL_OUTPUT_BYTES, PulsarService)
-from .storage import DEFAULT_MAX_CACHE_BYTES, DEFAULT_PAGE_CACHE_BYTES, SYNC_INTERVAL, FileOps, descriptor_limit
+from .pulsar import PulsarService
+from .settings import BrokerSettings
+from .storage import SYNC_INTERVAL, descriptor_limit
 from .topics import Topic
-from .v1 import DEFAULT_CONSUME_MAX_BYTES, V1Server, check_replication
-from .v1 import DEFAULT_MAX_CONNECTIONS_PER_ADDRESS as DEFAULT_V1_MAX_CONNECTIONS_PER_ADDRESS
-from .v1 import DEFAULT_MAX_TOTAL_OUTPUT_BYTES as DEFAULT_V1_MAX_TOTAL_OUTPUT_BYTES
+from .v1 import V1Server, check_replication
 
 log = logging.getLogger("pulsarwire.broker")
-# unsent output of all Pulsar connections plus the entry cache: by default the cache's budget plus
-# DEFAULT_MAX_TOTAL_OUTPUT_BYTES (256 MiB with the default cache)
 # descriptors kept out of every budget: listeners, state-file writes, the interpreter's own
 _SPARE_DESCRIPTORS = 32
 
@@ -44,101 +38,47 @@ def tls_context(cert_file: str, key_file: str, trust_certs_file: str | None = No
 
 
 class Broker:
-    def __init__(self, data_dir: str, *, host: str = "127.0.0.1", port: int | None = 0,
-                 tls_port: int | None = None, ssl_context: ssl.SSLContext | None = None,
-                 v1_port: int | None = 0, auth_tokens: set[str] | None = None,
-                 auth_basic: dict[str, str] | None = None, auth_tls: bool = False,
-                 sync_policy: str = SYNC_INTERVAL, sync_interval: float = 1.0,
-                 segment_bytes: int = 64 * 1024 * 1024,
-                 max_message_size: int = codec.DEFAULT_MAX_MESSAGE_SIZE,
-                 keep_alive_interval: float = 30.0, default_partitions: int = 0,
-                 v1_partitions: int = 3, replication_factor: int = 3, min_insync_replicas: int = 2,
-                 replication_timeout: float = 5.0, replica_lag_time: float = 10.0,
-                 session_timeout: float = 10.0, v1_consume_max_bytes: int = DEFAULT_CONSUME_MAX_BYTES,
-                 advertised_url: str | None = None, max_connections: int | None = None,
-                 max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
-                 handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
-                 max_frame_before_connect: int = DEFAULT_MAX_FRAME_BEFORE_CONNECT,
-                 frame_timeout: float = DEFAULT_FRAME_TIMEOUT, max_open_files: int | None = None,
-                 file_ops: FileOps | None = None, max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
-                 max_cache_bytes: int = DEFAULT_MAX_CACHE_BYTES,
-                 max_unacked_messages_per_consumer: int = DEFAULT_MAX_UNACKED_MESSAGES_PER_CONSUMER,
-                 page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES, deduplication: bool = False,
-                 http_port: int | None = None, max_http_connections: int | None = None,
-                 v1_max_connections_per_address: int = DEFAULT_V1_MAX_CONNECTIONS_PER_ADDRESS,
-                 topic_idle_timeout: float = DEFAULT_TOPIC_IDLE_TIMEOUT,
-                 max_connections_per_address: int | None = None,
-                 authenticated_share: float = DEFAULT_AUTHENTICATED_SHARE,
-                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
-                 memory_budget: int | None = None,
-                 advertised_listeners: dict[str, str] | None = None, tenants: tuple[str, ...] = (),
-                 v1_max_total_output_bytes: int = DEFAULT_V1_MAX_TOTAL_OUTPUT_BYTES,
-                 anonymous_role: str | None = None, grants: dict[str, set[str]] | None = None,
-                 super_user_roles: tuple[str, ...] = ()) -> None:
-        check_replication(replication_factor, min_insync_replicas)  # before anything is opened
-        if memory_budget is None:
-            memory_budget = max_cache_bytes + DEFAULT_MAX_TOTAL_OUTPUT_BYTES
-        if memory_budget < max_cache_bytes + max_output_bytes:
+    """`Broker(data_dir, port=..., max_connections=...)`: each keyword a field of `BrokerSettings`
+    (settings.py), which lists them with their defaults; or `settings=` a `BrokerSettings`, which
+    keywords given beside it replace."""
+
+    def __init__(self, data_dir: str, *, settings: BrokerSettings | None = None, **keywords: Any) -> None:
+        settings = BrokerSettings.of(settings, keywords)
+        check_replication(settings.replication_factor, settings.min_insync_replicas)  # before anything is opened
+        if settings.max_total_output_bytes < settings.max_output_bytes:
             raise ValueError("memory_budget must hold the entry cache (max_cache_bytes) and one connection's "
                              "output (max_output_bytes)")
-        self.topic_idle_timeout = topic_idle_timeout
-        # deduplication: the default of namespaces and topics without a policy of their own
-        self.core = BrokerCore(data_dir, sync_policy=sync_policy, segment_bytes=segment_bytes, deduplication=deduplication,
-                               default_partitions=default_partitions, max_open_files=max_open_files,
-                               file_ops=file_ops, max_cache_bytes=max_cache_bytes, page_cache_bytes=page_cache_bytes,
-                               max_unacked_messages_per_consumer=max_unacked_messages_per_consumer,
-                               tenants=tuple(tenants))
-        self.pulsar = PulsarService(self.core, auth_tokens=auth_tokens, auth_basic=auth_basic, auth_tls=auth_tls,
-                                    max_message_size=max_message_size,
-                                    keep_alive_interval=keep_alive_interval,
-                                    max_connections=DEFAULT_MAX_CONNECTIONS if max_connections is None
-                                    else max_connections,
-                                    max_output_bytes=max_output_bytes, handshake_timeout=handshake_timeout,
-                                    max_frame_before_connect=max_frame_before_connect,
-                                    frame_timeout=frame_timeout, max_input_bytes=max_input_bytes,
-                                    max_connections_per_address=max_connections_per_address,
-                                    authenticated_share=authenticated_share, idle_timeout=idle_timeout,
-                                    # what the entry cache leaves of the memory budget
-                                    max_total_output_bytes=memory_budget - max_cache_bytes)
-        self._connections_fit_descriptors = max_connections is None  # else the caller's choice stands
-        for name, url in (advertised_listeners or {}).items():
+        self.settings = settings
+        self.topic_idle_timeout = settings.topic_idle_timeout
+        self.core = BrokerCore(data_dir, settings=settings)
+        self.pulsar = PulsarService(self.core, settings)
+        self._connections_fit_descriptors = settings.max_connections is None  # else the caller's choice stands
+        for name, url in (settings.advertised_listeners or {}).items():
             if not name or not url.startswith(("pulsar://", "pulsar+ssl://")):
                 raise ValueError(f"advertised listener {name!r}: takes a name and a pulsar:// or pulsar+ssl:// URL")
-        self.pulsar.advertised_listeners = dict(advertised_listeners or {})
-        if (anonymous_role is not None or grants is not None or super_user_roles) and not self.pulsar.auth_enabled:
+        if (settings.anonymous_role is not None or settings.grants is not None or settings.super_user_roles) \
+                and not self.pulsar.auth_enabled:
             raise ValueError("anonymous_role, grants and super_user_roles need authentication "
                              "(auth_tokens, auth_basic or auth_tls)")
-        if anonymous_role is not None and not anonymous_role:
+        if settings.anonymous_role is not None and not settings.anonymous_role:
             raise ValueError("anonymous_role must not be empty")
-        self.pulsar.anonymous_role = anonymous_role
-        if grants is not None:
-            for namespace in grants:
-                if namespace.count("/") != 1 or not all(namespace.split("/")):
-                    raise ValueError(f"grant on {namespace!r}: takes a namespace, tenant/namespace")
-            self.pulsar.grants = {namespace: frozenset(roles) for namespace, roles in grants.items()}
-        self.pulsar.super_user_roles = frozenset(super_user_roles)
+        for namespace in settings.grants or ():
+            if namespace.count("/") != 1 or not all(namespace.split("/")):
+                raise ValueError(f"grant on {namespace!r}: takes a namespace, tenant/namespace")
         self.data_dir = self.core.data_dir
-        self.host = host
-        self.port = port
-        self.tls_port = tls_port
-        self.ssl_context = ssl_context
-        self.v1_port = v1_port
-        self.sync_policy = sync_policy
-        self.sync_interval = sync_interval
-        self.v1_options: dict[str, Any] = dict(
-            partitions=v1_partitions, replication_factor=replication_factor,
-            min_insync_replicas=min_insync_replicas, replication_timeout=replication_timeout,
-            replica_lag_time=replica_lag_time, session_timeout=session_timeout,
-            consume_max_bytes=v1_consume_max_bytes, auth_tokens=auth_tokens,  # V1 asks for AUTH too
-            max_connections=DEFAULT_MAX_CONNECTIONS if max_connections is None else max_connections,
-            # the Pulsar port's limits, a request line standing for a frame and AUTH for CONNECT
-            max_output_bytes=max_output_bytes, handshake_timeout=handshake_timeout, line_timeout=frame_timeout,
-            max_connections_per_address=v1_max_connections_per_address,
-            max_total_output_bytes=v1_max_total_output_bytes)
+        self.host = settings.host
+        self.port = settings.port
+        self.tls_port = settings.tls_port
+        self.ssl_context = settings.ssl_context
+        self.v1_port = settings.v1_port
+        self.sync_policy = settings.sync_policy
+        self.sync_interval = settings.sync_interval
+        # V1's connection limit: the Pulsar port's, unless the descriptor limit lowers it
+        self.v1_max_connections = settings.connection_limit
         self.v1: V1Server | None = None
         # admin REST API, HTTP lookup and /metrics (admin_http.py): off unless a port is given (0: a free one)
-        self.http_port = http_port
-        self.max_http_connections = max_http_connections
+        self.http_port = settings.http_port
+        self.max_http_connections = settings.max_http_connections
         self.admin: Any = None
         self.http_url = ""
         self._servers: list[Listener] = []
@@ -146,7 +86,7 @@ class Broker:
         self._background: asyncio.Task | None = None
         self.service_url = ""
         self.service_url_tls = ""
-        self.advertised_url = advertised_url  # what lookups answer, e.g. a proxy in front of us
+        self.advertised_url = settings.advertised_url  # what lookups answer, e.g. a proxy in front of us
 
     @property
     def topics(self) -> dict[str, Topic]:
@@ -188,7 +128,7 @@ class Broker:
         self.core.producer_name_prefix = f"pulsarwire-{self.port if self.port is not None else self.tls_port}"
         self.pulsar.lookup_url = self.advertised_url or self.service_url or self.service_url_tls
         if self.v1_port is not None:
-            self.v1 = V1Server(self.core, **self.v1_options)
+            self.v1 = V1Server(self.core, self.settings, max_connections=self.v1_max_connections)
             self.v1_port = await self.v1.start(self.host, self.v1_port)
         if self.http_port is not None:
             from .admin_http import DEFAULT_MAX_HTTP_CONNECTIONS, AdminServer  # aiohttp only when served
@@ -205,7 +145,7 @@ class Broker:
         (EMFILE). The two protocols share the room in proportion to their limits."""
         room = max(descriptor_limit() - self.core.files.max_open_files - _SPARE_DESCRIPTORS, 2)
         pulsar_max = self.pulsar.max_connections
-        v1_max = self.v1_options["max_connections"] if self.v1_port is not None else 0
+        v1_max = self.v1_max_connections if self.v1_port is not None else 0
         if pulsar_max + v1_max <= room:
             return
         if self._connections_fit_descriptors:
@@ -215,7 +155,7 @@ class Broker:
                         "serving at most %d Pulsar and %d V1 connections", descriptor_limit(), room,
                         self.core.files.max_open_files, self.pulsar.max_connections, v1_room)
             if v1_max:
-                self.v1_options["max_connections"] = v1_room
+                self.v1_max_connections = v1_room
         else:
             log.warning("max_connections %d (Pulsar) and %d (V1) and %d segment files exceed the descriptor "
                         "limit (%d): past it, new connections are refused until descriptors free up", pulsar_max, v1_max,

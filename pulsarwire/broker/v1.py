@@ -42,6 +42,7 @@ from ..errors import CodecError
 from ..routing import murmur3_32
 from .core import PARTITION_MARKER, BrokerCore, InvalidTopicName, close_transport
 from . import metafile
+from .settings import BrokerSettings
 from .storage import CommitBatch, Entry, LogReader, StorageError, TopicLog, crc32c
 from .topics import Topic, entry_metadata
 
@@ -49,12 +50,6 @@ log = logging.getLogger("pulsarwire.broker.v1")
 
 MAX_LINE = 1024 * 1024  # longest request line
 MAX_QUEUED_LINES_BYTES = 2 * MAX_LINE  # complete request lines waiting for their answer before reading stops
-# The Broker passes the Pulsar port's values of these (same flags); the defaults are the same.
-DEFAULT_MAX_OUTPUT_BYTES = 4 * 1024 * 1024  # unsent replies per connection before answering stops
-DEFAULT_HANDSHAKE_TIMEOUT = 10.0  # seconds from accept to AUTH, on a broker with tokens
-DEFAULT_LINE_TIMEOUT = 30.0  # seconds a request line may take to arrive, and a reply to be taken
-DEFAULT_MAX_CONNECTIONS_PER_ADDRESS = 100  # V1 connections from one client address at once
-DEFAULT_MAX_TOTAL_OUTPUT_BYTES = 256 * 1024 * 1024  # unsent replies of all V1 connections together
 OUTPUT_CHECK_INTERVAL = 0.02  # seconds between measures of what is unsent while connections wait for the cap
 AUTH_FAILURE_DELAY = 1.0  # seconds before a wrong token is answered (and its connection closed)
 # Of max_connections, this share is kept for established connections (authenticated, or on a broker
@@ -67,7 +62,6 @@ try:  # bytes a socket's kernel send queue holds (Linux): a client reading behin
     _OUTQ: int | None = termios.TIOCOUTQ
 except (ImportError, AttributeError):
     _OUTQ = None
-DEFAULT_CONSUME_MAX_BYTES = 8 * 1024 * 1024  # record bytes in one CONSUME reply
 MAX_CONSUME_ENTRIES = 1000  # entries one CONSUME reply reads at most
 MAX_SESSION_READERS = 8  # partitions a connection reads ahead in at once (least recently read first out)
 MAX_WAITS_PER_REQUEST = 4  # times one request waits for its topic to be created or opened before it fails
@@ -792,45 +786,43 @@ class V1Connection(asyncio.Protocol):
 class V1Server:
     """The V1 listener and its state: partition roles and replicas, consumer groups, offsets.
 
-    `auth_tokens` (the broker's): when set, a connection must `AUTH <token>` before any
-    other command, within `handshake_timeout`. `consume_max_bytes`: the most record bytes one
-    CONSUME reply carries. `max_connections`, `max_output_bytes`, `line_timeout`: see V1Connection."""
+    It reads the broker's settings: `auth_tokens`: when set, a connection must `AUTH <token>`
+    before any other command, within `handshake_timeout`; `v1_consume_max_bytes`: the most record
+    bytes one CONSUME reply carries; the Pulsar port's `max_output_bytes`, `handshake_timeout`,
+    `frame_timeout` (a request line standing for a frame) and `max_connections` (or the broker's
+    `max_connections`, lowered to fit the descriptor limit): see V1Connection."""
 
-    def __init__(self, core: BrokerCore, *, partitions: int = 3, replication_factor: int = 3,
-                 min_insync_replicas: int = 2, replication_timeout: float = 5.0, replica_lag_time: float = 10.0,
-                 session_timeout: float = 10.0, consume_max_bytes: int = DEFAULT_CONSUME_MAX_BYTES,
-                 auth_tokens: set[str] | None = None, max_connections: int = 1000,
-                 max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
-                 handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
-                 line_timeout: float = DEFAULT_LINE_TIMEOUT,
-                 max_connections_per_address: int = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
-                 auth_failure_delay: float = AUTH_FAILURE_DELAY,
-                 max_total_output_bytes: int = DEFAULT_MAX_TOTAL_OUTPUT_BYTES) -> None:
-        if partitions < 1:
+    def __init__(self, core: BrokerCore, settings: BrokerSettings | None = None, *,
+                 max_connections: int | None = None, auth_failure_delay: float = AUTH_FAILURE_DELAY) -> None:
+        settings = settings or BrokerSettings()
+        max_connections = settings.connection_limit if max_connections is None else max_connections
+        if settings.v1_partitions < 1:
             raise ValueError("a V1 topic needs at least one partition")
-        check_replication(replication_factor, min_insync_replicas)
-        if consume_max_bytes < 1:
+        check_replication(settings.replication_factor, settings.min_insync_replicas)
+        if settings.v1_consume_max_bytes < 1:
             raise ValueError("consume_max_bytes must be at least 1")
-        for name, value in (("max_output_bytes", max_output_bytes), ("handshake_timeout", handshake_timeout),
-                            ("line_timeout", line_timeout), ("max_connections", max_connections),
-                            ("max_connections_per_address", max_connections_per_address),
-                            ("max_total_output_bytes", max_total_output_bytes)):
+        for name, value in (("max_output_bytes", settings.max_output_bytes),
+                            ("handshake_timeout", settings.handshake_timeout),
+                            ("line_timeout", settings.frame_timeout), ("max_connections", max_connections),
+                            ("max_connections_per_address", settings.v1_max_connections_per_address),
+                            ("max_total_output_bytes", settings.v1_max_total_output_bytes)):
             if value <= 0:
                 raise ValueError(f"{name} must be positive")
         self.core = core
-        self.partitions = partitions
-        self.replication_factor = replication_factor
-        self.min_insync = min_insync_replicas
-        self.replication_timeout = replication_timeout
-        self.replica_lag_time = replica_lag_time
-        self.session_timeout = session_timeout
-        self.consume_max_bytes = consume_max_bytes
+        self.partitions = settings.v1_partitions
+        self.replication_factor = settings.replication_factor
+        self.min_insync = settings.min_insync_replicas
+        self.replication_timeout = settings.replication_timeout
+        self.replica_lag_time = settings.replica_lag_time
+        self.session_timeout = settings.session_timeout
+        self.consume_max_bytes = settings.v1_consume_max_bytes
         self.max_connections = max_connections
-        self.max_connections_per_address = max_connections_per_address
+        self.max_connections_per_address = settings.v1_max_connections_per_address
         self.auth_failure_delay = auth_failure_delay
-        self.max_output_bytes = max_output_bytes
-        self.handshake_timeout = handshake_timeout
-        self.line_timeout = line_timeout
+        self.max_output_bytes = settings.max_output_bytes
+        self.handshake_timeout = settings.handshake_timeout
+        self.line_timeout = settings.frame_timeout
+        auth_tokens = settings.auth_tokens  # V1 asks for AUTH too
         self.auth_tokens = None if auth_tokens is None else [t.encode() for t in auth_tokens]
         self.state: dict[tuple[str, int], PartitionState] = {}
         self.groups_path = os.path.join(core.data_dir, "groups.json")
@@ -849,7 +841,7 @@ class V1Server:
         self._server: asyncio.AbstractServer | None = None
         self.connections: set[V1Connection] = set()
         self.per_address: collections.Counter[str | None] = collections.Counter()
-        self.max_total_output_bytes = max_total_output_bytes
+        self.max_total_output_bytes = settings.v1_max_total_output_bytes
         self.output_bytes = 0  # unsent replies of every connection (as last measured: an upper bound)
         self.output_waiters: set[V1Connection] = set()  # connections waiting for the total to fall
         self._output_check: asyncio.TimerHandle | None = None
