@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Callable, cast
+from typing import Any, Callable, NoReturn, cast
 
 from . import codec
 from ._version import __version__
@@ -161,6 +161,8 @@ class ClientSession:
             except CodecError as exc:
                 command = exc.command
                 if command is not None and command.type == T.MESSAGE:
+                    if (self.state, T.MESSAGE) not in _TRANSITIONS:
+                        self._refuse(T.MESSAGE)  # no Message is allowed here, sound or not
                     # The stream is still in sync: reject just this message.
                     events.append(CorruptMessage(command.message.consumer_id,
                                                  command.message.message_id, exc))
@@ -171,11 +173,15 @@ class ClientSession:
                 return events
             handler = _TRANSITIONS.get((self.state, frame.command.type))
             if handler is None:
-                name = T.Type.Name(frame.command.type) if frame.command.type in T.Type.values() \
-                    else str(frame.command.type)
-                state, self.state = self.state, State.CLOSED
-                raise ProtocolError(f"{name} is not allowed while {state.value}")
+                self._refuse(frame.command.type)
             handler(self, frame, events)
+            if self.state is State.CLOSED:  # a connect error: what follows it is not read
+                return events
+
+    def _refuse(self, kind: int) -> NoReturn:
+        name = T.Type.Name(kind) if kind in T.Type.values() else str(kind)
+        state, self.state = self.state, State.CLOSED
+        raise ProtocolError(f"{name} is not allowed while {state.value}")
 
     def connection_lost(self) -> None:
         self.state = State.CLOSED

@@ -1,0 +1,1 @@
+"""The sans-IO session (pulsarwire/session.py): its transition table, its byte contract."""
