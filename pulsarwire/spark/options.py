@@ -5,11 +5,14 @@ import datetime
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
 
 from .columns import SCHEMA
 from .errors import PulsarSparkError
 from .offsets import Boundary
+
+if TYPE_CHECKING:
+    from ..client.client import Client
 
 
 class _ClientOption(NamedTuple):
@@ -53,7 +56,7 @@ _DEFAULT_ROWS_PER_BATCH = 32_768
 _DEFAULT_BYTES_PER_BATCH = 64 << 20  # far below Arrow's 2 GiB per binary column
 
 
-def _positive(value, name: str, integer: bool = False) -> float:
+def _positive(value: Any, name: str, integer: bool = False) -> float:
     try:
         number = int(value) if integer else float(value)
     except (TypeError, ValueError):
@@ -64,14 +67,14 @@ def _positive(value, name: str, integer: bool = False) -> float:
     return number
 
 
-def _boolean(value, name: str) -> bool:
+def _boolean(value: Any, name: str) -> bool:
     text = str(value).strip().lower()
     if text not in ("true", "false"):
         raise PulsarSparkError(f"option {name!r} must be true or false, got {value!r}")
     return text == "true"
 
 
-def _time_ms(value, name: str) -> int:
+def _time_ms(value: Any, name: str) -> int:
     """Milliseconds since the epoch, from an integer or an ISO-8601 time (UTC unless it says)."""
     text = str(value).strip()
     if re.fullmatch(r"-?\d+", text):
@@ -90,7 +93,7 @@ def _time_ms(value, name: str) -> int:
     return number
 
 
-def _options(options) -> dict:
+def _options(options: Mapping[Any, Any]) -> dict[str, Any]:
     """Spark treats option names case-insensitively (and may lower-case them): so do we."""
     return {str(k).lower(): v for k, v in dict(options).items()}
 
@@ -103,7 +106,7 @@ class ClientSettings:
     kwargs: dict = field(default_factory=dict)
     connect_timeout: float = 30.0
 
-    def client(self):
+    def client(self) -> Client:
         from ..client import Client
         return Client(self.url, **self.kwargs)
 
@@ -228,7 +231,7 @@ def _kafka_aliases(options: dict) -> dict:
     return options
 
 
-def source_options(options: dict, streaming: bool) -> SourceOptions:
+def source_options(options: dict, streaming: bool | None) -> SourceOptions:
     """Every source option checked, with a clear message for each mistake."""
     settings = _client_settings(options, _SOURCE)
     options = _kafka_aliases(options)
@@ -334,7 +337,7 @@ def _trigger_limits(options: dict, stream_only: bool) -> tuple[int | None, int |
     return max_entries, max_messages
 
 
-def _mode(value) -> bool:
+def _mode(value: Any) -> bool:
     """mode: FAILFAST (a payload that does not decode fails the query) or PERMISSIVE (null value,
     payload in the corrupt-record column). True for PERMISSIVE."""
     text = str(value).strip().upper()
@@ -343,14 +346,14 @@ def _mode(value) -> bool:
     return text == "PERMISSIVE"
 
 
-def _corrupt_column(value) -> str:
+def _corrupt_column(value: Any) -> str:
     name = str(value).strip()
     if not name or name in SCHEMA.fieldNames() or name == "headers":
         raise PulsarSparkError(f"option 'columnNameOfCorruptRecord' {value!r} is empty or names another column")
     return name
 
 
-def _parse_offsets_spec(spec: str, name: str, allow_earliest: bool):
+def _parse_offsets_spec(spec: str, name: str, allow_earliest: bool) -> str | dict[str, Any]:
     """'earliest', 'latest', or a JSON object of partition topic -> position; checked, not resolved."""
     from ..client import topic_name
     spec = str(spec).strip()
