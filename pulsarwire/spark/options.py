@@ -103,7 +103,7 @@ class ClientSettings:
     """How to reach the broker: everything a task needs to open its own client."""
 
     url: str
-    kwargs: dict = field(default_factory=dict)
+    kwargs: dict[str, Any] = field(default_factory=dict)
     connect_timeout: float = 30.0
 
     def client(self) -> Client:
@@ -111,7 +111,7 @@ class ClientSettings:
         return Client(self.url, **self.kwargs)
 
 
-def _client_settings(options: dict, known: set) -> ClientSettings:
+def _client_settings(options: dict[str, Any], known: set[str]) -> ClientSettings:
     from ..client import AuthenticationToken
     unknown = sorted(k for k in options if k not in known and not k.startswith("pulsar.client."))
     if unknown:
@@ -158,7 +158,7 @@ class TopicPattern(NamedTuple):
     """topicsPattern: a namespace and a regex over the local names of its topics."""
 
     namespace: str
-    regex: re.Pattern
+    regex: re.Pattern[str]
 
 
 def _short_pattern(pattern: str) -> TopicPattern:
@@ -205,7 +205,7 @@ _OWN_NAMES = {"topics": "topics", "topicspattern": "topicsPattern", "startingtim
               "endingtime": "endingTime"}
 
 
-def _kafka_aliases(options: dict) -> dict:
+def _kafka_aliases(options: dict[str, Any]) -> dict[str, Any]:
     """The Kafka source's names as this source's (both given: an error, not a silent choice)."""
     options = dict(options)
     for alias, own in _KAFKA_ALIASES.items():
@@ -231,7 +231,7 @@ def _kafka_aliases(options: dict) -> dict:
     return options
 
 
-def source_options(options: dict, streaming: bool | None) -> SourceOptions:
+def source_options(options: dict[str, Any], streaming: bool | None) -> SourceOptions:
     """Every source option checked, with a clear message for each mistake."""
     settings = _client_settings(options, _SOURCE)
     options = _kafka_aliases(options)
@@ -274,7 +274,7 @@ def source_options(options: dict, streaming: bool | None) -> SourceOptions:
         value_type=None, max_partitions=max_partitions)
 
 
-def _topics_read(options: dict) -> tuple[list[str], TopicPattern | None]:
+def _topics_read(options: dict[str, Any]) -> tuple[list[str], TopicPattern | None]:
     """The topics named by 'topic' or 'topics', or else the pattern 'topicsPattern' gives."""
     from ..client import topic_name
     given = [k for k in ("topic", "topics", "topicspattern") if options.get(k)]
@@ -303,7 +303,7 @@ def _topics_read(options: dict) -> tuple[list[str], TopicPattern | None]:
     return topics, None
 
 
-def _check_bounds(options: dict, streaming: bool | None) -> None:
+def _check_bounds(options: dict[str, Any], streaming: bool | None) -> None:
     """Where a read starts and ends: given once each, and no end for a stream."""
     if streaming and options.get("endingoffsets"):
         raise PulsarSparkError("option 'endingOffsets' is for batch queries; a stream has no end")
@@ -319,7 +319,7 @@ def _check_bounds(options: dict, streaming: bool | None) -> None:
             _parse_offsets_spec(spec, name, allow_earliest=name == "startingOffsets")
 
 
-def _trigger_limits(options: dict, stream_only: bool) -> tuple[int | None, int | None]:
+def _trigger_limits(options: dict[str, Any], stream_only: bool) -> tuple[int | None, int | None]:
     """A micro-batch's budget: (entries, messages), at most one of them given."""
     max_entries = options.get("maxentriespertrigger")
     if max_entries is not None:
@@ -392,7 +392,7 @@ class SinkOptions:
     exactly_once: bool = False
 
 
-def sink_options(options: dict) -> SinkOptions:
+def sink_options(options: dict[str, Any]) -> SinkOptions:
     from .. import compression
     from ..client import topic_name
     settings = _client_settings(options, _SINK)

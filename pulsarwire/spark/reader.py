@@ -35,7 +35,7 @@ log = logging.getLogger("pulsarwire.spark")
 class RangePartition(InputPartition):
     """One topic-partition's messages strictly between two boundaries."""
 
-    def __init__(self, topic: str, partition: int, start: list, end: list) -> None:
+    def __init__(self, topic: str, partition: int, start: list[int], end: list[int]) -> None:
         super().__init__((topic, partition, start, end))
         self.topic, self.partition, self.start, self.end = topic, partition, start, end
 

@@ -118,7 +118,7 @@ class WriteIdentity:
         return cls(query, context.partitionId(), int(batch))
 
 
-def _event_ms(column: pa.Array) -> list:
+def _event_ms(column: pa.Array) -> list[int | None]:
     """An eventTime column as milliseconds (None where null); 0 and negatives kept as given."""
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -200,7 +200,7 @@ class _Producers:
             await producer.close()
 
 
-def _pick(column: list | None, rows: list[int] | None) -> list | None:
+def _pick(column: list[Any] | None, rows: list[int] | None) -> list[Any] | None:
     return column if column is None or rows is None else [column[i] for i in rows]
 
 
@@ -209,11 +209,11 @@ class _SinkRows:
     """One Arrow batch's rows as the fields of the messages they become (None: a field not given)."""
 
     column: Any  # the value column as given
-    values: list | None  # the values as bytes, where the column is binary or string
-    keys: list | None
-    properties: list | None
-    events: list | None  # event times in milliseconds
-    topics: list | None  # each row's topic, where a column gives it and option 'topic' does not
+    values: list[bytes] | None  # the values as bytes, where the column is binary or string
+    keys: list[str | None] | None
+    properties: list[dict[str, str] | None] | None
+    events: list[int | None] | None  # event times in milliseconds
+    topics: list[str | None] | None  # each row's topic, where a column gives it and option 'topic' does not
 
     @classmethod
     def of(cls, batch: pa.RecordBatch, fields: dict[str, str], opts: SinkOptions, count: int) -> "_SinkRows":
@@ -252,7 +252,7 @@ class _SinkRows:
             groups.setdefault(topic_name(target), []).append(i)
         return dict(groups)
 
-    def payloads(self, kind: ValueType | None, rows: list[int] | None, target: str, name: str) -> list:
+    def payloads(self, kind: ValueType | None, rows: list[int] | None, target: str, name: str) -> list[bytes]:
         """The payloads of `rows` for a topic whose schema is `kind`: a typed value encoded, bytes
         checked; bytes as they are where the topic has no schema."""
         if kind is not None:
@@ -290,7 +290,7 @@ def _topic_schema(info: SchemaInfo) -> Schema:
     return TopicSchema()
 
 
-def _keys(column: pa.Array, name: str) -> list:
+def _keys(column: pa.Array, name: str) -> list[str | None]:
     import pyarrow as pa
     if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
         out = []

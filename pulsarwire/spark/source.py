@@ -9,7 +9,7 @@ import asyncio
 import json
 import logging
 import re
-from typing import TYPE_CHECKING, Iterator, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, NamedTuple, Sequence
 
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
@@ -184,8 +184,8 @@ class PulsarBatchReader(DataSourceReader):
 class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
-        self._frozen: dict | None = None  # the target offset of an availableNow query
-        self._latest: dict | None = None  # for reportLatestOffset
+        self._frozen: dict[str, list[int]] | None = None  # the target offset of an availableNow query
+        self._latest: dict[str, list[int]] | None = None  # for reportLatestOffset
         self._turn = 0
 
     def _latest_now(self) -> dict[str, Boundary]:
@@ -194,7 +194,7 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return await _latest_all(client, parts)
         return _run(_with_client(self.opts.client, look))
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> dict[str, list[int]]:
         opts = self.opts
 
         async def plan(client: Client) -> dict[str, Boundary]:
@@ -214,7 +214,7 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         self._frozen = canonical(self._latest_now())
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, list[int]]:
         opts = self.opts
         frozen = None if self._frozen is None else {t: Boundary.from_json(v) for t, v in self._frozen.items()}
         begin = {t: Boundary.from_json(v) for t, v in (start or {}).items()}
@@ -260,10 +260,10 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise PulsarDataLossError(message + "; set failOnDataLoss=false to go on from the earliest data")
         log.warning("%s; going on from the earliest data (failOnDataLoss=false)", message)
 
-    def reportLatestOffset(self) -> dict | None:
+    def reportLatestOffset(self) -> dict[str, list[int]] | None:
         return self._latest
 
-    def partitions(self, start: dict, end: dict) -> Sequence[RangePartition | RangeGroup]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[RangePartition | RangeGroup]:
         parts = [TopicPartition(t, _partition_index(t)) for t in sorted(end)]
         begin = {t: Boundary.from_json(v) for t, v in (start or {}).items()}
         finish = {t: Boundary.from_json(v) for t, v in end.items()}
@@ -280,7 +280,7 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read_partition(self.opts, partition)
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         subscription = self.opts.subscription
         if subscription:  # move the held subscription up to what is now read
             done = {t: Boundary.from_json(v) for t, v in end.items()}

@@ -102,7 +102,7 @@ def _avro_type(avro: Any, named: dict[str, DataType]) -> tuple[DataType, bool]:
     return _avro_type(kind, named)
 
 
-def _definition(info: SchemaInfo) -> dict:
+def _definition(info: SchemaInfo) -> dict[str, Any]:
     try:
         definition = json.loads(info.data() or b"null")
     except ValueError:
@@ -117,11 +117,11 @@ class ValueType:
     """How a topic's payloads become the `value` column (and back): picklable, shipped to tasks."""
 
     kind: int  # SchemaType
-    definition: dict | None = None  # Avro/JSON: the record definition
+    definition: dict[str, Any] | None = None  # Avro/JSON: the record definition
     key: "ValueType | None" = None  # KeyValue: each side's type
     value: "ValueType | None" = None
     separated: bool = False  # KeyValue: the key rides in the message key (base64)
-    info: dict = field(default_factory=dict)  # the SchemaInfo as sent by the broker (for the sink)
+    info: dict[str, Any] = field(default_factory=dict)  # the SchemaInfo as sent by the broker (for the sink)
 
     @property
     def spark_type(self) -> DataType:
@@ -328,7 +328,7 @@ def _row_by_row(vt: ValueType, values: pa.Array, keys: pa.Array | None) -> tuple
 
     payloads = values.to_pylist()
     key_list = keys.to_pylist() if keys is not None else [None] * len(payloads)
-    out: list = []
+    out: list[Any] = []
     bad = np.zeros(len(payloads), bool)
     arrow = vt.arrow_type()
     for i, (payload, key) in enumerate(zip(payloads, key_list)):
@@ -348,7 +348,7 @@ def _row_by_row(vt: ValueType, values: pa.Array, keys: pa.Array | None) -> tuple
 _avro_parsed: dict[str, Any] = {}  # definition as canonical JSON -> fastavro's parsed schema
 
 
-def _avro_schema(definition: dict) -> Any:
+def _avro_schema(definition: dict[str, Any]) -> Any:
     import fastavro
     key = json.dumps(definition, sort_keys=True)
     parsed = _avro_parsed.get(key)
@@ -400,10 +400,10 @@ def decode_one(vt: ValueType, payload: bytes, key: str | None = None) -> Any:
     raise UnsupportedSchemaError(f"schema type {vt.kind}")
 
 
-def _json_to_column(value: dict, definition: dict) -> dict:
+def _json_to_column(value: dict[str, Any], definition: dict[str, Any]) -> dict[str, Any]:
     """A JSON record as its column's Python value: times from their numbers, required fields present."""
     import datetime
-    out: dict = {}
+    out: dict[str, Any] = {}
     for f in definition.get("fields", []):
         kind = f["type"]
         nullable = isinstance(kind, list) and "null" in kind
