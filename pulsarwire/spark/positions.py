@@ -190,7 +190,8 @@ async def _resolve(client: Client, spec: str | None, when_ms: int | None, parts:
     return out
 
 
-async def _check_position(client: Client, topic: str, given: Boundary, latest: Boundary, what: str, timeout: float) -> None:
+async def _check_position(client: Client, topic: str, given: Boundary, latest: Boundary, what: str,
+                          timeout: float) -> None:
     """A position a user gave must name a message of the topic."""
     if given.ledger < 0:
         return

@@ -121,7 +121,8 @@ class _Span(NamedTuple):
         return self.last - self.first + 1
 
 
-async def _split(client: Client, ranges: list[RangePartition], want: int | None, timeout: float) -> list[RangePartition]:
+async def _split(client: Client, ranges: list[RangePartition], want: int | None,
+                 timeout: float) -> list[RangePartition]:
     """At least `want` ranges where entries allow (minPartitions): each range cut at entries,
     in pieces in proportion to its entries, so that one partition can keep several cores busy.
     A range is cut within the ledger of its end (entry ids are consecutive within a ledger)."""
