@@ -9,10 +9,19 @@ message, so the two stay apart.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from .._codec_py import varint_bytes
 from .columns import _arrow_schema
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+
+    from .._proto import PulsarApi_pb2 as pb
+
+# the codec's Columns: typed Any, as its fields are set from a tuple of names mypy cannot follow
+_Columns = Any
 
 _varint = varint_bytes
 
@@ -30,7 +39,7 @@ def message_id_topic(raw: bytes) -> str | None:
     return None
 
 
-def _unknown_fields(data):
+def _unknown_fields(data: pb.MessageIdData) -> list[tuple[int, int, Any]]:
     try:
         from google.protobuf.unknown_fields import UnknownFieldSet
         return [(f.field_number, f.wire_type, f.data) for f in UnknownFieldSet(data)]
@@ -42,7 +51,7 @@ def _unknown_fields(data):
 class _Slice:
     """Rows [lo, hi) of one entry's Columns, with what every row of them shares."""
 
-    columns: Any
+    columns: _Columns
     lo: int
     hi: int
     ledger: int
@@ -66,7 +75,7 @@ class _BatchBuilder:
         self.rows = 0
         self.bytes = 0
 
-    def add(self, columns, lo: int, hi: int, ledger: int, entry: int, publish_ms: int) -> None:
+    def add(self, columns: _Columns, lo: int, hi: int, ledger: int, entry: int, publish_ms: int) -> None:
         import numpy as np
         if hi <= lo:
             return
@@ -91,7 +100,7 @@ class _BatchBuilder:
         self.rows += count
         self.bytes += size + count * (64 + len(prefix) + len(suffix))
 
-    def take(self):
+    def take(self) -> pa.RecordBatch:
         """The gathered rows as one pyarrow.RecordBatch (and the builder emptied)."""
         import numpy as np
         import pyarrow as pa
@@ -101,10 +110,10 @@ class _BatchBuilder:
         wrap = pa.py_buffer
         counts = np.array([s.hi - s.lo for s in slices], np.int64)
 
-        def per_entry(value_of, kind):
+        def per_entry(value_of: Callable[[_Slice], int], kind: type) -> np.ndarray:
             return np.repeat(np.array([value_of(s) for s in slices], kind), counts)
 
-        def per_row(column_of, kind):
+        def per_row(column_of: Callable[[_Columns], Any], kind: type) -> np.ndarray:
             return np.concatenate([np.frombuffer(column_of(s.columns), kind)[s.lo:s.hi] for s in slices])
 
         event_ms = per_row(lambda c: c.event_times, np.uint64).astype(np.int64)
@@ -125,7 +134,8 @@ class _BatchBuilder:
         return pa.RecordBatch.from_arrays(arrays, schema=_arrow_schema())
 
 
-def _spans(slices: list[_Slice], bounds: list[tuple[int, int]], data_of, offsets_of):
+def _spans(slices: list[_Slice], bounds: list[tuple[int, int]], data_of: Callable[[_Columns], Any],
+           offsets_of: Callable[[_Columns], Any]) -> tuple[bytes, np.ndarray]:
     """Concatenated spans (data, int32 offsets) of rows [lo, hi) of each slice's Columns, one
     (lo, hi) a slice in `bounds`."""
     import numpy as np
@@ -142,14 +152,14 @@ def _spans(slices: list[_Slice], bounds: list[tuple[int, int]], data_of, offsets
     return b"".join(chunks), offsets.astype(np.int32)
 
 
-def _bits(slices: list[_Slice], bitmap_of):
+def _bits(slices: list[_Slice], bitmap_of: Callable[[_Columns], Any]) -> np.ndarray:
     """A bitmap column of the slices' rows, as bools."""
     import numpy as np
     return np.concatenate([np.unpackbits(np.frombuffer(bitmap_of(s.columns), np.uint8), bitorder="little")[s.lo:s.hi]
                            for s in slices]).astype(bool)
 
 
-def _values(slices: list[_Slice], rows: int):
+def _values(slices: list[_Slice], rows: int) -> pa.Array:
     """The value column: the payloads, a null value null."""
     import numpy as np
     import pyarrow as pa
@@ -161,7 +171,7 @@ def _values(slices: list[_Slice], rows: int):
         pa.py_buffer(offsets), pa.py_buffer(payloads)])
 
 
-def _keys(slices: list[_Slice], rows: int):
+def _keys(slices: list[_Slice], rows: int) -> pa.Array:
     """The __key column: the partition keys, null where a message has none."""
     import numpy as np
     import pyarrow as pa
@@ -172,7 +182,7 @@ def _keys(slices: list[_Slice], rows: int):
                                                      pa.py_buffer(offsets), pa.py_buffer(keys)])
 
 
-def _properties(slices: list[_Slice], rows: int):
+def _properties(slices: list[_Slice], rows: int) -> pa.Array:
     """The __messageProperties column: the pairs of the rows, as an Arrow map."""
     import numpy as np
     import pyarrow as pa
@@ -202,7 +212,7 @@ def _properties(slices: list[_Slice], rows: int):
         type=_arrow_schema().field("__messageProperties").type)
 
 
-def _message_ids(slices: list[_Slice], rows: int):
+def _message_ids(slices: list[_Slice], rows: int) -> pa.Array:
     """The __messageId column: per row its entry's prefix, its batch index field, the entry's
     tail; built as fixed-width blocks (one per varint width) rather than one bytes per row."""
     import numpy as np

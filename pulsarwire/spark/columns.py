@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 from pyspark.sql.types import (
     ArrayType, BinaryType, IntegerType, LongType, MapType, StringType, StructField, StructType, TimestampType,
 )
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 SCHEMA = StructType([
     StructField("value", BinaryType()),
@@ -26,7 +30,7 @@ HEADERS = StructField("headers", ArrayType(StructType([StructField("key", String
                                                       StructField("value", BinaryType())])))
 
 @functools.cache
-def _arrow_schema():
+def _arrow_schema() -> pa.Schema:
     """SCHEMA as an Arrow schema (built once: pyarrow is imported when first asked)."""
     from pyspark.sql.pandas.types import to_arrow_schema
     return to_arrow_schema(SCHEMA, timezone="UTC")

@@ -4,13 +4,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, TypeVar
 
 from .options import ClientSettings
+
+if TYPE_CHECKING:
+    from ..client.client import Client
+    from ..client.options import Backoff
+
+_T = TypeVar("_T")
 
 log = logging.getLogger("pulsarwire.spark")
 
 
-def _run(coroutine):
+def _run(coroutine: Coroutine[Any, Any, _T]) -> _T:
     loop = asyncio.new_event_loop()
     try:
         return loop.run_until_complete(coroutine)
@@ -18,10 +25,10 @@ def _run(coroutine):
         loop.close()
 
 
-_RETRYABLE: tuple = ()
+_RETRYABLE: tuple[type[BaseException], ...] = ()
 
 
-def _retryable() -> tuple:
+def _retryable() -> tuple[type[BaseException], ...]:
     global _RETRYABLE
     if not _RETRYABLE:
         from ..errors import ConnectionClosedError, TimeoutError as PulsarTimeout
@@ -29,13 +36,13 @@ def _retryable() -> tuple:
     return _RETRYABLE
 
 
-def _broker_backoff():
+def _broker_backoff() -> Backoff:
     """The client's backoff formula, from 0.1s up to 2s between tries to reach the broker."""
     from ..client.options import Backoff  # imported late, as the client is
     return Backoff(0.1, 2.0)
 
 
-async def _connected(settings: ClientSettings):
+async def _connected(settings: ClientSettings) -> Client:
     """A client whose connection to the broker is up, retried until connect.timeout.seconds
     have passed (then a clear error), however the broker fails: refused, reset, or a port that
     accepts and never answers. The caller closes it."""
@@ -62,7 +69,7 @@ async def _connected(settings: ClientSettings):
         attempt += 1
 
 
-async def _with_client(settings: ClientSettings, work):
+async def _with_client(settings: ClientSettings, work: Callable[[Client], Awaitable[_T]]) -> _T:
     """Run `work(client)` with a fresh connected client, retrying a broker that cannot be
     reached or drops the connection until connect.timeout.seconds have passed; then a clear error."""
     deadline = time.monotonic() + settings.connect_timeout

@@ -1,14 +1,19 @@
 """The data source Spark registers: format `pulsarwire`, its source and its sink."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pyspark.sql.datasource import DataSource
-from pyspark.sql.types import BinaryType
+from pyspark.sql.types import BinaryType, StructType
 
 from .connect import _run, _with_client
 from .errors import PulsarSparkError
-from .options import SourceOptions, _options, sink_options, source_options
+from .options import SinkOptions, SourceOptions, _options, sink_options, source_options
 from .sink import PulsarBatchWriter, PulsarStreamWriter, _check_sink_schema
 from .source import PulsarBatchReader, PulsarStreamReader, source_schema, with_value_type
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 class PulsarDataSource(DataSource):
     """Format `pulsarwire` (`pulsar` is taken by other connectors)."""
@@ -17,18 +22,18 @@ class PulsarDataSource(DataSource):
     def name(cls) -> str:
         return "pulsarwire"
 
-    def schema(self):
+    def schema(self) -> StructType:
         # called at load() for reads: check every option there (batch or stream is known later),
         # and read the topics' schema for the value's type
         return source_schema(with_value_type(source_options(_options(self.options), streaming=None)))
 
-    def reader(self, schema):
+    def reader(self, schema: StructType) -> PulsarBatchReader:
         return PulsarBatchReader(self._source(schema, streaming=False))
 
-    def streamReader(self, schema):
+    def streamReader(self, schema: StructType) -> PulsarStreamReader:
         return PulsarStreamReader(self._source(schema, streaming=True))
 
-    def _source(self, schema, streaming: bool) -> SourceOptions:
+    def _source(self, schema: StructType | None, streaming: bool) -> SourceOptions:
         opts = with_value_type(source_options(_options(self.options), streaming=streaming))
         if schema is not None and schema["value"].dataType != source_schema(opts)["value"].dataType:
             raise PulsarSparkError(f"the topics' schema changed since the query was defined: value is now "
@@ -36,29 +41,30 @@ class PulsarDataSource(DataSource):
                                    f"{schema['value'].dataType.simpleString()}; define the query again")
         return opts
 
-    def writer(self, schema, overwrite):
+    def writer(self, schema: StructType, overwrite: bool) -> PulsarBatchWriter:
         opts, fields = self._sink(schema, overwrite)
         if opts.exactly_once:
             raise PulsarSparkError("option 'exactlyOnce' is for streaming writes (a batch write has no "
                                    "micro-batch to replay)")
         return PulsarBatchWriter(opts, fields)
 
-    def streamWriter(self, schema, overwrite):
+    def streamWriter(self, schema: StructType, overwrite: bool) -> PulsarStreamWriter:
         return PulsarStreamWriter(*self._sink(schema, overwrite))
 
-    def _sink(self, schema, overwrite):
+    def _sink(self, schema: StructType, overwrite: bool) -> tuple[SinkOptions, dict[str, str]]:
         if overwrite:
             raise PulsarSparkError("mode 'overwrite' cannot be honoured: a Pulsar topic is append-only "
                                    "(use mode 'append')")
         opts = sink_options(_options(self.options))
         typed = False
-        if opts.topic is not None and not isinstance(schema["value"].dataType, BinaryType) \
-                if "value" in schema.fieldNames() else False:
-            typed = _run(_with_client(opts.client, lambda client: client.get_schema_info(opts.topic))) is not None
+        topic = opts.topic
+        if topic is not None and "value" in schema.fieldNames() \
+                and not isinstance(schema["value"].dataType, BinaryType):
+            typed = _run(_with_client(opts.client, lambda client: client.get_schema_info(topic))) is not None
         return opts, _check_sink_schema(schema, opts.topic is not None, typed)
 
 
-def register(spark) -> None:
+def register(spark: SparkSession) -> None:
     """spark.dataSource.register(PulsarDataSource), spelled shorter."""
     spark.dataSource.register(PulsarDataSource)
 

@@ -6,10 +6,13 @@ side 1 meaning "just after that message" and 0 "just before it".
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..messages import MessageId
 from .errors import PulsarSparkError
+
+if TYPE_CHECKING:
+    from ..client.entries import Entry
 
 _WHOLE_ENTRY = 2**31 - 1  # a batch index past every message of an entry
 
@@ -32,20 +35,20 @@ class Boundary:
         """The entry this boundary lies beside."""
         return Position(self.ledger, self.entry)
 
-    def key(self) -> tuple:
+    def key(self) -> tuple[int, int, int, int]:
         return (self.ledger, self.entry, self.batch, 1 if self.after else 0)
 
-    def precedes(self, mid) -> bool:
+    def precedes(self, mid: MessageId | tuple[int, int, int]) -> bool:
         """True when message `mid` (a MessageId or a (ledger, entry, batch) tuple) lies after this boundary."""
         position = mid if isinstance(mid, tuple) else (mid.ledger_id, mid.entry_id, mid.batch_index)
         mine = (self.ledger, self.entry, self.batch)
         return position > mine or (position == mine and not self.after)
 
-    def to_json(self) -> list:
+    def to_json(self) -> list[int]:
         return [self.ledger, self.entry, self.batch, 1 if self.after else 0]
 
     @classmethod
-    def from_json(cls, value, what: str = "offset") -> "Boundary":
+    def from_json(cls, value: Any, what: str = "offset") -> "Boundary":
         if value == "earliest":
             return cls.before_everything()
         try:
@@ -69,7 +72,7 @@ class Boundary:
         return MessageId(self.ledger, max(self.entry, 0))
 
 
-def canonical(offsets: dict[str, Boundary]) -> dict:
+def canonical(offsets: dict[str, Boundary]) -> dict[str, list[int]]:
     return {topic: offsets[topic].to_json() for topic in sorted(offsets)}
 
 
@@ -97,7 +100,7 @@ class Position(NamedTuple):
         return f"{self.ledger}:{self.entry}"
 
 
-def _position(mid) -> Position:
+def _position(mid: MessageId | Entry) -> Position:
     return Position(mid.ledger_id, mid.entry_id)
 
 
@@ -105,7 +108,8 @@ def _where(position: Position) -> str:
     return str(position)
 
 
-def _row_range(start: Boundary, end: Boundary, ledger: int, entry: int, count: int, batched: bool) -> tuple:
+def _row_range(start: Boundary, end: Boundary, ledger: int, entry: int, count: int,
+               batched: bool) -> tuple[int, int]:
     """Rows [lo, hi) of an entry's `count` rows that lie between the boundaries."""
     if not batched:
         position = (ledger, entry, -1)

@@ -5,11 +5,14 @@ import datetime
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
 
 from .columns import SCHEMA
 from .errors import PulsarSparkError
 from .offsets import Boundary
+
+if TYPE_CHECKING:
+    from ..client.client import Client
 
 
 class _ClientOption(NamedTuple):
@@ -53,7 +56,7 @@ _DEFAULT_ROWS_PER_BATCH = 32_768
 _DEFAULT_BYTES_PER_BATCH = 64 << 20  # far below Arrow's 2 GiB per binary column
 
 
-def _positive(value, name: str, integer: bool = False) -> float:
+def _positive(value: Any, name: str, integer: bool = False) -> float:
     try:
         number = int(value) if integer else float(value)
     except (TypeError, ValueError):
@@ -64,14 +67,14 @@ def _positive(value, name: str, integer: bool = False) -> float:
     return number
 
 
-def _boolean(value, name: str) -> bool:
+def _boolean(value: Any, name: str) -> bool:
     text = str(value).strip().lower()
     if text not in ("true", "false"):
         raise PulsarSparkError(f"option {name!r} must be true or false, got {value!r}")
     return text == "true"
 
 
-def _time_ms(value, name: str) -> int:
+def _time_ms(value: Any, name: str) -> int:
     """Milliseconds since the epoch, from an integer or an ISO-8601 time (UTC unless it says)."""
     text = str(value).strip()
     if re.fullmatch(r"-?\d+", text):
@@ -90,7 +93,7 @@ def _time_ms(value, name: str) -> int:
     return number
 
 
-def _options(options) -> dict:
+def _options(options: Mapping[Any, Any]) -> dict[str, Any]:
     """Spark treats option names case-insensitively (and may lower-case them): so do we."""
     return {str(k).lower(): v for k, v in dict(options).items()}
 
@@ -100,15 +103,15 @@ class ClientSettings:
     """How to reach the broker: everything a task needs to open its own client."""
 
     url: str
-    kwargs: dict = field(default_factory=dict)
+    kwargs: dict[str, Any] = field(default_factory=dict)
     connect_timeout: float = 30.0
 
-    def client(self):
+    def client(self) -> Client:
         from ..client import Client
         return Client(self.url, **self.kwargs)
 
 
-def _client_settings(options: dict, known: set) -> ClientSettings:
+def _client_settings(options: dict[str, Any], known: set[str]) -> ClientSettings:
     from ..client import AuthenticationToken
     unknown = sorted(k for k in options if k not in known and not k.startswith("pulsar.client."))
     if unknown:
@@ -155,7 +158,7 @@ class TopicPattern(NamedTuple):
     """topicsPattern: a namespace and a regex over the local names of its topics."""
 
     namespace: str
-    regex: re.Pattern
+    regex: re.Pattern[str]
 
 
 def _short_pattern(pattern: str) -> TopicPattern:
@@ -202,7 +205,7 @@ _OWN_NAMES = {"topics": "topics", "topicspattern": "topicsPattern", "startingtim
               "endingtime": "endingTime"}
 
 
-def _kafka_aliases(options: dict) -> dict:
+def _kafka_aliases(options: dict[str, Any]) -> dict[str, Any]:
     """The Kafka source's names as this source's (both given: an error, not a silent choice)."""
     options = dict(options)
     for alias, own in _KAFKA_ALIASES.items():
@@ -228,7 +231,7 @@ def _kafka_aliases(options: dict) -> dict:
     return options
 
 
-def source_options(options: dict, streaming: bool) -> SourceOptions:
+def source_options(options: dict[str, Any], streaming: bool | None) -> SourceOptions:
     """Every source option checked, with a clear message for each mistake."""
     settings = _client_settings(options, _SOURCE)
     options = _kafka_aliases(options)
@@ -271,7 +274,7 @@ def source_options(options: dict, streaming: bool) -> SourceOptions:
         value_type=None, max_partitions=max_partitions)
 
 
-def _topics_read(options: dict) -> tuple[list[str], TopicPattern | None]:
+def _topics_read(options: dict[str, Any]) -> tuple[list[str], TopicPattern | None]:
     """The topics named by 'topic' or 'topics', or else the pattern 'topicsPattern' gives."""
     from ..client import topic_name
     given = [k for k in ("topic", "topics", "topicspattern") if options.get(k)]
@@ -300,7 +303,7 @@ def _topics_read(options: dict) -> tuple[list[str], TopicPattern | None]:
     return topics, None
 
 
-def _check_bounds(options: dict, streaming: bool | None) -> None:
+def _check_bounds(options: dict[str, Any], streaming: bool | None) -> None:
     """Where a read starts and ends: given once each, and no end for a stream."""
     if streaming and options.get("endingoffsets"):
         raise PulsarSparkError("option 'endingOffsets' is for batch queries; a stream has no end")
@@ -316,7 +319,7 @@ def _check_bounds(options: dict, streaming: bool | None) -> None:
             _parse_offsets_spec(spec, name, allow_earliest=name == "startingOffsets")
 
 
-def _trigger_limits(options: dict, stream_only: bool) -> tuple[int | None, int | None]:
+def _trigger_limits(options: dict[str, Any], stream_only: bool) -> tuple[int | None, int | None]:
     """A micro-batch's budget: (entries, messages), at most one of them given."""
     max_entries = options.get("maxentriespertrigger")
     if max_entries is not None:
@@ -334,7 +337,7 @@ def _trigger_limits(options: dict, stream_only: bool) -> tuple[int | None, int |
     return max_entries, max_messages
 
 
-def _mode(value) -> bool:
+def _mode(value: Any) -> bool:
     """mode: FAILFAST (a payload that does not decode fails the query) or PERMISSIVE (null value,
     payload in the corrupt-record column). True for PERMISSIVE."""
     text = str(value).strip().upper()
@@ -343,14 +346,14 @@ def _mode(value) -> bool:
     return text == "PERMISSIVE"
 
 
-def _corrupt_column(value) -> str:
+def _corrupt_column(value: Any) -> str:
     name = str(value).strip()
     if not name or name in SCHEMA.fieldNames() or name == "headers":
         raise PulsarSparkError(f"option 'columnNameOfCorruptRecord' {value!r} is empty or names another column")
     return name
 
 
-def _parse_offsets_spec(spec: str, name: str, allow_earliest: bool):
+def _parse_offsets_spec(spec: str, name: str, allow_earliest: bool) -> str | dict[str, Any]:
     """'earliest', 'latest', or a JSON object of partition topic -> position; checked, not resolved."""
     from ..client import topic_name
     spec = str(spec).strip()
@@ -389,7 +392,7 @@ class SinkOptions:
     exactly_once: bool = False
 
 
-def sink_options(options: dict) -> SinkOptions:
+def sink_options(options: dict[str, Any]) -> SinkOptions:
     from .. import compression
     from ..client import topic_name
     settings = _client_settings(options, _SINK)

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import re
 import time
+from typing import TYPE_CHECKING
 
 from ..messages import MessageId
 from .errors import PulsarSparkError
@@ -14,9 +15,13 @@ from .offsets import (
 )
 from .options import SourceOptions, _parse_offsets_spec
 
+if TYPE_CHECKING:
+    from ..client.client import Client
+    from ..client.entries import Entry
+
 log = logging.getLogger("pulsarwire.spark")
 
-async def _topic_partitions(client, opts: SourceOptions, missing_ok: bool = False) -> list[TopicPartition]:
+async def _topic_partitions(client: Client, opts: SourceOptions, missing_ok: bool = False) -> list[TopicPartition]:
     """The partition topics of every topic read, each partition once however it is named
     (a topic and one of its partitions), discovering a pattern. A topic that does not exist is
     an error, or with `missing_ok` (a stream under failOnDataLoss=false) logged and left out."""
@@ -48,7 +53,7 @@ async def _topic_partitions(client, opts: SourceOptions, missing_ok: bool = Fals
     return [TopicPartition(topic, index) for topic, index in out.items()]
 
 
-async def _latest_of(client, topic: str) -> Boundary:
+async def _latest_of(client: Client, topic: str) -> Boundary:
     """Just after the last entry of `topic` now (before everything when it is empty)."""
     reader = await client.create_entry_reader(topic, MessageId.latest, receiver_queue_size=2)
     try:
@@ -60,12 +65,12 @@ async def _latest_of(client, topic: str) -> Boundary:
     return Boundary(mid.ledger_id, mid.entry_id, _WHOLE_ENTRY, True)
 
 
-async def _latest_all(client, parts: list[TopicPartition]) -> dict[str, Boundary]:
+async def _latest_all(client: Client, parts: list[TopicPartition]) -> dict[str, Boundary]:
     found = await asyncio.gather(*(_latest_of(client, p.topic) for p in parts))
     return dict(zip((p.topic for p in parts), found))
 
 
-async def _first_at_or_after(client, topic: str, start: MessageId, timeout: float):
+async def _first_at_or_after(client: Client, topic: str, start: MessageId, timeout: float) -> Entry | None:
     """The first entry at or after `start` (earliest: the first entry), or None when the broker
     would give none now.
 
@@ -89,13 +94,13 @@ async def _first_at_or_after(client, topic: str, start: MessageId, timeout: floa
         await reader.close()
 
 
-async def _entry_at_or_after(client, topic: str, start: MessageId, timeout: float) -> Position | None:
+async def _entry_at_or_after(client: Client, topic: str, start: MessageId, timeout: float) -> Position | None:
     """The position of `_first_at_or_after`."""
     entry = await _first_at_or_after(client, topic, start, timeout)
     return None if entry is None else _position(entry)
 
 
-async def _messages_per_entry(client, topic: str, s: Boundary, timeout: float) -> int:
+async def _messages_per_entry(client: Client, topic: str, s: Boundary, timeout: float) -> int:
     """How many messages the first unread entry after `s` holds: a message budget becomes an
     entry budget at that rate (producers batch alike from one entry to the next)."""
     first = MessageId(s.ledger, _first_unread_entry(s)) if s.ledger >= 0 else MessageId.earliest
@@ -103,7 +108,7 @@ async def _messages_per_entry(client, topic: str, s: Boundary, timeout: float) -
     return 1 if entry is None else max(1, entry.num_messages)
 
 
-async def _advance(client, topic: str, s: Boundary, e: Boundary, budget: int, timeout: float) -> Boundary:
+async def _advance(client: Client, topic: str, s: Boundary, e: Boundary, budget: int, timeout: float) -> Boundary:
     """The end boundary after at most `budget` entries past `s`, never past `e`, and always on
     an entry that exists (the next batch starts there and checks that it is still there).
 
@@ -132,7 +137,7 @@ async def _advance(client, topic: str, s: Boundary, e: Boundary, budget: int, ti
     return Boundary(found.ledger, found.entry, -1, False)  # the rest of the ledger: just before the next one's first
 
 
-async def _at_time(client, topic: str, when_ms: int, latest: Boundary) -> Boundary:
+async def _at_time(client: Client, topic: str, when_ms: int, latest: Boundary) -> Boundary:
     """Just before the first message published at or after `when_ms` (or `latest` if none)."""
     from ..client import InitialPosition
     if latest.ledger < 0:
@@ -153,7 +158,8 @@ async def _at_time(client, topic: str, when_ms: int, latest: Boundary) -> Bounda
         await consumer.unsubscribe()
 
 
-async def _resolve(client, spec, when_ms, parts, default: str, what: str,
+async def _resolve(client: Client, spec: str | None, when_ms: int | None, parts: list[TopicPartition],
+                   default: str, what: str,
                    latest: dict[str, Boundary], timeout: float) -> dict[str, Boundary]:
     """Per partition topic: the boundary `spec` (or `when_ms`) names; a position given as JSON
     must be one the topic has (a clear error, never a silently empty read)."""
@@ -173,7 +179,7 @@ async def _resolve(client, spec, when_ms, parts, default: str, what: str,
             if topic not in known:
                 raise PulsarSparkError(f"{what}: {topic} is not one of the topics read ({', '.join(sorted(known))})")
         given = {t: parsed.get(t, default) for t, _ in parts}
-    out = {}
+    out: dict[str, Boundary] = {}
     for topic, value in given.items():
         if value == "latest":
             out[topic] = latest[topic]
@@ -184,7 +190,8 @@ async def _resolve(client, spec, when_ms, parts, default: str, what: str,
     return out
 
 
-async def _check_position(client, topic: str, given: Boundary, latest: Boundary, what: str, timeout: float) -> None:
+async def _check_position(client: Client, topic: str, given: Boundary, latest: Boundary, what: str,
+                          timeout: float) -> None:
     """A position a user gave must name a message of the topic."""
     if given.ledger < 0:
         return
@@ -199,7 +206,7 @@ async def _check_position(client, topic: str, given: Boundary, latest: Boundary,
                                + ": a wrong ledger id, or data deleted")
 
 
-async def _hold(client, subscription: str, offsets: dict[str, Boundary]) -> None:
+async def _hold(client: Client, subscription: str, offsets: dict[str, Boundary]) -> None:
     """Make durable subscription `subscription` of every partition hold the data after `offsets`
     (the broker keeps what a subscription has not acknowledged, whatever retention says)."""
     from ..client import InitialPosition

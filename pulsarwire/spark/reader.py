@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from pyspark.sql.datasource import InputPartition
 
@@ -21,13 +21,21 @@ from .offsets import Boundary, _position, _row_range, _where
 from .options import SourceOptions
 from .positions import _entry_at_or_after
 
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+
+    from .._proto import PulsarApi_pb2 as pb
+    from ..client.client import Client
+    from ..client.entries import Entry, EntryReader
+
 log = logging.getLogger("pulsarwire.spark")
 
 
 class RangePartition(InputPartition):
     """One topic-partition's messages strictly between two boundaries."""
 
-    def __init__(self, topic: str, partition: int, start: list, end: list) -> None:
+    def __init__(self, topic: str, partition: int, start: list[int], end: list[int]) -> None:
         super().__init__((topic, partition, start, end))
         self.topic, self.partition, self.start, self.end = topic, partition, start, end
 
@@ -40,7 +48,7 @@ class RangeGroup(InputPartition):
         self.ranges = ranges
 
 
-def _read_partition(opts, partition) -> Iterator[Any]:
+def _read_partition(opts: SourceOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
     if isinstance(partition, RangeGroup):
         for part in partition.ranges:
             yield from _read_range(opts, part)
@@ -49,7 +57,7 @@ def _read_partition(opts, partition) -> Iterator[Any]:
     # else: Spark's stand-in partition when there is nothing to read
 
 
-def _finish(opts: SourceOptions, batch):
+def _finish(opts: SourceOptions, batch: pa.RecordBatch) -> pa.RecordBatch:
     """The builder's columns made into what source_schema(opts) says: the value decoded with
     the topic's schema, headers and the corrupt-record column when asked."""
     if not opts.include_headers and opts.value_type is None:
@@ -80,7 +88,7 @@ def _finish(opts: SourceOptions, batch):
     return pa.RecordBatch.from_arrays(columns, names=names)
 
 
-def _undecodable(opts: SourceOptions, batch, bad) -> None:
+def _undecodable(opts: SourceOptions, batch: pa.RecordBatch, bad: np.ndarray) -> None:
     from .types import SchemaMismatchError, _kind_name, decode_one
     row = int(bad.nonzero()[0][0])
     topic = batch.column("__topic")[row].as_py()
@@ -107,12 +115,12 @@ class _RangeReader:
         self.end = Boundary.from_json(part.end)
         self.end_position = self.end.position
         self.builder = _BatchBuilder(part.topic, part.partition)
-        self.client: Any = None
-        self.reader: Any = None
+        self.client: Client | None = None
+        self.reader: EntryReader | None = None
         self.first = True
         self.seen: tuple[int, int] | None = None  # the last entry taken
         self.reached_end = False
-        self.chunks: dict[str, list] = {}  # uuid -> the entries so far of a chunked message of the range
+        self.chunks: dict[str, list[Entry]] = {}  # uuid -> the entries so far of a chunked message of the range
         self.chunk_of_producer: dict[str, str] = {}  # producer name -> uuid of its chunked message in progress
 
     async def open(self) -> None:
@@ -121,12 +129,14 @@ class _RangeReader:
         if self.start.ledger >= 0:
             await self._check_start()
 
-    async def _start_reader(self, start: MessageId) -> None:
+    async def _start_reader(self, start: MessageId) -> EntryReader:
+        assert self.client is not None  # open() connected it
         if self.reader is not None:
             await self.reader.close()
-        self.reader = await self.client.create_entry_reader(
+        reader = self.reader = await self.client.create_entry_reader(
             self.part.topic, start, receiver_queue_size=max(self.opts.rows_per_batch, 10_000),
             max_queued_bytes=min(2 * self.opts.bytes_per_batch, 256 << 20))
+        return reader
 
     async def close(self) -> None:
         if self.client is not None:
@@ -141,6 +151,7 @@ class _RangeReader:
         at once whether it is gone, rather than wait for an entry that never comes (a broker
         may wait at that entry id in a re-created topic)."""
         start = self.start.position
+        assert self.client is not None and self.reader is not None  # open() started them
         last = await self.reader.get_last_message_id()
         if last.entry_id < 0 or _position(last) < start:
             await self._start_gone("the topic is now empty" if last.entry_id < 0
@@ -151,7 +162,7 @@ class _RangeReader:
                 await self._start_gone(f"the first entry there now is {_where(first)}" if first
                                        else "the topic is now empty")
 
-    async def _start_gone(self, why: str) -> None:
+    async def _start_gone(self, why: str) -> EntryReader:
         """Data between the start boundary and what is there now is gone. Strict: a data-loss
         error naming it. Lenient: read again from the earliest entry, keeping only what lies
         past the start boundary: what is gone is skipped, nothing that is there."""
@@ -162,19 +173,21 @@ class _RangeReader:
             raise PulsarDataLossError(message + "; set failOnDataLoss=false to read on from what is there")
         log.warning("%s; reading what is there past it (failOnDataLoss=false)", message)
         self.first = False
-        await self._start_reader(MessageId.earliest)
+        return await self._start_reader(MessageId.earliest)
 
-    async def next_batch(self):
+    async def next_batch(self) -> pa.RecordBatch | None:
         """The next Arrow batch (None when the range is read)."""
-        builder, opts = self.builder, self.opts
+        builder, opts, reader = self.builder, self.opts, self.reader
+        assert reader is not None  # open() started it
         while not self.done and builder.rows < opts.rows_per_batch and builder.bytes < opts.bytes_per_batch:
-            entries = self.reader.take(1)
+            entries = reader.take(1)
             if entries:
                 entry = entries[0]
                 if self.first:
                     self.first = False
                     if self.start.ledger >= 0 and _position(entry) != self.start.position:
-                        await self._start_gone(f"the first entry there now is {entry.ledger_id}:{entry.entry_id}")
+                        reader = await self._start_gone(f"the first entry there now is "
+                                                        f"{entry.ledger_id}:{entry.entry_id}")
                         continue
                 self.seen = (entry.ledger_id, entry.entry_id)  # a plain tuple: this runs once an entry
                 self._entry(entry)
@@ -185,16 +198,18 @@ class _RangeReader:
     async def _wait(self) -> None:
         """Wait for entries; a range whose end is no longer there ends (lenient) or is a data-loss
         error (strict) once the broker says so, not after read.timeout.seconds."""
+        reader = self.reader
+        assert reader is not None  # open() started it
         waited = 0.0
         while waited < self.opts.read_timeout:
             step = min(1.0, self.opts.read_timeout - waited)
-            if await self.reader.wait(step):
+            if await reader.wait(step):
                 return
             waited += step
-            if self.reached_end or self.reader.disconnect is not None:
+            if self.reached_end or reader.disconnect is not None:
                 continue
             try:
-                last = await self.reader.get_last_message_id()
+                last = await reader.get_last_message_id()
             except _retryable():
                 continue
             end = self.end.position
@@ -213,6 +228,7 @@ class _RangeReader:
 
     def _stalled(self) -> None:
         where = f"{self.part.topic} (range {self.start.to_json()} to {self.end.to_json()})"
+        assert self.reader is not None  # open() started it
         if self.reader.disconnect is not None:
             raise ConnectionError(f"{where}: disconnected from the broker at {self.opts.client.url} and not "
                                   f"reconnected within {self.opts.read_timeout:g}s (read.timeout.seconds): "
@@ -224,7 +240,7 @@ class _RangeReader:
         raise TimeoutError(f"{where}: no entry for {self.opts.read_timeout:g}s (read.timeout.seconds) before "
                            "the end of the range")
 
-    def _entry(self, entry) -> None:
+    def _entry(self, entry: Entry) -> None:
         from .. import codec
         position = (entry.ledger_id, entry.entry_id)  # a plain tuple: this runs once an entry
         if position >= self.end_position:
@@ -242,7 +258,7 @@ class _RangeReader:
         columns = codec.split_columns(md, codec.decompress_payload(md, entry.payload))
         self.builder.add(columns, lo, hi, entry.ledger_id, entry.entry_id, md.publish_time)
 
-    def _abandoned(self, md) -> None:
+    def _abandoned(self, md: pb.MessageMetadata) -> None:
         """A producer sends the chunks of a message one after the other: anything else from it
         means it gave that message up (it never had a receipt for it), as a Pulsar consumer
         would find when the incomplete message expires."""
@@ -261,7 +277,7 @@ class _RangeReader:
         log.warning("%s; skipped (failOnDataLoss=false)", message)
         self.chunks.pop(uuid, None)
 
-    def _chunk(self, entry) -> None:
+    def _chunk(self, entry: Entry) -> None:
         from .. import codec
         md = entry.metadata
         uuid = md.uuid
@@ -293,7 +309,7 @@ class _RangeReader:
         self.builder.add(columns, 0, columns.count, entry.ledger_id, entry.entry_id, parts[0].metadata.publish_time)
 
 
-def _read_range(opts: SourceOptions, part: RangePartition) -> Iterator[Any]:
+def _read_range(opts: SourceOptions, part: RangePartition) -> Iterator[pa.RecordBatch]:
     """Arrow record batches of the messages strictly between part.start and part.end."""
     loop = asyncio.new_event_loop()
     reader = _RangeReader(opts, part)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Iterator
 
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, IntegerType, LongType, MapType, StringType, StructType, TimestampType
@@ -11,6 +11,15 @@ from pyspark.sql.types import BinaryType, IntegerType, LongType, MapType, String
 from .connect import _connected, _run
 from .errors import PulsarSparkError
 from .options import SinkOptions
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from ..client.client import Client
+    from ..client.producer import Producer
+    from ..messages import Message
+    from ..schema import Schema, SchemaInfo
+    from .types import ValueType
 
 try:  # PySpark 4.1+: the streaming sink takes Arrow batches too
     from pyspark.sql.datasource import DataSourceStreamArrowWriter
@@ -109,7 +118,7 @@ class WriteIdentity:
         return cls(query, context.partitionId(), int(batch))
 
 
-def _event_ms(column) -> list:
+def _event_ms(column: pa.Array) -> list[int | None]:
     """An eventTime column as milliseconds (None where null); 0 and negatives kept as given."""
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -118,7 +127,7 @@ def _event_ms(column) -> list:
     return column.cast(pa.int64()).to_pylist()
 
 
-async def _send_batches(opts: SinkOptions, fields: dict[str, str], batches,
+async def _send_batches(opts: SinkOptions, fields: dict[str, str], batches: Iterable[pa.RecordBatch],
                         identity: WriteIdentity | None = None) -> int:
     """Send every row of `batches`; return once the broker acknowledged every one (else raise).
     With an `identity`, under its producer name and sequence ids (exactlyOnce)."""
@@ -129,10 +138,10 @@ async def _send_batches(opts: SinkOptions, fields: dict[str, str], batches,
         await client.close()
 
 
-async def _send_all(client, opts: SinkOptions, fields: dict[str, str], batches,
+async def _send_all(client: Client, opts: SinkOptions, fields: dict[str, str], batches: Iterable[pa.RecordBatch],
                     identity: WriteIdentity | None = None) -> int:
     producers = _Producers(client, opts, identity)
-    futures: list = []
+    futures: list[Awaitable[Any]] = []
     count = 0
     for batch in batches:
         if batch.num_rows == 0:
@@ -152,12 +161,12 @@ async def _send_all(client, opts: SinkOptions, fields: dict[str, str], batches,
 class _Producers:
     """One producer a topic, each declaring its topic's schema (if it has one) as its own."""
 
-    def __init__(self, client, opts: SinkOptions, identity: WriteIdentity | None) -> None:
+    def __init__(self, client: Client, opts: SinkOptions, identity: WriteIdentity | None) -> None:
         self.client, self.opts, self.identity = client, opts, identity
-        self.producers: dict[str, Any] = {}
-        self.types: dict[str, Any] = {}  # topic -> its schema as a ValueType (None: no schema)
+        self.producers: dict[str, Producer] = {}
+        self.types: dict[str, ValueType | None] = {}  # topic -> its schema as a ValueType (None: no schema)
 
-    async def get(self, topic: str):
+    async def get(self, topic: str) -> Producer:
         from .types import UnsupportedSchemaError, value_type
         producer = self.producers.get(topic)
         if producer is None:
@@ -175,10 +184,10 @@ class _Producers:
                 topic, batching_max_publish_delay_ms=5, compression_type=opts.compression,
                 max_pending_messages=opts.max_pending, batching_max_messages=_SINK_BATCH_MESSAGES,
                 batching_max_allowed_size_in_bytes=_SINK_BATCH_BYTES,
-                schema=None if self.types[topic] is None else _topic_schema(info), **named)
+                schema=None if info is None or self.types[topic] is None else _topic_schema(info), **named)
         return producer
 
-    async def finish(self, futures: list) -> None:
+    async def finish(self, futures: list[Awaitable[Any]]) -> None:
         """Return once the broker acknowledged every send (else raise), then close the producers."""
         for producer in self.producers.values():
             await producer.flush()
@@ -191,7 +200,7 @@ class _Producers:
             await producer.close()
 
 
-def _pick(column: list | None, rows: list[int] | None) -> list | None:
+def _pick(column: list[Any] | None, rows: list[int] | None) -> list[Any] | None:
     return column if column is None or rows is None else [column[i] for i in rows]
 
 
@@ -200,14 +209,14 @@ class _SinkRows:
     """One Arrow batch's rows as the fields of the messages they become (None: a field not given)."""
 
     column: Any  # the value column as given
-    values: list | None  # the values as bytes, where the column is binary or string
-    keys: list | None
-    properties: list | None
-    events: list | None  # event times in milliseconds
-    topics: list | None  # each row's topic, where a column gives it and option 'topic' does not
+    values: list[bytes] | None  # the values as bytes, where the column is binary or string
+    keys: list[str | None] | None
+    properties: list[dict[str, str] | None] | None
+    events: list[int | None] | None  # event times in milliseconds
+    topics: list[str | None] | None  # each row's topic, where a column gives it and option 'topic' does not
 
     @classmethod
-    def of(cls, batch, fields: dict[str, str], opts: SinkOptions, count: int) -> "_SinkRows":
+    def of(cls, batch: pa.RecordBatch, fields: dict[str, str], opts: SinkOptions, count: int) -> "_SinkRows":
         """The batch's rows, checked (`count`: rows before this batch, for the messages)."""
         import pyarrow as pa
         column = batch.column(fields["value"])
@@ -243,7 +252,7 @@ class _SinkRows:
             groups.setdefault(topic_name(target), []).append(i)
         return dict(groups)
 
-    def payloads(self, kind, rows: list[int] | None, target: str, name: str) -> list:
+    def payloads(self, kind: ValueType | None, rows: list[int] | None, target: str, name: str) -> list[bytes]:
         """The payloads of `rows` for a topic whose schema is `kind`: a typed value encoded, bytes
         checked; bytes as they are where the topic has no schema."""
         if kind is not None:
@@ -258,7 +267,7 @@ class _SinkRows:
         return self.values if rows is None else [self.values[i] for i in rows]
 
 
-def _topic_schema(info):
+def _topic_schema(info: SchemaInfo) -> Schema:
     """The topic's own schema, declared by the sink's producer; payloads are encoded (or
     checked) before they reach it (types.encode_values)."""
     from ..schema import Schema
@@ -273,15 +282,15 @@ def _topic_schema(info):
         def _properties(self) -> dict[str, str]:
             return info.properties()
 
-        def encode(self, value) -> bytes:
+        def encode(self, value: bytes) -> bytes:
             return value
 
-        def decode(self, data) -> bytes:
+        def decode(self, data: bytes) -> bytes:
             return bytes(data)
     return TopicSchema()
 
 
-def _keys(column, name: str) -> list:
+def _keys(column: pa.Array, name: str) -> list[str | None]:
     import pyarrow as pa
     if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
         out = []
@@ -295,13 +304,13 @@ def _keys(column, name: str) -> list:
     return column.to_pylist()
 
 
-def _replayable_router(task_partition: int):
+def _replayable_router(task_partition: int) -> Callable[[Message, int], int]:
     """Keyed rows by their key's hash (as the default router), keyless rows all to the task's own
     partition: the same choice on every replay (the default starts round robin at random)."""
     from ..routing import Router
     by_key = Router()
 
-    def route(message, partitions: int) -> int:
+    def route(message: Message, partitions: int) -> int:
         key = message.partition_key()
         return by_key.partition(key, partitions) if key else task_partition % partitions
     return route
@@ -311,7 +320,7 @@ class PulsarBatchWriter(DataSourceArrowWriter):
     def __init__(self, opts: SinkOptions, fields: dict[str, str]) -> None:
         self.opts, self.fields = opts, fields
 
-    def write(self, iterator) -> SentMessage:
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SentMessage:
         return SentMessage(_run(_send_batches(self.opts, self.fields, iterator)))
 
 
@@ -319,7 +328,7 @@ class PulsarStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, opts: SinkOptions, fields: dict[str, str]) -> None:
         self.opts, self.fields = opts, fields
 
-    def write(self, iterator) -> SentMessage:
+    def write(self, iterator: Iterable[pa.RecordBatch]) -> SentMessage:
         if DataSourceStreamArrowWriter is DataSourceStreamWriter:  # pragma: no cover - rows
             import pyarrow as pa
             rows = [r.asDict() for r in iterator]
@@ -327,10 +336,10 @@ class PulsarStreamWriter(DataSourceStreamArrowWriter):
         identity = WriteIdentity.of_task() if self.opts.exactly_once else None
         return SentMessage(_run(_send_batches(self.opts, self.fields, iterator, identity)))
 
-    def commit(self, messages, batchId) -> None:
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         pass  # every message was acknowledged before its task finished
 
-    def abort(self, messages, batchId) -> None:
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         pass  # what was acknowledged stays: a replay sends it again (deduplicated with exactlyOnce)
 
 

@@ -9,9 +9,9 @@ import asyncio
 import json
 import logging
 import re
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, Iterator, NamedTuple, Sequence
 
-from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow,
 )
@@ -30,9 +30,15 @@ from .positions import (
 )
 from .reader import RangeGroup, RangePartition, _read_partition
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from ..client.client import Client
+    from .types import ValueType
+
 log = logging.getLogger("pulsarwire.spark")
 
-def _pack(ranges: list[RangePartition], most: int | None) -> list:
+def _pack(ranges: list[RangePartition], most: int | None) -> Sequence[RangePartition | RangeGroup]:
     """At most `most` Spark partitions: ranges packed greedily, the largest (by entries, where
     counted) first into the least loaded group. Fewer tasks cost Spark less per row when
     partitions outnumber cores."""
@@ -42,7 +48,7 @@ def _pack(ranges: list[RangePartition], most: int | None) -> list:
     def size(part: RangePartition) -> int:
         counted = _entries_between(Boundary.from_json(part.start), Boundary.from_json(part.end))
         return 1 if counted is None else max(1, counted)
-    groups: list[list] = [[] for _ in range(most)]
+    groups: list[list[RangePartition]] = [[] for _ in range(most)]
     loads = [0] * most
     for part in sorted(ranges, key=size, reverse=True):
         i = loads.index(min(loads))
@@ -64,7 +70,7 @@ def source_schema(opts: SourceOptions) -> StructType:
     return StructType(fields)
 
 
-async def _value_type(client, opts: SourceOptions):
+async def _value_type(client: Client, opts: SourceOptions) -> ValueType | None:
     """The ValueType of the topics read (one schema for all of them), or None for bytes."""
     from .types import UnsupportedSchemaError, value_type
     if opts.raw_value:
@@ -72,7 +78,7 @@ async def _value_type(client, opts: SourceOptions):
     parts = await _topic_partitions(client, opts, missing_ok=not opts.fail_on_data_loss)
     parents = sorted({re.sub(r"-partition-\d+$", "", t) if i >= 0 else t for t, i in parts})
     infos = await asyncio.gather(*(client.get_schema_info(t) for t in parents))
-    found = {}
+    found: dict[str, ValueType | None] = {}
     for topic, info in zip(parents, infos):
         try:
             found[topic] = value_type(info)
@@ -95,7 +101,7 @@ def with_value_type(opts: SourceOptions) -> SourceOptions:
 
 
 def _ranges(parts: list[TopicPartition], start: dict[str, Boundary], end: dict[str, Boundary]) -> list[RangePartition]:
-    out = []
+    out: list[RangePartition] = []
     for topic, index in parts:
         s, e = start.get(topic, Boundary.before_everything()), end[topic]
         if s.key() < e.key():
@@ -115,7 +121,8 @@ class _Span(NamedTuple):
         return self.last - self.first + 1
 
 
-async def _split(client, ranges: list[RangePartition], want: int | None, timeout: float) -> list[RangePartition]:
+async def _split(client: Client, ranges: list[RangePartition], want: int | None,
+                 timeout: float) -> list[RangePartition]:
     """At least `want` ranges where entries allow (minPartitions): each range cut at entries,
     in pieces in proportion to its entries, so that one partition can keep several cores busy.
     A range is cut within the ledger of its end (entry ids are consecutive within a ledger)."""
@@ -134,7 +141,7 @@ async def _split(client, ranges: list[RangePartition], want: int | None, timeout
                 first = found.entry
         spans.append(None if first is None or e.entry <= first else _Span(e.ledger, first, e.entry))
     total = sum(span.entries for span in spans if span)
-    out = []
+    out: list[RangePartition] = []
     for part, span in zip(ranges, spans):
         if span is None:
             out.append(part)
@@ -152,10 +159,10 @@ class PulsarBatchReader(DataSourceReader):
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
 
-    def partitions(self):
+    def partitions(self) -> Sequence[RangePartition | RangeGroup]:
         opts = self.opts
 
-        async def plan(client):
+        async def plan(client: Client) -> Sequence[RangePartition | RangeGroup]:
             parts = await _topic_partitions(client, opts)
             latest = await _latest_all(client, parts)
             start = await _resolve(client, opts.starting, opts.starting_time, parts, "earliest",
@@ -171,27 +178,27 @@ class PulsarBatchReader(DataSourceReader):
             return _pack(ranges, opts.max_partitions)
         return _run(_with_client(opts.client, plan))
 
-    def read(self, partition):
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read_partition(self.opts, partition)
 
 
 class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
-        self._frozen: dict | None = None  # the target offset of an availableNow query
-        self._latest: dict | None = None  # for reportLatestOffset
+        self._frozen: dict[str, list[int]] | None = None  # the target offset of an availableNow query
+        self._latest: dict[str, list[int]] | None = None  # for reportLatestOffset
         self._turn = 0
 
     def _latest_now(self) -> dict[str, Boundary]:
-        async def look(client):
+        async def look(client: Client) -> dict[str, Boundary]:
             parts = await _topic_partitions(client, self.opts, missing_ok=not self.opts.fail_on_data_loss)
             return await _latest_all(client, parts)
         return _run(_with_client(self.opts.client, look))
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> dict[str, list[int]]:
         opts = self.opts
 
-        async def plan(client):
+        async def plan(client: Client) -> dict[str, Boundary]:
             parts = await _topic_partitions(client, opts)
             latest = await _latest_all(client, parts)
             start = await _resolve(client, opts.starting, opts.starting_time, parts, "latest",
@@ -208,13 +215,13 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         self._frozen = canonical(self._latest_now())
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, list[int]]:
         opts = self.opts
         frozen = None if self._frozen is None else {t: Boundary.from_json(v) for t, v in self._frozen.items()}
         begin = {t: Boundary.from_json(v) for t, v in (start or {}).items()}
         budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
 
-        async def plan(client):
+        async def plan(client: Client) -> tuple[dict[str, Boundary], dict[str, Boundary]]:
             latest = frozen
             if latest is None:
                 parts = await _topic_partitions(client, opts, missing_ok=not opts.fail_on_data_loss)
@@ -254,10 +261,10 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise PulsarDataLossError(message + "; set failOnDataLoss=false to go on from the earliest data")
         log.warning("%s; going on from the earliest data (failOnDataLoss=false)", message)
 
-    def reportLatestOffset(self):
+    def reportLatestOffset(self) -> dict[str, list[int]] | None:
         return self._latest
 
-    def partitions(self, start: dict, end: dict):
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[RangePartition | RangeGroup]:
         parts = [TopicPartition(t, _partition_index(t)) for t in sorted(end)]
         begin = {t: Boundary.from_json(v) for t, v in (start or {}).items()}
         finish = {t: Boundary.from_json(v) for t, v in end.items()}
@@ -271,12 +278,13 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 client, ranges, self.opts.min_partitions, self.opts.read_timeout)))
         return _pack(ranges, self.opts.max_partitions)
 
-    def read(self, partition):
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read_partition(self.opts, partition)
 
-    def commit(self, end: dict) -> None:
-        if self.opts.subscription:  # move the held subscription up to what is now read
+    def commit(self, end: dict[str, Any]) -> None:
+        subscription = self.opts.subscription
+        if subscription:  # move the held subscription up to what is now read
             done = {t: Boundary.from_json(v) for t, v in end.items()}
-            _run(_with_client(self.opts.client, lambda client: _hold(client, self.opts.subscription, done)))
+            _run(_with_client(self.opts.client, lambda client: _hold(client, subscription, done)))
 
 

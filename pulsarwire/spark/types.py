@@ -17,7 +17,7 @@ import io
 import json
 import struct
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pyspark.sql.types import (
     ArrayType, BinaryType, BooleanType, ByteType, DataType, DateType, DoubleType, FloatType, IntegerType,
@@ -25,6 +25,10 @@ from pyspark.sql.types import (
 )
 
 from ..schema import SchemaInfo, SchemaType, _unpack_pair
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
 
 # primitive Pulsar schemas: the Spark type, and the big-endian layout of their payloads
 class _Primitive(NamedTuple):
@@ -55,7 +59,7 @@ _AVRO_PRIMITIVES = {"string": StringType(), "int": IntegerType(), "long": LongTy
                     "double": DoubleType(), "boolean": BooleanType(), "bytes": BinaryType()}
 
 
-def _avro_type(avro, named: dict) -> tuple[DataType, bool]:
+def _avro_type(avro: Any, named: dict[str, DataType]) -> tuple[DataType, bool]:
     """(Spark type, nullable) of an Avro type."""
     if isinstance(avro, str):
         if avro in _AVRO_PRIMITIVES:
@@ -98,7 +102,7 @@ def _avro_type(avro, named: dict) -> tuple[DataType, bool]:
     return _avro_type(kind, named)
 
 
-def _definition(info: SchemaInfo) -> dict:
+def _definition(info: SchemaInfo) -> dict[str, Any]:
     try:
         definition = json.loads(info.data() or b"null")
     except ValueError:
@@ -113,11 +117,11 @@ class ValueType:
     """How a topic's payloads become the `value` column (and back): picklable, shipped to tasks."""
 
     kind: int  # SchemaType
-    definition: dict | None = None  # Avro/JSON: the record definition
+    definition: dict[str, Any] | None = None  # Avro/JSON: the record definition
     key: "ValueType | None" = None  # KeyValue: each side's type
     value: "ValueType | None" = None
     separated: bool = False  # KeyValue: the key rides in the message key (base64)
-    info: dict = field(default_factory=dict)  # the SchemaInfo as sent by the broker (for the sink)
+    info: dict[str, Any] = field(default_factory=dict)  # the SchemaInfo as sent by the broker (for the sink)
 
     @property
     def spark_type(self) -> DataType:
@@ -134,7 +138,7 @@ class ValueType:
             return StructType([StructField("key", self.key.spark_type), StructField("value", self.value.spark_type)])
         raise UnsupportedSchemaError(f"schema type {self.kind}")
 
-    def arrow_type(self):
+    def arrow_type(self) -> pa.DataType:
         from pyspark.sql.pandas.types import to_arrow_type
         return to_arrow_type(self.spark_type, timezone="UTC")
 
@@ -182,7 +186,8 @@ _KINDS_BY_NAME = {**{k.name: int(k) for k in SchemaType}, "BOOLEAN": 5, "INT8": 
 
 
 
-def decode_values(vt: ValueType, values, keys=None):
+def decode_values(vt: ValueType, values: pa.Array,
+                  keys: pa.Array | None = None) -> tuple[pa.Array, np.ndarray | None]:
     """(typed Arrow array, numpy bool mask of rows that did not decode, or None) for a binary
     Arrow array of payloads (`keys`: the messages' keys, for a SEPARATED KeyValue)."""
     import numpy as np
@@ -204,7 +209,7 @@ def decode_values(vt: ValueType, values, keys=None):
     return _row_by_row(vt, values, keys)
 
 
-def _primitives(vt: ValueType, values):
+def _primitives(vt: ValueType, values: pa.Array) -> tuple[pa.Array, np.ndarray | None]:
     import numpy as np
     import pyarrow as pa
 
@@ -234,7 +239,7 @@ def _primitives(vt: ValueType, values):
     return array, (bad if bad.any() else None)
 
 
-def _json_fast(vt: ValueType, values):
+def _json_fast(vt: ValueType, values: pa.Array) -> pa.Array | None:
     """Every payload through Arrow's JSON reader at once; None when that cannot be used here
     (a payload spans lines, or one does not parse or fit the schema: then row by row)."""
     import numpy as np
@@ -278,7 +283,7 @@ def _json_fast(vt: ValueType, values):
     return pa.StructArray.from_arrays(columns, fields=list(target), mask=mask)
 
 
-def _parse_type(arrow):
+def _parse_type(arrow: pa.DataType) -> pa.DataType:
     """What Arrow's JSON reader parses a field as: times as their numbers."""
     import pyarrow as pa
     if pa.types.is_timestamp(arrow):
@@ -292,7 +297,7 @@ def _parse_type(arrow):
     return arrow
 
 
-def _from_parsed(array, arrow):
+def _from_parsed(array: pa.Array, arrow: pa.DataType) -> pa.Array:
     import pyarrow as pa
     import pyarrow.compute as pc
     if pa.types.is_timestamp(arrow):
@@ -314,7 +319,7 @@ def _need_fastavro() -> None:
         raise UnsupportedSchemaError("an Avro topic needs fastavro: pip install 'pulsarwire[avro]'") from None
 
 
-def _row_by_row(vt: ValueType, values, keys):
+def _row_by_row(vt: ValueType, values: pa.Array, keys: pa.Array | None) -> tuple[pa.Array, np.ndarray | None]:
     import numpy as np
     import pyarrow as pa
 
@@ -323,7 +328,7 @@ def _row_by_row(vt: ValueType, values, keys):
 
     payloads = values.to_pylist()
     key_list = keys.to_pylist() if keys is not None else [None] * len(payloads)
-    out: list = []
+    out: list[Any] = []
     bad = np.zeros(len(payloads), bool)
     arrow = vt.arrow_type()
     for i, (payload, key) in enumerate(zip(payloads, key_list)):
@@ -340,10 +345,10 @@ def _row_by_row(vt: ValueType, values, keys):
     return pa.array(out, arrow), (bad if bad.any() else None)
 
 
-_avro_parsed: dict = {}
+_avro_parsed: dict[str, Any] = {}  # definition as canonical JSON -> fastavro's parsed schema
 
 
-def _avro_schema(definition: dict):
+def _avro_schema(definition: dict[str, Any]) -> Any:
     import fastavro
     key = json.dumps(definition, sort_keys=True)
     parsed = _avro_parsed.get(key)
@@ -395,10 +400,10 @@ def decode_one(vt: ValueType, payload: bytes, key: str | None = None) -> Any:
     raise UnsupportedSchemaError(f"schema type {vt.kind}")
 
 
-def _json_to_column(value: dict, definition: dict) -> dict:
+def _json_to_column(value: dict[str, Any], definition: dict[str, Any]) -> dict[str, Any]:
     """A JSON record as its column's Python value: times from their numbers, required fields present."""
     import datetime
-    out: dict = {}
+    out: dict[str, Any] = {}
     for f in definition.get("fields", []):
         kind = f["type"]
         nullable = isinstance(kind, list) and "null" in kind
@@ -433,7 +438,7 @@ def _json_to_column(value: dict, definition: dict) -> dict:
 
 
 
-def encode_values(vt: ValueType, column, name: str) -> list[bytes]:
+def encode_values(vt: ValueType, column: pa.Array, name: str) -> list[bytes]:
     """Payloads for a sink's `value` column under the topic's schema: a typed column encoded
     with it, a binary or string column checked against it (SchemaMismatchError naming the row)."""
     import pyarrow as pa
@@ -465,7 +470,7 @@ def _kind_name(kind: int) -> str:
     return SchemaType(kind).name if kind in SchemaType._value2member_map_ else str(kind)
 
 
-def encode_one(vt: ValueType, value) -> bytes:
+def encode_one(vt: ValueType, value: Any) -> bytes:
     import datetime
     if vt.kind == SchemaType.STRING:
         if not isinstance(value, str):
@@ -507,7 +512,7 @@ def encode_one(vt: ValueType, value) -> bytes:
     raise UnsupportedSchemaError(f"schema type {vt.kind}")
 
 
-def _column_to_json(value):
+def _column_to_json(value: Any) -> Any:
     import datetime
     if isinstance(value, dict):
         return {k: _column_to_json(v) for k, v in value.items()}
