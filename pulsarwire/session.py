@@ -78,7 +78,7 @@ class SendFailed(Event):
 class MessageArrived(Event):
     consumer_id: int
     command: pb.CommandMessage
-    frame: Any  # codec.Frame: metadata, payload
+    frame: codec.Frame  # metadata, payload
 
 
 @dataclass(frozen=True, slots=True)
