@@ -22,10 +22,11 @@ import inspect
 import itertools
 import logging
 import queue
+import re
 import threading
 import time
 from datetime import timedelta  # noqa: F401 - the official module offers it
-from typing import Any, Callable
+from typing import Any, Callable, Coroutine, TypeVar, cast
 
 from . import client as aio
 from . import errors, messages
@@ -47,6 +48,7 @@ from .schema import BytesSchema  # noqa: F401 - the default schema, offered by t
 __version__ = "3.13.0-pulsarwire"  # the official API version this surface follows
 
 log = logging.getLogger("pulsarwire")
+T = TypeVar("T")
 
 
 class PulsarException(Exception):
@@ -54,7 +56,7 @@ class PulsarException(Exception):
 
     result = Result.UnknownError
 
-    def error(self):
+    def error(self) -> Result:
         return self.result
 
 
@@ -94,7 +96,7 @@ class _Facade:
     _loop: LoopThread
     _closed: bool = False
 
-    def _run(self, coro, closed_check: bool = True):
+    def _run(self, coro: Coroutine[Any, Any, T], closed_check: bool = True) -> T:
         if closed_check and self._closed:
             coro.close()
             raise AlreadyClosed(official.error_text(Result.AlreadyClosed))
@@ -103,7 +105,7 @@ class _Facade:
         except BaseException as exc:  # noqa: BLE001 - translated, never swallowed
             raise _official_error(exc, self._closed) from exc
 
-    def _call(self, fn: Callable, *args):
+    def _call(self, fn: Callable[..., T], *args: Any) -> T:
         if self._closed:
             raise AlreadyClosed(official.error_text(Result.AlreadyClosed))
         try:
@@ -124,13 +126,13 @@ class _Handover:
     __slots__ = ("_items", "taken", "_scheduled", "_loop", "_consumer")
 
     def __init__(self, loop: LoopThread, consumer: aio.Consumer) -> None:
-        self._items: collections.deque = collections.deque()
-        self.taken: collections.deque = collections.deque()  # the owner of each message taken
+        self._items: collections.deque[Any] = collections.deque()  # messages, (function, argument) calls
+        self.taken: collections.deque[Any] = collections.deque()  # the owner of each message taken
         self._scheduled = False
         self._loop = loop.loop
         self._consumer = consumer
 
-    def put(self, item) -> None:
+    def put(self, item: Any) -> None:
         self._items.append(item)
         if not self._scheduled:
             self._schedule()
@@ -164,7 +166,7 @@ class _Handover:
                 log.debug("acknowledgement handed over failed: %s", exc)
         taken = self.taken
         if taken:
-            counts: dict = {}
+            counts: dict[Any, int] = {}
             while True:
                 try:
                     owner = taken.popleft()
@@ -181,16 +183,16 @@ class _ListenerThreads:
 
     def __init__(self, count: int) -> None:
         self._count = max(1, count)
-        self._queues: list[queue.SimpleQueue] = []
+        self._queues: list[queue.SimpleQueue[Callable[[], None] | None]] = []
         self._threads: list[threading.Thread] = []
         self._next = itertools.count()
         self._lock = threading.Lock()
 
-    def queue_for_next_consumer(self) -> queue.SimpleQueue:
+    def queue_for_next_consumer(self) -> queue.SimpleQueue[Callable[[], None] | None]:
         with self._lock:
             if not self._threads:
                 for index in range(self._count):
-                    work: queue.SimpleQueue = queue.SimpleQueue()
+                    work: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
                     thread = threading.Thread(target=self._serve, args=(work,), daemon=True,
                                               name=f"pulsarwire-listener-{index}")
                     thread.start()
@@ -199,7 +201,7 @@ class _ListenerThreads:
             return self._queues[next(self._next) % self._count]
 
     @staticmethod
-    def _serve(work: queue.SimpleQueue) -> None:
+    def _serve(work: queue.SimpleQueue[Callable[[], None] | None]) -> None:
         while True:
             job = work.get()
             if job is None:
@@ -220,16 +222,16 @@ class Client(_Facade):
     _shut_down = False
 
     @official_options.CLIENT.method("sync")
-    def __init__(self, service_url, values: dict) -> None:
+    def __init__(self, service_url: str, values: dict[str, Any]) -> None:
         if not isinstance(service_url, str):
             raise ValueError("Argument service_url is expected to be of type 'str' (pulsarwire has no "
                              "AutoClusterFailover or ServiceInfoProvider)")
         options = official_options.CLIENT.translate(values)
         self._loop = LoopThread()
         self._listeners = _ListenerThreads(values["message_listener_threads"])
-        self._handles: list = []
+        self._handles: list[Producer | Consumer | Reader | TableView] = []
 
-        async def make():
+        async def make() -> aio.Client:
             return aio.Client(service_url, **options)
         try:
             self._client = self._loop.run(make())
@@ -238,7 +240,7 @@ class Client(_Facade):
             raise  # a bad service URL: ValueError, as from the official client
 
     @official_options.PRODUCER.method("sync")
-    def create_producer(self, topic, values: dict) -> "Producer":
+    def create_producer(self, topic: str, values: dict[str, Any]) -> "Producer":
         _checked_topic(topic)
         try:
             options = official_options.PRODUCER.translate(values)
@@ -250,7 +252,8 @@ class Client(_Facade):
         return producer
 
     @official_options.CONSUMER.method("sync")
-    def subscribe(self, topic, subscription_name, values: dict) -> "Consumer":
+    def subscribe(self, topic: str | list[str] | re.Pattern[str], subscription_name: str,
+                  values: dict[str, Any]) -> "Consumer":
         official.check_type(str, subscription_name, "subscription_name")
         try:
             topics = official.subscribe_topic(topic)
@@ -274,7 +277,7 @@ class Client(_Facade):
         return consumer
 
     @official_options.READER.method("sync")
-    def create_reader(self, topic, start_message_id, values: dict) -> "Reader":
+    def create_reader(self, topic: str, start_message_id: MessageId, values: dict[str, Any]) -> "Reader":
         _checked_topic(topic)
         start = official.native_id(start_message_id)
         try:
@@ -288,18 +291,18 @@ class Client(_Facade):
             reader._listen(values["reader_listener"])
         return reader
 
-    def _resolve_writer_schemas(self, schema) -> None:
+    def _resolve_writer_schemas(self, schema: object) -> None:
         """An Avro schema of a consumer or reader decodes a message by the schema version it was
         written with (fetched once per version), as the official client does."""
         if isinstance(schema, _schema.AvroSchema) and schema.fetch_writer_schema is None:
             schema.fetch_writer_schema = self._writer_schema_info
 
-    def _writer_schema_info(self, topic: str, version: bytes):
+    def _writer_schema_info(self, topic: str, version: bytes) -> _schema.SchemaInfo | None:
         if threading.current_thread() is self._loop.thread or self._closed:
             return None  # the loop cannot wait on itself: decoded with the reader's schema
         return self._run(self._client.get_schema_info(topic, version))
 
-    def create_table_view(self, topic, subscription_name=None, schema=None) -> "TableView":
+    def create_table_view(self, topic: str, subscription_name: str | None = None, schema: Any = None) -> "TableView":
         """The latest value of every key of a topic (from the asyncio client's table view)."""
         official.check_type(str, topic, "topic")
         official.check_type_or_none(str, subscription_name, "subscription_name")
@@ -315,7 +318,7 @@ class Client(_Facade):
         self._handles.append(view)
         return view
 
-    def get_topic_partitions(self, topic) -> list[str]:
+    def get_topic_partitions(self, topic: str) -> list[str]:
         official.check_type(str, topic, "topic")
         return self._run(self._client.get_topic_partitions(topic))
 
@@ -327,7 +330,7 @@ class Client(_Facade):
         for handle in self._handles:
             handle._closed = True
 
-        def abort():
+        def abort() -> None:
             self._client._closed = True
             self._client._pool.close_all()
             closed = errors.AlreadyClosedError("client is closed")
@@ -357,7 +360,7 @@ class Client(_Facade):
             handle._closed = True
         self._closed = True
 
-        async def close():
+        async def close() -> None:
             for handle in self._handles:  # what send_async queued goes out first, as producer.close() does
                 if isinstance(handle, Producer):
                     await handle._handed_over()
@@ -371,12 +374,12 @@ class Client(_Facade):
     def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if not self._closed:
             self.close()
 
 
-def _checked_topic(topic) -> None:
+def _checked_topic(topic: str) -> None:
     official.check_type(str, topic, "topic")
     try:
         official.check_topic(topic)
@@ -388,8 +391,8 @@ def _default_message_id() -> MessageId:
     return MessageId()
 
 
-def _sent_id(native) -> MessageId:
-    """The id send() gives: without its topic, as the official client's (so a multi-topic
+def _sent_id(native: Any) -> MessageId:
+    """The id send() gives (`native`: the receipt's pulsarwire MessageId, there when no error is): without its topic, as the official client's (so a multi-topic
     consumer refuses to acknowledge it, as the official client does)."""
     return MessageId.wrap(messages.MessageId(native.ledger_id, native.entry_id, native.partition,
                                              native.batch_index, native.batch_size))
@@ -402,13 +405,13 @@ class _Sent(Receipt):
 
     __slots__ = ("_producer",)
 
-    def __init__(self, producer: "Producer", callback) -> None:
+    def __init__(self, producer: "Producer", callback: Any) -> None:  # (Result, MessageId), not Receipt's
         self.callback = callback
         self._done = False
         self._waiter = None
         self._producer = producer
 
-    def _answer(self, error, message_id) -> None:
+    def _answer(self, error: BaseException | None, message_id: messages.MessageId | None) -> None:
         if self._done:
             return
         self._done = True
@@ -419,7 +422,7 @@ class _Sent(Receipt):
             if self._waiter is not None and not self._waiter.done():
                 self._waiter.set_result(None)
 
-    def _report(self, error, message_id) -> None:
+    def _report(self, error: BaseException | None, message_id: messages.MessageId | None) -> None:
         callback: Any = self.callback  # the official signature: (Result, official MessageId)
         if callback is None:
             return
@@ -431,12 +434,12 @@ class _Sent(Receipt):
         except Exception:  # noqa: BLE001 - a callback's error must not break the producer
             log.exception("send_async callback raised")
 
-    def refused(self, result) -> None:
+    def refused(self, result: Result) -> None:
         """Not accepted (a full queue, a closed producer): the callback alone."""
         self._done = True
         self._report_result(result)
 
-    def _report_result(self, result) -> None:
+    def _report_result(self, result: Result) -> None:
         callback: Any = self.callback  # the official signature: (Result, official MessageId)
         if callback is not None:
             try:
@@ -455,9 +458,9 @@ class _Awaited(_Sent):
         self._finished = threading.Lock()
         self._finished.acquire()
         self.error: BaseException | None = None
-        self.message_id = None
+        self.message_id: messages.MessageId | None = None
 
-    def _report(self, error, message_id) -> None:
+    def _report(self, error: BaseException | None, message_id: messages.MessageId | None) -> None:
         self.error, self.message_id = error, message_id
         self._finished.release()
 
@@ -465,7 +468,7 @@ class _Awaited(_Sent):
         return self._finished.acquire(timeout=timeout)
 
 
-_NO_SEND_OPTIONS: dict = {}
+_NO_SEND_OPTIONS: dict[str, Any] = {}
 
 
 class Producer(_Facade):
@@ -1165,9 +1168,10 @@ class TableView(_Facade):
     def _stop_listening(self) -> None:
         pass
 
-    def _blocking(self, method: str, *args):
+    def _blocking(self, method: str, *args: Any) -> Any:
         result = self._call(getattr(self._view, method), *args)
-        return self._run(result) if inspect.isawaitable(result) else result
+        # the view's async methods give coroutines (what the loop thread runs)
+        return self._run(cast(Coroutine[Any, Any, Any], result)) if inspect.isawaitable(result) else result
 
     def get(self, key: str):
         return self._blocking("get", key)
