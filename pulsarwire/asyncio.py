@@ -24,8 +24,8 @@ from .official import (  # noqa: F401 - the official module offers these names
 )
 
 
-T = TypeVar("T")
-H = TypeVar("H", bound="_Handle")
+_T = TypeVar("_T")
+_H = TypeVar("_H", bound="_Handle")
 
 
 class PulsarException(Exception):
@@ -74,7 +74,7 @@ def _raise_official(exc: BaseException, closed: bool = False) -> NoReturn:
 class _Handle:
     _closed = False
 
-    async def _await(self, coro: Coroutine[Any, Any, T]) -> T:
+    async def _await(self, coro: Coroutine[Any, Any, _T]) -> _T:
         if self._closed:
             coro.close()
             raise _EXCEPTIONS[Result.AlreadyClosed](Result.AlreadyClosed)
@@ -83,7 +83,7 @@ class _Handle:
         except BaseException as exc:  # noqa: BLE001 - translated, never swallowed
             _raise_official(exc, self._closed)
 
-    def _now(self, fn: Callable[..., T], *args: Any) -> T:
+    def _now(self, fn: Callable[..., _T], *args: Any) -> _T:
         if self._closed:
             raise _EXCEPTIONS[Result.AlreadyClosed](Result.AlreadyClosed)
         try:
@@ -233,7 +233,7 @@ class Client(_Handle):
         # closed with the client, so that later calls raise AlreadyClosed (weak: no growth)
         self._handles: weakref.WeakSet[_Handle] = weakref.WeakSet()
 
-    def _made(self, handle: H) -> H:
+    def _made(self, handle: _H) -> _H:
         self._handles.add(handle)
         return handle
 

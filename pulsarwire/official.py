@@ -25,7 +25,7 @@ from . import errors
 from . import messages
 
 
-E = TypeVar("E", bound="OfficialEnum")
+_E = TypeVar("_E", bound="OfficialEnum")
 
 
 # --- enums -----------------------------------------------------------------------------
@@ -752,7 +752,7 @@ def check_type_or_none(var_type: type, var: object, name: str) -> None:
         raise ValueError(f"Argument {name} is expected to be either None or of type '{var_type.__name__}'")
 
 
-def accept(enum_type: type[E], var: Any, name: str) -> E:
+def accept(enum_type: type[_E], var: Any, name: str) -> _E:
     """`var` as pulsarwire's `enum_type`: checked as `check_type` does, an official enum converted."""
     check_type(enum_type, var, name)
     return enum_type(var)

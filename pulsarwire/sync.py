@@ -26,7 +26,8 @@ import re
 import threading
 import time
 from datetime import timedelta  # noqa: F401 - the official module offers it
-from typing import Any, Callable, Coroutine, TypeVar, cast
+from typing import Any, Callable, Coroutine, cast
+from typing import TypeVar as _TypeVar  # private: __all__ below offers this module's classes
 
 from . import client as aio
 from . import errors, messages
@@ -48,7 +49,7 @@ from .schema import BytesSchema  # noqa: F401 - the default schema, offered by t
 __version__ = "3.13.0-pulsarwire"  # the official API version this surface follows
 
 log = logging.getLogger("pulsarwire")
-T = TypeVar("T")
+_T = _TypeVar("_T")
 
 
 class PulsarException(Exception):
@@ -96,7 +97,7 @@ class _Facade:
     _loop: LoopThread
     _closed: bool = False
 
-    def _run(self, coro: Coroutine[Any, Any, T], closed_check: bool = True) -> T:
+    def _run(self, coro: Coroutine[Any, Any, _T], closed_check: bool = True) -> _T:
         if closed_check and self._closed:
             coro.close()
             raise AlreadyClosed(official.error_text(Result.AlreadyClosed))
@@ -105,7 +106,7 @@ class _Facade:
         except BaseException as exc:  # noqa: BLE001 - translated, never swallowed
             raise _official_error(exc, self._closed) from exc
 
-    def _call(self, fn: Callable[..., T], *args: Any) -> T:
+    def _call(self, fn: Callable[..., _T], *args: Any) -> _T:
         if self._closed:
             raise AlreadyClosed(official.error_text(Result.AlreadyClosed))
         try:
