@@ -393,8 +393,9 @@ def _default_message_id() -> MessageId:
 
 
 def _sent_id(native: Any) -> MessageId:
-    """The id send() gives (`native`: the receipt's pulsarwire MessageId, there when no error is): without its topic, as the official client's (so a multi-topic
-    consumer refuses to acknowledge it, as the official client does)."""
+    """The id send() gives for `native` (the receipt's pulsarwire MessageId, there whenever no error
+    is): without its topic, as the official client's (so a multi-topic consumer refuses to
+    acknowledge it, as the official client does)."""
     return MessageId.wrap(messages.MessageId(native.ledger_id, native.entry_id, native.partition,
                                              native.batch_index, native.batch_size))
 
@@ -475,7 +476,7 @@ _NO_SEND_OPTIONS: dict[str, Any] = {}
 class Producer(_Facade):
     """Publishes messages on a topic (all partitions of it when partitioned)."""
 
-    def __init__(self, client: Client, producer: aio.Producer, schema) -> None:
+    def __init__(self, client: Client, producer: aio.Producer, schema: Any) -> None:
         self._client = client
         self._loop = client._loop
         self._producer = producer
@@ -489,9 +490,10 @@ class Producer(_Facade):
         self._accepted = 0  # sends accepted (under _gate)
         self._answered = 0  # of those, answered (on the loop's thread only)
         self._room_waiters = 0  # callers waiting for room (under _gate)
-        self._handing: collections.deque = collections.deque()  # accepted, not yet on the producer
+        # accepted, not yet on the producer: (content, send options, answer)
+        self._handing: collections.deque[tuple[Any, dict[str, Any], _Sent]] = collections.deque()
         self._handing_over = False  # a hand-over is scheduled or running: it takes what is queued
-        self._hand_over_task: _asyncio.Task | None = None  # the hand-over, when a send had to wait
+        self._hand_over_task: _asyncio.Task[None] | None = None  # the hand-over, when a send had to wait
 
     def _stop_listening(self) -> None:
         with self._gate:
@@ -512,9 +514,11 @@ class Producer(_Facade):
             return False
         return self._loop.call(self._producer.is_connected)
 
-    def send(self, content, properties=None, partition_key=None, ordering_key=None, sequence_id=None,
-             replication_clusters=None, disable_replication=False, event_timestamp=None, deliver_at=None,
-             deliver_after=None) -> MessageId:
+    def send(self, content: Any, properties: dict[str, str] | None = None, partition_key: str | None = None,
+             ordering_key: str | None = None, sequence_id: int | None = None,
+             replication_clusters: list[str] | None = None, disable_replication: bool = False,
+             event_timestamp: int | None = None, deliver_at: int | None = None,
+             deliver_after: timedelta | None = None) -> MessageId:
         """Publish one message and wait until the broker has it; returns its id. `None` content
         sends a null value (a tombstone: compaction and table views drop the key). With batching,
         its batch goes out at once (with what other threads added to it), as the Java client's
@@ -539,9 +543,12 @@ class Producer(_Facade):
         except BaseException as exc:  # noqa: BLE001 - translated, never swallowed
             raise _official_error(exc, self._closed) from exc
 
-    def send_async(self, content, callback, properties=None, partition_key=None, ordering_key=None,
-                   sequence_id=None, replication_clusters=None, disable_replication=False, event_timestamp=None,
-                   deliver_at=None, deliver_after=None) -> None:
+    def send_async(self, content: Any, callback: Callable[[Result, MessageId], None] | None,
+                   properties: dict[str, str] | None = None, partition_key: str | None = None,
+                   ordering_key: str | None = None, sequence_id: int | None = None,
+                   replication_clusters: list[str] | None = None, disable_replication: bool = False,
+                   event_timestamp: int | None = None, deliver_at: int | None = None,
+                   deliver_after: timedelta | None = None) -> None:
         """Queue a message; `callback(result, message_id)` runs once the broker has it, or with the
         error's Result (and MessageId(-1, -1, -1, -1)) when it fails - a full queue included."""
         if callback is not None and not callable(callback):  # refused at the call, as the official client does
@@ -568,7 +575,7 @@ class Producer(_Facade):
             return AlreadyClosed(official.error_text(Result.AlreadyClosed))
         return ProducerQueueIsFull(official.error_text(Result.ProducerQueueIsFull))
 
-    def _accept(self, content, options: dict, sent: _Sent) -> bool:
+    def _accept(self, content: Any, options: dict[str, Any], sent: _Sent) -> bool:
         """Queue one send if the bound on pending messages lets it in, waiting for room when the
         producer blocks; False when it is refused (see `_refusal`). `sent` is answered on the
         loop's thread once the broker has the message (or it failed)."""
@@ -691,7 +698,7 @@ class Producer(_Facade):
 
     def flush(self) -> None:
         """Send what is batched and wait until the broker has every pending message."""
-        async def flush():
+        async def flush() -> None:
             await self._handed_over()
             await self._producer.flush()
         self._run(flush())
@@ -702,13 +709,13 @@ class Producer(_Facade):
             raise AlreadyClosed(official.error_text(Result.AlreadyClosed))
         self._stop_listening()  # first: a call blocked meanwhile reads AlreadyClosed
 
-        async def close():
+        async def close() -> None:
             await self._handed_over()
             await self._producer.close()
         self._run(close(), closed_check=False)
 
 
-def _future_answered(sent: _Sent, future: _asyncio.Future) -> None:
+def _future_answered(sent: _Sent, future: _asyncio.Future[messages.MessageId]) -> None:
     if future.cancelled():
         sent.set_exception(errors.AlreadyClosedError("producer is closed"))
     elif (error := future.exception()) is not None:
@@ -717,7 +724,7 @@ def _future_answered(sent: _Sent, future: _asyncio.Future) -> None:
         sent.set_result(future.result())
 
 
-def _result_of(exc: BaseException, closed: bool):
+def _result_of(exc: BaseException, closed: bool) -> Result:
     if isinstance(exc, PulsarException):
         return exc.result
     return official.official_result(exc, closed) or Result.UnknownError
@@ -727,10 +734,10 @@ class _Listening(_Facade):
     """A consumer or reader whose messages may go to a listener instead of receive()."""
 
     _client: Client
-    _listener_task: _asyncio.Task | None = None
+    _listener_task: _asyncio.Task[None] | None = None
     _resumed: _asyncio.Event | None = None
 
-    async def _receive_native(self) -> Any:
+    async def _receive_native(self) -> messages.Message:
         raise NotImplementedError
 
     def topic(self) -> str:
@@ -739,13 +746,14 @@ class _Listening(_Facade):
     def _listen(self, listener: Callable) -> None:
         work = self._client._listeners.queue_for_next_consumer()
 
-        async def start():
+        async def start() -> None:
             resumed = self._resumed = _asyncio.Event()
             resumed.set()
             self._listener_task = _asyncio.ensure_future(self._pump(listener, work, resumed))
         self._loop.run(start())
 
-    async def _pump(self, listener: Callable, work: queue.SimpleQueue, resumed: _asyncio.Event) -> None:
+    async def _pump(self, listener: Callable[..., Any], work: queue.SimpleQueue[Callable[[], None] | None],
+                    resumed: _asyncio.Event) -> None:
         """Hand each message to the listener thread and wait for the listener to return, so that a
         slow listener holds back the consumer (its receiver queue) instead of piling up messages;
         `resumed` is cleared while the listener is paused."""
@@ -760,10 +768,10 @@ class _Listening(_Facade):
                 log.warning("listener of %s stops: %s", self.topic(), exc)
                 return
             await resumed.wait()  # paused while this one was on its way: hold it
-            finished = loop.create_future()
+            finished: _asyncio.Future[None] = loop.create_future()
             message = Message(native)
 
-            def call(message=message, finished=finished) -> None:
+            def call(message: Message = message, finished: _asyncio.Future[None] = finished) -> None:
                 try:
                     listener(self, message)
                 except Exception:  # noqa: BLE001 - as the official client: log and go on
@@ -794,7 +802,7 @@ class _Listening(_Facade):
             raise InvalidConfiguration(official.error_text(Result.InvalidConfiguration))
 
 
-def _finish(future: _asyncio.Future) -> None:
+def _finish(future: _asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
 
@@ -802,7 +810,8 @@ def _finish(future: _asyncio.Future) -> None:
 class Consumer(_Listening):
     """Receives messages of a subscription."""
 
-    def __init__(self, client: Client, consumer: aio.Consumer, consumer_type, batch_policy: BatchReceivePolicy):
+    def __init__(self, client: Client, consumer: aio.Consumer, consumer_type: ConsumerType,
+                 batch_policy: BatchReceivePolicy) -> None:
         self._client = client
         self._loop = client._loop
         self._consumer = consumer
@@ -810,7 +819,7 @@ class Consumer(_Listening):
         self._batch_policy = batch_policy
         # a message batch_receive() took but left for the next call, as the official client
         # leaves in its queue the message that would take a batch over max_num_bytes
-        self._held: Any = None
+        self._held: messages.Message | None = None
         # receive() takes from the asyncio consumer's queue in the caller's thread; permits and
         # acknowledgements go to the loop in batches (see _Handover)
         self._queue = consumer._queue
@@ -821,13 +830,13 @@ class Consumer(_Listening):
         self._permit_step = max(1, consumer._refill_at // 4)  # permits handed over this many at a time
         # a message listener: called on its listener thread, which takes the messages itself
         self._listener: Callable | None = None
-        self._listener_work: queue.SimpleQueue | None = None
+        self._listener_work: queue.SimpleQueue[Callable[[], None] | None] | None = None
         self._listener_paused = False
         self._listener_armed = False  # a drain is queued or running on the listener thread
         self._listener_lock = threading.Lock()
         self._multi_topics = False  # set by subscribe()
 
-    def _ack_target(self, message):
+    def _ack_target(self, message: Message | MessageId | messages.MessageId) -> messages.Message | messages.MessageId:
         """What acknowledge() hands on; a multi-topic consumer refuses an id that does not name
         its topic (from send(), made by hand, deserialized), as the official client does."""
         target = _native_target(message)
@@ -891,7 +900,7 @@ class Consumer(_Listening):
         if self._listener is not None:
             raise InvalidConfiguration("Pulsar error: InvalidConfiguration: messages go to the listener")
 
-    async def _receive_native(self):
+    async def _receive_native(self) -> messages.Message:
         return await self._consumer.receive()
 
     def topic(self) -> str:
@@ -903,7 +912,7 @@ class Consumer(_Listening):
     def consumer_name(self) -> str:
         return self._consumer.consumer_name()
 
-    def receive(self, timeout_millis=None) -> Message:
+    def receive(self, timeout_millis: int | None = None) -> Message:
         """The next message; raises Timeout when none comes within timeout_millis."""
         if timeout_millis is not None:
             official.check_type(int, timeout_millis, "timeout_millis")
@@ -925,7 +934,7 @@ class Consumer(_Listening):
                     raise _official_error(exc, self._closed) from exc
         return Message(native)
 
-    def _take(self):
+    def _take(self) -> messages.Message | None:
         """The next queued message (None when there is none), taken in the caller's thread; its
         permit goes back to the broker through the loop, with others."""
         native = self._queue.take()
@@ -945,7 +954,7 @@ class Consumer(_Listening):
                 time.sleep(0)
         return native
 
-    def _took(self, taken: list) -> None:
+    def _took(self, taken: list[messages.Message]) -> None:
         """What _take() does for each message, for messages taken together."""
         handover = self._handover
         owners = handover.taken
@@ -960,7 +969,7 @@ class Consumer(_Listening):
             self._taken = 0
             time.sleep(0)  # as in _take
 
-    def _wait_and_take(self, timeout_millis):
+    def _wait_and_take(self, timeout_millis: int | None) -> messages.Message:
         """_take(), waiting for a message; the asyncio consumer's errors when none can come."""
         self._loop.refuse_own_thread()
         self._handover.flush_taken()  # the permits of what was taken: the broker may be waiting for them
@@ -999,7 +1008,7 @@ class Consumer(_Listening):
         max_messages, max_bytes = policy.getMaxNumMessages(), policy.getMaxNumBytes()
         timeout_ms = policy.getTimeoutMs()
         deadline = time.monotonic() + timeout_ms / 1000 if timeout_ms > 0 else None
-        batch: list = []
+        batch: list[messages.Message] = []
         size = 0
         while (max_messages <= 0 or len(batch) < max_messages) and (max_bytes <= 0 or size < max_bytes):
             native = self._held
@@ -1031,7 +1040,7 @@ class Consumer(_Listening):
             size += length
         return [Message(m) for m in batch]
 
-    def acknowledge(self, message) -> None:
+    def acknowledge(self, message: Message | MessageId) -> None:
         """Acknowledge one message (or message id): queued here, sent with others (as the
         official client groups acknowledgements for acknowledgmentGroupTime)."""
         if self._closed:
@@ -1041,7 +1050,7 @@ class Consumer(_Listening):
         else:
             self._handover.put((self._consumer.acknowledge, self._ack_target(message)))
 
-    def acknowledge_cumulative(self, message) -> None:
+    def acknowledge_cumulative(self, message: Message | MessageId) -> None:
         """Acknowledge every message up to and including this one (not on Shared or Key_Shared)."""
         if self._type in (ConsumerType.Shared, ConsumerType.KeyShared):
             raise CumulativeAcknowledgementNotAllowedError(
@@ -1050,7 +1059,7 @@ class Consumer(_Listening):
             raise AlreadyClosed(official.error_text(Result.AlreadyClosed))
         self._handover.put((self._consumer.acknowledge_cumulative, self._ack_target(message)))
 
-    def negative_acknowledge(self, message) -> None:
+    def negative_acknowledge(self, message: Message | MessageId) -> None:
         """Have this message redelivered after negative_ack_redelivery_delay_ms."""
         if self._closed:
             raise AlreadyClosed("Pulsar error: AlreadyClosed")
@@ -1066,7 +1075,7 @@ class Consumer(_Listening):
         self._held = None  # the broker delivers it again
         self._call(self._consumer.redeliver_unacknowledged_messages)
 
-    def seek(self, messageid) -> None:
+    def seek(self, messageid: MessageId | int) -> None:
         """Move the subscription to a message id or a publish time (ms)."""
         self._held = None
         self._run(self._consumer.seek(official.seek_target(messageid)))
@@ -1094,7 +1103,7 @@ class Consumer(_Listening):
         self._run(self._consumer.close(), closed_check=False)
 
 
-def _native_target(message):
+def _native_target(message: Message | MessageId | messages.MessageId) -> messages.Message | messages.MessageId:
     if isinstance(message, Message):
         return message.native
     return official.native_id(message)
@@ -1108,13 +1117,13 @@ class Reader(_Listening):
         self._loop = client._loop
         self._reader = reader
 
-    async def _receive_native(self):
+    async def _receive_native(self) -> messages.Message:
         return await self._reader.read_next()
 
     def topic(self) -> str:
         return self._reader.topic()
 
-    def read_next(self, timeout_millis=None) -> Message:
+    def read_next(self, timeout_millis: int | None = None) -> Message:
         """The next message; raises Timeout when none comes within timeout_millis."""
         if timeout_millis is not None:
             official.check_type(int, timeout_millis, "timeout_millis")
@@ -1124,7 +1133,7 @@ class Reader(_Listening):
     def has_message_available(self) -> bool:
         return self._run(self._reader.has_message_available())
 
-    def seek(self, messageid) -> None:
+    def seek(self, messageid: MessageId | int) -> None:
         self._run(self._reader.seek(official.seek_target(messageid)))
 
     def is_connected(self) -> bool:
@@ -1143,7 +1152,8 @@ class Reader(_Listening):
 class TableView(_Facade):
     """Blocking view over the asyncio client's table view (what it returns awaitable is awaited)."""
 
-    def __init__(self, client: Client, view, topic: str, subscription_name: str | None, schema=None) -> None:
+    def __init__(self, client: Client, view: Any, topic: str, subscription_name: str | None,
+                 schema: Any = None) -> None:
         self._client = client
         self._loop = client._loop
         self._view = view
@@ -1151,7 +1161,7 @@ class TableView(_Facade):
         self._subscription = subscription_name
         self._schema = schema
 
-    def _removed_value(self):
+    def _removed_value(self) -> Any:
         """What a listener gets for a removed key: the official client decodes the empty value
         (b'' without a schema, '' with a StringSchema)."""
         if self._schema is None:
@@ -1161,8 +1171,8 @@ class TableView(_Facade):
         except Exception:  # noqa: BLE001 - a schema with no empty value: the raw empty value
             return b""
 
-    def _official_values(self, callback: Callable) -> Callable:
-        def call(key, value):
+    def _official_values(self, callback: Callable[[str, Any], None]) -> Callable[[str, Any], None]:
+        def call(key: str, value: Any) -> None:
             callback(key, self._removed_value() if value is None else value)
         return call
 
@@ -1174,7 +1184,7 @@ class TableView(_Facade):
         # the view's async methods give coroutines (what the loop thread runs)
         return self._run(cast(Coroutine[Any, Any, Any], result)) if inspect.isawaitable(result) else result
 
-    def get(self, key: str):
+    def get(self, key: str) -> Any:
         return self._blocking("get", key)
 
     def for_each(self, callback: Callable) -> None:
@@ -1198,7 +1208,7 @@ class TableView(_Facade):
     __repr__ = __str__
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name == "asyncio":  # `pulsar.asyncio`, as after `import pulsar.asyncio`
         from . import asyncio as official_asyncio
         return official_asyncio
