@@ -15,7 +15,10 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import argparse
 
 DEFAULT_ADMIN_URL = "http://127.0.0.1:8080"
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024
@@ -87,7 +90,7 @@ def namespace_path(namespace: str) -> str:
     return "/".join(urllib.parse.quote(p, safe="") for p in parts)
 
 
-def add_parser(sub) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The `admin` subcommand and its pulsar-admin-style subcommands."""
     admin = sub.add_parser("admin", help="administer a Pulsar broker over its admin REST API (as pulsar-admin)",
                            description="The common pulsar-admin operations, over the admin REST API.")
@@ -197,7 +200,7 @@ def _print(value: Any) -> None:
         print(json.dumps(value, indent=2) if not isinstance(value, str) else value)
 
 
-def _peek(client: AdminClient, args) -> None:
+def _peek(client: AdminClient, args: argparse.Namespace) -> None:
     from . import codec
     from ._proto import PulsarApi_pb2 as pb
     base = f"/admin/v2/{topic_path(args.topic)}/subscription/{urllib.parse.quote(args.subscription, safe='')}"
@@ -242,7 +245,7 @@ def _hexdump(data: bytes) -> str:
     return "\n".join(lines)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     client = AdminClient(args.admin_url, args.admin_token, tls_trust_certs_file=args.admin_trust,
                          tls_allow_insecure=args.tls_allow_insecure)
     try:
@@ -254,7 +257,7 @@ def run(args) -> int:
     return 0
 
 
-def _run(client: AdminClient, args) -> None:
+def _run(client: AdminClient, args: argparse.Namespace) -> None:
     group, command = args.admin_group, args.admin_command
     call = client.request
     if group == "topics":

@@ -10,9 +10,10 @@ pulsarwire's asyncio client on the caller's event loop: no extra thread.
 from __future__ import annotations
 
 import asyncio
+import re
 import weakref
 from datetime import timedelta  # noqa: F401 - the official module offers it
-from typing import Any, Callable
+from typing import Any, Callable, Coroutine, NoReturn, TypeVar
 
 from . import client as aio
 from . import errors
@@ -23,17 +24,21 @@ from .official import (  # noqa: F401 - the official module offers these names
 )
 
 
+_T = TypeVar("_T")
+_H = TypeVar("_H", bound="_Handle")
+
+
 class PulsarException(Exception):
     """The error of a failed operation; `error()` is its official Result."""
 
-    def __init__(self, result, msg: str | None = None) -> None:
+    def __init__(self, result: Result | int, msg: str | None = None) -> None:
         # not super(): the pulsarwire error mixed into each subclass takes other arguments
         # (ServerError(message, code=...), CodecError(message, command=...))
         Exception.__init__(self, result, msg)
         self._result = Result(result)
         self._msg = msg
 
-    def error(self):
+    def error(self) -> Result:
         return self._result
 
     def __str__(self) -> str:
@@ -45,7 +50,7 @@ class PulsarException(Exception):
 _EXCEPTIONS = official.exception_classes(PulsarException, named_as_base=True)
 
 
-def _checked_topic(topic) -> None:
+def _checked_topic(topic: str) -> None:
     official.check_type(str, topic, "topic")
     try:
         official.check_topic(topic)
@@ -53,7 +58,7 @@ def _checked_topic(topic) -> None:
         raise _EXCEPTIONS[Result.InvalidTopicName](Result.InvalidTopicName, str(exc)) from None
 
 
-def _raise_official(exc: BaseException, closed: bool = False):
+def _raise_official(exc: BaseException, closed: bool = False) -> NoReturn:
     if isinstance(exc, PulsarException):
         raise exc
     if isinstance(exc, official.BadTopicName):
@@ -69,7 +74,7 @@ def _raise_official(exc: BaseException, closed: bool = False):
 class _Handle:
     _closed = False
 
-    async def _await(self, coro):
+    async def _await(self, coro: Coroutine[Any, Any, _T]) -> _T:
         if self._closed:
             coro.close()
             raise _EXCEPTIONS[Result.AlreadyClosed](Result.AlreadyClosed)
@@ -78,7 +83,7 @@ class _Handle:
         except BaseException as exc:  # noqa: BLE001 - translated, never swallowed
             _raise_official(exc, self._closed)
 
-    def _now(self, fn: Callable, *args):
+    def _now(self, fn: Callable[..., _T], *args: Any) -> _T:
         if self._closed:
             raise _EXCEPTIONS[Result.AlreadyClosed](Result.AlreadyClosed)
         try:
@@ -90,21 +95,21 @@ class _Handle:
 class Producer(_Handle):
     """Publishes messages; `await producer.send(content)` returns the message id."""
 
-    def __init__(self, producer: aio.Producer, schema) -> None:
+    def __init__(self, producer: aio.Producer, schema: Any) -> None:
         self._producer = producer
         self._schema = schema
 
-    async def send(self, content: Any, properties: dict | None = None, partition_key: str | None = None,
+    async def send(self, content: Any, properties: dict[str, str] | None = None, partition_key: str | None = None,
                    ordering_key: str | None = None, sequence_id: int | None = None,
                    replication_clusters: list[str] | None = None, disable_replication: bool | None = None,
                    event_timestamp: int | None = None, deliver_at: int | None = None,
-                   deliver_after=None) -> MessageId:
+                   deliver_after: timedelta | None = None) -> MessageId:
         official.check_content(content, self._schema)
         options = official.send_options(properties, partition_key, ordering_key, sequence_id, replication_clusters,
                                         bool(disable_replication), event_timestamp, deliver_at, deliver_after)
         return MessageId.wrap(await self._await(self._queue_and_wait(content, options)))
 
-    async def _queue_and_wait(self, content: Any, options: dict):
+    async def _queue_and_wait(self, content: Any, options: dict[str, Any]) -> aio.MessageId:
         # as the official client: the message waits in its batch (full, or the publish delay
         # over), so concurrent sends share a batch; pulsarwire's own send() flushes at once
         receipt = await self._producer.send_async(content, **options)
@@ -130,7 +135,7 @@ class Producer(_Handle):
         return not self._closed and self._producer.is_connected()
 
 
-def _native_target(message):
+def _native_target(message: Message | MessageId | aio.MessageId) -> aio.Message | aio.MessageId:
     if isinstance(message, Message):
         return message.native
     return official.native_id(message)
@@ -139,30 +144,30 @@ def _native_target(message):
 class Consumer(_Handle):
     """Receives messages of a subscription; `await consumer.receive()`."""
 
-    def __init__(self, consumer: aio.Consumer, consumer_type) -> None:
+    def __init__(self, consumer: aio.Consumer, consumer_type: ConsumerType) -> None:
         self._consumer = consumer
         self._type = consumer_type
 
     async def receive(self) -> Message:
         return Message(await self._await(self._consumer.receive()))
 
-    async def acknowledge(self, message) -> None:
+    async def acknowledge(self, message: Message | MessageId) -> None:
         self._now(self._consumer.acknowledge, _native_target(message))
 
-    async def acknowledge_cumulative(self, message) -> None:
+    async def acknowledge_cumulative(self, message: Message | MessageId) -> None:
         if self._type in (ConsumerType.Shared, ConsumerType.KeyShared):
             raise _EXCEPTIONS[Result.CumulativeAcknowledgementNotAllowedError](
                 Result.CumulativeAcknowledgementNotAllowedError)
         self._now(self._consumer.acknowledge_cumulative, _native_target(message))
 
-    async def negative_acknowledge(self, message) -> None:
+    async def negative_acknowledge(self, message: Message | MessageId) -> None:
         self._now(self._consumer.negative_acknowledge, _native_target(message))
 
     async def unsubscribe(self) -> None:
         await self._await(self._consumer.unsubscribe())
         self._closed = True
 
-    async def seek(self, messageid) -> None:
+    async def seek(self, messageid: MessageId | int) -> None:
         await self._await(self._consumer.seek(official.seek_target(messageid)))
 
     async def close(self) -> None:
@@ -197,7 +202,7 @@ class Reader(_Handle):
     async def has_message_available(self) -> bool:
         return await self._await(self._reader.has_message_available())
 
-    async def seek(self, messageid) -> None:
+    async def seek(self, messageid: MessageId | int) -> None:
         await self._await(self._reader.seek(official.seek_target(messageid)))
 
     async def close(self) -> None:
@@ -217,7 +222,7 @@ class Client(_Handle):
 
     _shut_down = False
 
-    def __init__(self, service_url, **kwargs) -> None:
+    def __init__(self, service_url: str, **kwargs: Any) -> None:
         if not isinstance(service_url, str):
             raise ValueError("Argument service_url is expected to be of type 'str'")
         values = official_options.CLIENT.keywords(kwargs, "asyncio")
@@ -228,7 +233,7 @@ class Client(_Handle):
         # closed with the client, so that later calls raise AlreadyClosed (weak: no growth)
         self._handles: weakref.WeakSet[_Handle] = weakref.WeakSet()
 
-    def _made(self, handle):
+    def _made(self, handle: _H) -> _H:
         self._handles.add(handle)
         return handle
 
@@ -240,7 +245,7 @@ class Client(_Handle):
         return self._client
 
     @official_options.PRODUCER.method("asyncio")
-    async def create_producer(self, topic: str, values: dict) -> Producer:
+    async def create_producer(self, topic: str, values: dict[str, Any]) -> Producer:
         _checked_topic(topic)
         try:
             options = official_options.PRODUCER.translate(values)
@@ -250,18 +255,18 @@ class Client(_Handle):
         return self._made(Producer(producer, values["schema"]))
 
     @official_options.CONSUMER.method("asyncio")
-    async def subscribe(self, topic, subscription_name: str, values: dict) -> Consumer:
+    async def subscribe(self, topic: str | list[str], subscription_name: str, values: dict[str, Any]) -> Consumer:
         official.check_type(str, subscription_name, "subscription_name")
+        target: str | list[str] | re.Pattern[str] = topic
         if values["is_pattern_topic"]:
             if not isinstance(topic, str):
                 raise ValueError("Argument 'topic' must be a string when 'is_pattern_topic' is True; lists of "
                                  "topics do not support pattern subscriptions")
-            import re
-            topic = re.compile(topic)
+            target = re.compile(topic)
         elif not isinstance(topic, (str, list)):
             raise ValueError("Argument 'topic' is expected to be of type 'str' or 'list'")
         try:
-            topics = official.subscribe_topic(topic)
+            topics = official.subscribe_topic(target)
         except official.BadTopicName as exc:
             _raise_official(exc)
         try:
@@ -272,7 +277,7 @@ class Client(_Handle):
         return self._made(Consumer(native, ConsumerType(values["consumer_type"])))
 
     @official_options.READER.method("asyncio")
-    async def create_reader(self, topic: str, start_message_id, values: dict) -> Reader:
+    async def create_reader(self, topic: str, start_message_id: MessageId, values: dict[str, Any]) -> Reader:
         _checked_topic(topic)
         start = official.native_id(start_message_id)
         try:

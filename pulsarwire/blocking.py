@@ -15,18 +15,20 @@ import selectors
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Coroutine, Iterable, Iterator, TypeVar
 
 from . import client as aio
 from .errors import AlreadyClosedError, ConnectionClosedError, TopicTerminatedError
 from .messages import Message, MessageId, MessageIds
 
 
+T = TypeVar("T")
+
 # how often a caller blocked on the main thread wakes to let Python run signal handlers
 SIGNAL_CHECK_INTERVAL = 0.1
 
 
-def _wait(future: concurrent.futures.Future, timeout: float | None):
+def _wait(future: concurrent.futures.Future[T], timeout: float | None) -> T:
     """`future.result(timeout)`; on the main thread in slices, so that Ctrl-C interrupts the wait
     even when the signal reached another thread (as the official client checks every 100 ms)."""
     if threading.current_thread() is not threading.main_thread():
@@ -52,12 +54,12 @@ if hasattr(selectors, "EpollSelector"):
 
         STEP = 0.0002  # without select(): the longest that I/O waits while a timer is that close
 
-        def select(self, timeout=None):
+        def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
             if timeout is None or timeout <= 0:
                 return super().select(timeout)
             if timeout >= 0.001:
                 return super().select(math.floor(timeout * 1e3) * 1e-3)
-            epoll_fd = self._selector.fileno()
+            epoll_fd = self.fileno()
             if epoll_fd < 1024:  # select() takes descriptors under FD_SETSIZE only
                 _select.select([epoll_fd], [], [], timeout)
             else:
@@ -105,7 +107,7 @@ class LoopThread:
     def stopped(self) -> bool:
         return self.loop.is_closed() or not self.thread.is_alive()
 
-    def run(self, coro, timeout: float | None = None):
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         if self.stopped:  # the client was closed: a typed error, not "Event loop is closed"
             coro.close()
             raise AlreadyClosedError("client is closed")
@@ -127,14 +129,14 @@ class LoopThread:
             raise RuntimeError("a blocking pulsarwire call was made from a callback on its own event-loop "
                                "thread; use the asyncio API or hand the work to another thread")
 
-    def call(self, fn: Callable, *args):
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a plain function on the loop's thread (at once when already on it) and return its result."""
         if self.stopped:
             raise AlreadyClosedError("client is closed")
         if threading.current_thread() is self.thread:
             return fn(*args)
 
-        async def invoke():
+        async def invoke() -> T:
             return fn(*args)
         return self.run(invoke())
 
@@ -143,7 +145,7 @@ class LoopThread:
         if self.loop.is_closed():
             return
 
-        async def cancel_the_rest():
+        async def cancel_the_rest() -> None:
             for _ in range(10):  # a cancelled task's cleanup may start another: a few rounds
                 await asyncio.sleep(0)  # callbacks already scheduled run first (they may start tasks)
                 tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
@@ -154,7 +156,7 @@ class LoopThread:
                 await asyncio.wait(tasks, timeout=1)
 
         if threading.current_thread() is self.thread:  # cannot wait for itself: stop once the rest is done
-            async def cancel_then_stop():
+            async def cancel_then_stop() -> None:
                 await cancel_the_rest()
                 self.loop.stop()
             self.loop.create_task(cancel_then_stop())
@@ -176,7 +178,7 @@ class Client:
     def __init__(self, service_url: str, **options: Any) -> None:
         self._loop = LoopThread()
 
-        async def make():
+        async def make() -> aio.Client:
             return aio.Client(service_url, **options)
         try:
             self._client = self._loop.run(make())
@@ -207,7 +209,7 @@ class Client:
     def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -219,34 +221,35 @@ class Producer:
     def send(self, content: bytes, **options: Any) -> MessageId:
         return self._loop.run(self._producer.send(content, **options))
 
-    def send_async(self, content: bytes, callback: Callable[[Exception | None, MessageId | None], None] | None,
+    def send_async(self, content: bytes,
+                   callback: Callable[[BaseException | None, MessageId | None], None] | None,
                    **options: Any) -> None:
         """Queue a message; callback(error, message_id) runs when the broker answers."""
-        async def queue():
+        async def queue() -> None:
             future = await self._producer.send_async(content, **options)
             if callback is not None:
-                def done(f):
+                def done(f: asyncio.Future[MessageId]) -> None:
                     error = f.exception()
                     callback(error, None if error else f.result())
                 future.add_done_callback(done)
         self._loop.run(queue())
 
-    def send_many(self, messages) -> MessageIds:
+    def send_many(self, messages: Iterable[Any]) -> MessageIds:
         """Send messages (payloads, or (payload, partition_key, properties) tuples) and wait for
         every receipt; their MessageIds in order."""
-        async def send():
+        async def send() -> MessageIds:
             receipts = await self._producer.send_many(messages)
             self._producer.flush_batches()
             return await receipts
         return self._loop.run(send())
 
-    def send_many_async(self, messages, callback: Callable[[Exception | None, MessageIds | None], None] | None
-                        ) -> None:
+    def send_many_async(self, messages: Iterable[Any],
+                        callback: Callable[[BaseException | None, MessageIds | None], None] | None) -> None:
         """Queue messages; callback(error, message_ids) runs once, when all are acknowledged or one fails."""
-        async def queue():
+        async def queue() -> None:
             receipts = await self._producer.send_many(messages)
             if callback is not None:
-                def done(f):
+                def done(f: asyncio.Future[MessageIds]) -> None:
                     error = f.exception()
                     callback(error, None if error else f.result())
                 receipts.add_done_callback(done)
@@ -310,7 +313,7 @@ class Consumer:
     def close(self) -> None:
         self._loop.run(self._consumer.close())
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Message]:
         while True:
             try:
                 yield self.receive()

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import threading
 import zlib
+from typing import TypeVar
 
 import cramjam
 import lz4.block
 import zstandard
 
 from .errors import DecompressionError
+
+BytesLike = bytes | bytearray | memoryview
+_Data = TypeVar("_Data", bytes, bytearray, memoryview)
 
 NONE, LZ4, ZLIB, ZSTD, SNAPPY = 0, 1, 2, 3, 4
 NAMES = {NONE: "NONE", LZ4: "LZ4", ZLIB: "ZLIB", ZSTD: "ZSTD", SNAPPY: "SNAPPY"}
@@ -55,7 +59,7 @@ def compression_type(value: int | str) -> int:
     return value
 
 
-def compress(kind: int, data) -> bytes:
+def compress(kind: int, data: BytesLike) -> bytes:
     """Compress `data` (any bytes-like) with the codec numbered `kind`."""
     if kind == NONE:
         return bytes(data)
@@ -70,8 +74,8 @@ def compress(kind: int, data) -> bytes:
     raise ValueError(f"unknown compression type {kind!r}")
 
 
-def decompress(kind: int, data, uncompressed_size: int,
-               max_uncompressed_size: int = DEFAULT_MAX_UNCOMPRESSED_SIZE):
+def decompress(kind: int, data: _Data, uncompressed_size: int,
+               max_uncompressed_size: int = DEFAULT_MAX_UNCOMPRESSED_SIZE) -> _Data | bytes:
     """Decompress `data` and check it yields exactly `uncompressed_size` bytes.
 
     NONE returns `data` itself (no copy). Every failure is a DecompressionError.
@@ -114,7 +118,7 @@ def decompress(kind: int, data, uncompressed_size: int,
     return out
 
 
-def _snappy_declared_size(data) -> int:
+def _snappy_declared_size(data: BytesLike) -> int:
     """The uncompressed length a raw snappy block starts with (a varint)."""
     view = memoryview(data)
     result = shift = 0

@@ -3,11 +3,24 @@ from __future__ import annotations
 
 import bisect
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, overload
 
 from ._proto import PulsarApi_pb2 as pb
+
+if TYPE_CHECKING:
+    from .codec import SingleMessage
+
+
+class ValueDecoder(Protocol):
+    """What a message needs from its consumer's schema to decode value()."""
+
+    def decode_message(self, message: Message) -> Any: ...
+
+
+# (first input index, count, ledger_id, entry_id, partition, first batch index or -1, batch size, topic)
+Span = tuple[int, int, int, int, int, int, int, "str | None"]
 
 _U64_MAX = 0xFFFFFFFFFFFFFFFF
 _I64_MAX = 0x7FFFFFFFFFFFFFFF
@@ -28,13 +41,13 @@ class MessageId:
     batch_size: int = 0
     topic: str | None = None
 
-    def _key(self):
+    def _key(self) -> tuple[int, int, int]:
         return (self.ledger_id, self.entry_id, self.batch_index)
 
     def __lt__(self, other: "MessageId") -> bool:
         return self._key() < other._key()
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, MessageId) and self._key() == other._key() and \
             self.partition == other.partition
 
@@ -85,7 +98,7 @@ def entry_id_data(ledger_id: int, entry_id: int) -> pb.MessageIdData:
     return pb.MessageIdData(ledgerId=ledger_id & 0xFFFFFFFFFFFFFFFF, entryId=entry_id & 0xFFFFFFFFFFFFFFFF)
 
 
-def ack_set_bits(words) -> int:
+def ack_set_bits(words: Iterable[int]) -> int:
     """An ack_set (int64 words; a set bit = an index still unacknowledged) as one integer bitmask."""
     bits = 0
     for i, word in enumerate(words):
@@ -117,8 +130,9 @@ class Message:
     __slots__ = ("_single", "_metadata", "_ledger_id", "_entry_id", "_partition", "_topic",
                  "_redelivery_count", "_ack_unit", "_id", "_schema")
 
-    def __init__(self, single, metadata, ledger_id, entry_id, partition, topic, redelivery_count=0,
-                 ack_unit=None, schema=None):
+    def __init__(self, single: SingleMessage, metadata: pb.MessageMetadata, ledger_id: int, entry_id: int,
+                 partition: int, topic: str, redelivery_count: int = 0, ack_unit: Any = None,
+                 schema: ValueDecoder | None = None) -> None:
         self._single = single
         self._metadata = metadata
         self._ledger_id = ledger_id
@@ -127,13 +141,13 @@ class Message:
         self._topic = topic
         self._redelivery_count = redelivery_count
         self._ack_unit = ack_unit  # consumer-side tracking of the entry this came in
-        self._id = None
+        self._id: MessageId | None = None
         self._schema = schema  # decodes value(); None: the raw bytes
 
     def data(self) -> bytes:
         return self._single.data()
 
-    def value(self):
+    def value(self) -> Any:
         """The payload decoded by the consumer's schema (the bytes when it has none)."""
         if self._schema is None:
             return self._single.data()
@@ -151,7 +165,7 @@ class Message:
         """The payload without copying (valid as long as the message is)."""
         return self._single.payload
 
-    def properties(self) -> dict:
+    def properties(self) -> dict[str, str]:
         return self._single.properties
 
     def partition_key(self) -> str | None:
@@ -192,7 +206,7 @@ class Message:
         return f"<Message {self.message_id()} {len(self._single.payload)} bytes>"
 
 
-class MessageIds(Sequence):
+class MessageIds(Sequence[MessageId]):
     """The MessageIds of a send_many call, in the order the messages were given.
 
     Held as one span per batch (ledger, entry, first batch index), so a million
@@ -201,9 +215,7 @@ class MessageIds(Sequence):
 
     __slots__ = ("_spans", "_starts", "_count")
 
-    def __init__(self, spans) -> None:
-        # span: (first input index, count, ledger_id, entry_id, partition, first batch index or -1,
-        #        batch size, topic)
+    def __init__(self, spans: Iterable[Span]) -> None:
         self._spans = sorted(spans)
         self._starts = [span[0] for span in self._spans]
         self._count = sum(span[1] for span in self._spans)
@@ -212,13 +224,19 @@ class MessageIds(Sequence):
         return self._count
 
     @staticmethod
-    def _make(span, offset: int) -> MessageId:
+    def _make(span: Span, offset: int) -> MessageId:
         _, _, ledger_id, entry_id, partition, batch_first, batch_size, topic = span
         if batch_first < 0:
             return MessageId(ledger_id, entry_id, partition, topic=topic)
         return MessageId(ledger_id, entry_id, partition, batch_first + offset, batch_size, topic)
 
-    def __getitem__(self, index):
+    @overload
+    def __getitem__(self, index: int) -> MessageId: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[MessageId]: ...
+
+    def __getitem__(self, index: int | slice) -> MessageId | list[MessageId]:
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(self._count))]
         if index < 0:
@@ -228,12 +246,12 @@ class MessageIds(Sequence):
         span = self._spans[bisect.bisect_right(self._starts, index) - 1]
         return self._make(span, index - span[0])
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[MessageId]:
         for span in self._spans:
             for offset in range(span[1]):
                 yield self._make(span, offset)
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         if isinstance(other, (MessageIds, list, tuple)):
             return len(self) == len(other) and all(a == b for a, b in zip(self, other))
         return NotImplemented

@@ -18,11 +18,14 @@ import json
 import pathlib
 import re
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, TypeVar
 
 from . import client as aio
 from . import errors
 from . import messages
+
+
+_E = TypeVar("_E", bound="OfficialEnum")
 
 
 # --- enums -----------------------------------------------------------------------------
@@ -37,7 +40,7 @@ class OfficialEnum(enum.IntEnum):
         return format(str(self), spec)
 
     @classmethod
-    def _missing_(cls, value):
+    def _missing_(cls, value: Any) -> OfficialEnum | None:
         # the official module's enum of the same name (a partly switched program passes it)
         if is_official(value, cls.__name__):
             return cls.__members__.get(value.name)
@@ -114,7 +117,7 @@ def error_text(result: Result) -> str:
     return "Pulsar error: " + _RESULT_TEXT.get(result, result.name)
 
 
-def is_official(value, class_name: str | None = None) -> bool:
+def is_official(value: object, class_name: str | None = None) -> bool:
     """Whether `value` is an object of the official module (`pulsar`, `_pulsar`), of the class
     named `class_name` when given: pulsarwire takes those where they mean the same thing."""
     cls = type(value)
@@ -338,10 +341,10 @@ class MessageId:
 
     __repr__ = __str__
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, MessageId) and self._msg_id == other._msg_id
 
-    def __ne__(self, other) -> bool:
+    def __ne__(self, other: object) -> bool:
         return not self == other
 
     def __lt__(self, other: "MessageId") -> bool:
@@ -364,7 +367,7 @@ MessageId.earliest = MessageId.wrap(messages.MessageId.earliest)
 MessageId.latest = MessageId.wrap(messages.MessageId.latest)
 
 
-def native_id(message_id) -> messages.MessageId:
+def native_id(message_id: Any) -> messages.MessageId:
     """A pulsarwire MessageId from an official-style one (or a pulsarwire one, kept as is)."""
     if isinstance(message_id, MessageId):
         return message_id._msg_id
@@ -375,7 +378,7 @@ def native_id(message_id) -> messages.MessageId:
     raise ValueError(f"expected a MessageId, got {type(message_id).__name__}")
 
 
-def seek_target(target) -> messages.MessageId | int:
+def seek_target(target: object) -> messages.MessageId | int:
     """What seek() takes: a message id, or a publish time in ms."""
     if isinstance(target, bool):
         raise ValueError(f"invalid seek_arg type {type(target)}")
@@ -503,10 +506,10 @@ class KeySharedPolicy:
         self._allow_out_of_order = False
         self._sticky_ranges: list[tuple[int, int]] = []
 
-    def set_key_shared_mode(self, mode) -> None:
+    def set_key_shared_mode(self, mode: KeySharedMode | int) -> None:
         self._mode = KeySharedMode(mode)
 
-    def get_key_shared_mode(self):
+    def get_key_shared_mode(self) -> KeySharedMode:
         return self._mode
 
     def set_allow_out_of_order_delivery(self, allow: bool) -> None:
@@ -515,7 +518,7 @@ class KeySharedPolicy:
     def is_allow_out_of_order_delivery(self) -> bool:
         return self._allow_out_of_order
 
-    def set_sticky_ranges(self, ranges) -> None:
+    def set_sticky_ranges(self, ranges: Iterable[tuple[int, int]]) -> None:
         for start, end in ranges:
             if not 0 <= start <= end < 65536:
                 raise ValueError(f"sticky range ({start}, {end}) must lie within 0..65535, start <= end")
@@ -529,7 +532,8 @@ class ConsumerKeySharedPolicy:
     """The official wrapper that `subscribe(key_shared_policy=...)` takes; the asyncio client
     receives it as is (`key_shared_mode`, `allow_out_of_order_delivery`, `sticky_ranges`)."""
 
-    def __init__(self, key_shared_mode=KeySharedMode.AutoSplit, allow_out_of_order_delivery: bool = False,
+    def __init__(self, key_shared_mode: KeySharedMode = KeySharedMode.AutoSplit,
+                 allow_out_of_order_delivery: bool = False,
                  sticky_ranges: list[tuple[int, int]] | None = None) -> None:
         if key_shared_mode == KeySharedMode.Sticky and sticky_ranges is None:
             raise ValueError("When using key_shared_mode = KeySharedMode.Sticky you must also provide sticky_ranges")
@@ -540,7 +544,7 @@ class ConsumerKeySharedPolicy:
             self._policy.set_sticky_ranges(sticky_ranges)
 
     @property
-    def key_shared_mode(self):
+    def key_shared_mode(self) -> KeySharedMode:
         return self._policy.get_key_shared_mode()
 
     @property
@@ -586,7 +590,7 @@ class ConsumerDeadLetterPolicy:
 
 # --- authentication ----------------------------------------------------------------------
 
-def _native_auth(name: str, feature: str):
+def _native_auth(name: str, feature: str) -> Callable[..., Any]:
     cls = getattr(aio, name, None)
     if cls is None:
         raise NotImplementedError(f"{name} needs pulsarwire's {feature} support, which this build lacks")
@@ -621,7 +625,7 @@ _BUILT_IN_METHODS = {name.lower(): method for method, names in (
 ) for name in names}
 
 
-def _auth_params(text: str) -> dict:
+def _auth_params(text: str) -> dict[str, Any]:
     """A parameter string: JSON, or the `key1:value1,key2:value2` form."""
     text = text.strip()
     if text.startswith("{"):
@@ -649,7 +653,7 @@ def _built_in_auth(method: str, params_text: str) -> "Authentication":
     return AuthenticationBasic(params.get("username"), params.get("password"), params.get("method", "basic"))
 
 
-def _check_str(value, name: str) -> None:
+def _check_str(value: object, name: str) -> None:
     if not isinstance(value, str):
         raise ValueError(f"Argument {name} is expected to be of type 'str' and not '{type(value).__name__}'")
 
@@ -710,7 +714,7 @@ class CryptoKeyReader:
 class ConsoleLogger:
     """Accepted as `Client(logger=...)` and ignored: pulsarwire logs to the `pulsarwire` logging logger."""
 
-    def __init__(self, log_level=LoggerLevel.Info) -> None:
+    def __init__(self, log_level: LoggerLevel = LoggerLevel.Info) -> None:
         log_level = accept(LoggerLevel, log_level, "log_level")
         self.log_level = log_level
 
@@ -718,7 +722,7 @@ class ConsoleLogger:
 class FileLogger:
     """Accepted as `Client(logger=...)` and ignored: pulsarwire logs to the `pulsarwire` logging logger."""
 
-    def __init__(self, log_level, log_file: str) -> None:
+    def __init__(self, log_level: LoggerLevel, log_file: str) -> None:
         log_level = accept(LoggerLevel, log_level, "log_level")
         _check_str(log_file, "log_file")
         self.log_level, self.log_file = log_level, log_file
@@ -726,7 +730,7 @@ class FileLogger:
 
 # --- checking official arguments; send options --------------------------------------------
 
-def _same_meaning(var_type, var) -> bool:
+def _same_meaning(var_type: type, var: object) -> bool:
     """An official object where pulsarwire's `var_type` is expected: the policies (same accessors)
     and enums (converted by `accept`); official authentication objects are refused (their
     credentials live in the C++ library, out of reach)."""
@@ -737,18 +741,18 @@ def _same_meaning(var_type, var) -> bool:
     return isinstance(var_type, type) and is_official(var, var_type.__name__)
 
 
-def check_type(var_type, var, name: str) -> None:
+def check_type(var_type: type, var: object, name: str) -> None:
     if not isinstance(var, var_type) and not _same_meaning(var_type, var):
         raise ValueError(f"Argument {name} is expected to be of type '{var_type.__name__}' and not "
                          f"'{type(var).__name__}'")
 
 
-def check_type_or_none(var_type, var, name: str) -> None:
+def check_type_or_none(var_type: type, var: object, name: str) -> None:
     if var is not None and not isinstance(var, var_type) and not _same_meaning(var_type, var):
         raise ValueError(f"Argument {name} is expected to be either None or of type '{var_type.__name__}'")
 
 
-def accept(enum_type: type[OfficialEnum], var, name: str) -> OfficialEnum:
+def accept(enum_type: type[_E], var: Any, name: str) -> _E:
     """`var` as pulsarwire's `enum_type`: checked as `check_type` does, an official enum converted."""
     check_type(enum_type, var, name)
     return enum_type(var)
@@ -758,12 +762,14 @@ class Unsupported(ValueError):
     """An option pulsarwire cannot honour (end-to-end encryption); raised as OperationNotSupported."""
 
 
-def is_default_schema(schema) -> bool:
+def is_default_schema(schema: object) -> bool:
     return schema is None or type(schema).__name__ == "BytesSchema"
 
 
-def send_options(properties, partition_key, ordering_key, sequence_id, replication_clusters, disable_replication,
-                 event_timestamp, deliver_at, deliver_after) -> dict:
+def send_options(properties: dict[str, str] | None, partition_key: str | None, ordering_key: str | None,
+                 sequence_id: int | None, replication_clusters: list[str] | None, disable_replication: bool,
+                 event_timestamp: int | None, deliver_at: int | None,
+                 deliver_after: timedelta | None) -> dict[str, Any]:
     """The asyncio client's send keywords; like the official client, empty values mean "not set"."""
     check_type_or_none(dict, properties, "properties")
     check_type_or_none(str, partition_key, "partition_key")
@@ -796,7 +802,7 @@ def send_options(properties, partition_key, ordering_key, sequence_id, replicati
     return options
 
 
-def check_content(content, schema) -> None:
+def check_content(content: object, schema: object) -> None:
     """Without a schema the content must be bytes (with one, the asyncio client encodes it)."""
     if is_default_schema(schema) and not isinstance(content, (bytes, bytearray, memoryview)):
         raise TypeError(f"Invalid record obj of type {type(content)} - expected type is {bytes}")
@@ -813,7 +819,7 @@ def check_topic(topic: str) -> str:
         raise BadTopicName(str(exc)) from None
 
 
-def subscribe_topic(topic):
+def subscribe_topic(topic: str | list[str] | re.Pattern[str]) -> str | list[str] | re.Pattern[str]:
     """The topic argument as the asyncio client takes it: a name, a list, or a compiled regex."""
     if isinstance(topic, str):
         check_topic(topic)

@@ -13,13 +13,16 @@ import struct
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from .client import Client, InitialPosition
+from .messages import MessageId
 
 _STAMP = struct.Struct(">Q")
 
 
-def _after(callback, sent_at, future):
+def _after(callback: Callable[[asyncio.Future[MessageId], float], None], sent_at: float,
+           future: asyncio.Future[MessageId]) -> None:
     callback(future, sent_at)
 
 
@@ -46,7 +49,7 @@ class Result:
         ordered = sorted(self.latencies_ms)
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"role": self.role, "messages": self.messages, "bytes": self.payload_bytes,
                 "seconds": round(self.seconds, 3), "msg_per_s": round(self.rate, 1),
                 "mb_per_s": round(self.mb_per_s, 2), "p50_ms": round(self.percentile(0.5), 3),
@@ -101,7 +104,7 @@ async def produce(client: Client, topic: str, *, messages: int = 0, duration: fl
     sent = 0
     latencies = result.latencies_ms
 
-    def done(future, sent_at):
+    def done(future: asyncio.Future[MessageId], sent_at: float) -> None:
         if future.exception() is not None:
             result.errors += 1
             return
@@ -131,7 +134,7 @@ async def produce(client: Client, topic: str, *, messages: int = 0, duration: fl
 async def consume(client: Client, topic: str, *, messages: int = 0, duration: float = 0,
                   subscription: str = "perf", earliest: bool = True, progress: bool = False,
                   ready: asyncio.Event | None = None, idle_timeout: float = 10.0,
-                  target: dict | None = None) -> Result:
+                  target: dict[str, int] | None = None) -> Result:
     """Receive (and acknowledge) until `messages` arrived or `duration` passed.
 
     `target`, when given, is read on every round: {"messages": n} sets the count
@@ -174,7 +177,7 @@ async def consume(client: Client, topic: str, *, messages: int = 0, duration: fl
     return result
 
 
-async def end_to_end(client: Client, topic: str, **options) -> list[Result]:
+async def end_to_end(client: Client, topic: str, **options: Any) -> list[Result]:
     """Produce and consume the same messages at once; latency is send to receive."""
     ready = asyncio.Event()
     target = {"messages": options.get("messages", 0)}

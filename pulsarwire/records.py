@@ -8,12 +8,16 @@ Field values are checked on assignment; an enum field takes a member, its name o
 """
 from __future__ import annotations
 
+import builtins
 import copy
 import enum
 from typing import Any
 
 # attributes a record instance keeps besides its fields (left out of what is encoded)
 RESERVED = ("_default", "_required", "_required_default")
+
+# an Avro type as a schema definition holds it: a name, or a JSON object
+AvroType = str | dict[str, Any]
 
 
 class Field:
@@ -22,10 +26,10 @@ class Field:
     avro_type = "null"
     python_types: tuple[type, ...] = (object,)
 
-    def __init__(self, default=None, required: bool = False, required_default: bool = False) -> None:
+    def __init__(self, default: Any = None, required: bool = False, required_default: bool = False) -> None:
         self._required = required
         self._required_default = required_default
-        self._default = None
+        self._default: Any = None
         if default is not None:
             default = self.validate_type("default", default)
         self._default = default
@@ -33,23 +37,23 @@ class Field:
     def type(self) -> str:
         return self.avro_type
 
-    def python_type(self):
+    def python_type(self) -> builtins.type | tuple[builtins.type, ...]:
         return self.python_types if len(self.python_types) > 1 else self.python_types[0]
 
-    def validate_type(self, name: str, value):
+    def validate_type(self, name: str, value: Any) -> Any:
         if value is None and not self._required:
             return self.default()
         if not isinstance(value, self.python_types):
             raise TypeError(f"Invalid type '{type(value)}' for field '{name}'. Expected: {self.python_type()}")
         return value
 
-    def schema(self):
+    def schema(self) -> AvroType:
         return self.schema_info(set())
 
-    def schema_info(self, defined_names: set[str]):
+    def schema_info(self, defined_names: set[str]) -> AvroType:
         return self.type()
 
-    def default(self):
+    def default(self) -> Any:
         return self._default
 
     def required_default(self) -> bool:
@@ -60,7 +64,7 @@ class Null(Field):
     avro_type = "null"
     python_types = (type(None),)
 
-    def validate_type(self, name: str, value):
+    def validate_type(self, name: str, value: Any) -> Any:
         if value is not None:
             raise TypeError(f"Field {name} is set to be None")
         return value
@@ -70,7 +74,7 @@ class Boolean(Field):
     avro_type = "boolean"
     python_types = (bool,)
 
-    def default(self):
+    def default(self) -> Any:
         return False if self._default is None else self._default
 
 
@@ -98,7 +102,7 @@ class Bytes(Field):
     avro_type = "bytes"
     python_types = (bytes, str)
 
-    def validate_type(self, name: str, value):
+    def validate_type(self, name: str, value: Any) -> Any:
         return value.encode() if isinstance(value, str) else value
 
 
@@ -106,7 +110,7 @@ class String(Field):
     avro_type = "string"
     python_types = (str, bytes)
 
-    def validate_type(self, name: str, value):
+    def validate_type(self, name: str, value: Any) -> Any:
         if value is None and not self._required:
             return self.default()
         if not isinstance(value, (str, bytes)):
@@ -119,15 +123,15 @@ class CustomEnum(Field):
 
     avro_type = "enum"
 
-    def __init__(self, enum_type: type[enum.Enum], default=None, required: bool = False,
+    def __init__(self, enum_type: type[enum.Enum], default: Any = None, required: bool = False,
                  required_default: bool = False) -> None:
         if not (isinstance(enum_type, type) and issubclass(enum_type, enum.Enum)):
             raise TypeError(f"{enum_type!r} is not an Enum type")
         self.enum_type = enum_type
-        self.python_types = (enum_type,)
+        self.python_types: tuple[builtins.type, ...] = (enum_type,)
         super().__init__(default, required, required_default)
 
-    def validate_type(self, name: str, value):
+    def validate_type(self, name: str, value: Any) -> Any:
         if value is None:
             return None
         if isinstance(value, self.enum_type):
@@ -141,7 +145,7 @@ class CustomEnum(Field):
         raise TypeError(f"Invalid enum value '{value}' for field '{name}'. "
                         f"Expected: {list(self.enum_type.__members__)}")
 
-    def schema_info(self, defined_names: set[str]):
+    def schema_info(self, defined_names: set[str]) -> AvroType:
         name = self.enum_type.__name__
         if name in defined_names:
             return name
@@ -149,12 +153,12 @@ class CustomEnum(Field):
         return {"type": "enum", "name": name, "symbols": [member.name for member in self.enum_type]}
 
 
-def _check_item_type(item_type) -> None:
+def _check_item_type(item_type: object) -> None:
     if not isinstance(item_type, (Field, Record)):
         raise TypeError(f"{item_type!r} is not a Record or a Field")
 
 
-def _nested_schema(item_type, defined_names: set[str]):
+def _nested_schema(item_type: Field | Record, defined_names: set[str]) -> AvroType:
     return item_type.schema_info(defined_names) if isinstance(item_type, (Array, Map, Record)) else item_type.type()
 
 
@@ -162,12 +166,12 @@ class Array(Field):
     avro_type = "array"
     python_types = (list,)
 
-    def __init__(self, array_type, default=None, required: bool = False, required_default: bool = False) -> None:
+    def __init__(self, array_type: Field | Record, default: Any = None, required: bool = False, required_default: bool = False) -> None:
         _check_item_type(array_type)
         self.array_type = array_type
         super().__init__(default, required, required_default)
 
-    def validate_type(self, name: str, value):
+    def validate_type(self, name: str, value: Any) -> Any:
         if value is None:
             return None
         super().validate_type(name, value)
@@ -175,7 +179,7 @@ class Array(Field):
             raise TypeError(f"Array field {name} items should all be of type {self.array_type.type()}")
         return value
 
-    def schema_info(self, defined_names: set[str]):
+    def schema_info(self, defined_names: set[str]) -> AvroType:
         return {"type": "array", "items": _nested_schema(self.array_type, defined_names)}
 
 
@@ -183,12 +187,12 @@ class Map(Field):
     avro_type = "map"
     python_types = (dict,)
 
-    def __init__(self, value_type, default=None, required: bool = False, required_default: bool = False) -> None:
+    def __init__(self, value_type: Field | Record, default: Any = None, required: bool = False, required_default: bool = False) -> None:
         _check_item_type(value_type)
         self.value_type = value_type
         super().__init__(default, required, required_default)
 
-    def validate_type(self, name: str, value):
+    def validate_type(self, name: str, value: Any) -> Any:
         if value is None:
             return None
         super().validate_type(name, value)
@@ -199,7 +203,7 @@ class Map(Field):
                 raise TypeError(f"Map values for field {name} should all be of type {self.value_type.python_type()}")
         return value
 
-    def schema_info(self, defined_names: set[str]):
+    def schema_info(self, defined_names: set[str]) -> AvroType:
         return {"type": "map", "values": _nested_schema(self.value_type, defined_names)}
 
 
@@ -207,7 +211,7 @@ class RecordMeta(type):
     """Collects a record class's fields, in declaration order (an Enum class becomes a CustomEnum
     field, a Record class a sub-record field)."""
 
-    def __new__(mcs, name, bases, namespace):
+    def __new__(mcs, name: str, bases: tuple[type, ...], namespace: dict[str, Any]) -> RecordMeta:
         if bases:  # not Record itself
             fields = {}
             for key, value in namespace.items():
@@ -230,7 +234,8 @@ class Record(metaclass=RecordMeta):
     _sorted_fields = False
     _fields: dict[str, Any] = {}
 
-    def __init__(self, default=None, required_default: bool = False, required: bool = False, *args, **kwargs):
+    def __init__(self, default: Any = None, required_default: bool = False, required: bool = False, *args: Any,
+                 **kwargs: Any) -> None:
         if type(self) is Record:  # as the official module: only a declared record has fields
             raise TypeError("Record itself has no fields: declare a subclass (class User(Record): ...)")
         self._required_default = required_default
@@ -255,11 +260,13 @@ class Record(metaclass=RecordMeta):
             self.__setattr__(name, value)
 
     @classmethod
-    def schema(cls) -> dict:
-        return cls.schema_info(set())
+    def schema(cls) -> dict[str, Any]:
+        definition = cls.schema_info(set())
+        assert isinstance(definition, dict)  # no name is defined yet: the whole definition
+        return definition
 
     @classmethod
-    def schema_info(cls, defined_names: set[str]):
+    def schema_info(cls, defined_names: set[str]) -> AvroType:
         full_name = (cls._avro_namespace + "." if cls._avro_namespace is not None else "") + cls.__name__
         if full_name in defined_names:
             return full_name
@@ -279,7 +286,7 @@ class Record(metaclass=RecordMeta):
             definition["fields"].append(entry)
         return definition
 
-    def __setattr__(self, key: str, value) -> None:
+    def __setattr__(self, key: str, value: Any) -> None:
         if key in RESERVED:
             object.__setattr__(self, key, value)
             return
@@ -287,10 +294,10 @@ class Record(metaclass=RecordMeta):
             raise AttributeError(f"Cannot set undeclared field {key} on record")
         object.__setattr__(self, key, self._fields[key].validate_type(key, value))
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         return all(getattr(self, name) == getattr(other, name, None) for name in self._fields)
 
-    def __ne__(self, other) -> bool:
+    def __ne__(self, other: object) -> bool:
         return not self == other
 
     def __str__(self) -> str:
@@ -299,24 +306,24 @@ class Record(metaclass=RecordMeta):
     def type(self) -> str:
         return type(self).__name__
 
-    def python_type(self):
+    def python_type(self) -> builtins.type:
         return type(self)
 
-    def validate_type(self, name: str, value):
+    def validate_type(self, name: str, value: Any) -> Any:
         if value is None and not self._required:
             return self.default()
         if not isinstance(value, type(self)):
             raise TypeError(f"Invalid type '{type(value)}' for sub-record field '{name}'. Expected: {type(self)}")
         return value
 
-    def default(self):
+    def default(self) -> Any:
         return self._default
 
     def required_default(self) -> bool:
         return self._required_default
 
 
-def _record_from_dict(template: Record, values: dict) -> Record:
+def _record_from_dict(template: Record, values: dict[str, Any]) -> Record:
     record = copy.copy(template)
     type(record).__init__(record, **values)  # (through the class: mypy refuses instance.__init__)
     return record

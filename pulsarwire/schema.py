@@ -18,14 +18,20 @@ import json
 import struct
 import types
 import typing
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._proto import PulsarApi_pb2 as pb
 from .records import (  # noqa: F401 - offered here, as the official `pulsar.schema` offers them
     Array, Boolean, Bytes, CustomEnum, Double, Field, Float, Integer, Long, Map, Null, Record, String,
 )
 
+
+if TYPE_CHECKING:
+    from .messages import Message
+
 _TYPE = pb.Schema.Type
+# an Avro type in a definition: a name, a JSON object, or a union (a list of types)
+AvroType = str | dict[str, Any] | list[Any]
 
 
 class SchemaType(enum.IntEnum):
@@ -76,7 +82,7 @@ class SchemaInfo:
     def from_proto(cls, schema: pb.Schema) -> "SchemaInfo":
         return cls(schema.type, schema.name, schema.schema_data, {p.key: p.value for p in schema.properties})
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, SchemaInfo) and (self._type, self._data, self._properties) == \
             (other._type, other._data, other._properties)
 
@@ -117,7 +123,7 @@ class Schema:
         (KeyValue SEPARATED), the base64 partition key."""
         return self.encode(value), None
 
-    def decode_message(self, message) -> Any:
+    def decode_message(self, message: Message) -> Any:
         return self.decode(message.data())
 
     def __repr__(self) -> str:
@@ -152,7 +158,7 @@ class StringSchema(Schema):
 _RESERVED = ("_default", "_required", "_required_default")
 
 
-def _is_official_record(cls) -> bool:
+def _is_official_record(cls: object) -> bool:
     """A record class declared the official client's way: a subclass of `pulsar.schema.Record`
     (recognised without importing it) or of pulsarwire's own `Record` (`pulsarwire.records`)."""
     return isinstance(cls, type) and (issubclass(cls, Record) or any(
@@ -162,7 +168,7 @@ def _is_official_record(cls) -> bool:
 _PRIMITIVES = {str: "string", int: "long", float: "double", bool: "boolean", bytes: "bytes"}
 
 
-def _avro_type(tp, seen: set[str]):
+def _avro_type(tp: Any, seen: set[str]) -> AvroType:
     """The Avro type of a Python annotation (dataclass fields)."""
     if tp in _PRIMITIVES:
         return _PRIMITIVES[tp]
@@ -186,7 +192,7 @@ def _avro_type(tp, seen: set[str]):
     raise TypeError(f"no schema type for field type {tp!r}")
 
 
-def _dataclass_schema(cls, seen: set[str] | None = None) -> Any:
+def _dataclass_schema(cls: Any, seen: set[str] | None = None) -> str | dict[str, Any]:
     seen = set() if seen is None else seen
     if cls.__name__ in seen:
         return cls.__name__
@@ -201,16 +207,19 @@ def _dataclass_schema(cls, seen: set[str] | None = None) -> Any:
     return {"type": "record", "name": cls.__name__, "fields": fields}
 
 
-def record_definition(record_cls) -> dict:
+def record_definition(record_cls: Any) -> dict[str, Any]:
     """The Avro-style definition JSON and Avro schemas carry for a record class."""
     if _is_official_record(record_cls):
-        return record_cls.schema()
+        official: dict[str, Any] = record_cls.schema()  # an official Record's: untyped
+        return official
     if dataclasses.is_dataclass(record_cls):
-        return _dataclass_schema(record_cls)
+        definition = _dataclass_schema(record_cls)
+        assert isinstance(definition, dict)  # no name is defined yet: the whole definition
+        return definition
     raise TypeError(f"{record_cls!r} is neither a dataclass nor a pulsar.schema.Record")
 
 
-def _to_plain(value, enum_as_name: bool):
+def _to_plain(value: Any, enum_as_name: bool) -> Any:
     """A record value as plain dicts and lists (what JSON and Avro write)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _to_plain(getattr(value, f.name), enum_as_name) for f in dataclasses.fields(value)}
@@ -225,7 +234,7 @@ def _to_plain(value, enum_as_name: bool):
     return value
 
 
-def _from_plain(tp, value, enum_by_name: bool):
+def _from_plain(tp: Any, value: Any, enum_by_name: bool) -> Any:
     """A plain decoded value as the annotated Python type (dataclasses, enums, bytes)."""
     if value is None:
         return None
@@ -251,19 +260,19 @@ def _from_plain(tp, value, enum_by_name: bool):
 
 
 class _RecordSchema(Schema):
-    def __init__(self, record_cls, definition: dict | None = None) -> None:
+    def __init__(self, record_cls: Any, definition: dict[str, Any] | None = None) -> None:
         self._record_cls = record_cls
         self._schema_dict = definition if definition is not None else record_definition(record_cls)
 
     def _definition(self) -> bytes:
         return json.dumps(self._schema_dict, indent=True).encode()
 
-    def _check(self, value) -> None:
+    def _check(self, value: Any) -> None:
         if self._record_cls is not None and not isinstance(value, self._record_cls):
             raise TypeError(f"{type(self).__name__} of {self._record_cls.__name__} cannot encode "
                             f"a {type(value).__name__}")
 
-    def _build(self, plain: dict, enum_by_name: bool):
+    def _build(self, plain: dict[str, Any], enum_by_name: bool) -> Any:
         cls = self._record_cls
         if cls is None:
             return plain
@@ -278,7 +287,7 @@ class JsonSchema(_RecordSchema):
     schema_type = SchemaType.JSON
     schema_name = "JSON"
 
-    def encode(self, value) -> bytes:
+    def encode(self, value: Any) -> bytes:
         self._check(value)
         # a Record's bytes fields as the official client writes them: their UTF-8 text (its
         # decode reads them back through the field); dataclasses and dicts: base64, as Java
@@ -286,17 +295,17 @@ class JsonSchema(_RecordSchema):
         return json.dumps(_to_plain(value, enum_as_name=False),
                           default=_json_text if official_record else _json_default).encode()
 
-    def decode(self, data: bytes):
+    def decode(self, data: bytes) -> Any:
         return self._build(json.loads(bytes(data)), enum_by_name=False)
 
 
-def _json_text(value):
+def _json_text(value: object) -> str:
     if isinstance(value, (bytes, bytearray)):
         return bytes(value).decode()  # UnicodeDecodeError (a ValueError) for bytes that are not UTF-8
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
-def _json_default(value):
+def _json_default(value: object) -> str:
     if isinstance(value, (bytes, bytearray)):
         return base64.b64encode(value).decode()
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
@@ -312,7 +321,7 @@ class AvroSchema(_RecordSchema):
     schema_type = SchemaType.AVRO
     schema_name = "AVRO"
 
-    def __init__(self, record_cls=None, schema_definition: dict | None = None) -> None:
+    def __init__(self, record_cls: Any = None, schema_definition: dict[str, Any] | None = None) -> None:
         try:
             import fastavro
         except ImportError as exc:
@@ -329,18 +338,18 @@ class AvroSchema(_RecordSchema):
         self.fetch_writer_schema: typing.Callable[[str, bytes], SchemaInfo | None] | None = None
         self._writer_schemas: dict[tuple[str, bytes], Any] = {}
 
-    def encode(self, value) -> bytes:
+    def encode(self, value: Any) -> bytes:
         if not isinstance(value, dict):
             self._check(value)
         out = io.BytesIO()
         self._fastavro.schemaless_writer(out, self._parsed, _to_plain(value, enum_as_name=True))
         return out.getvalue()
 
-    def decode(self, data: bytes):
+    def decode(self, data: bytes) -> Any:
         plain = self._fastavro.schemaless_reader(io.BytesIO(bytes(data)), self._parsed)
         return self._build(typing.cast(dict, plain), enum_by_name=True)
 
-    def decode_message(self, message) -> Any:
+    def decode_message(self, message: Message) -> Any:
         version = message.schema_version()
         if self.fetch_writer_schema is None or not version:
             return self.decode(message.data())
@@ -355,10 +364,13 @@ class AvroSchema(_RecordSchema):
         plain = self._fastavro.schemaless_reader(io.BytesIO(bytes(message.data())), writer, self._parsed)
         return self._build(typing.cast(dict, plain), enum_by_name=True)
 
-    def _writer_schema(self, topic: str, version: bytes):
+    def _writer_schema(self, topic: str, version: bytes) -> Any:
         """The parsed writer schema of a version other than this one's, None to decode with this."""
+        fetch = self.fetch_writer_schema
+        if fetch is None:  # (decode_message asks only when there is one)
+            return None
         try:
-            info = self.fetch_writer_schema(topic, version)  # type: ignore[misc]
+            info = fetch(topic, version)
         except Exception:  # noqa: BLE001 - decoded with this schema, as the official client falls back
             return None
         if info is None or info.schema_type() != SchemaType.AVRO:
@@ -384,7 +396,7 @@ class ProtobufNativeSchema(Schema):
     schema_type = SchemaType.PROTOBUF_NATIVE
     schema_name = "PROTOBUF_NATIVE"
 
-    def __init__(self, message_cls) -> None:
+    def __init__(self, message_cls: type[Any]) -> None:
         from google.protobuf.message import Message as ProtobufMessage
         if not (isinstance(message_cls, type) and issubclass(message_cls, ProtobufMessage)):
             raise TypeError(f"ProtobufNativeSchema needs a protobuf message class, got {message_cls!r}")
@@ -396,7 +408,7 @@ class ProtobufNativeSchema(Schema):
         files = descriptor_pb2.FileDescriptorSet()
         seen: set[str] = set()
 
-        def add(file_descriptor) -> None:  # dependencies first
+        def add(file_descriptor: Any) -> None:  # dependencies first
             if file_descriptor.name in seen:
                 return
             seen.add(file_descriptor.name)
@@ -410,13 +422,13 @@ class ProtobufNativeSchema(Schema):
                            "rootMessageTypeName": descriptor.full_name,
                            "rootFileDescriptorName": descriptor.file.name}).encode()
 
-    def encode(self, value) -> bytes:
+    def encode(self, value: Any) -> bytes:
         if not isinstance(value, self._message_cls):
             raise TypeError(f"ProtobufNativeSchema of {self._message_cls.__name__} cannot encode "
                             f"a {type(value).__name__}")
         return value.SerializeToString()
 
-    def decode(self, data: bytes):
+    def decode(self, data: bytes) -> Any:
         return self._message_cls.FromString(bytes(data))
 
 
@@ -496,12 +508,12 @@ class KeyValueSchema(Schema):
         return props
 
     @staticmethod
-    def _pair(value) -> tuple[Any, Any]:
+    def _pair(value: Any) -> tuple[Any, Any]:
         if isinstance(value, tuple) and len(value) == 2:
             return value[0], value[1]
         raise TypeError(f"KeyValueSchema encodes a KeyValue or a (key, value) tuple, not {type(value).__name__}")
 
-    def encode(self, value) -> bytes:
+    def encode(self, value: Any) -> bytes:
         key, val = self._pair(value)
         key_bytes = None if key is None else self.key_schema.encode(key)
         value_bytes = None if val is None else self.value_schema.encode(val)
@@ -509,7 +521,7 @@ class KeyValueSchema(Schema):
             return value_bytes or b""
         return _pack_pair(key_bytes, value_bytes)
 
-    def encode_message(self, value) -> tuple[bytes, str | None]:
+    def encode_message(self, value: Any) -> tuple[bytes, str | None]:
         if self.encoding is KeyValueEncoding.INLINE:
             return self.encode(value), None
         key, val = self._pair(value)
@@ -523,7 +535,7 @@ class KeyValueSchema(Schema):
         return KeyValue(None if key_bytes is None else self.key_schema.decode(key_bytes),
                         None if value_bytes is None else self.value_schema.decode(value_bytes))
 
-    def decode_message(self, message) -> KeyValue:
+    def decode_message(self, message: Message) -> KeyValue:
         if self.encoding is KeyValueEncoding.INLINE:
             return self.decode(message.data())
         key = message.partition_key()

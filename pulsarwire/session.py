@@ -78,7 +78,7 @@ class SendFailed(Event):
 class MessageArrived(Event):
     consumer_id: int
     command: pb.CommandMessage
-    frame: Any  # codec.Frame: metadata, payload
+    frame: codec.Frame  # metadata, payload
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,12 +221,12 @@ class ClientSession:
                       pb.CommandPartitionedTopicMetadata(topic=topic, request_id=rid))
         return rid
 
-    def create_producer(self, **fields) -> int:
+    def create_producer(self, **fields: Any) -> int:
         rid = self.new_request_id()
         self._command(T.PRODUCER, "producer", pb.CommandProducer(request_id=rid, **fields))
         return rid
 
-    def subscribe(self, **fields) -> int:
+    def subscribe(self, **fields: Any) -> int:
         rid = self.new_request_id()
         self._command(T.SUBSCRIBE, "subscribe", pb.CommandSubscribe(request_id=rid, **fields))
         return rid
@@ -315,18 +315,18 @@ class ClientSession:
         if self.state is not State.CONNECTED:
             raise ProtocolError(f"cannot send commands while {self.state.value}")
 
-    def _command(self, kind: Any, field: str, sub) -> None:
+    def _command(self, kind: Any, field: str, sub: Any) -> None:
         self._require_connected()
         self._emit(kind, field, sub)
 
-    def _emit(self, kind: Any, field: str, sub) -> None:
+    def _emit(self, kind: Any, field: str, sub: Any) -> None:
         cmd = T(type=kind)
         getattr(cmd, field).CopyFrom(sub)
         self._out.append(codec.encode_command(cmd))
 
     # handlers: (self, frame, events)
 
-    def _on_connected(self, frame, events):
+    def _on_connected(self, frame: codec.Frame, events: list[Event]) -> None:
         c = frame.command.connected
         self.state = State.CONNECTED
         self.server_version = c.server_version
@@ -337,60 +337,60 @@ class ClientSession:
                                               c.max_message_size + codec.FRAME_PADDING)
         events.append(Connected(c.server_version, c.protocol_version, self.max_message_size))
 
-    def _on_connect_error(self, frame, events):
+    def _on_connect_error(self, frame: codec.Frame, events: list[Event]) -> None:
         e = frame.command.error
         self.state = State.CLOSED
         events.append(ConnectionFailed(server_error(e.error, e.message)))
 
-    def _on_auth_challenge(self, frame, events):
+    def _on_auth_challenge(self, frame: codec.Frame, events: list[Event]) -> None:
         response = pb.CommandAuthResponse(client_version=self._client_version,
                                           protocol_version=self._advertised_version)
         response.response.auth_method_name = self._auth_method_name or "none"
         response.response.auth_data = self._auth_data() if self._auth_data else b""
         self._emit(T.AUTH_RESPONSE, "authResponse", response)
 
-    def _on_ping(self, frame, events):
+    def _on_ping(self, frame: codec.Frame, events: list[Event]) -> None:
         self._emit(T.PONG, "pong", pb.CommandPong())
 
-    def _on_pong(self, frame, events):
+    def _on_pong(self, frame: codec.Frame, events: list[Event]) -> None:
         events.append(PongReceived())
 
-    def _on_success(self, frame, events):
+    def _on_success(self, frame: codec.Frame, events: list[Event]) -> None:
         events.append(RequestDone(frame.command.success.request_id, frame.command.success))
 
-    def _on_error(self, frame, events):
+    def _on_error(self, frame: codec.Frame, events: list[Event]) -> None:
         e = frame.command.error
         events.append(RequestFailed(e.request_id, server_error(e.error, e.message)))
 
-    def _on_producer_success(self, frame, events):
+    def _on_producer_success(self, frame: codec.Frame, events: list[Event]) -> None:
         r = frame.command.producer_success
         if r.HasField("producer_ready") and not r.producer_ready:
             return  # waiting for exclusive access; the real answer follows
         events.append(RequestDone(r.request_id, r))
 
-    def _on_lookup_response(self, frame, events):
+    def _on_lookup_response(self, frame: codec.Frame, events: list[Event]) -> None:
         r = frame.command.lookupTopicResponse
         if r.response == pb.CommandLookupTopicResponse.Failed or r.HasField("error"):
             events.append(RequestFailed(r.request_id, server_error(r.error, r.message or "lookup failed")))
         else:
             events.append(RequestDone(r.request_id, r))
 
-    def _on_partitioned_metadata_response(self, frame, events):
+    def _on_partitioned_metadata_response(self, frame: codec.Frame, events: list[Event]) -> None:
         r = frame.command.partitionMetadataResponse
         if r.response == pb.CommandPartitionedTopicMetadataResponse.Failed or r.HasField("error"):
             events.append(RequestFailed(r.request_id, server_error(r.error, r.message or "metadata failed")))
         else:
             events.append(RequestDone(r.request_id, r))
 
-    def _on_last_message_id(self, frame, events):
+    def _on_last_message_id(self, frame: codec.Frame, events: list[Event]) -> None:
         r = frame.command.getLastMessageIdResponse
         events.append(RequestDone(r.request_id, r))
 
-    def _on_topics_of_namespace(self, frame, events):
+    def _on_topics_of_namespace(self, frame: codec.Frame, events: list[Event]) -> None:
         r = frame.command.getTopicsOfNamespaceResponse
         events.append(RequestDone(r.request_id, r))
 
-    def _on_ack_response(self, frame, events):
+    def _on_ack_response(self, frame: codec.Frame, events: list[Event]) -> None:
         r = frame.command.ackResponse
         if not r.HasField("request_id"):
             return
@@ -399,24 +399,24 @@ class ClientSession:
         else:
             events.append(RequestDone(r.request_id, r))
 
-    def _on_get_schema_response(self, frame, events):
+    def _on_get_schema_response(self, frame: codec.Frame, events: list[Event]) -> None:
         r = frame.command.getSchemaResponse
         if r.HasField("error_code"):
             events.append(RequestFailed(r.request_id, server_error(r.error_code, r.error_message)))
         else:
             events.append(RequestDone(r.request_id, r))
 
-    def _on_send_receipt(self, frame, events):
+    def _on_send_receipt(self, frame: codec.Frame, events: list[Event]) -> None:
         r = frame.command.send_receipt
         events.append(SendReceipt(r.producer_id, r.sequence_id,
                                   r.highest_sequence_id if r.HasField("highest_sequence_id") else r.sequence_id,
                                   r.message_id))
 
-    def _on_send_error(self, frame, events):
+    def _on_send_error(self, frame: codec.Frame, events: list[Event]) -> None:
         r = frame.command.send_error
         events.append(SendFailed(r.producer_id, r.sequence_id, server_error(r.error, r.message)))
 
-    def _on_message(self, frame, events):
+    def _on_message(self, frame: codec.Frame, events: list[Event]) -> None:
         m = frame.command.message
         if frame.metadata is None:
             events.append(CorruptMessage(m.consumer_id, m.message_id,
@@ -424,25 +424,25 @@ class ClientSession:
             return
         events.append(MessageArrived(m.consumer_id, m, frame))
 
-    def _on_close_producer(self, frame, events):
+    def _on_close_producer(self, frame: codec.Frame, events: list[Event]) -> None:
         events.append(ProducerClosedByBroker(frame.command.close_producer.producer_id))
 
-    def _on_close_consumer(self, frame, events):
+    def _on_close_consumer(self, frame: codec.Frame, events: list[Event]) -> None:
         events.append(ConsumerClosedByBroker(frame.command.close_consumer.consumer_id))
 
-    def _on_end_of_topic(self, frame, events):
+    def _on_end_of_topic(self, frame: codec.Frame, events: list[Event]) -> None:
         events.append(EndOfTopic(frame.command.reachedEndOfTopic.consumer_id))
 
-    def _on_active_consumer_change(self, frame, events):
+    def _on_active_consumer_change(self, frame: codec.Frame, events: list[Event]) -> None:
         c = frame.command.active_consumer_change
         events.append(ActiveConsumerChanged(c.consumer_id, c.is_active))
 
-    def _on_ignored(self, frame, events):
+    def _on_ignored(self, frame: codec.Frame, events: list[Event]) -> None:
         pass
 
 
 _S = State
-_TRANSITIONS: dict[tuple[State, int], Callable] = {
+_TRANSITIONS: dict[tuple[State, int], Callable[[ClientSession, codec.Frame, list[Event]], None]] = {
     (_S.CONNECTING, T.CONNECTED): ClientSession._on_connected,
     (_S.CONNECTING, T.ERROR): ClientSession._on_connect_error,
     (_S.CONNECTING, T.AUTH_CHALLENGE): ClientSession._on_auth_challenge,

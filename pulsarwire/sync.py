@@ -22,10 +22,12 @@ import inspect
 import itertools
 import logging
 import queue
+import re
 import threading
 import time
 from datetime import timedelta  # noqa: F401 - the official module offers it
-from typing import Any, Callable
+from typing import Any, Callable, Coroutine, cast
+from typing import TypeVar as _TypeVar  # private: __all__ below offers this module's classes
 
 from . import client as aio
 from . import errors, messages
@@ -47,6 +49,7 @@ from .schema import BytesSchema  # noqa: F401 - the default schema, offered by t
 __version__ = "3.13.0-pulsarwire"  # the official API version this surface follows
 
 log = logging.getLogger("pulsarwire")
+_T = _TypeVar("_T")
 
 
 class PulsarException(Exception):
@@ -54,7 +57,7 @@ class PulsarException(Exception):
 
     result = Result.UnknownError
 
-    def error(self):
+    def error(self) -> Result:
         return self.result
 
 
@@ -94,7 +97,7 @@ class _Facade:
     _loop: LoopThread
     _closed: bool = False
 
-    def _run(self, coro, closed_check: bool = True):
+    def _run(self, coro: Coroutine[Any, Any, _T], closed_check: bool = True) -> _T:
         if closed_check and self._closed:
             coro.close()
             raise AlreadyClosed(official.error_text(Result.AlreadyClosed))
@@ -103,7 +106,7 @@ class _Facade:
         except BaseException as exc:  # noqa: BLE001 - translated, never swallowed
             raise _official_error(exc, self._closed) from exc
 
-    def _call(self, fn: Callable, *args):
+    def _call(self, fn: Callable[..., _T], *args: Any) -> _T:
         if self._closed:
             raise AlreadyClosed(official.error_text(Result.AlreadyClosed))
         try:
@@ -124,13 +127,13 @@ class _Handover:
     __slots__ = ("_items", "taken", "_scheduled", "_loop", "_consumer")
 
     def __init__(self, loop: LoopThread, consumer: aio.Consumer) -> None:
-        self._items: collections.deque = collections.deque()
-        self.taken: collections.deque = collections.deque()  # the owner of each message taken
+        self._items: collections.deque[Any] = collections.deque()  # messages, (function, argument) calls
+        self.taken: collections.deque[Any] = collections.deque()  # the owner of each message taken
         self._scheduled = False
         self._loop = loop.loop
         self._consumer = consumer
 
-    def put(self, item) -> None:
+    def put(self, item: Any) -> None:
         self._items.append(item)
         if not self._scheduled:
             self._schedule()
@@ -164,7 +167,7 @@ class _Handover:
                 log.debug("acknowledgement handed over failed: %s", exc)
         taken = self.taken
         if taken:
-            counts: dict = {}
+            counts: dict[Any, int] = {}
             while True:
                 try:
                     owner = taken.popleft()
@@ -181,16 +184,16 @@ class _ListenerThreads:
 
     def __init__(self, count: int) -> None:
         self._count = max(1, count)
-        self._queues: list[queue.SimpleQueue] = []
+        self._queues: list[queue.SimpleQueue[Callable[[], None] | None]] = []
         self._threads: list[threading.Thread] = []
         self._next = itertools.count()
         self._lock = threading.Lock()
 
-    def queue_for_next_consumer(self) -> queue.SimpleQueue:
+    def queue_for_next_consumer(self) -> queue.SimpleQueue[Callable[[], None] | None]:
         with self._lock:
             if not self._threads:
                 for index in range(self._count):
-                    work: queue.SimpleQueue = queue.SimpleQueue()
+                    work: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
                     thread = threading.Thread(target=self._serve, args=(work,), daemon=True,
                                               name=f"pulsarwire-listener-{index}")
                     thread.start()
@@ -199,7 +202,7 @@ class _ListenerThreads:
             return self._queues[next(self._next) % self._count]
 
     @staticmethod
-    def _serve(work: queue.SimpleQueue) -> None:
+    def _serve(work: queue.SimpleQueue[Callable[[], None] | None]) -> None:
         while True:
             job = work.get()
             if job is None:
@@ -220,16 +223,16 @@ class Client(_Facade):
     _shut_down = False
 
     @official_options.CLIENT.method("sync")
-    def __init__(self, service_url, values: dict) -> None:
+    def __init__(self, service_url: str, values: dict[str, Any]) -> None:
         if not isinstance(service_url, str):
             raise ValueError("Argument service_url is expected to be of type 'str' (pulsarwire has no "
                              "AutoClusterFailover or ServiceInfoProvider)")
         options = official_options.CLIENT.translate(values)
         self._loop = LoopThread()
         self._listeners = _ListenerThreads(values["message_listener_threads"])
-        self._handles: list = []
+        self._handles: list[Producer | Consumer | Reader | TableView] = []
 
-        async def make():
+        async def make() -> aio.Client:
             return aio.Client(service_url, **options)
         try:
             self._client = self._loop.run(make())
@@ -238,7 +241,7 @@ class Client(_Facade):
             raise  # a bad service URL: ValueError, as from the official client
 
     @official_options.PRODUCER.method("sync")
-    def create_producer(self, topic, values: dict) -> "Producer":
+    def create_producer(self, topic: str, values: dict[str, Any]) -> "Producer":
         _checked_topic(topic)
         try:
             options = official_options.PRODUCER.translate(values)
@@ -250,7 +253,8 @@ class Client(_Facade):
         return producer
 
     @official_options.CONSUMER.method("sync")
-    def subscribe(self, topic, subscription_name, values: dict) -> "Consumer":
+    def subscribe(self, topic: str | list[str] | re.Pattern[str], subscription_name: str,
+                  values: dict[str, Any]) -> "Consumer":
         official.check_type(str, subscription_name, "subscription_name")
         try:
             topics = official.subscribe_topic(topic)
@@ -274,7 +278,7 @@ class Client(_Facade):
         return consumer
 
     @official_options.READER.method("sync")
-    def create_reader(self, topic, start_message_id, values: dict) -> "Reader":
+    def create_reader(self, topic: str, start_message_id: MessageId, values: dict[str, Any]) -> "Reader":
         _checked_topic(topic)
         start = official.native_id(start_message_id)
         try:
@@ -288,18 +292,18 @@ class Client(_Facade):
             reader._listen(values["reader_listener"])
         return reader
 
-    def _resolve_writer_schemas(self, schema) -> None:
+    def _resolve_writer_schemas(self, schema: object) -> None:
         """An Avro schema of a consumer or reader decodes a message by the schema version it was
         written with (fetched once per version), as the official client does."""
         if isinstance(schema, _schema.AvroSchema) and schema.fetch_writer_schema is None:
             schema.fetch_writer_schema = self._writer_schema_info
 
-    def _writer_schema_info(self, topic: str, version: bytes):
+    def _writer_schema_info(self, topic: str, version: bytes) -> _schema.SchemaInfo | None:
         if threading.current_thread() is self._loop.thread or self._closed:
             return None  # the loop cannot wait on itself: decoded with the reader's schema
         return self._run(self._client.get_schema_info(topic, version))
 
-    def create_table_view(self, topic, subscription_name=None, schema=None) -> "TableView":
+    def create_table_view(self, topic: str, subscription_name: str | None = None, schema: Any = None) -> "TableView":
         """The latest value of every key of a topic (from the asyncio client's table view)."""
         official.check_type(str, topic, "topic")
         official.check_type_or_none(str, subscription_name, "subscription_name")
@@ -315,7 +319,7 @@ class Client(_Facade):
         self._handles.append(view)
         return view
 
-    def get_topic_partitions(self, topic) -> list[str]:
+    def get_topic_partitions(self, topic: str) -> list[str]:
         official.check_type(str, topic, "topic")
         return self._run(self._client.get_topic_partitions(topic))
 
@@ -327,7 +331,7 @@ class Client(_Facade):
         for handle in self._handles:
             handle._closed = True
 
-        def abort():
+        def abort() -> None:
             self._client._closed = True
             self._client._pool.close_all()
             closed = errors.AlreadyClosedError("client is closed")
@@ -357,7 +361,7 @@ class Client(_Facade):
             handle._closed = True
         self._closed = True
 
-        async def close():
+        async def close() -> None:
             for handle in self._handles:  # what send_async queued goes out first, as producer.close() does
                 if isinstance(handle, Producer):
                     await handle._handed_over()
@@ -371,12 +375,12 @@ class Client(_Facade):
     def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if not self._closed:
             self.close()
 
 
-def _checked_topic(topic) -> None:
+def _checked_topic(topic: str) -> None:
     official.check_type(str, topic, "topic")
     try:
         official.check_topic(topic)
@@ -388,9 +392,10 @@ def _default_message_id() -> MessageId:
     return MessageId()
 
 
-def _sent_id(native) -> MessageId:
-    """The id send() gives: without its topic, as the official client's (so a multi-topic
-    consumer refuses to acknowledge it, as the official client does)."""
+def _sent_id(native: Any) -> MessageId:
+    """The id send() gives for `native` (the receipt's pulsarwire MessageId, there whenever no error
+    is): without its topic, as the official client's (so a multi-topic consumer refuses to
+    acknowledge it, as the official client does)."""
     return MessageId.wrap(messages.MessageId(native.ledger_id, native.entry_id, native.partition,
                                              native.batch_index, native.batch_size))
 
@@ -402,13 +407,13 @@ class _Sent(Receipt):
 
     __slots__ = ("_producer",)
 
-    def __init__(self, producer: "Producer", callback) -> None:
+    def __init__(self, producer: "Producer", callback: Any) -> None:  # (Result, MessageId), not Receipt's
         self.callback = callback
         self._done = False
         self._waiter = None
         self._producer = producer
 
-    def _answer(self, error, message_id) -> None:
+    def _answer(self, error: BaseException | None, message_id: messages.MessageId | None) -> None:
         if self._done:
             return
         self._done = True
@@ -419,7 +424,7 @@ class _Sent(Receipt):
             if self._waiter is not None and not self._waiter.done():
                 self._waiter.set_result(None)
 
-    def _report(self, error, message_id) -> None:
+    def _report(self, error: BaseException | None, message_id: messages.MessageId | None) -> None:
         callback: Any = self.callback  # the official signature: (Result, official MessageId)
         if callback is None:
             return
@@ -431,12 +436,12 @@ class _Sent(Receipt):
         except Exception:  # noqa: BLE001 - a callback's error must not break the producer
             log.exception("send_async callback raised")
 
-    def refused(self, result) -> None:
+    def refused(self, result: Result) -> None:
         """Not accepted (a full queue, a closed producer): the callback alone."""
         self._done = True
         self._report_result(result)
 
-    def _report_result(self, result) -> None:
+    def _report_result(self, result: Result) -> None:
         callback: Any = self.callback  # the official signature: (Result, official MessageId)
         if callback is not None:
             try:
@@ -455,9 +460,9 @@ class _Awaited(_Sent):
         self._finished = threading.Lock()
         self._finished.acquire()
         self.error: BaseException | None = None
-        self.message_id = None
+        self.message_id: messages.MessageId | None = None
 
-    def _report(self, error, message_id) -> None:
+    def _report(self, error: BaseException | None, message_id: messages.MessageId | None) -> None:
         self.error, self.message_id = error, message_id
         self._finished.release()
 
@@ -465,13 +470,13 @@ class _Awaited(_Sent):
         return self._finished.acquire(timeout=timeout)
 
 
-_NO_SEND_OPTIONS: dict = {}
+_NO_SEND_OPTIONS: dict[str, Any] = {}
 
 
 class Producer(_Facade):
     """Publishes messages on a topic (all partitions of it when partitioned)."""
 
-    def __init__(self, client: Client, producer: aio.Producer, schema) -> None:
+    def __init__(self, client: Client, producer: aio.Producer, schema: Any) -> None:
         self._client = client
         self._loop = client._loop
         self._producer = producer
@@ -485,9 +490,10 @@ class Producer(_Facade):
         self._accepted = 0  # sends accepted (under _gate)
         self._answered = 0  # of those, answered (on the loop's thread only)
         self._room_waiters = 0  # callers waiting for room (under _gate)
-        self._handing: collections.deque = collections.deque()  # accepted, not yet on the producer
+        # accepted, not yet on the producer: (content, send options, answer)
+        self._handing: collections.deque[tuple[Any, dict[str, Any], _Sent]] = collections.deque()
         self._handing_over = False  # a hand-over is scheduled or running: it takes what is queued
-        self._hand_over_task: _asyncio.Task | None = None  # the hand-over, when a send had to wait
+        self._hand_over_task: _asyncio.Task[None] | None = None  # the hand-over, when a send had to wait
 
     def _stop_listening(self) -> None:
         with self._gate:
@@ -508,9 +514,11 @@ class Producer(_Facade):
             return False
         return self._loop.call(self._producer.is_connected)
 
-    def send(self, content, properties=None, partition_key=None, ordering_key=None, sequence_id=None,
-             replication_clusters=None, disable_replication=False, event_timestamp=None, deliver_at=None,
-             deliver_after=None) -> MessageId:
+    def send(self, content: Any, properties: dict[str, str] | None = None, partition_key: str | None = None,
+             ordering_key: str | None = None, sequence_id: int | None = None,
+             replication_clusters: list[str] | None = None, disable_replication: bool = False,
+             event_timestamp: int | None = None, deliver_at: int | None = None,
+             deliver_after: timedelta | None = None) -> MessageId:
         """Publish one message and wait until the broker has it; returns its id. `None` content
         sends a null value (a tombstone: compaction and table views drop the key). With batching,
         its batch goes out at once (with what other threads added to it), as the Java client's
@@ -535,9 +543,12 @@ class Producer(_Facade):
         except BaseException as exc:  # noqa: BLE001 - translated, never swallowed
             raise _official_error(exc, self._closed) from exc
 
-    def send_async(self, content, callback, properties=None, partition_key=None, ordering_key=None,
-                   sequence_id=None, replication_clusters=None, disable_replication=False, event_timestamp=None,
-                   deliver_at=None, deliver_after=None) -> None:
+    def send_async(self, content: Any, callback: Callable[[Result, MessageId], None] | None,
+                   properties: dict[str, str] | None = None, partition_key: str | None = None,
+                   ordering_key: str | None = None, sequence_id: int | None = None,
+                   replication_clusters: list[str] | None = None, disable_replication: bool = False,
+                   event_timestamp: int | None = None, deliver_at: int | None = None,
+                   deliver_after: timedelta | None = None) -> None:
         """Queue a message; `callback(result, message_id)` runs once the broker has it, or with the
         error's Result (and MessageId(-1, -1, -1, -1)) when it fails - a full queue included."""
         if callback is not None and not callable(callback):  # refused at the call, as the official client does
@@ -564,7 +575,7 @@ class Producer(_Facade):
             return AlreadyClosed(official.error_text(Result.AlreadyClosed))
         return ProducerQueueIsFull(official.error_text(Result.ProducerQueueIsFull))
 
-    def _accept(self, content, options: dict, sent: _Sent) -> bool:
+    def _accept(self, content: Any, options: dict[str, Any], sent: _Sent) -> bool:
         """Queue one send if the bound on pending messages lets it in, waiting for room when the
         producer blocks; False when it is refused (see `_refusal`). `sent` is answered on the
         loop's thread once the broker has the message (or it failed)."""
@@ -687,7 +698,7 @@ class Producer(_Facade):
 
     def flush(self) -> None:
         """Send what is batched and wait until the broker has every pending message."""
-        async def flush():
+        async def flush() -> None:
             await self._handed_over()
             await self._producer.flush()
         self._run(flush())
@@ -698,13 +709,13 @@ class Producer(_Facade):
             raise AlreadyClosed(official.error_text(Result.AlreadyClosed))
         self._stop_listening()  # first: a call blocked meanwhile reads AlreadyClosed
 
-        async def close():
+        async def close() -> None:
             await self._handed_over()
             await self._producer.close()
         self._run(close(), closed_check=False)
 
 
-def _future_answered(sent: _Sent, future: _asyncio.Future) -> None:
+def _future_answered(sent: _Sent, future: _asyncio.Future[messages.MessageId]) -> None:
     if future.cancelled():
         sent.set_exception(errors.AlreadyClosedError("producer is closed"))
     elif (error := future.exception()) is not None:
@@ -713,7 +724,7 @@ def _future_answered(sent: _Sent, future: _asyncio.Future) -> None:
         sent.set_result(future.result())
 
 
-def _result_of(exc: BaseException, closed: bool):
+def _result_of(exc: BaseException, closed: bool) -> Result:
     if isinstance(exc, PulsarException):
         return exc.result
     return official.official_result(exc, closed) or Result.UnknownError
@@ -723,10 +734,10 @@ class _Listening(_Facade):
     """A consumer or reader whose messages may go to a listener instead of receive()."""
 
     _client: Client
-    _listener_task: _asyncio.Task | None = None
+    _listener_task: _asyncio.Task[None] | None = None
     _resumed: _asyncio.Event | None = None
 
-    async def _receive_native(self) -> Any:
+    async def _receive_native(self) -> messages.Message:
         raise NotImplementedError
 
     def topic(self) -> str:
@@ -735,13 +746,14 @@ class _Listening(_Facade):
     def _listen(self, listener: Callable) -> None:
         work = self._client._listeners.queue_for_next_consumer()
 
-        async def start():
+        async def start() -> None:
             resumed = self._resumed = _asyncio.Event()
             resumed.set()
             self._listener_task = _asyncio.ensure_future(self._pump(listener, work, resumed))
         self._loop.run(start())
 
-    async def _pump(self, listener: Callable, work: queue.SimpleQueue, resumed: _asyncio.Event) -> None:
+    async def _pump(self, listener: Callable[..., Any], work: queue.SimpleQueue[Callable[[], None] | None],
+                    resumed: _asyncio.Event) -> None:
         """Hand each message to the listener thread and wait for the listener to return, so that a
         slow listener holds back the consumer (its receiver queue) instead of piling up messages;
         `resumed` is cleared while the listener is paused."""
@@ -756,10 +768,10 @@ class _Listening(_Facade):
                 log.warning("listener of %s stops: %s", self.topic(), exc)
                 return
             await resumed.wait()  # paused while this one was on its way: hold it
-            finished = loop.create_future()
+            finished: _asyncio.Future[None] = loop.create_future()
             message = Message(native)
 
-            def call(message=message, finished=finished) -> None:
+            def call(message: Message = message, finished: _asyncio.Future[None] = finished) -> None:
                 try:
                     listener(self, message)
                 except Exception:  # noqa: BLE001 - as the official client: log and go on
@@ -790,7 +802,7 @@ class _Listening(_Facade):
             raise InvalidConfiguration(official.error_text(Result.InvalidConfiguration))
 
 
-def _finish(future: _asyncio.Future) -> None:
+def _finish(future: _asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
 
@@ -798,7 +810,8 @@ def _finish(future: _asyncio.Future) -> None:
 class Consumer(_Listening):
     """Receives messages of a subscription."""
 
-    def __init__(self, client: Client, consumer: aio.Consumer, consumer_type, batch_policy: BatchReceivePolicy):
+    def __init__(self, client: Client, consumer: aio.Consumer, consumer_type: ConsumerType,
+                 batch_policy: BatchReceivePolicy) -> None:
         self._client = client
         self._loop = client._loop
         self._consumer = consumer
@@ -806,7 +819,7 @@ class Consumer(_Listening):
         self._batch_policy = batch_policy
         # a message batch_receive() took but left for the next call, as the official client
         # leaves in its queue the message that would take a batch over max_num_bytes
-        self._held: Any = None
+        self._held: messages.Message | None = None
         # receive() takes from the asyncio consumer's queue in the caller's thread; permits and
         # acknowledgements go to the loop in batches (see _Handover)
         self._queue = consumer._queue
@@ -817,13 +830,13 @@ class Consumer(_Listening):
         self._permit_step = max(1, consumer._refill_at // 4)  # permits handed over this many at a time
         # a message listener: called on its listener thread, which takes the messages itself
         self._listener: Callable | None = None
-        self._listener_work: queue.SimpleQueue | None = None
+        self._listener_work: queue.SimpleQueue[Callable[[], None] | None] | None = None
         self._listener_paused = False
         self._listener_armed = False  # a drain is queued or running on the listener thread
         self._listener_lock = threading.Lock()
         self._multi_topics = False  # set by subscribe()
 
-    def _ack_target(self, message):
+    def _ack_target(self, message: Message | MessageId | messages.MessageId) -> messages.Message | messages.MessageId:
         """What acknowledge() hands on; a multi-topic consumer refuses an id that does not name
         its topic (from send(), made by hand, deserialized), as the official client does."""
         target = _native_target(message)
@@ -887,7 +900,7 @@ class Consumer(_Listening):
         if self._listener is not None:
             raise InvalidConfiguration("Pulsar error: InvalidConfiguration: messages go to the listener")
 
-    async def _receive_native(self):
+    async def _receive_native(self) -> messages.Message:
         return await self._consumer.receive()
 
     def topic(self) -> str:
@@ -899,7 +912,7 @@ class Consumer(_Listening):
     def consumer_name(self) -> str:
         return self._consumer.consumer_name()
 
-    def receive(self, timeout_millis=None) -> Message:
+    def receive(self, timeout_millis: int | None = None) -> Message:
         """The next message; raises Timeout when none comes within timeout_millis."""
         if timeout_millis is not None:
             official.check_type(int, timeout_millis, "timeout_millis")
@@ -921,7 +934,7 @@ class Consumer(_Listening):
                     raise _official_error(exc, self._closed) from exc
         return Message(native)
 
-    def _take(self):
+    def _take(self) -> messages.Message | None:
         """The next queued message (None when there is none), taken in the caller's thread; its
         permit goes back to the broker through the loop, with others."""
         native = self._queue.take()
@@ -941,7 +954,7 @@ class Consumer(_Listening):
                 time.sleep(0)
         return native
 
-    def _took(self, taken: list) -> None:
+    def _took(self, taken: list[messages.Message]) -> None:
         """What _take() does for each message, for messages taken together."""
         handover = self._handover
         owners = handover.taken
@@ -956,7 +969,7 @@ class Consumer(_Listening):
             self._taken = 0
             time.sleep(0)  # as in _take
 
-    def _wait_and_take(self, timeout_millis):
+    def _wait_and_take(self, timeout_millis: int | None) -> messages.Message:
         """_take(), waiting for a message; the asyncio consumer's errors when none can come."""
         self._loop.refuse_own_thread()
         self._handover.flush_taken()  # the permits of what was taken: the broker may be waiting for them
@@ -995,7 +1008,7 @@ class Consumer(_Listening):
         max_messages, max_bytes = policy.getMaxNumMessages(), policy.getMaxNumBytes()
         timeout_ms = policy.getTimeoutMs()
         deadline = time.monotonic() + timeout_ms / 1000 if timeout_ms > 0 else None
-        batch: list = []
+        batch: list[messages.Message] = []
         size = 0
         while (max_messages <= 0 or len(batch) < max_messages) and (max_bytes <= 0 or size < max_bytes):
             native = self._held
@@ -1027,7 +1040,7 @@ class Consumer(_Listening):
             size += length
         return [Message(m) for m in batch]
 
-    def acknowledge(self, message) -> None:
+    def acknowledge(self, message: Message | MessageId) -> None:
         """Acknowledge one message (or message id): queued here, sent with others (as the
         official client groups acknowledgements for acknowledgmentGroupTime)."""
         if self._closed:
@@ -1037,7 +1050,7 @@ class Consumer(_Listening):
         else:
             self._handover.put((self._consumer.acknowledge, self._ack_target(message)))
 
-    def acknowledge_cumulative(self, message) -> None:
+    def acknowledge_cumulative(self, message: Message | MessageId) -> None:
         """Acknowledge every message up to and including this one (not on Shared or Key_Shared)."""
         if self._type in (ConsumerType.Shared, ConsumerType.KeyShared):
             raise CumulativeAcknowledgementNotAllowedError(
@@ -1046,7 +1059,7 @@ class Consumer(_Listening):
             raise AlreadyClosed(official.error_text(Result.AlreadyClosed))
         self._handover.put((self._consumer.acknowledge_cumulative, self._ack_target(message)))
 
-    def negative_acknowledge(self, message) -> None:
+    def negative_acknowledge(self, message: Message | MessageId) -> None:
         """Have this message redelivered after negative_ack_redelivery_delay_ms."""
         if self._closed:
             raise AlreadyClosed("Pulsar error: AlreadyClosed")
@@ -1062,7 +1075,7 @@ class Consumer(_Listening):
         self._held = None  # the broker delivers it again
         self._call(self._consumer.redeliver_unacknowledged_messages)
 
-    def seek(self, messageid) -> None:
+    def seek(self, messageid: MessageId | int) -> None:
         """Move the subscription to a message id or a publish time (ms)."""
         self._held = None
         self._run(self._consumer.seek(official.seek_target(messageid)))
@@ -1090,7 +1103,7 @@ class Consumer(_Listening):
         self._run(self._consumer.close(), closed_check=False)
 
 
-def _native_target(message):
+def _native_target(message: Message | MessageId | messages.MessageId) -> messages.Message | messages.MessageId:
     if isinstance(message, Message):
         return message.native
     return official.native_id(message)
@@ -1104,13 +1117,13 @@ class Reader(_Listening):
         self._loop = client._loop
         self._reader = reader
 
-    async def _receive_native(self):
+    async def _receive_native(self) -> messages.Message:
         return await self._reader.read_next()
 
     def topic(self) -> str:
         return self._reader.topic()
 
-    def read_next(self, timeout_millis=None) -> Message:
+    def read_next(self, timeout_millis: int | None = None) -> Message:
         """The next message; raises Timeout when none comes within timeout_millis."""
         if timeout_millis is not None:
             official.check_type(int, timeout_millis, "timeout_millis")
@@ -1120,7 +1133,7 @@ class Reader(_Listening):
     def has_message_available(self) -> bool:
         return self._run(self._reader.has_message_available())
 
-    def seek(self, messageid) -> None:
+    def seek(self, messageid: MessageId | int) -> None:
         self._run(self._reader.seek(official.seek_target(messageid)))
 
     def is_connected(self) -> bool:
@@ -1139,7 +1152,8 @@ class Reader(_Listening):
 class TableView(_Facade):
     """Blocking view over the asyncio client's table view (what it returns awaitable is awaited)."""
 
-    def __init__(self, client: Client, view, topic: str, subscription_name: str | None, schema=None) -> None:
+    def __init__(self, client: Client, view: Any, topic: str, subscription_name: str | None,
+                 schema: Any = None) -> None:
         self._client = client
         self._loop = client._loop
         self._view = view
@@ -1147,7 +1161,7 @@ class TableView(_Facade):
         self._subscription = subscription_name
         self._schema = schema
 
-    def _removed_value(self):
+    def _removed_value(self) -> Any:
         """What a listener gets for a removed key: the official client decodes the empty value
         (b'' without a schema, '' with a StringSchema)."""
         if self._schema is None:
@@ -1157,19 +1171,20 @@ class TableView(_Facade):
         except Exception:  # noqa: BLE001 - a schema with no empty value: the raw empty value
             return b""
 
-    def _official_values(self, callback: Callable) -> Callable:
-        def call(key, value):
+    def _official_values(self, callback: Callable[[str, Any], None]) -> Callable[[str, Any], None]:
+        def call(key: str, value: Any) -> None:
             callback(key, self._removed_value() if value is None else value)
         return call
 
     def _stop_listening(self) -> None:
         pass
 
-    def _blocking(self, method: str, *args):
+    def _blocking(self, method: str, *args: Any) -> Any:
         result = self._call(getattr(self._view, method), *args)
-        return self._run(result) if inspect.isawaitable(result) else result
+        # the view's async methods give coroutines (what the loop thread runs)
+        return self._run(cast(Coroutine[Any, Any, Any], result)) if inspect.isawaitable(result) else result
 
-    def get(self, key: str):
+    def get(self, key: str) -> Any:
         return self._blocking("get", key)
 
     def for_each(self, callback: Callable) -> None:
@@ -1193,7 +1208,7 @@ class TableView(_Facade):
     __repr__ = __str__
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name == "asyncio":  # `pulsar.asyncio`, as after `import pulsar.asyncio`
         from . import asyncio as official_asyncio
         return official_asyncio

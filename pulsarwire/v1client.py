@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import re
+from typing import Any
 
 from .errors import PulsarWireError
 
@@ -48,7 +49,7 @@ _OFFSETS = re.compile(r"(?:0|[1-9][0-9]*)(?:,(?:0|[1-9][0-9]*))*")  # offsets jo
 _TEXT_FIELDS = {"topic", "role", "heartbeat"}  # never read as numbers
 
 
-def _value(key: str, text: str):
+def _value(key: str, text: str) -> str | int | bool | list[int]:
     if key in _TEXT_FIELDS:
         return text
     if text.startswith("["):
@@ -91,9 +92,9 @@ def _records_one_by_one(body: str, hw: int | None) -> list[tuple[int, str]]:
     return records
 
 
-def parse_payload(payload: str) -> dict:
+def parse_payload(payload: str) -> dict[str, Any]:
     """`a=1 b=[0,2] c=x` -> {'a': 1, 'b': [0, 2], 'c': 'x'}; `messages=` becomes (offset, value) pairs."""
-    out: dict = {}
+    out: dict[str, Any] = {}
     if payload.startswith("messages="):
         tokens = payload[len("messages="):].split(" ")
         fields: list[str] = []
@@ -111,7 +112,7 @@ def parse_payload(payload: str) -> dict:
 _SEPARATORS = frozenset(" \t|\n\r")  # what ends an argument, a section or the line
 
 
-def _token(value, what: str, allow_empty: bool = False, refuse: str = "") -> str:
+def _token(value: object, what: str, allow_empty: bool = False, refuse: str = "") -> str:
     """One argument: without ASCII space, tab, '|', newline, carriage return (nor `refuse`).
     Other characters, Unicode spaces included, travel as they are."""
     text = str(value)
@@ -151,7 +152,7 @@ class V1Client:
     async def __aenter__(self) -> "V1Client":
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     async def close(self) -> None:
@@ -171,7 +172,7 @@ class V1Client:
             raise V1Error("BAD_RESPONSE", "the broker closed the connection")
         return response.decode("utf-8", "replace")[:-1]
 
-    async def request(self, command: str, *args) -> str:
+    async def request(self, command: str, *args: object) -> str:
         """Send a command; the OK payload ('' when there is none), or V1Error for ERR."""
         correlation = str(next(self._ids))
         response = await self.raw(f"V1|{correlation}|{command}|{' '.join(str(a) for a in args)}")
@@ -184,7 +185,7 @@ class V1Client:
             raise V1Error("BAD_RESPONSE", f"{response[:200]!r} answers request {correlation}")
         return response.split("|", 3)[3] if len(parts) > 3 else ""
 
-    async def auth(self, token: str) -> dict:
+    async def auth(self, token: str) -> dict[str, Any]:
         """AUTH <token> -> {'authenticated': True}; a wrong token raises V1Error UNAUTHORIZED
         and the broker closes the connection."""
         return parse_payload(await self.request("AUTH", _token(token, "token")))
@@ -193,7 +194,7 @@ class V1Client:
         """PING -> 'PONG'."""
         return await self.request("PING")
 
-    async def produce(self, topic: str, key: str, value: str, acks: str | int | None = None) -> dict:
+    async def produce(self, topic: str, key: str, value: str, acks: str | int | None = None) -> dict[str, Any]:
         """Append `key:value` -> {'partition', 'offset', 'hw'}. `acks`: 0, 1 (the broker's
         default when None) or 'all' (wait for min in-sync replicas, else REPLICATION_TIMEOUT;
         the record stays stored). An empty key spreads records round-robin."""
@@ -208,12 +209,12 @@ class V1Client:
             args.append(f"acks={acks}")
         return parse_payload(await self.request("PRODUCE", *args))
 
-    async def consume(self, topic: str, partition: int, offset: int) -> dict:
+    async def consume(self, topic: str, partition: int, offset: int) -> dict[str, Any]:
         """Committed records from `offset` -> {'messages': [(offset, value), ...], 'hw': n}.
         Messages of one Pulsar batch share their offset; continue from the last offset + 1."""
         return parse_payload(await self.request("CONSUME", _token(topic, "topic"), int(partition), int(offset)))
 
-    async def join(self, group: str, topic: str, consumer_id: str, assignor: str | None = None) -> dict:
+    async def join(self, group: str, topic: str, consumer_id: str, assignor: str | None = None) -> dict[str, Any]:
         """Join (or re-join) a group -> {'generation', 'assigned': [partitions]}. `assignor`:
         'round_robin' or 'range'; None keeps the group's (round_robin for a new group)."""
         args = [_token(group, "group"), _token(topic, "topic"), _token(consumer_id, "consumer_id")]
@@ -221,24 +222,24 @@ class V1Client:
             args.append(f"assignor={_token(assignor, 'assignor')}")
         return parse_payload(await self.request("JOIN", *args))
 
-    async def sync(self, group: str, topic: str, consumer_id: str, generation: int) -> dict:
+    async def sync(self, group: str, topic: str, consumer_id: str, generation: int) -> dict[str, Any]:
         """The member's assignment at `generation` -> {'generation', 'assigned'};
         GENERATION_MISMATCH when stale or no longer a member (JOIN again)."""
         return parse_payload(await self.request("SYNC", _token(group, "group"), _token(topic, "topic"),
                                                 _token(consumer_id, "consumer_id"), int(generation)))
 
-    async def heartbeat(self, group: str, topic: str, consumer_id: str, generation: int) -> dict:
+    async def heartbeat(self, group: str, topic: str, consumer_id: str, generation: int) -> dict[str, Any]:
         """Keep the membership alive -> {'heartbeat': 'ok'}; GENERATION_MISMATCH: JOIN again."""
         return parse_payload(await self.request("HEARTBEAT", _token(group, "group"), _token(topic, "topic"),
                                                 _token(consumer_id, "consumer_id"), int(generation)))
 
-    async def leave(self, group: str, topic: str, consumer_id: str, generation: int) -> dict:
+    async def leave(self, group: str, topic: str, consumer_id: str, generation: int) -> dict[str, Any]:
         """Leave the group (the others rebalance) -> {'left': True}."""
         return parse_payload(await self.request("LEAVE", _token(group, "group"), _token(topic, "topic"),
                                                 _token(consumer_id, "consumer_id"), int(generation)))
 
     async def commit(self, group: str, topic: str, consumer_id: str, generation: int, partition: int,
-                     offset: int) -> dict:
+                     offset: int) -> dict[str, Any]:
         """Persist progress on an owned partition -> {'committed': True} (durable when answered)."""
         return parse_payload(await self.request("COMMIT", _token(group, "group"), _token(topic, "topic"),
                                                 _token(consumer_id, "consumer_id"), int(generation),
@@ -249,13 +250,13 @@ class V1Client:
         payload = await self.request("OFFSET", _token(group, "group"), _token(topic, "topic"), int(partition))
         return parse_payload(payload)["offset"]
 
-    async def replica_fetch(self, topic: str, partition: int, replica_id: int, offset: int) -> dict:
+    async def replica_fetch(self, topic: str, partition: int, replica_id: int, offset: int) -> dict[str, Any]:
         """A follower reports that it holds everything below `offset` ->
         {'replica', 'acked_offset', 'hw', 'isr': [...], 'under_replicated': bool}."""
         return parse_payload(await self.request("REPLICA_FETCH", _token(topic, "topic"), int(partition),
                                                 int(replica_id), int(offset)))
 
-    async def set_partition_role(self, topic: str, partition: int, role: str) -> dict:
+    async def set_partition_role(self, topic: str, partition: int, role: str) -> dict[str, Any]:
         """Make this broker 'leader' or 'follower' of a partition -> {'topic', 'partition', 'role', 'hw'}."""
         return parse_payload(await self.request("SET_PARTITION_ROLE", _token(topic, "topic"), int(partition),
                                                 _token(role, "role")))

@@ -64,7 +64,7 @@ class Client:
     async def __aenter__(self) -> "Client":
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     async def connect(self) -> None:
@@ -86,13 +86,13 @@ class Client:
         if self._closed:
             raise AlreadyClosedError("client is closed")
 
-    async def create_producer(self, topic: str, **options) -> Producer:
+    async def create_producer(self, topic: str, **options: Any) -> Producer:
         self._check_open()
         return await open_producer(self.context, topic_name(topic), **options)
 
     async def subscribe(self, topic: "str | list[str] | re.Pattern[str] | None" = None,
                         subscription_name: str | None = None, *,
-                        topics_pattern: "str | re.Pattern[str] | None" = None, **options) -> Consumer:
+                        topics_pattern: "str | re.Pattern[str] | None" = None, **options: Any) -> Consumer:
         """Subscribe to a topic, a list of topics, or every topic of a namespace matching a
         regex (`re.compile(...)` as `topic`, or `topics_pattern=`); a pattern subscription
         looks for new matching topics every `pattern_auto_discovery_period` seconds (60)."""

@@ -14,8 +14,9 @@ import itertools
 import ssl
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterator, Protocol
+from typing import Any, Awaitable, Callable, Iterator, Protocol, cast
 
+from .. import codec
 from .._proto import PulsarApi_pb2 as pb
 from ..errors import (
     AlreadyClosedError, ConnectError, ConnectionClosedError, ConnectTimeoutError, PulsarWireError, ServerError,
@@ -41,7 +42,7 @@ class ConsumerHandler(Protocol):
     consumer_id: int
     is_active: bool  # set as the broker names the active consumer of a Failover subscription
 
-    def on_message(self, command: pb.CommandMessage, frame: Any) -> None: ...
+    def on_message(self, command: pb.CommandMessage, frame: codec.Frame) -> None: ...
 
     def on_corrupt(self, message_id: pb.MessageIdData, error: CodecError) -> None: ...
 
@@ -108,13 +109,13 @@ class Connection(asyncio.Protocol):
             auth_data=auth.auth_data if auth else None,
             max_frame_size=context.max_frame_size)
         self.transport: asyncio.Transport | None = None
-        self.ready: asyncio.Future = context.loop.create_future()
+        self.ready: asyncio.Future[Connected] = context.loop.create_future()
         self.closed = False
         self.producers: dict[int, ProducerHandler] = {}
         self.consumers: dict[int, ConsumerHandler] = {}
-        self._requests: dict[int, asyncio.Future] = {}
+        self._requests: dict[int, asyncio.Future[Any]] = {}
         self._last_received = time.monotonic()
-        self._keepalive: asyncio.Task | None = None
+        self._keepalive: asyncio.Task[None] | None = None
         self.can_write = asyncio.Event()  # clear while the transport's buffer is full
         self.can_write.set()
         self.wire_bytes = 0  # Send bytes written and not yet answered
@@ -127,8 +128,8 @@ class Connection(asyncio.Protocol):
 
     # asyncio.Protocol
 
-    def connection_made(self, transport) -> None:
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # a stream transport: write() and abort()
         self.session.connect()
         self.flush()
         self._keepalive = asyncio.ensure_future(self._keep_alive())
@@ -145,7 +146,7 @@ class Connection(asyncio.Protocol):
             self._dispatch(event)
         self.flush()
 
-    def connection_lost(self, exc) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self._closed(exc)
 
     def pause_writing(self) -> None:
@@ -228,7 +229,7 @@ class Connection(asyncio.Protocol):
         response = await self.request(self.session.get_last_message_id, consumer_id)
         return MessageId.from_proto(response.last_message_id, topic)
 
-    async def request(self, start: Callable[..., int], *args, _wait: bool = False, **kwargs):
+    async def request(self, start: Callable[..., int], *args: Any, _wait: bool = False, **kwargs: Any) -> Any:
         """Send a request (a session method returning its request id) and await its answer
         (within the operation timeout, or as long as the connection lives with `_wait`)."""
         if self.closed:
@@ -258,7 +259,7 @@ class Connection(asyncio.Protocol):
 
     # internals
 
-    def _closed(self, exc) -> None:
+    def _closed(self, exc: BaseException | None) -> None:
         if self.closed:
             return
         self.closed = True
@@ -297,7 +298,7 @@ class Connection(asyncio.Protocol):
         except asyncio.CancelledError:
             pass
 
-    def _dispatch(self, event) -> None:
+    def _dispatch(self, event: Any) -> None:  # a session Event, told apart by `type(event) is`
         kind = type(event)
         if kind is MessageArrived:
             consumer = self.consumers.get(event.consumer_id)
@@ -366,7 +367,7 @@ class ConnectionPool:
         self._tls_insecure = tls_allow_insecure_connection
         self._tls_validate_hostname = tls_validate_hostname
         self._connections: dict[Address, Connection] = {}
-        self._connecting: dict[Address, asyncio.Future] = {}
+        self._connecting: dict[Address, asyncio.Future[Connection]] = {}
         self._http: HttpLookup | None = None  # an http(s):// service URL: lookups over HTTP
         self._http_broker: Address | None = None  # the binary address that HTTP lookup named
         if service.http:
@@ -540,7 +541,7 @@ class ConnectionPool:
         return [topic]
 
     async def topics_of_namespace(self, namespace: str, mode: int, topics_pattern: str | None = None,
-                                  topics_hash: str | None = None):
+                                  topics_hash: str | None = None) -> pb.CommandGetTopicsOfNamespaceResponse:
         """The broker's GetTopicsOfNamespace answer (topics, filtered, topics_hash, changed)."""
         if self._http is not None:  # the admin API's list: unfiltered, always "changed"
             mode_name = {int(pb.CommandGetTopicsOfNamespace.NON_PERSISTENT): "NON_PERSISTENT",

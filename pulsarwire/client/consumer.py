@@ -19,7 +19,7 @@ from ..errors import (
 from ..messages import Message, MessageId, ack_set_bits, ack_set_words, entry_id_data, signed64
 from ..schema import Schema, as_schema
 from .connection import ClientContext, Connection
-from .dead_letter import DeadLetterRouter, backoff_delay_ms
+from .dead_letter import DeadLetterRouter, EntryKey, backoff_delay_ms
 from .options import (
     ConsumerType, InitialPosition, KeySharedPolicy, RegexSubscriptionMode, TopicsPattern, topic_name,
 )
@@ -34,7 +34,8 @@ class AckUnit:
     __slots__ = ("owner", "ledger_id", "entry_id", "batch_size", "remaining", "delivered_at",
                  "chunk_entries")
 
-    def __init__(self, owner, ledger_id, entry_id, batch_size, remaining, chunk_entries=None):
+    def __init__(self, owner: PartitionConsumer, ledger_id: int, entry_id: int, batch_size: int, remaining: int,
+                 chunk_entries: list[tuple[int, int]] | None = None) -> None:
         self.owner = owner
         self.ledger_id = ledger_id
         self.entry_id = entry_id
@@ -58,7 +59,7 @@ class MessageQueue:
 
     def __init__(self) -> None:
         self._items: collections.deque[Message] = collections.deque()
-        self._waiters: collections.deque[asyncio.Future] = collections.deque()
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self.lock = threading.Lock()
         self.ready = threading.Condition(threading.Lock())
         self.threads_waiting = 0
@@ -80,12 +81,13 @@ class MessageQueue:
             except IndexError:
                 return None
 
-    def take_many(self, count: int, max_bytes: int = 0, size: int = 0, have: bool = False) -> tuple[list, int, bool]:
+    def take_many(self, count: int, max_bytes: int = 0, size: int = 0,
+                  have: bool = False) -> tuple[list[Message], int, bool]:
         """Up to `count` messages in order, for a thread other than the loop's, and the payload
         bytes then held (`size` before). With max_bytes > 0 it stops before the message that
         would go past it (which stays queued), unless none is held yet (`have` false, none
         taken); the third value says whether it stopped there."""
-        out: list = []
+        out: list[Message] = []
         with self.lock:
             items = self._items
             try:
@@ -128,13 +130,13 @@ class MessageQueue:
         except IndexError:
             return None
 
-    def waiter(self, loop) -> asyncio.Future:
+    def waiter(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
         """A future set when a message arrives; registered now, so no arrival is missed."""
         waiter = loop.create_future()
         self._waiters.append(waiter)
         return waiter
 
-    def remove_from(self, owner) -> int:
+    def remove_from(self, owner: PartitionConsumer) -> int:
         with self.lock:
             kept = [m for m in self._items if m._ack_unit.owner is not owner]
             removed = len(self._items) - len(kept)
@@ -163,9 +165,10 @@ class PartitionConsumer(Reconnecting):
         self._nack_timer: asyncio.TimerHandle | None = None
         self._nack_timer_at = 0.0
         # uuid -> (first chunk's arrival, [(ledger, entry, payload), ...]), oldest first
-        self._chunks: collections.OrderedDict[str, tuple[float, list]] = collections.OrderedDict()
+        self._chunks: collections.OrderedDict[str, tuple[float, list[tuple[int, int, bytes]]]] = \
+            collections.OrderedDict()
         self._chunk_timer: asyncio.TimerHandle | None = None
-        self._reconnecting: asyncio.Task | None = None
+        self._reconnecting: asyncio.Task[None] | None = None
         self._closed = False
         self._last_message: Message | None = None  # the last one handed to the application
         self._start_message_id = parent._start_message_id
@@ -207,7 +210,7 @@ class PartitionConsumer(Reconnecting):
 
     # incoming (ConsumerHandler: called by the connection)
 
-    def on_message(self, command: pb.CommandMessage, frame) -> None:
+    def on_message(self, command: pb.CommandMessage, frame: codec.Frame) -> None:
         md = frame.metadata
         mid = command.message_id
         ledger, entry = signed64(mid.ledgerId), signed64(mid.entryId)
@@ -221,7 +224,8 @@ class PartitionConsumer(Reconnecting):
             return
         self._deliver(singles, md, ledger, entry, command, None)
 
-    def _deliver(self, singles, md, ledger, entry, command, chunk_entries) -> None:
+    def _deliver(self, singles: list[codec.SingleMessage], md: pb.MessageMetadata, ledger: int, entry: int,
+                 command: pb.CommandMessage, chunk_entries: list[tuple[int, int]] | None) -> None:
         parent = self.parent
         batch_size = singles[0].batch_size if singles else 0
         ack_set = command.ack_set
@@ -276,7 +280,7 @@ class PartitionConsumer(Reconnecting):
         return mid.batch_index < start.batch_index or \
             (mid.batch_index == start.batch_index and not self._start_inclusive)
 
-    def _on_chunk(self, command, frame) -> None:
+    def _on_chunk(self, command: pb.CommandMessage, frame: codec.Frame) -> None:
         md = frame.metadata
         mid = command.message_id
         ledger, entry = signed64(mid.ledgerId), signed64(mid.entryId)
@@ -320,7 +324,7 @@ class PartitionConsumer(Reconnecting):
         last_ledger, last_entry = parts[-1][0], parts[-1][1]
         self._deliver(singles, md, last_ledger, last_entry, command, [(l, e) for l, e, _ in parts])
 
-    def _drop_chunks(self, parts: list, acknowledge: bool, why: str) -> None:
+    def _drop_chunks(self, parts: list[tuple[int, int, bytes]], acknowledge: bool, why: str) -> None:
         """Give up an incomplete chunked message: acknowledge its chunks, or leave them
         unacknowledged (tracked, so the ack timeout or redeliver_unacknowledged_messages brings
         them back, as the official client does)."""
@@ -493,7 +497,7 @@ class PartitionConsumer(Reconnecting):
     def is_unacked(self, ledger_id: int, entry_id: int) -> bool:
         return (ledger_id, entry_id) in self._unacked
 
-    def redeliver_keys(self, keys) -> None:
+    def redeliver_keys(self, keys: list[EntryKey]) -> None:
         """Redeliver the entries (ledger, entry) of `keys` (those past the dead letter limit go there)."""
         if keys and self.parent._dead_letter is not None:
             keys = self.parent._dead_letter.divert(self, keys)
@@ -643,7 +647,7 @@ class Consumer:
         self._discovery_period = float(pattern_auto_discovery_period)
         self._regex_mode = RegexSubscriptionMode(regex_subscription_mode)
         self._topics_hash: str | None = None
-        self._discovery: asyncio.Task | None = None
+        self._discovery: asyncio.Task[None] | None = None
         self.context = context
         self._topics = topics
         self._subscription = subscription_name
@@ -688,7 +692,7 @@ class Consumer:
         self._queue = MessageQueue()
         self._partitions: list[PartitionConsumer] = []
         self._by_topic: dict[str, PartitionConsumer] = {}
-        self._ack_timeout_task: asyncio.Task | None = None
+        self._ack_timeout_task: asyncio.Task[None] | None = None
         self._error: BaseException | None = None
         self._closed = False
         self.corrupt_messages = 0
@@ -866,7 +870,7 @@ class Consumer:
             batch.append(message)
         return batch
 
-    def __aiter__(self):
+    def __aiter__(self) -> Consumer:
         return self
 
     async def __anext__(self) -> Message:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Awaitable, Callable, Coroutine, Protocol
 
 from ..errors import PulsarWireError
 from ..messages import Message, MessageId
@@ -66,12 +66,15 @@ def backoff_delay_ms(backoff: Any, redelivery_count: int) -> int:
     return max(0, int(delay))
 
 
+EntryKey = tuple[int, int]  # an entry's (ledger, entry)
+
+
 class LetterOwner(Protocol):
     """The partition consumer that delivered an entry, as the router uses it."""
 
     def is_unacked(self, ledger_id: int, entry_id: int) -> bool: ...
 
-    def redeliver_keys(self, keys: list) -> None: ...
+    def redeliver_keys(self, keys: list[EntryKey]) -> None: ...
 
     def ack_in(self, unit: Any, batch_index: int) -> None: ...
 
@@ -79,7 +82,9 @@ class LetterOwner(Protocol):
 class DeliveredEntry(Protocol):
     """A delivered entry's acknowledgement state (the consumer's AckUnit)."""
 
-    owner: LetterOwner
+    @property
+    def owner(self) -> LetterOwner: ...  # read-only here: a PartitionConsumer is one
+
     ledger_id: int
     entry_id: int
     batch_size: int
@@ -92,6 +97,9 @@ class LetterProducer(Protocol):
     async def send(self, content: bytes, **options: Any) -> MessageId: ...
 
     async def close(self) -> None: ...
+
+
+_OwnedKey = tuple[LetterOwner, int, int]  # (partition consumer, ledger, entry)
 
 
 def _base_topic(topic: str) -> str:
@@ -113,10 +121,10 @@ class DeadLetterRouter:
         self.retry_letter_topic = retry or (f"{topic}-{subscription}-RETRY" if retry_enable else None)
         self.initial_subscription_name = getattr(policy, "initial_subscription_name", None)
         # delivered entries at or past the limit: (partition consumer, ledger, entry) -> (unit, messages)
-        self._candidates: dict[tuple, tuple[DeliveredEntry, list[Message]]] = {}
-        self._sending: set[tuple] = set()
-        self._producers: dict[str, asyncio.Future] = {}
-        self._tasks: set[asyncio.Task] = set()
+        self._candidates: dict[_OwnedKey, tuple[DeliveredEntry, list[Message]]] = {}
+        self._sending: set[_OwnedKey] = set()
+        self._producers: dict[str, asyncio.Future[LetterProducer]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
 
     # called by the partition consumers
 
@@ -136,12 +144,12 @@ class DeadLetterRouter:
             if not unit.owner.is_unacked(unit.ledger_id, unit.entry_id):
                 del self._candidates[key]
 
-    def divert(self, owner: LetterOwner, keys: list) -> list:
+    def divert(self, owner: LetterOwner, keys: list[EntryKey]) -> list[EntryKey]:
         """Of the entries about to be redelivered, send those past the limit to the dead letter
         topic instead; returns the keys still to redeliver."""
-        kept = []
+        kept: list[EntryKey] = []
         for key in keys:
-            full_key = (owner,) + tuple(key)
+            full_key: _OwnedKey = (owner, *key)
             if full_key in self._sending:
                 continue  # already on its way to the dead letter topic
             held = self._candidates.pop(full_key, None)
@@ -156,7 +164,8 @@ class DeadLetterRouter:
             self._spawn(self._dead_letter(owner, full_key, unit, pending))
         return kept
 
-    async def _dead_letter(self, owner, full_key, unit, messages: list[Message]) -> None:
+    async def _dead_letter(self, owner: LetterOwner, full_key: _OwnedKey, unit: DeliveredEntry,
+                           messages: list[Message]) -> None:
         try:
             producer = await self._producer(self.dead_letter_topic, self.initial_subscription_name)
             await asyncio.gather(*(producer.send(m.data(), **_republish_options(m)) for m in messages))
@@ -199,7 +208,7 @@ class DeadLetterRouter:
                 topic, batching_enabled=False, initial_subscription_name=initial_subscription))
         return await asyncio.shield(pending)
 
-    def _spawn(self, coro) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

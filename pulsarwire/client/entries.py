@@ -12,10 +12,11 @@ import logging
 import uuid
 from typing import NamedTuple
 
+from .. import codec
 from .._proto import PulsarApi_pb2 as pb
 from ..errors import CodecError, ConnectionClosedError, PulsarWireError
 from ..messages import MessageId, signed64
-from .connection import ClientContext
+from .connection import ClientContext, Connection
 from .options import ConsumerType, InitialPosition
 from .reconnect import Reconnecting
 
@@ -51,7 +52,7 @@ class EntryReader(Reconnecting):
         self.context = context
         self.topic = topic
         self.consumer_id = next(context.ids)
-        self.conn = None
+        self.conn: Connection | None = None
         self._subscription = f"entries-{uuid.uuid4().hex[:10]}"
         self._start = start
         self._last: tuple[int, int] | None = None  # the last entry received
@@ -60,13 +61,13 @@ class EntryReader(Reconnecting):
         self._window = max(2, receiver_queue_size)
         self._max_queued_bytes = max_queued_bytes
         self._permits_owed = 0  # messages taken but not yet returned to the broker
-        self._waiter: asyncio.Future | None = None
+        self._waiter: asyncio.Future[None] | None = None
         self._error: BaseException | None = None
         self.disconnect: BaseException | None = None  # why the connection is down, while it is
         self.end_of_topic = False
         self.is_active = True
         self._closed = False
-        self._reconnecting: asyncio.Task | None = None
+        self._reconnecting: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await self._connect()
@@ -83,7 +84,7 @@ class EntryReader(Reconnecting):
         conn.session.flow(self.consumer_id, max(1, room))
         conn.flush()
 
-    def connection_lost(self, conn) -> None:
+    def connection_lost(self, conn: Connection) -> None:
         self.disconnect = ConnectionClosedError(f"connection to the broker of {self.topic} lost")
         super().connection_lost(conn)
         self._wake()
@@ -94,7 +95,7 @@ class EntryReader(Reconnecting):
 
     # incoming (ConsumerHandler: called by the connection)
 
-    def on_message(self, command: pb.CommandMessage, frame) -> None:
+    def on_message(self, command: pb.CommandMessage, frame: codec.Frame) -> None:
         mid = command.message_id
         position = (signed64(mid.ledgerId), signed64(mid.entryId))
         if self._last is not None and position <= self._last:

@@ -9,7 +9,7 @@ import enum
 import itertools
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from .. import codec, compression
 from .._proto import PulsarApi_pb2 as pb
@@ -17,7 +17,7 @@ from ..errors import (
     AlreadyClosedError, ConnectionClosedError, MessageTooBigError, ProducerQueueFullError, PulsarWireError,
     TimeoutError,
 )
-from ..messages import MessageId, MessageIds, signed64
+from ..messages import MessageId, MessageIds, Span, signed64
 from ..routing import HashingScheme, OutgoingMessage, Router, RoutingMode
 from ..schema import Schema, as_schema
 from ..session import SendFailed, SendReceipt
@@ -34,8 +34,9 @@ class _OpSend:
     __slots__ = ("sequence_id", "highest_sequence_id", "num_messages", "frame", "futures", "created",
                  "first_chunk", "batched", "bulk")
 
-    def __init__(self, sequence_id, highest_sequence_id, num_messages, frame, futures, first_chunk=None,
-                 batched=False, bulk=None):
+    def __init__(self, sequence_id: int, highest_sequence_id: int, num_messages: int, frame: bytes,
+                 futures: list[Answer | None], first_chunk: str | None = None, batched: bool = False,
+                 bulk: list[BulkSpan] | None = None) -> None:
         self.sequence_id = sequence_id
         self.highest_sequence_id = highest_sequence_id
         self.num_messages = num_messages
@@ -53,13 +54,13 @@ class _BulkSend:
 
     __slots__ = ("future", "remaining", "spans")
 
-    def __init__(self, future: asyncio.Future, count: int) -> None:
+    def __init__(self, future: asyncio.Future[MessageIds], count: int) -> None:
         self.future = future
         self.remaining = count
-        self.spans: list[tuple] = []
+        self.spans: list[Span] = []
 
     def acknowledged(self, first: int, count: int, ledger_id: int, entry_id: int, partition: int,
-                     batch_first: int, batch_size: int, topic: str) -> None:
+                     batch_first: int, batch_size: int, topic: str | None) -> None:
         self.spans.append((first, count, ledger_id, entry_id, partition, batch_first, batch_size, topic))
         self.remaining -= count
         if self.remaining == 0 and not self.future.done():
@@ -69,9 +70,9 @@ class _BulkSend:
         if not self.future.done():
             self.future.set_exception(error)
 
-    def one_done(self, index: int):
+    def one_done(self, index: int) -> Callable[[asyncio.Future[MessageId]], None]:
         """A callback for the future of input `index` sent on its own (not batched)."""
-        def done(future: asyncio.Future) -> None:
+        def done(future: asyncio.Future[MessageId]) -> None:
             if future.cancelled():
                 self.fail(ConnectionClosedError("cancelled"))
                 return
@@ -85,7 +86,9 @@ class _BulkSend:
         return done
 
 
-_NO_OPTIONS: dict = {}
+# [_BulkSend, first input index, first index in the batch, count]: send_many messages of one batch
+BulkSpan = list[Any]
+_NO_OPTIONS: dict[str, Any] = {}
 
 
 class Receipt:
@@ -97,7 +100,7 @@ class Receipt:
     def __init__(self, callback: Callable[[BaseException | None, MessageId | None], None]) -> None:
         self.callback = callback
         self._done = False
-        self._waiter: asyncio.Future | None = None
+        self._waiter: asyncio.Future[None] | None = None
 
     def done(self) -> bool:
         return self._done
@@ -111,7 +114,7 @@ class Receipt:
     def set_exception(self, error: BaseException) -> None:
         self._answer(error, None)
 
-    def _answer(self, error, message_id) -> None:
+    def _answer(self, error: BaseException | None, message_id: MessageId | None) -> None:
         if self._done:
             return
         self._done = True
@@ -121,7 +124,7 @@ class Receipt:
             if self._waiter is not None and not self._waiter.done():
                 self._waiter.set_result(None)
 
-    def waiter(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future:
+    def waiter(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
         """A future done once this receipt is answered (for flush and close)."""
         if self._waiter is None:
             self._waiter = loop.create_future()
@@ -130,8 +133,11 @@ class Receipt:
         return self._waiter
 
 
+# what a send answers through: its future, or a Receipt's callback (None: a send_many message)
+Answer = asyncio.Future[MessageId] | Receipt
 
-def _message_parts(item) -> tuple:
+
+def _message_parts(item: Any) -> tuple[bytes, str | None, dict[str, str] | None, int | None]:
     """(payload, key, properties, event_timestamp) of a send_many item: a payload, or a tuple of
     (payload, partition_key, properties, event_timestamp), the trailing ones optional."""
     if isinstance(item, tuple):
@@ -176,17 +182,17 @@ class PartitionProducer(Reconnecting):
         self._epoch = 0
         self._topic_epoch: int | None = None  # granted by the broker to an exclusive producer
         self._batch = codec.BatchBuilder()
-        self._batch_futures: list[asyncio.Future | None] = []
-        self._batch_bulk: list[list] = []
+        self._batch_futures: list[Answer | None] = []
+        self._batch_bulk: list[BulkSpan] = []
         self._batch_first_sequence = 0
         self._batch_timer: asyncio.TimerHandle | None = None
-        self._reconnecting: asyncio.Task | None = None
+        self._reconnecting: asyncio.Task[None] | None = None
         self._closed = False
         self._failed: BaseException | None = None
-        self._timeout_task: asyncio.Task | None = None
-        self._chunk_ids: dict[str, MessageId] = {}
+        self._timeout_task: asyncio.Task[None] | None = None
+        self._chunk_ids: dict[str | None, MessageId] = {}  # by a chunked message's uuid (None never stored)
         self.schema_version: bytes | None = None
-        self._started: asyncio.Future | None = None  # set once start() runs (lazy producers)
+        self._started: asyncio.Future[None] | None = None  # set once start() runs (lazy producers)
         self.ready = False  # attached at least once: sequence ids are known
 
     async def start(self) -> None:
@@ -257,7 +263,7 @@ class PartitionProducer(Reconnecting):
         self._next_sequence_id += 1
         return sequence_id
 
-    def send(self, payload: bytes, options: dict, future: asyncio.Future) -> None:
+    def send(self, payload: bytes, options: dict[str, Any], future: Answer) -> None:
         if self._failed is not None:
             future.set_exception(self._failed)
             return
@@ -306,7 +312,7 @@ class PartitionProducer(Reconnecting):
         frame = codec.encode_payload_command(self._send_command(sequence_id, sequence_id, 1), metadata, body)
         self._enqueue(_OpSend(sequence_id, sequence_id, 1, frame, [future]))
 
-    def send_plain(self, payload: bytes, future: asyncio.Future) -> None:
+    def send_plain(self, payload: bytes, future: Answer) -> None:
         """send() of a bytes payload without options: the per-message path of send_async, kept short."""
         parent = self.parent
         if self._failed is not None or not parent._batching or len(payload) >= parent._batching_max_bytes:
@@ -325,7 +331,7 @@ class PartitionProducer(Reconnecting):
         elif self._batch_timer is None:
             self._batch_timer = self.context.loop.call_later(parent._batching_delay, self.flush_batch)
 
-    def send_many(self, items: list, start: int, stop: int, indexes: list[int] | None, bulk: _BulkSend) -> None:
+    def send_many(self, items: list[Any], start: int, stop: int, indexes: list[int] | None, bulk: _BulkSend) -> None:
         """Queue items[start:stop] in order, receipts to `bulk`; items are plain bytes payloads or
         (payload, key, properties) tuples checked by _message_parts. indexes[k] is items[k]'s place in
         the caller's list (None: k). Plain payloads go into the batch in one codec call; no future
@@ -383,7 +389,7 @@ class PartitionProducer(Reconnecting):
             spans.append([bulk, first, at, count])
         self._batch_futures.extend(itertools.repeat(None, count))
 
-    def _send_chunks(self, metadata, body, chunk_size, future) -> None:
+    def _send_chunks(self, metadata: pb.MessageMetadata, body: bytes, chunk_size: int, future: Answer) -> None:
         sequence_id = metadata.sequence_id
         count = (len(body) + chunk_size - 1) // chunk_size
         metadata.uuid = f"{self.producer_name}-{sequence_id}"
@@ -399,7 +405,7 @@ class PartitionProducer(Reconnecting):
             self._enqueue(_OpSend(sequence_id, sequence_id, 1 if last else 0, frame,
                                   [future] if last else [], first_chunk=metadata.uuid))
 
-    def _metadata(self, sequence_id: int, options: dict) -> pb.MessageMetadata:
+    def _metadata(self, sequence_id: int, options: dict[str, Any]) -> pb.MessageMetadata:
         md = pb.MessageMetadata(producer_name=self.producer_name, sequence_id=sequence_id,
                                 publish_time=now_ms())
         if options.get("properties"):
@@ -596,7 +602,8 @@ class PartitionProducer(Reconnecting):
             pass
 
     async def wait_pending(self) -> None:
-        waiting = {id(f): f for op in self.pending for f in op.futures if f is not None}
+        # futures, and Receipts replaced by their waiters below
+        waiting: dict[int, Any] = {id(f): f for op in self.pending for f in op.futures if f is not None}
         waiting.update((id(f), f) for f in self._batch_futures if f is not None)
         loop = self.context.loop
         for key, receipt in list(waiting.items()):
@@ -626,7 +633,7 @@ class PartitionProducer(Reconnecting):
         self._fail_all(ConnectionClosedError("producer closed"))
 
 
-def _options_size(options: dict) -> int:
+def _options_size(options: dict[str, Any]) -> int:
     """About what a message's key, ordering key and properties add to it in a batch."""
     size = len(options.get("partition_key") or "") + len(options.get("ordering_key") or b"")
     for key, value in (options.get("properties") or {}).items():
@@ -634,7 +641,7 @@ def _options_size(options: dict) -> int:
     return size
 
 
-def _fail_op(futures: list, bulk: list | None, error: BaseException) -> None:
+def _fail_op(futures: list[Answer | None], bulk: list[BulkSpan] | None, error: BaseException) -> None:
     for future in futures:
         if future is not None and not future.done():
             future.set_exception(error)
@@ -751,7 +758,8 @@ class Producer:
     async def send_async(self, content: bytes, *, properties: dict[str, str] | None = None,
                          partition_key: str | None = None, ordering_key: bytes | None = None,
                          event_timestamp: int | None = None, sequence_id: int | None = None,
-                         deliver_at: int | None = None, deliver_after_ms: int | None = None) -> asyncio.Future:
+                         deliver_at: int | None = None, deliver_after_ms: int | None = None,
+                         ) -> asyncio.Future[MessageId]:
         """Queue a message; returns a future for its MessageId (waits only for queue space).
         `content=None` sends a null value (the metadata's null_value set, no payload)."""
         if self._closed:
@@ -786,8 +794,9 @@ class Producer:
             await asyncio.sleep(0)  # a batch went out: let the loop write it and read receipts (bounds latency)
         return future
 
-    def _send_options(self, content, properties, partition_key, ordering_key, event_timestamp, sequence_id,
-                      deliver_at, deliver_after_ms) -> tuple[bytes, dict]:
+    def _send_options(self, content: Any, properties: dict[str, str] | None, partition_key: str | None,
+                      ordering_key: bytes | None, event_timestamp: int | None, sequence_id: int | None,
+                      deliver_at: int | None, deliver_after_ms: int | None) -> tuple[bytes, dict[str, Any]]:
         """Checked send options and the content to send (schema-encoded): _NO_OPTIONS when there are none."""
         _check_send_options(properties, partition_key, ordering_key, event_timestamp=event_timestamp,
                             sequence_id=sequence_id, deliver_at=deliver_at, deliver_after_ms=deliver_after_ms)
@@ -810,7 +819,7 @@ class Producer:
                          "deliver_after_ms": deliver_after_ms, "partition_key_b64_encoded": b64_key is not None,
                          "null_value": null_value}
 
-    def send_nowait(self, content: bytes, receipt, *, properties: dict[str, str] | None = None,
+    def send_nowait(self, content: bytes, receipt: Answer, *, properties: dict[str, str] | None = None,
                     partition_key: str | None = None, ordering_key: bytes | None = None,
                     event_timestamp: int | None = None, sequence_id: int | None = None,
                     deliver_at: int | None = None, deliver_after_ms: int | None = None) -> bool:
@@ -840,7 +849,7 @@ class Producer:
             target.send(content, options, receipt)
         return True
 
-    async def send_many(self, messages) -> asyncio.Future:
+    async def send_many(self, messages: Iterable[Any]) -> asyncio.Future[MessageIds]:
         """Queue messages in order: payloads, or (payload, partition_key, properties) tuples.
 
         Returns one future for all their MessageIds (a `MessageIds` sequence, in input order),
@@ -892,7 +901,7 @@ class Producer:
                     target.send_many(items, lo, min(stop, lo + size), None, bulk)
                     targets.append(target)
             else:
-                routed: dict[int, tuple[list, list]] = {}
+                routed: dict[int, tuple[list[Any], list[int]]] = {}
                 for index in range(start, stop):
                     item = items[index]
                     if type(item) is tuple:
@@ -914,7 +923,7 @@ class Producer:
         await asyncio.sleep(0)  # let the loop write what went out and read receipts (bounds latency)
         return future
 
-    def _partition_index(self, content: bytes, options: dict) -> int:
+    def _partition_index(self, content: bytes, options: dict[str, Any]) -> int:
         """The partition a message goes to: the custom router's choice, else its key's hash (or
         round robin); every send path routes through here."""
         count = len(self._partitions)
@@ -935,8 +944,9 @@ class Producer:
             await target.start()
         return target
 
-    async def send_columns(self, contents: list, *, partition_keys: list | None = None,
-                           properties: list | None = None, event_timestamps: list | None = None) -> asyncio.Future:
+    async def send_columns(self, contents: list[Any], *, partition_keys: list[str | None] | None = None,
+                           properties: list[dict[str, str] | None] | None = None,
+                           event_timestamps: list[int | None] | None = None) -> asyncio.Future[MessageIds]:
         """send_many of column lists: the optional lists align with `contents`, None where a
         message has none. Returns send_many's one future for every receipt (a MessageIds)."""
         if partition_keys is None and properties is None and event_timestamps is None:
@@ -947,12 +957,12 @@ class Producer:
             if column is not None and len(column) != count:
                 raise ValueError(f"{name} has {len(column)} values for {count} contents")
 
-        def aligned(values):
+        def aligned(values: list[Any] | None) -> Iterable[Any]:
             return itertools.repeat(None, count) if values is None else values
         return await self.send_many(list(zip(contents, aligned(partition_keys), aligned(properties),
                                              aligned(event_timestamps))))
 
-    async def send(self, content: bytes, **options) -> MessageId:
+    async def send(self, content: bytes, **options: Any) -> MessageId:
         """Send one message and wait for the broker's receipt."""
         future = await self.send_async(content, **options)
         self.flush_batches()
@@ -977,7 +987,8 @@ class Producer:
         self.context.handles.discard(self)
 
 
-def _check_send_options(properties, partition_key, ordering_key, **integers) -> None:
+def _check_send_options(properties: object, partition_key: object, ordering_key: object,
+                        **integers: object) -> None:
     """A clear TypeError for a wrongly typed send option, the same with either codec twin (the
     encoders would fail each its own way, or take an int ordering key as that many zero bytes)."""
     if properties is not None:

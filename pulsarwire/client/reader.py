@@ -37,7 +37,7 @@ class Reader:
         """The id of the last message in the topic (entry_id -1 when it is empty)."""
         return await self._consumer.get_last_message_id()
 
-    def __aiter__(self):
+    def __aiter__(self) -> Reader:
         return self
 
     async def __anext__(self) -> Message:
