@@ -1,6 +1,9 @@
-"""Builders for frames used across the tests."""
+"""Builders for frames, and the asyncio client helpers, used across the tests."""
 from __future__ import annotations
 
+import asyncio
+
+from pulsarwire import Client
 from pulsarwire._proto import PulsarApi_pb2 as pb
 
 
@@ -67,3 +70,28 @@ async def wait_until_async(predicate, timeout: float = PATIENCE, step: float = 0
         if value or time.monotonic() > deadline:
             return value
         await asyncio.sleep(step)
+
+
+# the asyncio client in a test
+
+def run(coro, timeout=60):
+    async def bounded():
+        return await asyncio.wait_for(coro, timeout)
+    return asyncio.run(bounded())
+
+
+def client_for(broker, **options):
+    options.setdefault("operation_timeout_seconds", 10)
+    options.setdefault("initial_backoff_seconds", 0.05)
+    options.setdefault("max_backoff_seconds", 0.5)
+    return Client(broker.url, **options)
+
+
+async def drain(consumer, count, timeout_ms=5000, ack=True):
+    out = []
+    for _ in range(count):
+        message = await consumer.receive(timeout_ms)
+        out.append(message)
+        if ack:
+            consumer.acknowledge(message)
+    return out

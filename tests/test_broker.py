@@ -12,7 +12,7 @@ from pulsarwire import Client, InitialPosition, MessageId, errors
 from pulsarwire.broker.storage import Cursor, TopicLog
 
 from .peers import BrokerProcess, BrokerThread
-from .test_client import run
+from .helpers import run
 
 
 def test_restart_keeps_messages_cursors_and_partitions(tmp_path):

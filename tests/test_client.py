@@ -14,31 +14,9 @@ from pulsarwire._proto import PulsarApi_pb2 as pb
 from pulsarwire.routing import java_string_hash, murmur3_32_hash
 
 from .conftest import unique
+from .helpers import client_for, drain, run
 
 EARLIEST = InitialPosition.Earliest
-
-
-def run(coro, timeout=60):
-    async def bounded():
-        return await asyncio.wait_for(coro, timeout)
-    return asyncio.run(bounded())
-
-
-def client_for(broker, **options):
-    options.setdefault("operation_timeout_seconds", 10)
-    options.setdefault("initial_backoff_seconds", 0.05)
-    options.setdefault("max_backoff_seconds", 0.5)
-    return Client(broker.url, **options)
-
-
-async def drain(consumer, count, timeout_ms=5000, ack=True):
-    out = []
-    for _ in range(count):
-        message = await consumer.receive(timeout_ms)
-        out.append(message)
-        if ack:
-            consumer.acknowledge(message)
-    return out
 
 
 @pytest.mark.parametrize("compression", list(CompressionType), ids=lambda c: c.name)

@@ -13,7 +13,7 @@ from pulsarwire._proto import PulsarApi_pb2 as pb
 from pulsarwire.session import ClientSession, Connected, CorruptMessage
 
 from .peers import BrokerProcess, BrokerThread, free_port
-from .test_client import run
+from .helpers import run
 
 
 class FaultyProxy:

@@ -33,7 +33,7 @@ from pulsarwire.broker.storage import FileOps, topic_directory
 
 from .conftest import unique
 from .peers import BrokerThread, free_port, terminate, wait_for_port
-from .test_client import run
+from .helpers import run
 
 NS = "persistent://public/default/"
 TOPIC_FILES = ("state.json", "cursors.json", "ledgers.json", "producer-epoch.json", "schema.json")

@@ -10,7 +10,7 @@ from pulsarwire import Client, InitialPosition, MessageId, MessageIds, blocking,
 
 from .conftest import unique
 from .peers import BrokerProcess, BrokerThread
-from .test_client import client_for, drain, run
+from .helpers import client_for, drain, run
 
 EARLIEST = InitialPosition.Earliest
 

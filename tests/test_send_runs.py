@@ -11,7 +11,7 @@ from pulsarwire._proto import PulsarApi_pb2 as pb
 from pulsarwire._codec_py import BatchBuilder
 
 from .peers import BrokerThread
-from .test_client import run
+from .helpers import run
 from .test_storage_faults import FillingDisk
 
 T = pb.BaseCommand

@@ -25,7 +25,7 @@ from pulsarwire.broker.storage import HEADER_SIZE, CorruptEntryError, FileOps, F
 
 from .helpers import wait_until_async
 from .peers import BrokerThread, free_port, terminate, wait_for_port
-from .test_client import run
+from .helpers import run
 
 TOPIC = "persistent://public/default/faults"
 _U64 = 0xFFFFFFFFFFFFFFFF  # a duplicate's receipt carries entry id -1

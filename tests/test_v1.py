@@ -25,7 +25,7 @@ from pulsarwire.v1client import V1Client, V1Error, parse_payload
 
 from .conftest import unique
 from .peers import BrokerProcess, BrokerThread, free_port, wait_for_port
-from .test_client import run
+from .helpers import run
 
 PARTITIONS = 3
 
