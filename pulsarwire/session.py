@@ -171,9 +171,10 @@ class ClientSession:
                 raise
             if frame is None:
                 return events
-            handler = _TRANSITIONS.get((self.state, frame.command.type))
+            # this reader has no send_fast_path, so its frames are Frame, never SendFrame
+            handler = _TRANSITIONS.get((self.state, frame.command.type))  # type: ignore[union-attr]
             if handler is None:
-                self._refuse(frame.command.type)
+                self._refuse(frame.command.type)  # type: ignore[union-attr]
             handler(self, frame, events)
             if self.state is State.CLOSED:  # a connect error: what follows it is not read
                 return events
