@@ -157,7 +157,8 @@ class ClientSession:
         events: list[Event] = []
         while True:
             try:
-                frame = self._reader.next_frame()
+                # this reader has no send_fast_path, so its frames are Frame, never SendFrame
+                frame: codec.Frame | None = self._reader.next_frame()  # type: ignore[assignment]
             except CodecError as exc:
                 command = exc.command
                 if command is not None and command.type == T.MESSAGE:
@@ -171,10 +172,9 @@ class ClientSession:
                 raise
             if frame is None:
                 return events
-            # this reader has no send_fast_path, so its frames are Frame, never SendFrame
-            handler = _TRANSITIONS.get((self.state, frame.command.type))  # type: ignore[union-attr]
+            handler = _TRANSITIONS.get((self.state, frame.command.type))
             if handler is None:
-                self._refuse(frame.command.type)  # type: ignore[union-attr]
+                self._refuse(frame.command.type)
             handler(self, frame, events)
             if self.state is State.CLOSED:  # a connect error: what follows it is not read
                 return events
