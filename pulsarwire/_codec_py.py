@@ -21,6 +21,7 @@ from __future__ import annotations
 import struct
 from array import array
 from collections import deque
+from typing import TYPE_CHECKING, Any
 
 from crc32c import crc32c
 from google.protobuf.message import DecodeError
@@ -31,6 +32,23 @@ from .errors import (
     BadBatchError, BadCommandError, BadMagicError, BadMetadataError, ChecksumMismatchError,
     FrameTooLargeError, TruncatedFrameError,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import TypeVar
+
+    from google.protobuf.message import Message
+
+    from .errors import CodecError
+
+    _Bytes = bytes | bytearray | memoryview
+    _M = TypeVar("_M", bound=Message)
+    # (start, end) of a field's bytes in the buffer it was read from
+    _Span = tuple[int, int]
+    # one row for _column_fields: payload, partition_key, ordering_key, properties, event_time,
+    # sequence_id, batch_index, compacted_out, null_value, null_partition_key, partition_key_b64_encoded
+    _Row = tuple[bytes, bytes | None, bytes | None, list[tuple[bytes, bytes]], int, int | None, int,
+                 bool, bool, bool, bool]
 
 IMPLEMENTATION = "python"
 
@@ -56,11 +74,20 @@ class Frame:
     Both are memoryviews into the bytes that were fed (zero-copy).
     """
 
+    command: pb.BaseCommand
+    metadata: pb.MessageMetadata | None
+    payload: memoryview | None
+    metadata_and_payload: memoryview | None
+    broker_entry_metadata: pb.BrokerEntryMetadata | None
+    checksum: int | None
+    size: int
+
     __slots__ = ("command", "metadata", "payload", "metadata_and_payload",
                  "broker_entry_metadata", "checksum", "size")
 
-    def __init__(self, command, metadata, payload, metadata_and_payload,
-                 broker_entry_metadata, checksum, size):
+    def __init__(self, command: pb.BaseCommand, metadata: pb.MessageMetadata | None, payload: memoryview | None,
+                 metadata_and_payload: memoryview | None, broker_entry_metadata: pb.BrokerEntryMetadata | None,
+                 checksum: int | None, size: int) -> None:
         self.command = command
         self.metadata = metadata
         self.payload = payload
@@ -78,21 +105,26 @@ class Frame:
         """True when the frame carried 0x0e01 (and so its CRC32C matched)."""
         return self.checksum is not None
 
-    def messages(self, max_uncompressed_size=compression.DEFAULT_MAX_UNCOMPRESSED_SIZE):
+    def messages(self, max_uncompressed_size: int = compression.DEFAULT_MAX_UNCOMPRESSED_SIZE
+                 ) -> list[SingleMessage]:
         """Decompress the payload and split it into SingleMessage objects."""
         if self.metadata is None:
             return []
+        # payload is None only with metadata None, so it is set here (no check added to this path)
         return split_messages(self.metadata,
-                              decompress_payload(self.metadata, self.payload, max_uncompressed_size))
+                              decompress_payload(self.metadata, self.payload,  # type: ignore[arg-type]
+                                                 max_uncompressed_size))
 
-    def columns(self, max_uncompressed_size=compression.DEFAULT_MAX_UNCOMPRESSED_SIZE):
+    def columns(self, max_uncompressed_size: int = compression.DEFAULT_MAX_UNCOMPRESSED_SIZE) -> Columns:
         """Decompress the payload and split it into Columns (no rows for a simple command)."""
         if self.metadata is None:
             return _empty_columns(Columns)
+        # payload is None only with metadata None, as in messages()
         return split_columns(self.metadata,
-                             decompress_payload(self.metadata, self.payload, max_uncompressed_size))
+                             decompress_payload(self.metadata, self.payload,  # type: ignore[arg-type]
+                                                max_uncompressed_size))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         kind = _BaseCommand.Type.Name(self.command.type) if self.command.type in _TYPE_NAMES else self.command.type
         return f"<Frame {kind} size={self.size} payload={'-' if self.payload is None else len(self.payload)}>"
 
@@ -100,7 +132,8 @@ class Frame:
 _TYPE_NAMES = set(_BaseCommand.Type.values())
 
 
-def _parse(message_type, view, error_type, what, command=None):
+def _parse(message_type: type[_M], view: memoryview, error_type: type[CodecError], what: str,
+           command: pb.BaseCommand | None = None) -> _M:
     try:
         message = message_type.FromString(view)
     except (DecodeError, RuntimeWarning, ValueError) as exc:
@@ -111,7 +144,7 @@ def _parse(message_type, view, error_type, what, command=None):
     return message
 
 
-def _decode_frame(view, start, end):
+def _decode_frame(view: memoryview, start: int, end: int) -> Frame:
     """Decode the frame view[start:end] whose total_size was already checked."""
     if end - start < 8:
         raise TruncatedFrameError(f"frame of {end - start - 4} bytes cannot hold its 4-byte command size")
@@ -124,7 +157,7 @@ def _decode_frame(view, start, end):
     if pos == end:
         return Frame(command, None, None, None, None, None, end - start)
 
-    broker_entry_metadata = None
+    broker_entry_metadata: pb.BrokerEntryMetadata | None = None
     if end - pos >= 2 and _U16.unpack_from(view, pos)[0] == MAGIC_BROKER_ENTRY_METADATA:
         if end - pos < 6:
             raise TruncatedFrameError("broker entry metadata header is cut off", command=command)
@@ -136,7 +169,7 @@ def _decode_frame(view, start, end):
                                        BadMetadataError, "BrokerEntryMetadata", command)
         pos += 6 + size
 
-    checksum = None
+    checksum: int | None = None
     if end - pos >= 2 and _U16.unpack_from(view, pos)[0] == MAGIC_CRC32C:
         if end - pos < 6:
             raise TruncatedFrameError("checksum header is cut off", command=command)
@@ -203,18 +236,21 @@ _METADATA_VARINTS = frozenset((2, 3, 8, 9, 11, 12, 17, 19, 24, 25, 27, 28, 29, 3
 _METADATA_BYTES = frozenset((1, 4, 6, 18, 26))
 
 
-def _signed(value):
+def _signed(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def _int32(value):
+def _int32(value: int) -> int:
     """An int32 field's value, truncated as protobuf does."""
     return ((value & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000
 
 
-def _scan_fields(view, pos, end):
-    """(field, wire_type, value_or_span) for each field, or None when the bytes are not plain protobuf."""
-    fields = []
+def _scan_fields(view: memoryview, pos: int, end: int) -> list[tuple[int, int, Any]] | None:
+    """(field, wire_type, value_or_span) for each field, or None when the bytes are not plain protobuf.
+
+    value_or_span is the int of a varint (wire type 0), the (start, end) span of bytes (wire type 2).
+    """
+    fields: list[tuple[int, int, Any]] = []
     while pos < end:
         try:
             tag, pos = _varint(view, pos, end)
@@ -235,7 +271,7 @@ def _scan_fields(view, pos, end):
     return fields
 
 
-def _fast_send(view, start, end):
+def _fast_send(view: memoryview, start: int, end: int) -> SendFrame | None:
     if end - start < 10 or view[start + 8] != 0x08 or view[start + 9] != 0x06:
         return None  # not a BaseCommand that starts with type = SEND
     command_size = _U32.unpack_from(view, start + 4)[0]
@@ -248,7 +284,7 @@ def _fast_send(view, start, end):
     send = _scan_fields(view, *command[1][2])
     if send is None:
         return None
-    values = {}
+    values: dict[int, int] = {}
     for field, wire_type, value in send:
         if wire_type != 0 or field not in _SEND_VARINTS:
             return None
@@ -268,7 +304,7 @@ def _fast_send(view, start, end):
     metadata = _scan_fields(view, pos + 4, pos + 4 + metadata_size)
     if metadata is None:
         return None
-    found = {}
+    found: dict[int, Any] = {}  # a varint's int, or a bytes field's span
     for field, wire_type, value in metadata:
         if wire_type == 0 and field in _METADATA_VARINTS:
             found[field] = value
@@ -297,7 +333,7 @@ def _fast_send(view, start, end):
     return frame
 
 
-def _plain_key_value(view, start, end):
+def _plain_key_value(view: memoryview, start: int, end: int) -> bool:
     fields = _scan_fields(view, start, end)
     if fields is None or any(wire_type != 2 or field not in (1, 2) for field, wire_type, _ in fields):
         return False
@@ -305,7 +341,7 @@ def _plain_key_value(view, start, end):
     return present == {1, 2}
 
 
-def _check_total_size(total_size, max_frame_size):
+def _check_total_size(total_size: int, max_frame_size: int) -> None:
     if total_size > max_frame_size:
         raise FrameTooLargeError(f"frame of {total_size} bytes is over the {max_frame_size}-byte limit")
     if total_size < 4:
@@ -321,22 +357,25 @@ class FrameReader:
     just its frame and the next frame can still be read.
     """
 
-    def __init__(self, max_frame_size=DEFAULT_MAX_FRAME_SIZE, send_fast_path=False):
+    max_frame_size: int
+    send_fast_path: bool
+
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, send_fast_path: bool = False) -> None:
         if max_frame_size < 8:
             raise ValueError("max_frame_size must be at least 8")
         self.max_frame_size = max_frame_size
         self.send_fast_path = send_fast_path
-        self._chunks = deque()
+        self._chunks: deque[memoryview] = deque()
         self._pos = 0          # read offset into self._chunks[0]
         self._buffered = 0     # unread bytes across all chunks
-        self._error = None
+        self._error: Exception | None = None
 
     @property
     def buffered(self) -> int:
         """Bytes fed but not yet returned as frames."""
         return self._buffered
 
-    def feed(self, data) -> None:
+    def feed(self, data: _Bytes) -> None:
         if self._error is not None:
             raise self._error
         if not isinstance(data, bytes):
@@ -345,7 +384,7 @@ class FrameReader:
             self._chunks.append(memoryview(data))
             self._buffered += len(data)
 
-    def next_frame(self):
+    def next_frame(self) -> Frame | SendFrame | None:
         """The next complete frame, or None until more bytes are fed."""
         if self._error is not None:
             raise self._error
@@ -380,10 +419,10 @@ class FrameReader:
                 return fast
         return _decode_frame(view, start, start + need)
 
-    def __iter__(self):
+    def __iter__(self) -> FrameReader:
         return self
 
-    def __next__(self):
+    def __next__(self) -> Frame | SendFrame:
         frame = self.next_frame()
         if frame is None:
             raise StopIteration
@@ -394,7 +433,7 @@ class FrameReader:
         if self._buffered:
             raise TruncatedFrameError(f"stream ended inside a frame ({self._buffered} bytes left over)")
 
-    def _peek(self, count):
+    def _peek(self, count: int) -> bytes:
         out = bytearray()
         pos = self._pos
         for chunk in self._chunks:
@@ -404,7 +443,7 @@ class FrameReader:
                 break
         return bytes(out)
 
-    def _take(self, count):
+    def _take(self, count: int) -> bytes:
         out = bytearray()
         while len(out) < count:
             head = self._chunks[0]
@@ -417,7 +456,7 @@ class FrameReader:
         return bytes(out)
 
 
-def decode_frame(data):
+def decode_frame(data: _Bytes) -> Frame:
     """Decode exactly one complete frame held in `data` (bytes-like)."""
     view = memoryview(data if type(data) is bytes else bytes(data))  # frames must not change under us
     if len(view) < 4:
@@ -429,7 +468,8 @@ def decode_frame(data):
     return _decode_frame(view, 0, len(view))
 
 
-def decompress_payload(metadata, payload, max_uncompressed_size=compression.DEFAULT_MAX_UNCOMPRESSED_SIZE):
+def decompress_payload(metadata: pb.MessageMetadata, payload: _Bytes,
+                       max_uncompressed_size: int = compression.DEFAULT_MAX_UNCOMPRESSED_SIZE) -> _Bytes:
     """The payload as the producer built it: decompressed and size-checked."""
     kind = metadata.compression
     if kind == compression.NONE:
@@ -454,7 +494,7 @@ def decompress_payload(metadata, payload, max_uncompressed_size=compression.DEFA
 # keeps its last value, as protobuf does. _parse_smm is the one reader of these
 # fields: split_messages, SingleMessage and split_columns all use it.
 
-def _varint(buf, pos, end):
+def _varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
     result = 0
     shift = 0
     while True:
@@ -470,7 +510,7 @@ def _varint(buf, pos, end):
             raise BadBatchError("varint longer than 10 bytes in SingleMessageMetadata")
 
 
-def _skip(buf, pos, end, wire_type):
+def _skip(buf: memoryview, pos: int, end: int, wire_type: int) -> int:
     if wire_type == 0:
         return _varint(buf, pos, end)[1]
     if wire_type == 1:
@@ -487,15 +527,17 @@ def _skip(buf, pos, end, wire_type):
     return pos
 
 
-def _utf8(buf, start, end):
+def _utf8(buf: memoryview, start: int, end: int) -> str:
     try:
         return str(buf[start:end], "utf-8")
     except UnicodeDecodeError as exc:
         raise BadBatchError(f"string in SingleMessageMetadata is not UTF-8: {exc}") from None
 
 
-def _key_value(buf, start, end, check_utf8):
+def _key_value(buf: memoryview, start: int, end: int, check_utf8: bool) -> tuple[_Span, _Span]:
     """One KeyValue in buf[start:end]: ((key start, end), (value start, end)), last occurrence of each."""
+    key: _Span | None
+    value: _Span | None
     key = value = None
     pos = start
     while pos < end:
@@ -521,6 +563,17 @@ def _key_value(buf, start, end, check_utf8):
 class _Smm:
     """The fields of one SingleMessageMetadata; strings and bytes as (start, end) spans."""
 
+    payload_size: int
+    properties: list[tuple[_Span, _Span]]  # (key span, value span) of each KeyValue
+    partition_key: _Span | None
+    ordering_key: _Span | None
+    event_time: int
+    sequence_id: int | None
+    compacted_out: bool
+    partition_key_b64_encoded: bool
+    null_value: bool
+    null_partition_key: bool
+
     __slots__ = ("payload_size", "properties", "partition_key", "ordering_key", "event_time", "sequence_id",
                  "compacted_out", "partition_key_b64_encoded", "null_value", "null_partition_key")
 
@@ -528,14 +581,14 @@ class _Smm:
 _SMM_VARINT_TAGS = frozenset((0x18, 0x20, 0x28, 0x30, 0x40, 0x48, 0x50))
 
 
-def _parse_smm(buf, start, end, check_utf8):
+def _parse_smm(buf: memoryview, start: int, end: int, check_utf8: bool) -> _Smm:
     """Check one SingleMessageMetadata in buf[start:end] and read its fields.
 
     check_utf8 also checks every string it meets (split_messages leaves that
     to the first read of a field, where SingleMessage raises).
     """
     smm = _Smm()
-    smm.payload_size = None
+    payload_size: int | None = None  # required: set on smm once known to be present
     smm.properties = []
     smm.partition_key = smm.ordering_key = smm.sequence_id = None
     smm.event_time = 0
@@ -546,7 +599,7 @@ def _parse_smm(buf, start, end, check_utf8):
         if tag in _SMM_VARINT_TAGS:
             value, pos = _varint(buf, pos, end)
             if tag == 0x18:
-                smm.payload_size = value - (1 << 64) if value >= 1 << 63 else value
+                payload_size = value - (1 << 64) if value >= 1 << 63 else value
             elif tag == 0x20:
                 smm.compacted_out = value != 0
             elif tag == 0x28:
@@ -575,8 +628,9 @@ def _parse_smm(buf, start, end, check_utf8):
             pos += length
         else:
             pos = _skip(buf, pos, end, tag & 7)
-    if smm.payload_size is None:
+    if payload_size is None:
         raise BadBatchError("SingleMessageMetadata lacks its required payload_size")
+    smm.payload_size = payload_size
     return smm
 
 
@@ -591,6 +645,17 @@ class SingleMessage:
     payload: memoryview
     batch_index: int
     batch_size: int
+    _smm: tuple[memoryview, int, int] | None  # (buffer, metadata start, metadata end); None: not a batch
+    _decoded: bool
+    _properties: dict[str, str]
+    _partition_key: str | None
+    _partition_key_b64_encoded: bool
+    _ordering_key: bytes | None
+    _event_time: int
+    _sequence_id: int | None
+    _null_value: bool
+    _null_partition_key: bool
+    _compacted_out: bool
 
     __slots__ = ("payload", "batch_index", "batch_size", "_smm", "_decoded",
                  "_properties", "_partition_key", "_partition_key_b64_encoded", "_ordering_key",
@@ -599,8 +664,9 @@ class SingleMessage:
     def data(self) -> bytes:
         return bytes(self.payload)
 
-    def _decode(self):
-        buf, start, end = self._smm
+    def _decode(self) -> None:
+        # only called while not _decoded, which split_messages sets for a message without _smm
+        buf, start, end = self._smm  # type: ignore[misc]
         smm = _parse_smm(buf, start, end, check_utf8=True)  # structure was checked by split_messages
         self._properties = {_utf8(buf, *key): _utf8(buf, *value) for key, value in smm.properties}
         if smm.partition_key is not None:
@@ -615,7 +681,7 @@ class SingleMessage:
         self._null_partition_key = smm.null_partition_key
         self._decoded = True
 
-    def _field(self, name):
+    def _field(self, name: str) -> Any:
         if not self._decoded:
             self._decode()
         return getattr(self, name)
@@ -630,11 +696,11 @@ class SingleMessage:
     null_partition_key = property(lambda self: self._field("_null_partition_key"))
     compacted_out = property(lambda self: self._field("_compacted_out"))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<SingleMessage batch_index={self.batch_index} {len(self.payload)} bytes>"
 
 
-def _blank_message(payload, batch_index, batch_size):
+def _blank_message(payload: memoryview, batch_index: int, batch_size: int) -> SingleMessage:
     message = SingleMessage.__new__(SingleMessage)
     message.payload = payload
     message.batch_index = batch_index
@@ -650,7 +716,7 @@ def _blank_message(payload, batch_index, batch_size):
     return message
 
 
-def _stable_view(payload):
+def _stable_view(payload: _Bytes) -> memoryview:
     """A byte view that cannot change under the messages: bytes are viewed, anything mutable copied."""
     view = memoryview(payload)
     if type(payload) is not bytes and not (type(view.obj) is bytes and view.c_contiguous and view.itemsize == 1):
@@ -658,12 +724,13 @@ def _stable_view(payload):
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
-def _check_batch_count(count, end):
+def _check_batch_count(count: int, end: int) -> None:
     if count < 0 or count > end // 5 + 1:
         raise BadBatchError(f"num_messages_in_batch {count} cannot fit in {end} bytes")
 
 
-def _batch_entry(view, pos, index, count, check_utf8):
+def _batch_entry(view: memoryview, pos: int, index: int, count: int,
+                 check_utf8: bool) -> tuple[_Smm, int, int, int]:
     """Check entry `index` of a batch, which starts at view[pos]; in wire order.
 
     Returns its parsed SingleMessageMetadata, where that starts, and where its
@@ -683,12 +750,14 @@ def _batch_entry(view, pos, index, count, check_utf8):
     return smm, pos, smm_end, smm_end + smm.payload_size
 
 
-def _check_batch_end(view, pos, count):
+def _check_batch_end(view: memoryview, pos: int, count: int) -> None:
     if pos != len(view):
         raise BadBatchError(f"{len(view) - pos} bytes left over after {count} batch entries")
 
 
-def count_batch(payload, count):
+# count_batch/count_entry_batch stay unannotated until broker/topics.py (another helper's) declares its
+# `count` variable as a positional Callable: typed, their different first names make that assignment fail
+def count_batch(payload, count):  # type: ignore[no-untyped-def]
     """`count` when the uncompressed batch payload holds exactly that many messages, checked as
     split_messages checks them (the same BadBatchError otherwise), without making the messages."""
     view = _stable_view(payload)
@@ -700,7 +769,7 @@ def count_batch(payload, count):
     return count
 
 
-def count_entry_batch(entry, count):
+def count_entry_batch(entry, count):  # type: ignore[no-untyped-def]
     """count_batch of the uncompressed batch payload in `entry`, laid out as a Send frame carries
     it and the broker stores it: [u32 metadata size][MessageMetadata][payload]. BadBatchError
     also when the metadata size points past the end."""
@@ -713,7 +782,7 @@ def count_entry_batch(entry, count):
     return count_batch(view[4 + metadata_size:], count)
 
 
-def split_messages(metadata, payload):
+def split_messages(metadata: pb.MessageMetadata, payload: _Bytes) -> list[SingleMessage]:
     """Split an uncompressed payload into its messages.
 
     A payload is a batch when MessageMetadata.num_messages_in_batch is present
@@ -738,7 +807,7 @@ def split_messages(metadata, payload):
 
     count = metadata.num_messages_in_batch
     _check_batch_count(count, len(view))
-    messages = []
+    messages: list[SingleMessage] = []
     pos = 0
     for index in range(count):
         _, smm_start, payload_start, pos = _batch_entry(view, pos, index, count, check_utf8=False)
@@ -784,42 +853,65 @@ class Columns:
     pyarrow.py_buffer, which to_arrow() does.
     """
 
+    count: int
+    payloads: bytearray
+    payload_offsets: array[int]
+    partition_keys: bytearray
+    partition_key_offsets: array[int]
+    has_partition_key: bytearray
+    ordering_keys: bytearray
+    ordering_key_offsets: array[int]
+    has_ordering_key: bytearray
+    property_offsets: array[int]
+    property_keys: bytearray
+    property_key_offsets: array[int]
+    property_values: bytearray
+    property_value_offsets: array[int]
+    event_times: array[int]
+    sequence_ids: array[int]
+    has_sequence_id: bytearray
+    batch_indexes: array[int]
+    compacted_out: bytearray
+    null_value: bytearray
+    null_partition_key: bytearray
+    partition_key_b64_encoded: bytearray
+
     __slots__ = _COLUMN_FIELDS
 
-    def __init__(self, *values):
+    def __init__(self, *values: Any) -> None:
         if len(values) != len(_COLUMN_FIELDS):
             raise TypeError(f"Columns takes {len(_COLUMN_FIELDS)} values, got {len(values)}")
         for name, value in zip(_COLUMN_FIELDS, values):
             object.__setattr__(self, name, value)
 
-    def __setattr__(self, name, value):
+    def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("Columns is read-only")
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self.count
 
-    def row(self, index):
+    def row(self, index: int) -> dict[str, Any]:
         """Row `index` as a dict of Python values, named like SingleMessage's attributes."""
         return _columns_row(self, index)
 
-    def to_arrow(self):
+    def to_arrow(self) -> Any:
         """A pyarrow.RecordBatch over these buffers (no copy of payloads or text; needs pyarrow)."""
         return _columns_to_arrow(self)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<Columns {self.count} rows, {len(self.payloads)} payload bytes>"
 
 
-def _bit(bitmap, index):
+def _bit(bitmap: bytearray, index: int) -> bool:
     return bool(bitmap[index >> 3] >> (index & 7) & 1)
 
 
-def _column_fields(rows):
+def _column_fields(rows: list[_Row]) -> tuple[Any, ...]:
     """Columns' values from rows of (payload, partition_key, ordering_key, [(key, value)], event_time,
     sequence_id, batch_index, compacted_out, null_value, null_partition_key, partition_key_b64_encoded),
     text as UTF-8 bytes, None where absent. The pure twin's builder; the Cython twin uses it for a
     payload that is not a batch."""
-    def spans(values):
+    def spans(values: Iterable[bytes]) -> tuple[bytearray, array[int]]:
         data = bytearray()
         offsets = array("q", [0])
         for value in values:
@@ -827,7 +919,7 @@ def _column_fields(rows):
             offsets.append(len(data))
         return data, offsets
 
-    def bitmap(bits):
+    def bitmap(bits: Iterable[bool]) -> bytearray:
         out = bytearray((len(rows) + 7) // 8)
         for index, bit in enumerate(bits):
             if bit:
@@ -853,13 +945,13 @@ def _column_fields(rows):
             bitmap(row[9] for row in rows), bitmap(row[10] for row in rows))
 
 
-def _metadata_text(value, what):
+def _metadata_text(value: str | bytes, what: str) -> bytes:
     if not isinstance(value, str):  # protobuf hands back bytes for a string that is not UTF-8
         raise BadMetadataError(f"{what} in MessageMetadata is not UTF-8")
     return value.encode()
 
 
-def _unbatched_row(metadata, payload):
+def _unbatched_row(metadata: pb.MessageMetadata, payload: memoryview) -> _Row:
     """The one row of a payload that is not a batch: its fields come from MessageMetadata."""
     return (bytes(memoryview(payload)),
             _metadata_text(metadata.partition_key, "partition_key") if metadata.HasField("partition_key") else None,
@@ -870,7 +962,7 @@ def _unbatched_row(metadata, payload):
             metadata.null_partition_key, metadata.partition_key_b64_encoded)
 
 
-def split_columns(metadata, payload):
+def split_columns(metadata: pb.MessageMetadata, payload: _Bytes) -> Columns:
     """Split an uncompressed payload into Columns: contiguous buffers and offset arrays.
 
     The same checks and errors as split_messages, in the same order, and also
@@ -882,34 +974,35 @@ def split_columns(metadata, payload):
         return Columns(*_column_fields([_unbatched_row(metadata, view)]))
     count = metadata.num_messages_in_batch
     _check_batch_count(count, len(view))
-    def span(where):
+    def span(where: _Span | None) -> bytes | None:
         return None if where is None else bytes(view[where[0]:where[1]])
 
-    rows = []
+    rows: list[_Row] = []
     pos = 0
     for index in range(count):
         smm, _, payload_start, pos = _batch_entry(view, pos, index, count, check_utf8=True)
         rows.append((bytes(view[payload_start:pos]), span(smm.partition_key), span(smm.ordering_key),
-                     [(span(key), span(value)) for key, value in smm.properties],
+                     [(bytes(view[key[0]:key[1]]), bytes(view[value[0]:value[1]]))
+                      for key, value in smm.properties],
                      smm.event_time, smm.sequence_id, index, smm.compacted_out, smm.null_value,
                      smm.null_partition_key, smm.partition_key_b64_encoded))
     _check_batch_end(view, pos, count)
     return Columns(*_column_fields(rows))
 
 
-def _empty_columns(columns_type):
+def _empty_columns(columns_type: type[Columns]) -> Columns:
     return columns_type(*_column_fields([]))
 
 
-def _columns_row(columns, index):
+def _columns_row(columns: Columns, index: int) -> dict[str, Any]:
     """Row `index` of a Columns (either twin's) as a dict of Python values."""
     if not 0 <= index < columns.count:
         raise IndexError(f"row {index} of {columns.count}")
 
-    def span(data, offsets, at):
+    def span(data: bytearray, offsets: array[int], at: int) -> bytes:
         return bytes(data[offsets[at]:offsets[at + 1]])
 
-    properties = {}
+    properties: dict[str, str] = {}
     for pair in range(columns.property_offsets[index], columns.property_offsets[index + 1]):
         properties[span(columns.property_keys, columns.property_key_offsets, pair).decode()] = \
             span(columns.property_values, columns.property_value_offsets, pair).decode()
@@ -930,7 +1023,7 @@ def _columns_row(columns, index):
     }
 
 
-def _columns_to_arrow(columns):
+def _columns_to_arrow(columns: Columns) -> Any:
     """A pyarrow.RecordBatch whose columns wrap a Columns' buffers (either twin's) without copying them.
 
     Only the map column's offsets are converted (Arrow maps take int32 offsets).
@@ -940,14 +1033,15 @@ def _columns_to_arrow(columns):
     count = columns.count
     wrap = pa.py_buffer
 
-    def spans(kind, data, offsets, valid=None, length=count):
+    def spans(kind: Any, data: bytearray, offsets: array[int], valid: bytearray | None = None,
+              length: int = count) -> Any:
         return pa.Array.from_buffers(kind, length, [None if valid is None else wrap(valid),
                                                     wrap(offsets), wrap(data)])
 
-    def ints(kind, values, valid=None):
+    def ints(kind: Any, values: array[int], valid: bytearray | None = None) -> Any:
         return pa.Array.from_buffers(kind, count, [None if valid is None else wrap(valid), wrap(values)])
 
-    def flags(bitmap):
+    def flags(bitmap: bytearray) -> Any:
         return pa.Array.from_buffers(pa.bool_(), count, [None, wrap(bitmap)])
 
     pairs = len(columns.property_key_offsets) - 1
@@ -975,7 +1069,7 @@ def _columns_to_arrow(columns):
 
 # --- encoding ---------------------------------------------------------------
 
-def _write_varint(out, value):
+def _write_varint(out: bytearray, value: int) -> None:
     value &= 0xFFFFFFFFFFFFFFFF
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)
@@ -990,16 +1084,17 @@ def varint_bytes(value: int) -> bytes:
     return bytes(out)
 
 
-def _write_bytes_field(out, field, data):
+def _write_bytes_field(out: bytearray, field: int, data: bytes | bytearray) -> None:
     out.append((field << 3) | 2)
     _write_varint(out, len(data))
     out += data
 
 
-def encode_single_message_metadata(payload_size, properties=None, partition_key=None,
-                                   event_time=0, ordering_key=None, sequence_id=None,
-                                   null_value=False, partition_key_b64_encoded=False,
-                                   null_partition_key=False):
+def encode_single_message_metadata(payload_size: int, properties: dict[str, str] | None = None,
+                                   partition_key: str | None = None, event_time: int = 0,
+                                   ordering_key: bytes | None = None, sequence_id: int | None = None,
+                                   null_value: bool = False, partition_key_b64_encoded: bool = False,
+                                   null_partition_key: bool = False) -> bytes:
     """SingleMessageMetadata bytes, in field order, as protobuf would write them."""
     out = bytearray()
     if properties:
@@ -1032,14 +1127,18 @@ def encode_single_message_metadata(payload_size, properties=None, partition_key=
 class BatchBuilder:
     """Accumulates messages into one batch payload (uncompressed)."""
 
+    _buffer: bytearray
+    num_messages: int
+
     __slots__ = ("_buffer", "num_messages")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._buffer = bytearray()
         self.num_messages = 0
 
-    def add(self, payload, properties=None, partition_key=None, event_time=0,
-            ordering_key=None, sequence_id=None, null_value=False):
+    def add(self, payload: _Bytes, properties: dict[str, str] | None = None, partition_key: str | None = None,
+            event_time: int = 0, ordering_key: bytes | None = None, sequence_id: int | None = None,
+            null_value: bool = False) -> None:
         smm = encode_single_message_metadata(len(payload), properties, partition_key, event_time,
                                              ordering_key, sequence_id, null_value)
         self._buffer += _U32.pack(len(smm))
@@ -1047,7 +1146,8 @@ class BatchBuilder:
         self._buffer += payload
         self.num_messages += 1
 
-    def add_many(self, items, start, first_sequence_id, max_messages, max_bytes) -> int:
+    def add_many(self, items: list[Any], start: int, first_sequence_id: int, max_messages: int,
+                 max_bytes: int) -> int:
         """Add items[start:], plain payloads, with sequence ids first_sequence_id, +1, ...; the number added.
 
         Each entry is what add(payload, sequence_id=...) writes. Stops after the message that
@@ -1079,7 +1179,8 @@ class BatchBuilder:
         self.num_messages = 0
 
 
-def encode_send_receipt(producer_id, sequence_id, highest_sequence_id, ledger_id, entry_id) -> bytes:
+def encode_send_receipt(producer_id: int, sequence_id: int, highest_sequence_id: int, ledger_id: int,
+                        entry_id: int) -> bytes:
     """A SEND_RECEIPT frame, byte for byte what protobuf writes, without building messages.
 
     The broker answers every entry with one; this is its hot path.
@@ -1103,27 +1204,28 @@ def encode_send_receipt(producer_id, sequence_id, highest_sequence_id, ledger_id
     return _U32.pack(len(body) + 4) + _U32.pack(len(body)) + bytes(body)
 
 
-def encode_command(command) -> bytes:
+def encode_command(command: pb.BaseCommand) -> bytes:
     """A simple-command frame: [total][command size][BaseCommand]."""
     body = command.SerializeToString()
     return _U32.pack(len(body) + 4) + _U32.pack(len(body)) + body
 
 
-def encode_metadata_and_payload(metadata, payload) -> bytes:
+def encode_metadata_and_payload(metadata: pb.MessageMetadata | bytes | bytearray, payload: _Bytes) -> bytes:
     """[u32 metadata size][MessageMetadata][payload]: what the checksum covers."""
     raw = metadata if isinstance(metadata, (bytes, bytearray)) else metadata.SerializeToString()
     return b"".join((_U32.pack(len(raw)), raw, payload))
 
 
-def encode_payload_frame(command, metadata_and_payload, checksum=None, broker_entry_metadata=None,
-                         with_checksum=True) -> bytes:
+def encode_payload_frame(command: pb.BaseCommand, metadata_and_payload: _Bytes, checksum: int | None = None,
+                         broker_entry_metadata: pb.BrokerEntryMetadata | None = None,
+                         with_checksum: bool = True) -> bytes:
     """A payload frame around an already encoded metadata+payload span.
 
     `checksum` may pass the CRC32C already known for the span (a broker
     re-sending a stored entry); with_checksum=False omits magic and CRC.
     """
     body = command.SerializeToString()
-    parts = [b"", _U32.pack(len(body)), body]
+    parts: list[_Bytes] = [b"", _U32.pack(len(body)), body]
     if broker_entry_metadata is not None:
         raw = broker_entry_metadata.SerializeToString()
         parts += (_U16.pack(MAGIC_BROKER_ENTRY_METADATA), _U32.pack(len(raw)), raw)
@@ -1137,8 +1239,9 @@ def encode_payload_frame(command, metadata_and_payload, checksum=None, broker_en
     return b"".join(parts)
 
 
-def encode_payload_command(command, metadata, payload, broker_entry_metadata=None,
-                           with_checksum=True) -> bytes:
+def encode_payload_command(command: pb.BaseCommand, metadata: pb.MessageMetadata | bytes | bytearray,
+                           payload: _Bytes, broker_entry_metadata: pb.BrokerEntryMetadata | None = None,
+                           with_checksum: bool = True) -> bytes:
     """A payload frame (SEND or MESSAGE) with magic 0x0e01 and CRC32C."""
     return encode_payload_frame(command, encode_metadata_and_payload(metadata, payload), None,
                                 broker_entry_metadata, with_checksum)

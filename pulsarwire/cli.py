@@ -20,10 +20,16 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 from . import codec
 from ._version import __version__
 from .client import Client, InitialPosition
+
+if TYPE_CHECKING:
+    from .broker.server import Broker
+    from .perf import Result
 
 
 # produce and consume talk to a running broker: a throwaway embedded one would take their messages
@@ -35,7 +41,7 @@ def _add_client_options(parser: argparse.ArgumentParser, service_url: str = "sta
                         top_level: bool = False) -> None:
     # A subcommand's copies default to SUPPRESS, so that `pulsarwire --service-url URL produce ...`
     # keeps the URL given before the subcommand instead of overwriting it with the default.
-    unset: dict = {} if top_level else {"default": argparse.SUPPRESS}
+    unset: dict[str, Any] = {} if top_level else {"default": argparse.SUPPRESS}
     parser.add_argument("--service-url", help=f"pulsar://host:port of a cluster; default: {service_url}", **unset)
     parser.add_argument("--token", help="authentication token", **unset)
     parser.add_argument("--operation-timeout", type=float, **({"default": 30} if top_level else unset),
@@ -128,7 +134,7 @@ def _tune_collector() -> None:
 
 
 @contextlib.asynccontextmanager
-async def _target(service_url: str | None):
+async def _target(service_url: str | None) -> AsyncIterator[tuple[str, Broker | None]]:
     """Yield a service URL: the given one, or an embedded broker's in a temporary directory."""
     if service_url:
         yield service_url, None
@@ -139,13 +145,13 @@ async def _target(service_url: str | None):
             yield broker.service_url, broker
 
 
-def _client(url: str, args) -> Client:
+def _client(url: str, args: argparse.Namespace) -> Client:
     from .client import AuthenticationToken
     return Client(url, authentication=AuthenticationToken(args.token) if args.token else None,
                   operation_timeout_seconds=args.operation_timeout)
 
 
-async def main_job(args) -> int:
+async def main_job(args: argparse.Namespace) -> int:
     from . import perf
     async with _target(args.service_url) as (url, broker):
         where = "embedded broker at " + url if broker else url
@@ -166,18 +172,18 @@ async def main_job(args) -> int:
         return 0 if ok else 1
 
 
-def _write_json(args, results) -> None:
+def _write_json(args: argparse.Namespace, results: list[Result]) -> None:
     if getattr(args, "json", None):
         with open(args.json, "w") as fh:
             json.dump({"codec": codec.IMPLEMENTATION, "results": [r.as_dict() for r in results]}, fh, indent=1)
 
 
-async def run_fsck(args) -> int:
+async def run_fsck(args: argparse.Namespace) -> int:
     from .broker import fsck
     return fsck.run(args.data_dir, args.repair, sys.stdout)
 
 
-async def run_broker(args) -> int:
+async def run_broker(args: argparse.Namespace) -> int:
     from .broker.server import Broker
     if args.check is not None:
         args.data_dir = args.check or args.data_dir
@@ -268,7 +274,7 @@ async def run_broker(args) -> int:
     return 0
 
 
-async def run_produce(args) -> int:
+async def run_produce(args: argparse.Namespace) -> int:
     async with _target(args.service_url) as (url, _):
         async with _client(url, args) as client:
             producer = await client.create_producer(args.topic)
@@ -280,7 +286,7 @@ async def run_produce(args) -> int:
     return 0
 
 
-async def run_consume(args) -> int:
+async def run_consume(args: argparse.Namespace) -> int:
     async with _target(args.service_url) as (url, _):
         async with _client(url, args) as client:
             consumer = await client.subscribe(args.topic, args.subscription,
@@ -296,7 +302,7 @@ async def run_consume(args) -> int:
     return 0
 
 
-async def run_perf(args) -> int:
+async def run_perf(args: argparse.Namespace) -> int:
     from . import perf
     async with _target(args.service_url) as (url, _):
         topic = args.topic or f"perf-{int(time.time())}"

@@ -157,7 +157,8 @@ class ClientSession:
         events: list[Event] = []
         while True:
             try:
-                frame = self._reader.next_frame()
+                # this reader has no send_fast_path, so its frames are Frame, never SendFrame
+                frame: codec.Frame | None = self._reader.next_frame()  # type: ignore[assignment]
             except CodecError as exc:
                 command = exc.command
                 if command is not None and command.type == T.MESSAGE:

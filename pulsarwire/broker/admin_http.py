@@ -32,6 +32,10 @@ from .topics import EARLIEST, LATEST, Topic, entry_metadata, start_entry
 
 if TYPE_CHECKING:
     from .server import Broker
+    from .storage import LogReader
+    from .topics import Subscription
+
+    _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 log = logging.getLogger("pulsarwire.broker.http")
 
@@ -105,7 +109,7 @@ class AdminServer:
         handlers = self._runner.server
         assert handlers is not None
 
-        def bounded():
+        def bounded() -> asyncio.BaseProtocol:
             if len(handlers.connections) >= self.max_connections:
                 self.refused_connections += 1
                 return _Refusal()
@@ -131,7 +135,7 @@ class AdminServer:
     # middlewares
 
     @web.middleware
-    async def _errors(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
+    async def _errors(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
         try:
             return await self._once_open(request, handler)
         except AdminError as exc:
@@ -152,7 +156,7 @@ class AdminServer:
             log.exception("admin request %s %s failed", request.method, request.path)
             return _json({"reason": f"internal error ({type(exc).__name__})"}, 500)
 
-    async def _once_open(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
+    async def _once_open(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
         """Handle the request; each time it needs a topic that is not open, open that off the
         event loop and handle it again (a handler asks for its topics before it changes anything)."""
         for _ in range(MAX_OPENS_PER_REQUEST):
@@ -163,7 +167,7 @@ class AdminServer:
         raise AdminError(503, "the request's topics did not stay open; try again")
 
     @web.middleware
-    async def _auth(self, request: web.Request, handler):
+    async def _auth(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
         service = self.broker.pulsar
         if service.auth_tokens is None and service.auth_basic is None:
             return await handler(request)
@@ -300,7 +304,7 @@ class AdminServer:
             raise AdminError(404, f"Topic {partition} not found")
         return topic
 
-    def _subscription(self, topic: Topic, name: str):
+    def _subscription(self, topic: Topic, name: str) -> Subscription:
         subscription = topic.subscriptions.get(name)
         if subscription is None:
             raise AdminError(404, f"Subscription {name} not found")
@@ -396,7 +400,7 @@ class AdminServer:
         return _json(self.core.topics_of_namespace(namespace, mode in ("PERSISTENT", "ALL"),
                                                    mode in ("NON_PERSISTENT", "ALL")))
 
-    async def _set_namespace_policy(self, request: web.Request, key: str, value) -> web.Response:
+    async def _set_namespace_policy(self, request: web.Request, key: str, value: object) -> web.Response:
         self.core.policies.set_namespace_policy(self._namespace(request), key, value)
         await self.core.policies.save()
         return _no_content()
@@ -590,7 +594,7 @@ class AdminServer:
             await _stored(topic.drop_subscription(sub_name))
         return _no_content()
 
-    def _each_subscription(self, request: web.Request):
+    def _each_subscription(self, request: web.Request) -> list[tuple[Topic, Subscription]]:
         name = self._topic_name(request)
         sub_name = request.match_info["subscription"]
         found = [(t, t.subscriptions[sub_name]) for t in (self._topic(p) for p in self._partitions(name))
@@ -617,7 +621,7 @@ class AdminServer:
             topic.save()
         return _no_content()
 
-    def _move(self, topic: Topic, subscription, entry_id: int) -> None:
+    def _move(self, topic: Topic, subscription: Subscription, entry_id: int) -> None:
         subscription.seek(entry_id)
         for consumer in list(subscription.consumers):  # as a seek: consumers attach again from there
             consumer.evict()
@@ -726,7 +730,7 @@ class AdminServer:
 
     # deduplication and schema compatibility per topic
 
-    async def _set_topic_policy(self, request: web.Request, key: str, value) -> web.Response:
+    async def _set_topic_policy(self, request: web.Request, key: str, value: object) -> web.Response:
         name = self._topic_name(request)
         self._partitions(name)
         self.core.policies.set_topic_policy(name, key, value)
@@ -780,7 +784,7 @@ class AdminServer:
         _, topics = self._schema_topics(request)
         return _json({"getSchemaResponses": [_schema_json(r, v) for v, r in enumerate(topics[0].schemas)]})
 
-    def _posted_schema(self, body) -> pb.Schema:
+    def _posted_schema(self, body: object) -> pb.Schema:
         if not isinstance(body, dict) or "type" not in body:
             raise AdminError(400, 'the body is {"type": ..., "schema": ..., "properties": {...}}')
         properties = body.get("properties") or {}
@@ -852,14 +856,15 @@ async def _schema_settled(topic: Topic) -> None:
 class _Refusal(asyncio.Protocol):
     """What a connection past the bound gets: 503 and the connection closed."""
 
-    def connection_made(self, transport) -> None:
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, transport)  # a server's connection: a stream transport
         body = b'{"reason": "too many HTTP connections"}'
         transport.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
                         b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
         transport.close()
 
 
-def _message_id(body) -> int:
+def _message_id(body: object) -> int:
     """The entry a message id JSON names; EARLIEST or LATEST for Pulsar's earliest and latest."""
     if not isinstance(body, dict):
         raise AdminError(400, "a message id is {\"ledgerId\": L, \"entryId\": E}")
@@ -873,7 +878,7 @@ def _message_id(body) -> int:
     return entry
 
 
-def _keys(topic: Topic, entry_id: int, reader) -> list[tuple[str, bool]]:
+def _keys(topic: Topic, entry_id: int, reader: LogReader) -> list[tuple[str, bool]]:
     """(key, payload is empty) of each keyed message of an entry; none for an unreadable entry."""
     try:
         entry = topic.log.read(entry_id, reader)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+from typing import Any
 
 from .._proto import PulsarApi_pb2 as pb
 from ..schema import schema_definitions_match
@@ -58,7 +59,7 @@ def _check_pair(new: pb.Schema, old: pb.Schema, mode: str) -> None:
             raise IncompatibleSchema(f"an existing schema cannot read data written with the new one: {problem}")
 
 
-def _parse(data: bytes):
+def _parse(data: bytes) -> Any:
     try:
         return json.loads(data or b'"null"')
     except ValueError as exc:
@@ -73,7 +74,7 @@ def _full_name(schema: dict, namespace: str) -> str:
     return f"{ns}.{name}" if ns else name
 
 
-def _resolve(schema, names: dict, namespace: str):
+def _resolve(schema: Any, names: dict[str, Any], namespace: str) -> Any:
     """A definition with named references replaced (names collects the named types seen)."""
     if isinstance(schema, str):
         if schema in _PRIMITIVES:
@@ -103,7 +104,7 @@ def _names(schema: dict, namespace: str) -> set[str]:
     return {full, short} | aliases | {a.rsplit(".", 1)[-1] for a in aliases}
 
 
-def _reader_problem(reader, writer, reader_names: dict, writer_names: dict, depth: int,
+def _reader_problem(reader: Any, writer: Any, reader_names: dict[str, Any], writer_names: dict[str, Any], depth: int,
                     reader_ns: str = "", writer_ns: str = "") -> str | None:
     """Why `reader` cannot read what `writer` wrote (Avro schema resolution), None if it can."""
     if depth > MAX_DEPTH:
@@ -167,7 +168,7 @@ def _reader_problem(reader, writer, reader_names: dict, writer_names: dict, dept
     return None
 
 
-def _describe(schema) -> str:
+def _describe(schema: object) -> str:
     if isinstance(schema, dict):
         kind = schema.get("type")
         return f"{kind} {schema['name']}" if "name" in schema else str(kind)

@@ -13,7 +13,7 @@ import os
 import shutil
 import time
 import urllib.parse
-from typing import Any
+from typing import Any, Callable
 
 from . import metafile
 from .metafile import CURRENT, LOST, MISSING, PREVIOUS_COPY, MetadataError, MetadataWriter, report_damage
@@ -596,7 +596,7 @@ class BrokerCore:
                 return name
 
     def publish(self, topic: Topic, producer_name: str, sequence_id: int, highest_sequence_id: int | None,
-                continuation_chunk: bool, body, checksum: int | None, publish_time: int,
+                continuation_chunk: bool, body: bytes | memoryview, checksum: int | None, publish_time: int,
                 deliver_at_time: int | None, batch_count: int | None, compression: int | None = None) -> int:
         """Append one entry unless the topic deduplicates and the producer sent it before; returns
         its entry id or DUPLICATE. `batch`: (num_messages_in_batch or None, compression) when the
@@ -659,28 +659,29 @@ class BrokerCore:
                     metadata_writes_coalesced=self.metadata.coalesced, read_only=self.read_only is not None)
 
 
-def _broker_state(data) -> int:
+def _broker_state(data: Any) -> int:
     generation = metafile.expect(dict)(data).get("generation", 0)
     if not isinstance(generation, int) or generation < 0:
         raise ValueError(f"generation {generation!r}")
     return generation
 
 
-def _ledger_allocation(data) -> int:
+def _ledger_allocation(data: Any) -> int:
     next_id = metafile.expect(dict)(data)["next"]
     if not isinstance(next_id, int) or next_id < 1:
         raise ValueError(f"next ledger id {next_id!r}")
     return next_id
 
 
-def _partitioned_topics(data) -> dict[str, int]:
+def _partitioned_topics(data: Any) -> dict[str, int]:
     for name, count in metafile.expect(dict)(data).items():
         if not isinstance(count, int) or count < 1:
             raise ValueError(f"{name}: {count!r} partitions")
     return data
 
 
-def close_transport(transport, abort: bool, last_words=None) -> None:
+def close_transport(transport: asyncio.WriteTransport | None, abort: bool,
+                    last_words: Callable[[], object] | None = None) -> None:
     """Close a front end's connection: at once with `abort`; else after `last_words()` queued
     its last output, and a peer that does not read that within CLOSE_GRACE is aborted, so what
     it holds is freed. Nothing to do for a transport already closing."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import urllib.parse
-from typing import Any, Callable
+from typing import Any, Callable, TextIO
 
 from . import metafile
 from .core import BROKER_FILE, LEDGER_IDS_FILE, PARTITION_MARKER, PARTITIONED_FILE, BrokerCore, _broker_state, \
@@ -156,7 +156,7 @@ def repair(data_dir: str) -> list[Finding]:
     return check(data_dir)
 
 
-def run(data_dir: str, do_repair: bool, out) -> int:
+def run(data_dir: str, do_repair: bool, out: TextIO) -> int:
     """The command: 0 when nothing is (or, with repair, remains) damaged, 1 otherwise, 2 when
     `data_dir` is no data dir."""
     if not os.path.isdir(data_dir):

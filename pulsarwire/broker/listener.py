@@ -58,7 +58,7 @@ class Listener:
     serve_forever."""
 
     def __init__(self, protocol_factory: Callable[[], asyncio.Protocol], host: str, port: int, *,
-                 reserve: DescriptorReserve, refusal: bytes = b"", counters=None,
+                 reserve: DescriptorReserve, refusal: bytes = b"", counters: dict[str, int] | None = None,
                  backlog: int = 1024) -> None:
         self._factory = protocol_factory
         self._reserve = reserve

@@ -157,7 +157,7 @@ class Policies:
         for topic in [t for t in self.topics if namespace_of(t) == namespace]:
             del self.topics[topic]
 
-    def set_namespace_policy(self, namespace: str, key: str, value) -> None:
+    def set_namespace_policy(self, namespace: str, key: str, value: object) -> None:
         policies = self.namespace(namespace)
         value = _checked(key, value)
         if value is None:
@@ -165,7 +165,7 @@ class Policies:
         else:
             policies[key] = value
 
-    def set_topic_policy(self, topic: str, key: str, value) -> None:
+    def set_topic_policy(self, topic: str, key: str, value: object) -> None:
         value = _checked(key, value)
         policies = self.topics.get(topic)
         if value is None:
@@ -180,11 +180,11 @@ class Policies:
             policies = self.topics[topic] = {}
         policies[key] = value
 
-    def topic_policy(self, topic: str, key: str):
+    def topic_policy(self, topic: str, key: str) -> Any:
         return self.topics.get(topic, {}).get(key)
 
 
-def _checked(key: str, value):
+def _checked(key: str, value: object) -> bool | str | None:
     """The value a policy may be set to (None: removed), else PolicyError."""
     if value is None:
         return None

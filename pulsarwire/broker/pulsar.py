@@ -25,7 +25,7 @@ import struct
 import select
 import ssl
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 from crc32c import crc32c
 
@@ -44,6 +44,11 @@ from .topics import (
     EARLIEST, LATEST, SHARED, ConsumerLink, MalformedBatchError, ProducerBusyError, ProducerFencedError,
     ProducerLink, Subscription, Topic, start_entry,
 )
+
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
+
+    from .storage import Entry, FileOps
 
 log = logging.getLogger("pulsarwire.broker")
 _NO_ENTRY = (1 << 64) - 1  # entry id -1 as the wire's uint64 carries it
@@ -421,7 +426,7 @@ class PulsarConsumer(ConsumerLink):
             return False
         return conn.writable and (not service.squeezed or conn.takes_output())
 
-    def deliver(self, entry, redelivery_count: int, ack_set) -> None:
+    def deliver(self, entry: Entry, redelivery_count: int, ack_set: list[int] | None) -> None:
         cmd = pb.BaseCommand(type=pb.BaseCommand.MESSAGE)
         m = cmd.message
         m.consumer_id = self.consumer_id
@@ -519,7 +524,8 @@ class BrokerConnection(asyncio.Protocol):
 
     # asyncio.Protocol
 
-    def connection_made(self, transport) -> None:
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, transport)  # a server's connection: a stream transport
         self.transport = transport
         service = self.service
         self.relax()
@@ -552,7 +558,7 @@ class BrokerConnection(asyncio.Protocol):
         self._error(_U64, pb.ServiceNotReady, reason)
         self.close()
 
-    async def _start_tls(self, raw) -> None:
+    async def _start_tls(self, raw: asyncio.Transport) -> None:
         """The server side of the TLS handshake, within what is left of the handshake timeout (the
         sweep also closes a connection that has not CONNECTed by then)."""
         service = self.service
@@ -639,8 +645,8 @@ class BrokerConnection(asyncio.Protocol):
                     if not self.connected:
                         raise PulsarWireError("SEND before CONNECT")
                     self._send_error(frame.producer_id, frame.sequence_id, pb.AuthenticationError, self.refused)
-                else:
-                    self._handle(frame)
+                else:  # not a SendFrame: mypy narrows `type(frame) is` only where it holds
+                    self._handle(frame)  # type: ignore[arg-type]
                     handled += 1
             self._store_sends(sends)
         except PulsarWireError as exc:
@@ -712,7 +718,7 @@ class BrokerConnection(asyncio.Protocol):
             log.info("closing a connection idle for %.0fs", service.idle_timeout)
             self.close()
 
-    def connection_lost(self, exc) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self._cleanup()
 
     def pause_writing(self) -> None:
@@ -894,7 +900,7 @@ class BrokerConnection(asyncio.Protocol):
                     message=f"not stored: {batch.error}"))
                 self._out[index] = codec.encode_command(cmd)
 
-    def command(self, kind: Any, field: str, sub) -> None:
+    def command(self, kind: Any, field: str, sub: Message) -> None:
         cmd = T(type=kind)
         getattr(cmd, field).CopyFrom(sub)
         self.write(codec.encode_command(cmd))
@@ -953,7 +959,7 @@ class BrokerConnection(asyncio.Protocol):
 
     # dispatch by command type; before CONNECTED only CONNECT is allowed
 
-    def _handle(self, frame) -> None:
+    def _handle(self, frame: codec.Frame) -> None:
         kind = frame.command.type
         if kind != T.PING and kind != T.PONG:
             self.last_request = time.monotonic()
@@ -1001,7 +1007,7 @@ class BrokerConnection(asyncio.Protocol):
     def _error(self, request_id: int, code: Any, message: str) -> None:
         self.command(T.ERROR, "error", pb.CommandError(request_id=request_id, error=code, message=message))
 
-    def _opens_topic(self, frame, name: str, key: tuple[int, int]) -> bool:
+    def _opens_topic(self, frame: codec.Frame, name: str, key: tuple[int, int]) -> bool:
         """Whether the request must wait for its topic to open: it is opened off the event loop
         and the request handled again once it is (answers go by request id, so later requests
         may be answered first; a producer's sends wait for its answer anyway)."""
@@ -1014,14 +1020,14 @@ class BrokerConnection(asyncio.Protocol):
         asyncio.ensure_future(self._handle_once_open(frame, name, key))
         return True
 
-    async def _handle_once_open(self, frame, name: str, key: tuple[int, int]) -> None:
+    async def _handle_once_open(self, frame: codec.Frame, name: str, key: tuple[int, int]) -> None:
         try:
             await self.core.open_topic(name)
         except Exception:  # noqa: BLE001 - handled again, the topic's own open answers the error
             pass
         self._handle_again(frame, key)
 
-    def _waits_for_write(self, frame, key: tuple[int, int], request_id: int,
+    def _waits_for_write(self, frame: codec.Frame, key: tuple[int, int], request_id: int,
                          written: concurrent.futures.Future | None) -> bool:
         """Whether the request must wait for a metadata write it made (None: none to wait for): the
         event loop goes on meanwhile and the request is handled again once it is on disk, or
@@ -1041,7 +1047,7 @@ class BrokerConnection(asyncio.Protocol):
         asyncio.wrap_future(written).add_done_callback(done)
         return True
 
-    def _handle_again(self, frame, key: tuple[int, int]) -> None:
+    def _handle_again(self, frame: codec.Frame, key: tuple[int, int]) -> None:
         """Handle a request whose topic is open now, or whose write is on disk."""
         held = len(self._opening) >= MAX_OPENS_PER_CONNECTION
         if key not in self._opening or self.closed:
@@ -1059,7 +1065,7 @@ class BrokerConnection(asyncio.Protocol):
             self._next_turn()  # its frames held meanwhile
         self.flush()
 
-    def _request_topic(self, request_id: int, name: str):
+    def _request_topic(self, request_id: int, name: str) -> Topic | None:
         """The topic a producer or subscribe request names, or None after answering its error."""
         try:
             self.core.check_tenant(name)
@@ -1087,7 +1093,7 @@ class BrokerConnection(asyncio.Protocol):
 
     # handlers
 
-    def on_connect(self, frame) -> None:
+    def on_connect(self, frame: codec.Frame) -> None:
         c = frame.command.connect
         if self.connected:
             raise PulsarWireError("second CONNECT on one connection")
@@ -1125,11 +1131,11 @@ class BrokerConnection(asyncio.Protocol):
             return False
         return True
 
-    def _refuse(self, command) -> None:
+    def _refuse(self, command: pb.BaseCommand) -> None:
         """Answer one request on an unauthenticated connection with AuthenticationError."""
         self._fail_request(command, pb.AuthenticationError, self.refused)
 
-    def _fail_request(self, command, code: Any, message: str) -> None:
+    def _fail_request(self, command: pb.BaseCommand, code: Any, message: str) -> None:
         """Answer one request with error `code`, in the response its client waits for (a lookup
         or metadata response, a send error, a schema response, else CommandError). A command
         without a request id (FLOW, REDELIVER, ...) has no answer."""
@@ -1158,13 +1164,13 @@ class BrokerConnection(asyncio.Protocol):
             if request_id is not None:
                 self._error(request_id, code, message)
 
-    def on_ping(self, frame) -> None:
+    def on_ping(self, frame: codec.Frame) -> None:
         self.command(T.PONG, "pong", pb.CommandPong())
 
-    def on_pong(self, frame) -> None:
+    def on_pong(self, frame: codec.Frame) -> None:
         pass
 
-    def on_lookup(self, frame) -> None:
+    def on_lookup(self, frame: codec.Frame) -> None:
         c = frame.command.lookupTopic
         try:
             self.core.check_topic_name(c.topic)
@@ -1195,7 +1201,7 @@ class BrokerConnection(asyncio.Protocol):
                 response.brokerServiceUrl = listener_url
         self.command(T.LOOKUP_RESPONSE, "lookupTopicResponse", response)
 
-    def on_partitioned_metadata(self, frame) -> None:
+    def on_partitioned_metadata(self, frame: codec.Frame) -> None:
         c = frame.command.partitionMetadata
         try:
             self.core.check_tenant(c.topic)
@@ -1215,7 +1221,7 @@ class BrokerConnection(asyncio.Protocol):
                          request_id=c.request_id, partitions=partitions,
                          response=pb.CommandPartitionedTopicMetadataResponse.Success))
 
-    def on_producer(self, frame) -> None:
+    def on_producer(self, frame: codec.Frame) -> None:
         c = frame.command.producer
         if self._opens_topic(frame, c.topic, (T.PRODUCER, c.producer_id)):
             return
@@ -1319,7 +1325,7 @@ class BrokerConnection(asyncio.Protocol):
             response.schema_version = producer.schema_version
         self.command(T.PRODUCER_SUCCESS, "producer_success", response)
 
-    def on_send(self, frame) -> None:
+    def on_send(self, frame: codec.Frame) -> None:
         """A Send frame decoded in full (the fast path declined it)."""
         s = frame.command.send
         md = frame.metadata
@@ -1331,7 +1337,8 @@ class BrokerConnection(asyncio.Protocol):
                    md.num_messages_in_batch if md.HasField("num_messages_in_batch") else None,
                    s.is_chunk, md.chunk_id if md.HasField("chunk_id") else None, md.publish_time,
                    md.deliver_at_time if md.HasField("deliver_at_time") else None,
-                   frame.metadata_and_payload, frame.checksum, md.compression)
+                   # set, as metadata is: a frame has both or neither
+                   frame.metadata_and_payload, frame.checksum, md.compression)  # type: ignore[arg-type]
 
     def _store_sends(self, frames: list) -> None:
         """Store plain Send frames (codec.SendFrame) in order, each run of one producer's frames
@@ -1371,13 +1378,14 @@ class BrokerConnection(asyncio.Protocol):
                                                          topic.ledger_id, DUPLICATE))
             start += len(ids)
 
-    def _store_frame(self, frame) -> None:
+    def _store_frame(self, frame: codec.SendFrame) -> None:
         self.store(frame.producer_id, frame.sequence_id, frame.highest_sequence_id, frame.num_messages_in_batch,
                    frame.is_chunk, frame.chunk_id, frame.publish_time, frame.deliver_at_time,
                    frame.metadata_and_payload, frame.checksum, frame.compression)
 
-    def store(self, producer_id, sequence_id, highest_sequence_id, batch_count, is_chunk, chunk_id,
-              publish_time, deliver_at_time, body, checksum, compression: int | None = None) -> None:
+    def store(self, producer_id: int, sequence_id: int, highest_sequence_id: int | None, batch_count: int | None,
+              is_chunk: bool, chunk_id: int | None, publish_time: int, deliver_at_time: int | None,
+              body: bytes | memoryview, checksum: int | None, compression: int | None = None) -> None:
         """Append one entry (unless it is a duplicate) and answer with its receipt. `batch_count` is
         the metadata's num_messages_in_batch (None: not a batch); CommandSend's num_messages is not
         trusted."""
@@ -1419,7 +1427,7 @@ class BrokerConnection(asyncio.Protocol):
                                              highest_sequence(sequence_id, highest_sequence_id),
                                              topic.ledger_id if entry_id != DUPLICATE else -1, entry_id))
 
-    def on_close_producer(self, frame) -> None:
+    def on_close_producer(self, frame: codec.Frame) -> None:
         c = frame.command.close_producer
         self._opening.discard((T.PRODUCER, c.producer_id))  # not created once its topic is open
         producer = self.producers.pop(c.producer_id, None) or self.waiting_producers.pop(c.producer_id, None)
@@ -1427,7 +1435,7 @@ class BrokerConnection(asyncio.Protocol):
             producer.topic.remove_producer(producer)
         self._success(c.request_id)
 
-    def on_subscribe(self, frame) -> None:
+    def on_subscribe(self, frame: codec.Frame) -> None:
         c = frame.command.subscribe
         if self._opens_topic(frame, c.topic, (T.SUBSCRIBE, c.consumer_id)):
             return
@@ -1494,7 +1502,7 @@ class BrokerConnection(asyncio.Protocol):
             self.flush()
         asyncio.wrap_future(stored).add_done_callback(answer)
 
-    def on_flow(self, frame) -> None:
+    def on_flow(self, frame: codec.Frame) -> None:
         c = frame.command.flow
         consumer = self.consumers.get(c.consumer_id)
         if consumer is not None:
@@ -1502,7 +1510,7 @@ class BrokerConnection(asyncio.Protocol):
             consumer.subscription.dispatch()
             consumer.subscription.check_end_of_topic()
 
-    def on_ack(self, frame) -> None:
+    def on_ack(self, frame: codec.Frame) -> None:
         c = frame.command.ack
         consumer = self.consumers.get(c.consumer_id)
         refused = []
@@ -1527,13 +1535,13 @@ class BrokerConnection(asyncio.Protocol):
                 response.message = f"no entry {refused[0]} on this topic: acknowledgement refused"
             self.command(T.ACK_RESPONSE, "ackResponse", response)
 
-    def on_redeliver(self, frame) -> None:
+    def on_redeliver(self, frame: codec.Frame) -> None:
         c = frame.command.redeliverUnacknowledgedMessages
         consumer = self.consumers.get(c.consumer_id)
         if consumer is not None:
             consumer.subscription.redeliver(consumer, [m.entryId for m in c.message_ids] or None)
 
-    def on_seek(self, frame) -> None:
+    def on_seek(self, frame: codec.Frame) -> None:
         c = frame.command.seek
         consumer = self.consumers.get(c.consumer_id)
         if consumer is None:
@@ -1556,7 +1564,7 @@ class BrokerConnection(asyncio.Protocol):
             other.evict()
         self._success(c.request_id)
 
-    def on_unsubscribe(self, frame) -> None:
+    def on_unsubscribe(self, frame: codec.Frame) -> None:
         c = frame.command.unsubscribe
         consumer = self.consumers.get(c.consumer_id)
         if consumer is None:
@@ -1587,7 +1595,7 @@ class BrokerConnection(asyncio.Protocol):
             self.flush()
         asyncio.wrap_future(written).add_done_callback(done)
 
-    def on_close_consumer(self, frame) -> None:
+    def on_close_consumer(self, frame: codec.Frame) -> None:
         c = frame.command.close_consumer
         self._opening.discard((T.SUBSCRIBE, c.consumer_id))  # not created once its topic is open
         consumer = self.consumers.pop(c.consumer_id, None)
@@ -1602,7 +1610,7 @@ class BrokerConnection(asyncio.Protocol):
         self.command(T.CLOSE_CONSUMER, "close_consumer",
                      pb.CommandCloseConsumer(consumer_id=consumer.consumer_id, request_id=0))
 
-    def on_get_last_message_id(self, frame) -> None:
+    def on_get_last_message_id(self, frame: codec.Frame) -> None:
         c = frame.command.getLastMessageId
         consumer = self.consumers.get(c.consumer_id)
         if consumer is None:
@@ -1617,7 +1625,7 @@ class BrokerConnection(asyncio.Protocol):
         response.consumer_mark_delete_position.CopyFrom(message_id(subscription.topic, subscription.cursor.mark_delete))
         self.command(T.GET_LAST_MESSAGE_ID_RESPONSE, "getLastMessageIdResponse", response)
 
-    def on_get_topics_of_namespace(self, frame) -> None:
+    def on_get_topics_of_namespace(self, frame: codec.Frame) -> None:
         c = frame.command.getTopicsOfNamespace
         if not _NAMESPACE.fullmatch(c.namespace):
             self._error(c.request_id, pb.InvalidTopicName, f"invalid namespace {c.namespace!r}")
@@ -1639,7 +1647,7 @@ class BrokerConnection(asyncio.Protocol):
 
     # schemas: one per topic; a producer or consumer may declare it, or the same one, or none
 
-    def _attach_schema(self, frame, key: tuple[int, int], request_id: int, topic: Topic,
+    def _attach_schema(self, frame: codec.Frame, key: tuple[int, int], request_id: int, topic: Topic,
                        schema: pb.Schema | None) -> tuple[bool, bytes | None]:
         """(accepted, the schema version of a declared schema); no version when none is declared.
         Not accepted after answering IncompatibleSchema, or while a new version (one the
@@ -1659,7 +1667,7 @@ class BrokerConnection(asyncio.Protocol):
             return False, None
         return True, version.to_bytes(8, "big")
 
-    def on_get_schema(self, frame) -> None:
+    def on_get_schema(self, frame: codec.Frame) -> None:
         c = frame.command.getSchema
         name = c.topic
         partitions = self.core.partitioned_count(name)
@@ -1681,7 +1689,7 @@ class BrokerConnection(asyncio.Protocol):
             response.schema_version = version.to_bytes(8, "big")
         self.command(T.GET_SCHEMA_RESPONSE, "getSchemaResponse", response)
 
-    def on_auth_response(self, frame) -> None:
+    def on_auth_response(self, frame: codec.Frame) -> None:
         pass  # we never challenge; a refreshed token needs no answer
 
 
@@ -1756,7 +1764,7 @@ def _schema_proto(record: dict) -> pb.Schema:
 _WITHOUT_TEXT = frozenset((T.PING, T.PONG, T.FLOW, T.ACK, T.SEND, T.REDELIVER_UNACKNOWLEDGED_MESSAGES))
 
 
-def _undecodable_text(message, prefix: str = "") -> str | None:
+def _undecodable_text(message: Message, prefix: str = "") -> str | None:
     """The first string field of `message` that arrived as bytes (not UTF-8: protobuf then hands
     over the raw bytes), by its path; None when every one is text."""
     for field, value in message.ListFields():
@@ -1772,7 +1780,7 @@ def _undecodable_text(message, prefix: str = "") -> str | None:
     return None
 
 
-def _kernel_backlog(transport) -> int:
+def _kernel_backlog(transport: asyncio.BaseTransport | None) -> int:
     """Bytes the kernel holds unsent for this connection's socket (Linux: SIOCOUTQ); 0 where unknown."""
     sock = transport.get_extra_info("socket") if transport is not None else None
     if sock is None or _SIOCOUTQ is None:
@@ -1795,7 +1803,7 @@ def _out_of_space(error: BaseException | None) -> bool:
     return False
 
 
-def _has_room(ops, path: str) -> bool:
+def _has_room(ops: FileOps, path: str) -> bool:
     """Whether SPACE_PROBE_BYTES can be written at `path` (then given back)."""
     try:
         fd = ops.open(path)
@@ -1825,7 +1833,7 @@ def _error_code(exc: Exception) -> int:
     return pb.ServiceNotReady
 
 
-def _request_id(command) -> int | None:
+def _request_id(command: pb.BaseCommand) -> int | None:
     for field, value in command.ListFields():
         if field.name != "type" and hasattr(value, "request_id"):
             return value.request_id

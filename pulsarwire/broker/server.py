@@ -182,7 +182,7 @@ class Broker:
     async def __aenter__(self) -> "Broker":
         return await self.start()
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
     async def serve_forever(self) -> None:

@@ -186,7 +186,7 @@ def labels(topic_name: str) -> tuple[str, str, str]:
     return CLUSTER, namespace_of(topic_name), topic_name
 
 
-def _address(conn) -> str:
+def _address(conn: object) -> str:
     transport = getattr(conn, "transport", None)
     peer = transport.get_extra_info("peername") if transport is not None else None
     return f"/{peer[0]}:{peer[1]}" if peer else ""

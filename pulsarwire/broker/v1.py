@@ -33,8 +33,9 @@ import socket
 import struct
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import cast
 
 from .. import codec, compression
 from .._proto import PulsarApi_pb2 as pb
@@ -178,7 +179,7 @@ _V1_METADATA = re.compile(rb"\n\x00\x10[\x80-\xff]{0,9}[\x00-\x7f]\x18[\x80-\xff
 _U32_AT = struct.Struct(">I").unpack_from
 
 
-def _plain_v1_value_start(body) -> int:
+def _plain_v1_value_start(body: bytes | memoryview) -> int:
     """Where the value starts in an entry whose metadata is exactly what V1 writes and whose value
     a CONSUME reply carries as it is (UTF-8 without newline, carriage return, `|` or comma); -1
     for any other entry (written by a Pulsar client, or not to be shown as it is), which _render
@@ -261,7 +262,7 @@ def _not_negative(value: int, what: str) -> int:
     return value
 
 
-def _list(values) -> str:
+def _list(values: Iterable[object]) -> str:
     return "[" + ",".join(str(v) for v in values) + "]"
 
 
@@ -319,7 +320,7 @@ def _error(correlation: str, code: str, message: str) -> bytes:
     return f"V1|{correlation}|ERR|{code}|{message.translate(_MESSAGE_UNSAFE)}\n".encode()
 
 
-def _line_safe(data) -> bytes:
+def _line_safe(data: bytes | bytearray | memoryview) -> bytes:
     """A message's value as UTF-8 that fits in a V1 line (undecodable bytes and the
     characters newline, carriage return and `|` become U+FFFD)."""
     raw = bytes(data)
@@ -328,7 +329,7 @@ def _line_safe(data) -> bytes:
     return raw.decode("utf-8", "replace").translate(_LINE_UNSAFE).encode()
 
 
-def _render(offset: int, metadata: pb.MessageMetadata, payload, room: int) -> list[bytes]:
+def _render(offset: int, metadata: pb.MessageMetadata, payload: bytes | memoryview, room: int) -> list[bytes]:
     """The messages of the entry at `offset` as `offset:value` texts, or _TooLarge when
     they (each counted with its comma) take more than `room` bytes. Thread-safe."""
     data = codec.decompress_payload(metadata, payload, room)
@@ -389,7 +390,7 @@ class Session:
 KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES = 60, 10, 3
 
 
-def enable_keepalive(transport) -> None:
+def enable_keepalive(transport: asyncio.BaseTransport) -> None:
     """Turn on TCP keep-alive probes on a connection's socket (where the system has them)."""
     sock = transport.get_extra_info("socket")
     if sock is None:
@@ -449,7 +450,8 @@ class V1Connection(asyncio.Protocol):
 
     # asyncio.Protocol
 
-    def connection_made(self, transport) -> None:
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, transport)  # a server's connection: a stream transport
         self.transport = transport
         server = self.server
         budget = server.max_output_bytes
@@ -529,7 +531,7 @@ class V1Connection(asyncio.Protocol):
         self._wake()
         return True  # keep the transport open to send the answers
 
-    def connection_lost(self, exc) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self._cleanup()
 
     def pause_writing(self) -> None:
@@ -594,6 +596,7 @@ class V1Connection(asyncio.Protocol):
                 size = 0
                 produce_fast = server._produce_fast
                 answer_now = server.answer_now
+                answer: bytes | _Produced | None
                 while len(answers) < MAX_GROUP_LINES and size < GROUP_REPLY_BYTES:
                     answer = produce_fast(line, session)
                     if answer is not None:
@@ -640,7 +643,7 @@ class V1Connection(asyncio.Protocol):
             log.exception("V1 connection failed")
             self.close(_error("0", INTERNAL_ERROR, "the broker failed answering this connection"))
 
-    def _may_answer(self, line) -> bool:
+    def _may_answer(self, line: object) -> bool:
         """Whether the next line may be answered now: this connection's unsent replies are under
         max_output_bytes, and those of every V1 connection under max_total_output_bytes. Past the
         broker-wide cap a connection holding no unsent replies still gets small answers (so an
@@ -980,7 +983,7 @@ class V1Server:
             return await self.answer_later(raw, session)
         return self.finish_group([answer])
 
-    def answer_now(self, raw: bytes, session: Session, fast: bool = True):
+    def answer_now(self, raw: bytes, session: Session, fast: bool = True) -> bytes | _Produced | None:
         """The answer to a request that needs no waiting: its reply line, or for PRODUCE acks=0/1 a
         _Produced (the record is appended; finish_group renders it once the group is committed).
         None for one that waits (CONSUME, PRODUCE acks=all, AUTH, and any whose topic is being
@@ -990,7 +993,7 @@ class V1Server:
         except _Waits:
             return None
 
-    def _answer_now(self, raw: bytes, session: Session, fast: bool):
+    def _answer_now(self, raw: bytes, session: Session, fast: bool) -> bytes | _Produced | None:
         if fast:
             produced = self._produce_fast(raw, session)
             if produced is not None:
