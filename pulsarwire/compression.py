@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import zlib
-from typing import TypeVar
 
 import cramjam
 import lz4.block
@@ -17,7 +16,6 @@ import zstandard
 from .errors import DecompressionError
 
 BytesLike = bytes | bytearray | memoryview
-_Data = TypeVar("_Data", bytes, bytearray, memoryview)
 
 NONE, LZ4, ZLIB, ZSTD, SNAPPY = 0, 1, 2, 3, 4
 NAMES = {NONE: "NONE", LZ4: "LZ4", ZLIB: "ZLIB", ZSTD: "ZSTD", SNAPPY: "SNAPPY"}
@@ -74,8 +72,8 @@ def compress(kind: int, data: BytesLike) -> bytes:
     raise ValueError(f"unknown compression type {kind!r}")
 
 
-def decompress(kind: int, data: _Data, uncompressed_size: int,
-               max_uncompressed_size: int = DEFAULT_MAX_UNCOMPRESSED_SIZE) -> _Data | bytes:
+def decompress(kind: int, data: BytesLike, uncompressed_size: int,
+               max_uncompressed_size: int = DEFAULT_MAX_UNCOMPRESSED_SIZE) -> BytesLike:
     """Decompress `data` and check it yields exactly `uncompressed_size` bytes.
 
     NONE returns `data` itself (no copy). Every failure is a DecompressionError.

@@ -212,6 +212,7 @@ class PartitionConsumer(Reconnecting):
 
     def on_message(self, command: pb.CommandMessage, frame: codec.Frame) -> None:
         md = frame.metadata
+        assert md is not None  # the session delivers only Message frames that carry a payload
         mid = command.message_id
         ledger, entry = signed64(mid.ledgerId), signed64(mid.entryId)
         if md.HasField("num_chunks_from_msg") and md.num_chunks_from_msg > 1:
@@ -281,7 +282,8 @@ class PartitionConsumer(Reconnecting):
             (mid.batch_index == start.batch_index and not self._start_inclusive)
 
     def _on_chunk(self, command: pb.CommandMessage, frame: codec.Frame) -> None:
-        md = frame.metadata
+        md, chunk = frame.metadata, frame.payload
+        assert md is not None and chunk is not None  # as on_message
         mid = command.message_id
         ledger, entry = signed64(mid.ledgerId), signed64(mid.entryId)
         key = md.uuid
@@ -304,7 +306,7 @@ class PartitionConsumer(Reconnecting):
                               f"chunk {md.chunk_id} of {key} arrived without the chunks before it")
             self._message_consumed(1)
             return
-        parts.append((ledger, entry, bytes(frame.payload)))
+        parts.append((ledger, entry, bytes(chunk)))
         if len(parts) < md.num_chunks_from_msg:
             self._message_consumed(1)  # each chunk took a permit; only the last is delivered
             return

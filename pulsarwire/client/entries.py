@@ -101,7 +101,9 @@ class EntryReader(Reconnecting):
         if self._last is not None and position <= self._last:
             return  # already received before a reconnect
         self._last = position
-        entry = Entry(position[0], position[1], frame.metadata, frame.payload, frame.size)
+        metadata, payload = frame.metadata, frame.payload
+        assert metadata is not None and payload is not None  # the session delivers only Message frames with a payload
+        entry = Entry(position[0], position[1], metadata, payload, frame.size)
         self._queue.append(entry)
         self._queued_bytes += entry.size
         self._wake()
