@@ -162,7 +162,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     _command(tenants, "delete", "delete a tenant without namespaces", "tenant")
 
 
-def _command(group, name: str, help_text: str, target: str, subscription: bool = False):
+def _command(group: "argparse._SubParsersAction[argparse.ArgumentParser]", name: str, help_text: str, target: str,
+             subscription: bool = False) -> argparse.ArgumentParser:
     """A subcommand taking the topic, namespace or tenant it acts on (and -s, the subscription)."""
     cmd = group.add_parser(name, help=help_text)
     cmd.add_argument(target)
