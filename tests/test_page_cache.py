@@ -272,7 +272,7 @@ def test_readers_past_the_budget_read_one_record_at_a_time_until_buffers_idle(tm
 
 
 def test_a_subscription_reads_with_a_reader_of_its_own_and_gives_it_back(tmp_path):
-    from pulsarwire.broker.topics import Topic
+    from pulsarwire.broker.topic import Topic
     pool = FilePool(page_cache_bytes=1 << 16)
     topic = Topic("t", str(tmp_path), segment_bytes=1 << 20, sync_policy="interval", on_append=lambda t: None,
                   pool=pool)
@@ -289,7 +289,7 @@ def test_a_subscription_reads_with_a_reader_of_its_own_and_gives_it_back(tmp_pat
     assert set(pool.run_holders()) <= {durable.reader, passing.reader}
     # dispatch reads through the subscription's reader: two subscriptions at different places
     # each read runs
-    from pulsarwire.broker.topics import ConsumerLink
+    from pulsarwire.broker.subscription import ConsumerLink
 
     class Taker(ConsumerLink):
         writable = True

@@ -22,11 +22,11 @@ from .files import (DEFAULT_OPS, DEFAULT_PAGE_CACHE_BYTES, DEFAULT_READ_RUNS, DI
                     default_max_open_files, descriptor_limit, topic_directory)
 from .log import SYNC_ALWAYS, SYNC_INTERVAL, SYNC_NEVER, CommitBatch, TopicLog
 from .reader import LogReader
-from .record import HEADER_SIZE, RECORD_HEADER, CorruptEntryError, Entry
+from .record import HEADER_SIZE, RECORD_HEADER, Body, CorruptEntryError, Entry
 from .segment import PREALLOCATE_BYTES, PREALLOCATE_FROM, ReadRun, Segment
 
 __all__ = [
-    "CommitBatch", "CorruptEntryError", "Cursor", "DEFAULT_MAX_CACHE_BYTES", "DEFAULT_OPS", "DEFAULT_PAGE_CACHE_BYTES",
+    "Body", "CommitBatch", "CorruptEntryError", "Cursor", "DEFAULT_MAX_CACHE_BYTES", "DEFAULT_OPS", "DEFAULT_PAGE_CACHE_BYTES",
     "DEFAULT_READ_RUNS", "DIRECT_ALIGN", "DataDirInUseError", "DataDirLock", "Entry", "EntryCache", "FileOps",
     "FilePool", "HEADER_SIZE", "LogReader", "PREALLOCATE_BYTES", "PREALLOCATE_FROM", "READ_AHEAD_BYTES",
     "READ_RUN_IDLE", "RECORD_HEADER", "ReadRun", "SYNC_ALWAYS", "SYNC_INTERVAL", "SYNC_NEVER", "Segment",

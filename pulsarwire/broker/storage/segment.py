@@ -11,7 +11,6 @@ import errno
 import logging
 import mmap
 import os
-from typing import Any
 
 from crc32c import crc32c
 
