@@ -77,3 +77,14 @@ def record_at(buf: bytes, offset: int, end: int) -> int | None:
     if crc32c(buf[offset + HEADER_SIZE:body_end]) != checksum:
         return None
     return body_size
+
+
+def damaged_records(buf: bytes, offset: int, found: int) -> list[int]:
+    """Where the damaged records between `offset` and the next good record at `found` start: they
+    keep their entry ids. Their headers are followed while they land exactly on `found`; else the
+    gap counts as one entry."""
+    hops, at = [], offset
+    while at < found and at + HEADER_SIZE <= found:
+        hops.append(at)
+        at += HEADER_SIZE + BODY_SIZE.unpack_from(buf, at)[0]
+    return hops if at == found else [offset]

@@ -15,8 +15,8 @@ import os
 from crc32c import crc32c
 
 from .files import DIRECT_ALIGN, FileOps, FilePool, StorageError
-from .record import BODY_SIZE, HEADER_SIZE, RECORD_HEADER, Body, CorruptEntryError, Entry, decode_index, encode_index, \
-    record_at
+from .record import BODY_SIZE, HEADER_SIZE, RECORD_HEADER, Body, CorruptEntryError, Entry, damaged_records, decode_index, \
+    encode_index, record_at
 
 log = logging.getLogger("pulsarwire.broker.storage")
 
@@ -86,23 +86,7 @@ class Segment:
         rebuild the index from it. Logs every byte it drops and every record it cannot read."""
         ops = self.ops
         size = self.size
-        try:
-            idx_fd = self.pool.fd(self.idx_path)
-            indexed = decode_index(ops.pread(idx_fd, ops.size(idx_fd), 0))
-        except OSError as exc:
-            log.error("%s is unreadable (%s); rebuilding it from the log", self.idx_path, exc)
-            indexed = array.array("Q")
-        trusted = 0
-        previous = -HEADER_SIZE
-        for position in indexed:
-            if position - previous < HEADER_SIZE or position >= size or (trusted == 0 and position != 0):
-                break
-            previous = position
-            trusted += 1
-        if trusted < len(indexed):
-            log.warning("%s: %d of %d index entries are inconsistent with the log from entry %d; "
-                        "rebuilding the index by scanning the log", self.idx_path, len(indexed) - trusted,
-                        len(indexed), self.base + trusted)
+        indexed, trusted = self._trusted_index(size)
         # the last trusted record is verified again, with everything after it
         keep = max(trusted - 1, 0)
         start = indexed[keep] if trusted else 0
@@ -141,14 +125,7 @@ class Segment:
                               self.log_path, start + offset, start + end, self.base + len(positions))
                 end = offset
                 break
-            # damaged records with good ones after them keep their entry ids: follow their headers
-            # while they land exactly on the next good record, else count the gap as one entry
-            hops, at = [], offset
-            while at < found and at + HEADER_SIZE <= found:
-                hops.append(at)
-                at += HEADER_SIZE + BODY_SIZE.unpack_from(buf, at)[0]
-            if at != found:
-                hops = [offset]
+            hops = damaged_records(buf, offset, found)
             self.pool.stats.dropped_bytes += found - offset
             log.error("%s: bytes %d to %d are damaged: entr%s %s unreadable, the %d bytes after are kept",
                       self.log_path, start + offset, start + found, "y" if len(hops) == 1 else "ies",
@@ -161,6 +138,28 @@ class Segment:
             self._rewrite_index()
         self.committed_count = len(self.positions)
         self.index_bytes_on_disk = 8 * len(self.positions)
+
+    def _trusted_index(self, size: int) -> tuple[array.array[int], int]:
+        """The index file's positions, and how many of them (from the first) agree with a log of
+        `size` bytes; the rest is logged."""
+        try:
+            idx_fd = self.pool.fd(self.idx_path)
+            indexed = decode_index(self.ops.pread(idx_fd, self.ops.size(idx_fd), 0))
+        except OSError as exc:
+            log.error("%s is unreadable (%s); rebuilding it from the log", self.idx_path, exc)
+            indexed = array.array("Q")
+        trusted = 0
+        previous = -HEADER_SIZE
+        for position in indexed:
+            if position - previous < HEADER_SIZE or position >= size or (trusted == 0 and position != 0):
+                break
+            previous = position
+            trusted += 1
+        if trusted < len(indexed):
+            log.warning("%s: %d of %d index entries are inconsistent with the log from entry %d; "
+                        "rebuilding the index by scanning the log", self.idx_path, len(indexed) - trusted,
+                        len(indexed), self.base + trusted)
+        return indexed, trusted
 
     def _rewrite_index(self) -> None:
         try:
