@@ -1,4 +1,4 @@
-"""Module structure. The broker's layers import one way: storage -> metafile -> topics -> core ->
+"""Module structure. The broker's layers import one way: storage -> metafile -> topic, subscription -> core ->
 front ends -> server; each client module imports alone; the client package keeps its public names; the spark
 package's modules import one way and the package keeps its public names.
 
@@ -16,39 +16,70 @@ import sys
 
 import pytest
 
-LAYERS = ["staging", "storage", "settings", "listener", "metafile", "topics", "policies",
-          "compatibility", "core", "fsck", "pulsar", "v1", "stats", "metrics", "admin_http", "server"]
+# The storage package's modules, each importing only those before it (storage.files at the
+# bottom), and the package itself, which offers their names to the layers above.
+STORAGE_MODULES = ["storage.files", "storage.record", "storage.cache", "storage.segment", "storage.reader",
+                   "storage.log", "storage.cursor"]
+LAYERS = ["staging", *STORAGE_MODULES, "storage", "settings", "listener", "metafile", "entries", "topic_files",
+          "subscription", "topic", "policies", "compatibility", "core", "fsck", "pulsar", "v1", "stats", "metrics",
+          "admin_http", "server"]
 # broker/staging.py and the twin it loads (_staging.pyx or _staging_py.py, as the codec was
 # chosen): runs of Send frames planned, staged as records and answered; below storage, which
 # hands in its record layout
 STAGING = {"staging", "_staging", "_staging_py"}
+STORAGE = {"storage", *STORAGE_MODULES}
+# the domain: what is read of a stored entry, a topic's metadata files, subscriptions, topics
+DOMAIN = {"entries", "topic_files", "subscription", "topic"}
 BELOW = {
     "staging": {"_staging", "_staging_py"},
-    "storage": STAGING,
-    "settings": {"storage"} | STAGING,  # every broker setting with its default and flag, read by the layers above
+    "storage.files": set(),  # file system calls, descriptors, read buffers
+    "storage.record": {"storage.files"},  # a record's layout, the Entry read back
+    "storage.cache": {"storage.files", "storage.record"},
+    "storage.segment": {"storage.files", "storage.record"},
+    "storage.reader": {"storage.files", "storage.record", "storage.segment"},
+    "storage.log": {"storage.files", "storage.record", "storage.cache", "storage.segment", "storage.reader"} | STAGING,
+    "storage.cursor": set(),
+    "storage": set(STORAGE_MODULES) | STAGING,
+    "settings": STORAGE | STAGING,  # every broker setting with its default and flag, read by the layers above
     "listener": set(),  # accepting sockets within the descriptor budget
-    "metafile": {"storage"} | STAGING,  # the broker's small metadata files, beside the log
-    "topics": {"storage", "metafile"} | STAGING,
-    "policies": {"storage", "metafile"} | STAGING,  # namespace and topic policies, beside the domain
+    "metafile": STORAGE | STAGING,  # the broker's small metadata files, beside the log
+    "entries": STORAGE | STAGING,
+    "topic_files": {"metafile"} | STORAGE | STAGING,
+    "subscription": {"metafile", "entries", "topic_files"} | STORAGE | STAGING,
+    "topic": {"metafile"} | DOMAIN | STORAGE | STAGING,
+    "policies": {"metafile"} | STORAGE | STAGING,  # namespace and topic policies, beside the domain
     "compatibility": set(),  # schema versions, on protocol types alone
-    "core": {"storage", "settings", "metafile", "topics", "policies"} | STAGING,
-    "fsck": {"storage", "settings", "metafile", "topics", "policies", "core"} | STAGING,  # checks a stopped broker's files
-    "pulsar": {"storage", "settings", "listener", "metafile", "topics", "policies", "core", "compatibility"} | STAGING,
-    "v1": {"storage", "settings", "metafile", "topics", "policies", "core"} | STAGING,
-    "stats": {"storage", "metafile", "topics", "policies"} | STAGING,
-    "metrics": {"storage", "metafile", "topics", "policies", "stats"} | STAGING,
+    "core": {"settings", "metafile", "policies"} | DOMAIN | STORAGE | STAGING,
+    "fsck": {"settings", "metafile", "policies", "core"} | DOMAIN | STORAGE | STAGING,  # checks a stopped broker's files
+    "pulsar": {"settings", "listener", "metafile", "policies", "core", "compatibility"} | DOMAIN | STORAGE | STAGING,
+    "v1": {"settings", "metafile", "policies", "core"} | DOMAIN | STORAGE | STAGING,
+    "stats": {"metafile", "policies"} | DOMAIN | STORAGE | STAGING,
+    "metrics": {"metafile", "policies", "stats"} | DOMAIN | STORAGE | STAGING,
     # the HTTP front end: admin API, HTTP lookup, /metrics; server imports it only when it serves HTTP
-    "admin_http": {"storage", "settings", "metafile", "topics", "policies", "core", "compatibility", "stats", "metrics"} | STAGING,
-    "server": {"storage", "settings", "listener", "metafile", "topics", "policies", "core", "compatibility", "pulsar", "v1"} | STAGING,
+    "admin_http": {"settings", "metafile", "policies", "core", "compatibility", "stats", "metrics"} | DOMAIN | STORAGE
+    | STAGING,
+    "server": {"settings", "listener", "metafile", "policies", "core", "compatibility", "pulsar", "v1"} | DOMAIN
+    | STORAGE | STAGING,
 }
 
 
 def _loaded_after_import(module: str) -> set[str]:
-    code = (f"import sys, json; import pulsarwire.broker.{module}; "
-            "print(json.dumps(sorted(m.rsplit('.', 1)[1] for m in sys.modules "
-            "if m.startswith('pulsarwire.broker.'))))")
+    """The broker modules (named below pulsarwire.broker: "topic", "storage.log") loaded by
+    importing `module` alone. A module of the storage package is imported under an empty
+    stand-in for the package, whose __init__ would load every module of it."""
+    code = "import importlib, importlib.util, json, sys, types\n"
+    if module.startswith("storage."):
+        code += ("import pulsarwire.broker\n"
+                 "package = types.ModuleType('pulsarwire.broker.storage')\n"
+                 "package.__path__ = [importlib.util.find_spec('pulsarwire.broker').submodule_search_locations[0]"
+                 " + '/storage']\n"
+                 "sys.modules['pulsarwire.broker.storage'] = package\n")
+    code += (f"importlib.import_module('pulsarwire.broker.{module}')\n"
+             "print(json.dumps(sorted(m[len('pulsarwire.broker.'):] for m in sys.modules "
+             "if m.startswith('pulsarwire.broker.'))))")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
-    return set(json.loads(out))
+    loaded = set(json.loads(out))
+    return loaded - {"storage"} if module.startswith("storage.") else loaded
 
 
 @pytest.mark.parametrize("module", LAYERS)
@@ -100,15 +131,17 @@ BROKER_TYPE_ONLY_UPWARD = {("metrics", "server"), ("admin_http", "server")}
 
 @pytest.mark.parametrize("module", LAYERS)
 def test_broker_type_only_imports_name_layers_below(module):
-    imported = {name.split(".", 1)[1] for name in _type_only_imports(PACKAGE / "broker" / f"{module}.py")
-                if name.startswith("broker.")}
+    path = PACKAGE / "broker" / f"{module.replace('.', '/')}.py"
+    if not path.exists():  # a package: its __init__
+        path = path.with_suffix("") / "__init__.py"
+    imported = {name.split(".", 1)[1] for name in _type_only_imports(path) if name.startswith("broker.")}
     upward = {name for name in imported - BELOW[module] if (module, name) not in BROKER_TYPE_ONLY_UPWARD}
     assert not upward, f"{module} imports {sorted(upward)} for type checking"
 
 
-def test_domain_layer_knows_no_front_end():
-    import pulsarwire.broker.topics as topics
-    source = open(topics.__file__).read()
+@pytest.mark.parametrize("module", sorted(DOMAIN))
+def test_domain_layer_knows_no_front_end(module):
+    source = (PACKAGE / "broker" / f"{module}.py").read_text()
     for word in ("BrokerConnection", "V1Server", "encode_payload_frame", "asyncio.Protocol"):
         assert word not in source
 

@@ -292,7 +292,7 @@ def test_a_topic_whose_files_are_all_damaged_opens_and_redelivers(tmp_path, capl
 
 def test_a_topic_that_cannot_open_is_a_metadata_error_the_client_is_answered(tmp_path, monkeypatch):
     from pulsarwire import Client
-    from pulsarwire.broker import topics
+    from pulsarwire.broker import topic
     from pulsarwire.errors import PulsarWireError
 
     def unreadable(self):
@@ -301,7 +301,7 @@ def test_a_topic_that_cannot_open_is_a_metadata_error_the_client_is_answered(tmp
     broker = BrokerThread(tmp_path, v1_port=None).start()
     try:
         with pytest.raises(metafile.MetadataError):
-            broker.call(lambda: (monkeypatch.setattr(topics.Topic, "_load_cursors", unreadable),
+            broker.call(lambda: (monkeypatch.setattr(topic.Topic, "_load_cursors", unreadable),
                                  broker.broker.core.topic(broken)))
 
         async def main():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import errno
 import os
+import time
 
 import pytest
 
@@ -107,18 +108,18 @@ def test_reads_in_order_past_the_cache_read_runs_across_segments(tmp_path, direc
     assert topic_log.commit()
     assert len(topic_log._segments) > 3
     reads = 0
-    original = storage._Segment.read_run
+    original = storage.Segment.read_run
 
     def counting(self, index, buffer):
         nonlocal reads
         reads += 1
         return original(self, index, buffer)
 
-    storage._Segment.read_run = counting
+    storage.Segment.read_run = counting
     try:
         assert [topic_log.read(i).body for i in range(600)] == [_body(i, s) for i, s in enumerate(sizes)]
     finally:
-        storage._Segment.read_run = original
+        storage.Segment.read_run = original
     # about 3 MB in runs of up to READ_AHEAD_BYTES, a run ending at each segment's end
     assert reads <= 3_000_000 // (storage.READ_AHEAD_BYTES // 2) + len(topic_log._segments) + 1
     assert ops.direct_opens >= 1
@@ -185,7 +186,7 @@ def test_runs_read_ahead_on_the_reader_thread_and_reads_out_of_order_meanwhile(t
     for i in order:
         assert topic_log.read(i).body == _body(i, sizes[i]), i
     reader = topic_log._reader
-    assert reader.prefetch is None or reader.prefetch[2] in reader.buffers
+    assert reader.prefetch is None or reader.prefetch.buffer in reader.buffers
     topic_log.close()
     assert reader.prefetch is None and not reader.buffers and not topic_log.pool.run_holders()
 
@@ -193,13 +194,13 @@ def test_runs_read_ahead_on_the_reader_thread_and_reads_out_of_order_meanwhile(t
 def _counting_runs(monkeypatch):
     """The runs _Segment.read_run reads, as (segment base, first index), in a list."""
     runs = []
-    original = storage._Segment.read_run
+    original = storage.Segment.read_run
 
     def counting(self, index, buffer):
         runs.append((self.base, index))
         return original(self, index, buffer)
 
-    monkeypatch.setattr(storage._Segment, "read_run", counting)
+    monkeypatch.setattr(storage.Segment, "read_run", counting)
     return runs
 
 
@@ -220,14 +221,14 @@ def test_readers_at_different_places_each_read_runs(tmp_path, monkeypatch):
     runs = _counting_runs(monkeypatch)
     first, second = topic_log.reader(), topic_log.reader()
     plain_reads = 0
-    original = storage._Segment.read
+    original = storage.Segment.read
 
     def counting(self, index):
         nonlocal plain_reads
         plain_reads += 1
         return original(self, index)
 
-    monkeypatch.setattr(storage._Segment, "read", counting)
+    monkeypatch.setattr(storage.Segment, "read", counting)
     for step in range(300):
         assert topic_log.read(step, first).body == _body(step, sizes[step])
         assert topic_log.read(300 + step, second).body == _body(300 + step, sizes[300 + step])
@@ -247,7 +248,7 @@ def test_readers_past_the_budget_read_one_record_at_a_time_until_buffers_idle(tm
     ops = Recorder()
     topic_log, sizes = _backlog(tmp_path, count=200, read_runs=1, ops=ops)
     clock = [1000.0]
-    monkeypatch.setattr(storage.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     first, second = topic_log.reader(), topic_log.reader()
     runs = _counting_runs(monkeypatch)
     for step in range(50):  # the first holds the only buffers while it reads
@@ -271,7 +272,7 @@ def test_readers_past_the_budget_read_one_record_at_a_time_until_buffers_idle(tm
 
 
 def test_a_subscription_reads_with_a_reader_of_its_own_and_gives_it_back(tmp_path):
-    from pulsarwire.broker.topics import Topic
+    from pulsarwire.broker.topic import Topic
     pool = FilePool(page_cache_bytes=1 << 16)
     topic = Topic("t", str(tmp_path), segment_bytes=1 << 20, sync_policy="interval", on_append=lambda t: None,
                   pool=pool)
@@ -288,7 +289,7 @@ def test_a_subscription_reads_with_a_reader_of_its_own_and_gives_it_back(tmp_pat
     assert set(pool.run_holders()) <= {durable.reader, passing.reader}
     # dispatch reads through the subscription's reader: two subscriptions at different places
     # each read runs
-    from pulsarwire.broker.topics import ConsumerLink
+    from pulsarwire.broker.subscription import ConsumerLink
 
     class Taker(ConsumerLink):
         writable = True

@@ -98,8 +98,8 @@ def test_official_consumer_seek_by_message_id_and_publish_time(official):
 
 
 def test_reader_subscription_left_after_seek_is_dropped_once_unused(broker, official, monkeypatch):
-    from pulsarwire.broker import topics
-    monkeypatch.setattr(topics, "SEEK_RETAIN_SECONDS", 0.2)
+    from pulsarwire.broker import subscription
+    monkeypatch.setattr(subscription, "SEEK_RETAIN_SECONDS", 0.2)
     topic = unique("seek-drop")
     _publish_spread(official, topic, 3)
     reader = official.create_reader(topic, pulsar.MessageId.earliest)

@@ -20,7 +20,7 @@ from pulsarwire import Client, InitialPosition, MessageId, codec, errors
 from pulsarwire._proto import PulsarApi_pb2 as pb
 from pulsarwire.broker import metafile
 from pulsarwire.broker.core import DUPLICATE, BrokerCore
-from pulsarwire.broker.topics import ProducerLink
+from pulsarwire.broker.topic import ProducerLink
 from pulsarwire.broker.storage import HEADER_SIZE, CorruptEntryError, FileOps, FilePool, TopicLog, topic_directory
 
 from .helpers import wait_until_async

@@ -1328,7 +1328,7 @@ def test_consume_replies_parsed_in_bulk_read_as_piece_by_piece():
 
 
 def test_records_of_the_common_produce_path_carry_their_metadata(broker):
-    from pulsarwire.broker.topics import entry_metadata
+    from pulsarwire.broker.entries import entry_metadata
     topic = unique("fast-md")
     lines = [f"V1|{i}|PRODUCE|{topic} {key}:v{i}" for i, key in enumerate(["k", "k", "", "東京" * 70, "k"])]
     answers = ask(broker, *lines)  # the first creates the topic; the rest take the common path

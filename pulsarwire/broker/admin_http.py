@@ -28,7 +28,8 @@ from .metrics import CONTENT_TYPE, exposition, registry
 from .policies import CLUSTER, PolicyError, SCHEMA_STRATEGIES, namespace_of
 from .stats import RateSampler, internal_stats, topic_stats
 from .storage import StorageError
-from .topics import EARLIEST, LATEST, Topic, entry_metadata, start_entry
+from .entries import EARLIEST, LATEST, entry_metadata, start_entry
+from .topic import Topic
 
 if TYPE_CHECKING:
     from .server import Broker

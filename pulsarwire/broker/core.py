@@ -20,7 +20,8 @@ from .metafile import CURRENT, LOST, MISSING, PREVIOUS_COPY, MetadataError, Meta
 from .policies import Policies
 from .settings import BrokerSettings
 from .storage import DataDirLock, EntryCache, FilePool, StorageError, topic_directory
-from .topics import DUPLICATE, LEDGERS_FILE, Topic, read_ledger_ranges, read_topic_files
+from .topic import DUPLICATE, Topic
+from .topic_files import LEDGERS_FILE, read_ledger_ranges, read_topic_files
 
 log = logging.getLogger("pulsarwire.broker")
 

@@ -15,7 +15,7 @@ from typing import Any, Callable, TextIO
 from . import metafile
 from .core import BROKER_FILE, LEDGER_IDS_FILE, PARTITION_MARKER, PARTITIONED_FILE, BrokerCore, _broker_state, \
     _ledger_allocation, _partitioned_topics
-from .topics import CURSORS_FILE, EPOCH_FILE, LEDGERS_FILE, SCHEMA_FILE, STATE_FILE, _cursors, _epoch, \
+from .topic_files import CURSORS_FILE, EPOCH_FILE, LEDGERS_FILE, SCHEMA_FILE, STATE_FILE, _cursors, _epoch, \
     _ledger_ranges, _schemas, _topic_state
 
 log = logging.getLogger("pulsarwire.broker.fsck")

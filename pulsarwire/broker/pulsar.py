@@ -40,10 +40,9 @@ from .core import DUPLICATE, BrokerCore, InvalidTopicName, UnknownTenant, close_
 from .listener import TLS_READ_BUFFER_BYTES, start_tls_server
 from .settings import BrokerSettings
 from .storage import StorageError
-from .topics import (
-    EARLIEST, LATEST, SHARED, ConsumerLink, MalformedBatchError, ProducerBusyError, ProducerFencedError,
-    ProducerLink, Subscription, Topic, start_entry,
-)
+from .entries import EARLIEST, LATEST, MalformedBatchError, start_entry
+from .subscription import ConsumerLink, Subscription
+from .topic import SHARED, ProducerBusyError, ProducerFencedError, ProducerLink, Topic
 
 if TYPE_CHECKING:
     from google.protobuf.message import Message

@@ -18,7 +18,7 @@ from .listener import DescriptorReserve, Listener
 from .pulsar import PulsarService
 from .settings import BrokerSettings
 from .storage import SYNC_INTERVAL, descriptor_limit
-from .topics import Topic
+from .topic import Topic
 from .v1 import V1Server, check_replication
 
 log = logging.getLogger("pulsarwire.broker")

@@ -12,7 +12,8 @@ import time
 
 from .._proto import PulsarApi_pb2 as pb
 from .policies import CLUSTER, namespace_of
-from .topics import Subscription, Topic
+from .subscription import Subscription
+from .topic import Topic
 
 SUBSCRIPTION_TYPES: dict[int, str] = {pb.CommandSubscribe.Exclusive: "Exclusive", pb.CommandSubscribe.Shared: "Shared",
                       pb.CommandSubscribe.Failover: "Failover", pb.CommandSubscribe.Key_Shared: "Key_Shared"}

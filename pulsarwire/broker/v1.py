@@ -45,7 +45,8 @@ from .core import PARTITION_MARKER, BrokerCore, InvalidTopicName, close_transpor
 from . import metafile
 from .settings import BrokerSettings
 from .storage import CommitBatch, Entry, LogReader, StorageError, TopicLog, crc32c
-from .topics import Topic, entry_metadata
+from .entries import entry_metadata
+from .topic import Topic
 
 log = logging.getLogger("pulsarwire.broker.v1")
 

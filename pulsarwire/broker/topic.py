@@ -1,4 +1,5 @@
-"""The broker's domain: topics, subscriptions, cursors in use and dispatch.
+"""The broker's domain: a topic-partition, its producers and their access modes, deduplication,
+and its subscriptions (subscription.py).
 
 This layer knows no wire protocol. A subscription delivers to `ConsumerLink`s
 and a topic tracks `ProducerLink`s; each front end (Pulsar binary, V1 text)
@@ -9,99 +10,32 @@ their metadata but never re-encodes them.
 from __future__ import annotations
 
 import abc
-import asyncio
 import bisect
 import concurrent.futures
-import heapq
 import logging
 import os
 import time
-from typing import Any, Callable, cast
+from typing import Any, Callable, NamedTuple
 
-from .. import codec
 from .._proto import PulsarApi_pb2 as pb
-from ..errors import PulsarWireError
-from ..messages import ack_set_words
-from ..routing import murmur3_32
 from . import metafile, staging
-from .metafile import CURRENT, LOST, MISSING, PREVIOUS_COPY, MetadataWriter, report_damage
-from .storage import CorruptEntryError, Cursor, EntryCache, FileOps, FilePool, StorageError, TopicLog
+from .entries import entry_message_count, entry_metadata, start_entry
+from .metafile import CURRENT, LOST, PREVIOUS_COPY, MetadataWriter, report_damage
+from .storage import Body, Cursor, EntryCache, FilePool, StorageError, TopicLog
+from .subscription import MAX_TRACKED_ENTRIES, Subscription
+from .topic_files import (COMPACTION_FILE, CURSORS_FILE, EPOCH_FILE, LEDGERS_FILE, SCHEMA_FILE, STATE_FILE,
+                          Compaction, _compaction, _cursors, _epoch, _ledger_ranges, _schemas, _topic_state)
 
-COMPACTION_FILE = "compaction.json"
 DUPLICATE = -1  # the entry id a deduplicated send is answered with
 
 log = logging.getLogger("pulsarwire.broker")
 
-COUNT_MAX_UNCOMPRESSED = 8 * 1024 * 1024  # a compressed batch larger than this is not counted (CPU bound)
 LEGACY_LEDGER_ID = 0  # the ledger of entries stored before topics had their own ledger ids
-LEDGERS_FILE = "ledgers.json"
-EPOCH_FILE = "producer-epoch.json"
-STATE_FILE = "state.json"
-CURSORS_FILE = "cursors.json"
-SCHEMA_FILE = "schema.json"
-EARLIEST = -1  # a start position before every entry
-LATEST = 1 << 63  # a start position after every entry
-# A seek closes the consumers so they re-subscribe at the new position; a non-durable
-# subscription (a reader) is kept this long for them instead of ending with its last consumer.
-SEEK_RETAIN_SECONDS = 30.0
-# An Exclusive or Failover subscription tracks at most this many delivered, unacknowledged entries
-# one by one (about 200 bytes each); past it, what the active consumer is sent is remembered as
-# one range, sent again from its start when that consumer asks for redelivery or goes (entries
-# of that range it asks for one by one are tracked again, up to twice this many).
-MAX_TRACKED_ENTRIES = 100_000
 # Deduplication state is kept for at most this many producer names per topic (as Pulsar's
 # brokerDeduplicationMaxNumberOfProducers): past it, names of producers not attached are
 # forgotten, those attached longest ago first; a producer coming back under a forgotten name
 # starts afresh (a resend of what it sent before is stored again, not answered as a duplicate).
 MAX_DEDUP_PRODUCERS = 10_000
-_SubType = pb.CommandSubscribe
-_SINGLE_ACTIVE = (_SubType.Exclusive, _SubType.Failover)
-
-
-def start_entry(entry_id: int, topic_log: TopicLog) -> int:
-    """Where a start position leaves a reader: EARLIEST, LATEST, or that entry (clamped to the log)."""
-    if entry_id == EARLIEST:
-        return topic_log.first_entry_id
-    if entry_id >= LATEST:
-        return topic_log.committed_entry_id
-    return min(max(entry_id, topic_log.first_entry_id), topic_log.committed_entry_id)
-
-
-class ConsumerLink(abc.ABC):
-    """A consumer as the domain sees it: permits, what it holds, and how to reach it.
-
-    A front end subclasses this for its own connections."""
-
-    def __init__(self, subscription: "Subscription", name: str, priority: int) -> None:
-        self.subscription = subscription
-        self.name = name
-        self.priority = priority
-        self.permits = 0
-        self.pending: dict[int, int] = {}  # entry dispatched to it and not yet acknowledged -> its messages
-        self.unacked_messages = 0  # the messages of those entries
-        self.blocked = False  # at the topic's max_unacked_messages: nothing is dispatched to it
-        self.told_end = False
-        self.hash_ranges: list[tuple[int, int]] = []  # Key_Shared sticky: the key hashes it owns
-
-    @property
-    @abc.abstractmethod
-    def writable(self) -> bool:
-        """False while the consumer's connection has too much unsent output."""
-
-    @abc.abstractmethod
-    def deliver(self, entry, redelivery_count: int, ack_set: list[int] | None) -> None:
-        """Send one stored entry (`ack_set`: the batch indexes still unacknowledged, as words)."""
-
-    def active_changed(self, active: bool) -> None:
-        """A Failover subscription made this consumer (in)active."""
-
-    @abc.abstractmethod
-    def reached_end_of_topic(self) -> None:
-        """The topic is terminated and this consumer has everything."""
-
-    @abc.abstractmethod
-    def evict(self) -> None:
-        """Close it from the broker's side (seek, unload); the client re-attaches."""
 
 
 class ProducerLink(abc.ABC):
@@ -123,465 +57,18 @@ class ProducerFencedError(Exception):
     """A newer exclusive producer took the topic over (its epoch moved on)."""
 
 
-KEY_HASH_RANGE = 65536  # Key_Shared hashes keys (Murmur3) into 0..65535, as Pulsar
-_UNASSIGNED = object()  # _pick: no sticky consumer owns this entry's key hash
-
-
-def key_hash(entry) -> int:
-    key = _entry_key(entry)
-    return (murmur3_32(key) if key else entry.entry_id) % KEY_HASH_RANGE
-
-
 # Producer access modes, as Pulsar enforces them.
 SHARED, EXCLUSIVE = pb.Shared, pb.Exclusive
 WAIT_FOR_EXCLUSIVE, EXCLUSIVE_WITH_FENCING = pb.WaitForExclusive, pb.ExclusiveWithFencing
 
 
-class Subscription:
-    def __init__(self, topic: "Topic", name: str, sub_type: int, durable: bool, cursor: Cursor) -> None:
-        end = topic.log.committed_entry_id
-        if cursor.mark_delete >= end or any(e >= end for e in cursor.acked):
-            # recovery cut the log below this persisted cursor: entries appended from now on
-            # must not count as acknowledged
-            log.error("topic %s, subscription %s: the cursor is past the end of the log (%d); moved back "
-                      "to it", topic.name, name, end - 1)
-            cursor = Cursor(min(cursor.mark_delete, end - 1), [e for e in cursor.acked if e < end],
-                            {e: b for e, b in cursor.partial.items() if e < end})
-        self.topic = topic
-        self.name = name
-        self.type = sub_type
-        self.durable = durable
-        self.cursor = cursor
-        self.reader = topic.log.reader()  # reads ahead in a backlog for this subscription alone
-        self.consumers: list[ConsumerLink] = []
-        self.read_position = cursor.mark_delete + 1
-        self._redeliver: list[int] = []  # heap of entries to send again
-        self._delayed: list[tuple[int, int]] = []  # heap of (deliver_at ms, entry) held back
-        self._redeliver_set: set[int] = set()
-        self.owner: dict[int, ConsumerLink] = {}  # dispatched entry -> consumer
-        self.redelivery_counts: dict[int, int] = {}
-        self._round_robin = 0
-        self._dispatching = False
-        self._retry_scheduled = False
-        self.dirty = False
-        self.stored: concurrent.futures.Future | None = None  # the write of a new one, until it is on disk
-        self.active: ConsumerLink | None = None
-        self.retained_until = 0.0  # monotonic time; a seek keeps a non-durable subscription
-        self.sticky = False  # Key_Shared: consumers own the hash ranges they asked for
-        self._parked: list[int] = []  # sticky: entries whose key hash no consumer owns yet
-        self._range_starts: list[int] = []
-        self._range_owners: list[tuple[int, ConsumerLink]] = []
-        # Exclusive and Failover past topic.max_tracked_entries: entries from _untracked_from up to
-        # read_position were sent to _untracked_consumer without being tracked one by one
-        self._untracked_from: int | None = None
-        self._untracked_consumer: ConsumerLink | None = None
-        self.read_compacted = False  # skips what the topic's last compaction left out (see Topic.compacted)
-        self.messages_out = self.bytes_out = 0  # dispatched, redeliveries included (admin stats, metrics)
+class WaitingProducer(NamedTuple):
+    """A WaitForExclusive producer not yet granted the topic, with its callbacks."""
 
-    # consumers
-
-    def key_shared_refusal(self, sticky: bool, ranges: list[tuple[int, int]]) -> str | None:
-        """Why a Key_Shared consumer asking for this mode and these hash ranges cannot join
-        (None when it can): sticky ranges must be valid and overlap no other consumer's."""
-        if self.consumers and sticky != self.sticky:
-            return f"subscription {self.name} uses the {'sticky' if self.sticky else 'auto-split'} key-shared mode"
-        if not sticky:
-            return None
-        if not ranges:
-            return "a sticky key-shared consumer needs hash ranges"
-        for start, end in ranges:
-            if not 0 <= start <= end < KEY_HASH_RANGE:
-                return f"hash range [{start}, {end}] is not within 0..{KEY_HASH_RANGE - 1}"
-        claimed = sorted([(s, e, c.name) for c in self.consumers for s, e in c.hash_ranges] +
-                         [(s, e, "the new consumer") for s, e in ranges])
-        for (start, end, owner), (next_start, next_end, next_owner) in zip(claimed, claimed[1:]):
-            if next_start <= end:
-                return f"hash range [{start}, {end}] of {owner} overlaps [{next_start}, {next_end}] of {next_owner}"
-        return None
-
-    def add_consumer(self, consumer: ConsumerLink, sticky: bool = False) -> None:
-        if not self.consumers:
-            self.sticky = sticky
-        self.consumers.append(consumer)
-        self.retained_until = 0.0
-        self._update_active()
-        self._index_ranges()
-        if self._parked:  # a new owner of some key hashes: try the held entries again
-            for entry_id in self._parked:
-                if entry_id not in self._redeliver_set:
-                    self._redeliver_set.add(entry_id)
-                    heapq.heappush(self._redeliver, entry_id)
-            self._parked.clear()
-
-    def detach(self, consumer: ConsumerLink) -> None:
-        """The consumer is gone: what it held goes to the others. A non-durable subscription
-        lives only while it has consumers."""
-        if consumer in self.consumers:
-            self.consumers.remove(consumer)
-        self._index_ranges()
-        self._requeue(list(consumer.pending), consumer)
-        self._rewind_untracked(consumer)
-        self._update_active()
-        self.dispatch()
-        if not self.durable and not self.consumers and time.monotonic() >= self.retained_until:
-            self._drop_if_unused()
-
-    def _index_ranges(self) -> None:
-        """Sticky Key_Shared: the consumers' hash ranges sorted by start, for a bisect per entry."""
-        owned = sorted(((start, end, c) for c in self.consumers for start, end in c.hash_ranges),
-                       key=lambda owned_range: owned_range[0]) if self.sticky else []
-        self._range_starts = [start for start, _, _ in owned]
-        self._range_owners = [(end, c) for _, end, c in owned]
-
-    def _drop_if_unused(self) -> None:
-        if not self.durable and not self.consumers and self.topic.subscriptions.get(self.name) is self:
-            del self.topic.subscriptions[self.name]
-            self.reader.close()
-
-    def _update_active(self) -> None:
-        if self.type not in _SINGLE_ACTIVE:
-            return
-        ordered = sorted(self.consumers, key=lambda c: (c.priority, c.name))
-        if not ordered:
-            self.active = None
-            return
-        index = max(self.topic.partition, 0) % len(ordered) if self.type == _SubType.Failover else 0
-        active = ordered[index]
-        if active is not self.active:
-            previous = self.active
-            self.active = active
-            if previous is not None and previous in self.consumers:
-                self._requeue(list(previous.pending), previous)
-                self._rewind_untracked(previous)
-            if self.type == _SubType.Failover:
-                for consumer in self.consumers:
-                    consumer.active_changed(consumer is active)
-
-    # acknowledgement
-
-    def ack(self, entry_id: int, unacked_indexes: int | None, cumulative: bool) -> bool:
-        """Acknowledge an entry (or, with `unacked_indexes`, all of its batch but those bits).
-
-        Returns False, changing nothing, for an entry the topic does not have yet: a cursor moved
-        past the end would silently skip every message published later."""
-        if not 0 <= entry_id < self.topic.log.committed_entry_id:
-            return False
-        cursor = self.cursor
-        if cumulative:
-            if unacked_indexes is not None:
-                cursor.ack_cumulative(entry_id - 1)
-                cursor.ack_partial(entry_id, unacked_indexes)
-            else:
-                cursor.ack_cumulative(entry_id)
-            for done in [e for e in self.owner if cursor.is_acked(e)]:
-                self._settle(done)
-        elif unacked_indexes is not None:
-            cursor.ack_partial(entry_id, unacked_indexes)
-            if cursor.is_acked(entry_id):
-                self._settle(entry_id)
-        else:
-            cursor.ack(entry_id)
-            self._settle(entry_id)
-        if self._untracked_from is not None and cursor.mark_delete >= self._untracked_from:
-            # what the range held is acknowledged up to there: a rewind need not read it again
-            self._untracked_from = cursor.mark_delete + 1
-            if self._untracked_from >= self.read_position:
-                self._untracked_from = self._untracked_consumer = None
-        self.dirty = True
-        return True
-
-    def _settle(self, entry_id: int) -> None:
-        consumer = self.owner.pop(entry_id, None)
-        if consumer is not None:
-            self._release(consumer, entry_id)
-        self.redelivery_counts.pop(entry_id, None)
-
-    def _release(self, consumer: ConsumerLink, entry_id: int) -> None:
-        """`consumer` no longer holds the entry (acknowledged, or to be sent again). One blocked
-        at max_unacked_messages takes entries again once it holds half of that (as Pulsar)."""
-        consumer.unacked_messages -= consumer.pending.pop(entry_id, 0)
-        if consumer.blocked and consumer.unacked_messages <= self.topic.max_unacked_messages // 2:
-            consumer.blocked = False
-
-    def redeliver(self, consumer: ConsumerLink, entry_ids: list[int] | None) -> None:
-        """Send again what `consumer` holds (all of it when `entry_ids` is None)."""
-        entries = entry_ids if entry_ids else list(consumer.pending)
-        self._requeue([e for e in entries if self.owner.get(e) is consumer], consumer)
-        if self._untracked_consumer is consumer:
-            # the untracked ones asked for are sent again one by one, and then tracked: while what
-            # is tracked stays within twice the bound (past it, the whole range again)
-            if entry_ids and len(self.owner) + len(self._redeliver) + len(entry_ids) <= \
-                    2 * self.topic.max_tracked_entries:
-                self._requeue_untracked(entry_ids)
-            else:
-                self._rewind_untracked(consumer)
-        self.dispatch()
-
-    def _rewind_untracked(self, consumer: ConsumerLink) -> None:
-        """What `consumer` was sent untracked is read again from the log from where that began
-        (entries acknowledged meanwhile are skipped there)."""
-        if self._untracked_consumer is consumer:
-            self.read_position = min(self.read_position, cast(int, self._untracked_from))
-            self._untracked_from = self._untracked_consumer = None
-
-    def _requeue_untracked(self, entry_ids: list[int]) -> None:
-        start, end = cast(int, self._untracked_from), self.read_position
-        for entry_id in entry_ids:
-            if start <= entry_id < end and entry_id not in self._redeliver_set and \
-                    not self.cursor.is_acked(entry_id):
-                self._redeliver_set.add(entry_id)
-                heapq.heappush(self._redeliver, entry_id)
-                self.redelivery_counts[entry_id] = self.redelivery_counts.get(entry_id, 0) + 1
-
-    def _requeue(self, entries, consumer: ConsumerLink) -> None:
-        for entry_id in entries:
-            if self.owner.get(entry_id) is consumer:
-                del self.owner[entry_id]
-            self._release(consumer, entry_id)
-            if entry_id not in self._redeliver_set and not self.cursor.is_acked(entry_id):
-                self._redeliver_set.add(entry_id)
-                heapq.heappush(self._redeliver, entry_id)
-                self.redelivery_counts[entry_id] = self.redelivery_counts.get(entry_id, 0) + 1
-
-    def seek(self, entry_id: int) -> None:
-        if not self.durable:
-            self.retained_until = time.monotonic() + SEEK_RETAIN_SECONDS
-            asyncio.get_running_loop().call_later(SEEK_RETAIN_SECONDS + 0.01, self._drop_if_unused)
-        self.cursor.reset(entry_id)
-        self.read_position = entry_id
-        self._redeliver.clear()
-        self._redeliver_set.clear()
-        self._delayed.clear()
-        self._parked.clear()
-        self.owner.clear()
-        self.redelivery_counts.clear()
-        self._untracked_from = self._untracked_consumer = None
-        for consumer in self.consumers:
-            consumer.pending.clear()
-            consumer.unacked_messages = 0
-            consumer.blocked = False
-            consumer.permits = 0
-        self.dirty = True
-
-    def check_end_of_topic(self) -> None:
-        """Tell each consumer once when the topic is terminated and it has been sent everything."""
-        if not self.topic.terminated or self.read_position < self.topic.log.committed_entry_id or \
-                self._redeliver or self._parked:
-            return
-        for consumer in self.consumers:
-            if not consumer.told_end:
-                consumer.told_end = True
-                consumer.reached_end_of_topic()
-
-    def backlog(self) -> int:
-        return sum(1 for e in range(self.cursor.mark_delete + 1, self.topic.log.next_entry_id)
-                   if not self.cursor.is_acked(e))
-
-    # dispatch
-
-    def _held(self, entry_id: int) -> bool:
-        """Shared subscriptions hold a delayed message until its time (exclusive ones do not, as in Pulsar)."""
-        due = self.topic.deliver_at.get(entry_id)
-        if due is None or self.type not in (_SubType.Shared, _SubType.Key_Shared):
-            return False
-        now_ms = time.time() * 1000
-        if due <= now_ms:
-            del self.topic.deliver_at[entry_id]  # its time has come for every subscription
-            return False
-        if entry_id not in self._redeliver_set:
-            self._redeliver_set.add(entry_id)
-            heapq.heappush(self._delayed, (due, entry_id))
-            asyncio.get_running_loop().call_later((due - now_ms) / 1000 + 0.001, self._release_delayed)
-        return True
-
-    def _release_delayed(self) -> None:
-        now_ms = time.time() * 1000
-        while self._delayed and self._delayed[0][0] <= now_ms:
-            _, entry_id = heapq.heappop(self._delayed)
-            heapq.heappush(self._redeliver, entry_id)  # still marked in _redeliver_set
-        self.dispatch()
-
-    def _next_entry(self) -> tuple[int, bool] | None:
-        while self._redeliver:
-            entry_id = self._redeliver[0]
-            if self.cursor.is_acked(entry_id) or entry_id in self.owner:
-                heapq.heappop(self._redeliver)
-                self._redeliver_set.discard(entry_id)
-                continue
-            return entry_id, True
-        end = self.topic.log.committed_entry_id  # never an entry the OS has not taken yet
-        compacted = self.topic.compacted if self.read_compacted else None
-        while self.read_position < end:
-            position = self.read_position
-            if self.cursor.is_acked(position) or position in self.owner or self._held(position):
-                self.read_position += 1
-                continue
-            if compacted is not None and position <= compacted[0] and position not in compacted[1]:
-                self.read_position += 1  # superseded by a later value of its key: settled unread
-                self.cursor.ack(position)
-                self._settle(position)
-                self.dirty = True
-                continue
-            return position, False
-        return None
-
-    def _pick(self, entry) -> ConsumerLink | object | None:
-        """The consumer to send `entry` to; None when that consumer cannot take it now;
-        _UNASSIGNED when no sticky consumer owns its key hash."""
-        if self.type in _SINGLE_ACTIVE:
-            active = self.active
-            return active if active is not None and active.permits > 0 and active.writable and not active.blocked \
-                else None
-        candidates = self.consumers
-        if not candidates:
-            return None
-        if self.type == _SubType.Key_Shared:
-            slot = key_hash(entry)
-            if self.sticky:
-                i = bisect.bisect_right(self._range_starts, slot) - 1
-                if i < 0 or self._range_owners[i][0] < slot:
-                    return _UNASSIGNED
-                consumer = self._range_owners[i][1]
-            else:  # auto-split: the hash range split evenly among the consumers
-                consumer = candidates[slot * len(candidates) // KEY_HASH_RANGE]
-            return consumer if consumer.permits > 0 and consumer.writable and not consumer.blocked else None
-        for step in range(len(candidates)):
-            consumer = candidates[(self._round_robin + step) % len(candidates)]
-            if consumer.permits > 0 and consumer.writable and not consumer.blocked:
-                self._round_robin = (self._round_robin + step + 1) % len(candidates)
-                return consumer
-        return None
-
-    def dispatch(self) -> None:
-        if self._dispatching or not self.consumers:
-            return
-        self._dispatching = True
-        try:
-            topic_log = self.topic.log
-            while True:
-                found = self._next_entry()
-                if found is None:
-                    return
-                entry_id, redelivery = found
-                try:
-                    entry = topic_log.read(entry_id, self.reader)
-                except CorruptEntryError:
-                    self._skip_unreadable(entry_id, redelivery)
-                    continue
-                except StorageError as exc:
-                    self._retry_later(exc)
-                    return
-                picked = self._pick(entry)
-                if picked is None:
-                    return
-                if redelivery:
-                    heapq.heappop(self._redeliver)
-                    self._redeliver_set.discard(entry_id)
-                else:
-                    self.read_position = entry_id + 1
-                if picked is _UNASSIGNED:  # held until a consumer owns its key hash
-                    self._parked.append(entry_id)
-                    continue
-                consumer = cast(ConsumerLink, picked)
-                partial = self.cursor.partial.get(entry_id)
-                consumer.deliver(entry, self.redelivery_counts.get(entry_id, 0),
-                              ack_set_words(partial, entry.num_messages) if partial else None)
-                messages = entry.num_messages
-                consumer.permits -= messages
-                self.messages_out += messages
-                self.bytes_out += len(entry.body)
-                if not redelivery and self.type in _SINGLE_ACTIVE and (
-                        self._untracked_from is not None or len(self.owner) >= self.topic.max_tracked_entries):
-                    if self._untracked_from is None:  # past the bound: the rest is one range
-                        self._untracked_from = entry_id
-                        self._untracked_consumer = consumer
-                    continue
-                consumer.pending[entry_id] = messages
-                consumer.unacked_messages += messages
-                if consumer.unacked_messages >= self.topic.max_unacked_messages > 0 and \
-                        self.type in (_SubType.Shared, _SubType.Key_Shared):  # as Pulsar: shared ones only
-                    consumer.blocked = True
-                self.owner[entry_id] = consumer
-        finally:
-            self._dispatching = False
-
-
-    def _skip_unreadable(self, entry_id: int, redelivery: bool) -> None:
-        """A corrupt entry costs that entry alone: logged, counted, skipped and settled in the
-        cursor so that the subscription moves on (the read already logged the cause)."""
-        log.error("topic %s, subscription %s: entry %d is corrupt on disk and is skipped",
-                  self.topic.name, self.name, entry_id)
-        self.topic.log.stats.skipped_entries += 1
-        if redelivery:
-            heapq.heappop(self._redeliver)
-            self._redeliver_set.discard(entry_id)
-        elif self.read_position == entry_id:
-            self.read_position = entry_id + 1
-        self.cursor.ack(entry_id)
-        self._settle(entry_id)
-        self.dirty = True
-
-    def _retry_later(self, exc: StorageError) -> None:
-        """The file system refused a read (no descriptors, I/O error): try again in a second."""
-        if self._retry_scheduled:
-            return
-        log.error("topic %s, subscription %s: cannot read the log (%s); retrying", self.topic.name,
-                  self.name, exc)
-        self._retry_scheduled = True
-
-        def retry() -> None:
-            self._retry_scheduled = False
-            self.dispatch()
-        asyncio.get_running_loop().call_later(1.0, retry)
-
-
-def _entry_key(entry) -> bytes | None:
-    metadata = entry_metadata(entry)
-    if metadata.HasField("ordering_key"):
-        return metadata.ordering_key
-    if metadata.HasField("partition_key"):
-        return metadata.partition_key.encode()
-    return None
-
-
-class MalformedBatchError(ValueError):
-    """A batch whose payload does not split into the messages its metadata claims: stored, it
-    would make consumers read past its end (the official client crashes on it)."""
-
-
-def entry_message_count(body, batch_count: int | None, compression: int | None = None) -> int:
-    """How many messages an entry holds, which consumers' permits are charged. `batch_count` is
-    the metadata's num_messages_in_batch (None: not a batch, one message whatever CommandSend
-    claims). A claim above 1 is checked against what the payload really splits into
-    (MalformedBatchError when it differs); a batch too big to decompress cheaply counts as 1.
-    `compression` from the metadata, when the caller has read it, spares parsing it again."""
-    if batch_count is None or batch_count <= 1:
-        return 1
-    if compression == 0:  # the hot path: the codec steps over the metadata itself
-        batch, count = body, codec.count_entry_batch
-    else:
-        try:
-            end = 4 + int.from_bytes(body[:4], "big")
-            metadata = _parse_metadata(body[4:end])
-            batch = body[end:]
-            if metadata.compression:
-                batch = codec.decompress_payload(metadata, batch, COUNT_MAX_UNCOMPRESSED)
-        except (PulsarWireError, ValueError):  # DecodeError is a ValueError
-            return 1
-        count = codec.count_batch
-    try:
-        return count(batch, batch_count)
-    except (PulsarWireError, ValueError) as exc:
-        raise MalformedBatchError(f"the batch does not hold the {batch_count} messages it claims: {exc}") from exc
-
-
-_parse_metadata = pb.MessageMetadata.FromString
-
-
-def entry_metadata(entry) -> pb.MessageMetadata:
-    size = int.from_bytes(entry.body[:4], "big")
-    return _parse_metadata(entry.body[4:4 + size])
-
+    producer: ProducerLink
+    epoch: int | None
+    on_granted: Callable[[int], None]
+    on_refused: Callable[[Exception], None]
 
 
 class Topic:
@@ -593,7 +80,7 @@ class Topic:
     back the dedup state of its sends."""
 
     def __init__(self, name: str, directory: str, *, segment_bytes: int, sync_policy: str,
-                 on_append: Callable[["Topic"], None], pool: FilePool | None = None,
+                 on_append: Callable[[Topic], None], pool: FilePool | None = None,
                  cache: EntryCache | None = None,
                  new_ledger_id: Callable[[], int] = lambda: LEGACY_LEDGER_ID,
                  max_unacked_messages: int = 0, deduplication: bool = True,
@@ -629,13 +116,12 @@ class Topic:
         self.producers: dict[str, ProducerLink] = {}
         self.exclusive_producer: ProducerLink | None = None
         # WaitForExclusive producers in arrival order, each with its callbacks (granted epoch; error)
-        self.waiting_producers: list[tuple[ProducerLink, int | None, Callable[[int], None],
-                                           Callable[[Exception], None]]] = []
+        self.waiting_producers: list[WaitingProducer] = []
         # bumped each time an exclusive producer takes the topic; kept on disk so that a fenced
         # producer stays fenced across restarts
         self.epoch = self._load_epoch()
         self.epoch_write: concurrent.futures.Future | None = None  # the last epoch write, None once on disk
-        self.subscriptions: dict[str, Subscription] = {}
+        self.subscriptions: dict[str, Subscription[Topic]] = {}
         self.deliver_at: dict[int, int] = {}  # entry -> epoch ms before which Shared subs hold it
         self._state_dirty = False
         self._cursors_dirty = False
@@ -655,7 +141,7 @@ class Topic:
             self.save()  # what recovery rebuilt, on disk again
         self.messages_in = self.bytes_in = 0  # stored since the topic opened (admin stats, metrics)
         # the last compaction: (the last entry it covered, the entries it kept: each the latest of a key)
-        self.compacted: tuple[int, set[int]] | None = self._load_compaction()
+        self.compacted: Compaction | None = self._load_compaction()
 
     def _open_ledgers(self, new_ledger_id: Callable[[], int]) -> None:
         """Which ledger id each entry's message id carries: `[first entry, ledger id]` ranges,
@@ -693,7 +179,7 @@ class Topic:
         loaded = self._preloaded.pop(file_name, None)
         return loaded if loaded is not None else metafile.load(self._path(file_name), validate)
 
-    def _write(self, file_name: str, data, urgent: bool = False) -> concurrent.futures.Future:
+    def _write(self, file_name: str, data: Any, urgent: bool = False) -> concurrent.futures.Future[None]:
         future = self._writes[file_name] = self.metadata.write(self._path(file_name), data, urgent)
         return future
 
@@ -807,7 +293,7 @@ class Topic:
             if highest > self.last_sequence.get(md.producer_name, -1):
                 self.last_sequence[md.producer_name] = highest
 
-    def append(self, body, checksum: int | None, publish_time: int, deliver_at_time: int | None,
+    def append(self, body: Body, checksum: int | None, publish_time: int, deliver_at_time: int | None,
                batch_count: int | None, producer_name: str, highest_sequence_id: int,
                compression: int | None = None) -> int:
         """Store an entry, remember the producer's sequence id, and dispatch it. `batch_count`: the
@@ -952,7 +438,7 @@ class Topic:
             del self.deliver_at[entry_id]
 
     def subscription(self, name: str, sub_type: int, durable: bool, initial_earliest: bool,
-                     start: int | None, wait: bool = True) -> Subscription:
+                     start: int | None, wait: bool = True) -> Subscription[Topic]:
         """The subscription `name`, created at its initial position (or `start`, for a
         non-durable one: EARLIEST, LATEST or an entry id) if it does not exist. A new durable
         one is on disk when this returns; without `wait`, once `stored(subscription)` says so."""
@@ -989,11 +475,11 @@ class Topic:
 
         def written(error: BaseException | None) -> None:
             if error is None:
-                self.compacted = (horizon, kept)
+                self.compacted = Compaction(horizon, kept)
         metafile.when_written(future, written)
         return future
 
-    def _load_compaction(self) -> tuple[int, set[int]] | None:
+    def _load_compaction(self) -> Compaction | None:
         loaded = self._load(COMPACTION_FILE, _compaction)
         if loaded.source == PREVIOUS_COPY:
             report_damage(loaded, f"topic {self.name}'s last compaction", "restored from the previous copy")
@@ -1002,7 +488,7 @@ class Topic:
                           "lost: compacted reads give every entry until the topic is compacted again")
         return loaded.data
 
-    def stored(self, subscription: Subscription) -> concurrent.futures.Future | None:
+    def stored(self, subscription: Subscription[Topic]) -> concurrent.futures.Future[None] | None:
         """None once a new subscription made without `wait` is on disk; else the write that puts
         it there (a new one when the last failed: the future then holds its StorageError)."""
         future = subscription.stored
@@ -1101,8 +587,8 @@ class Topic:
             self._attached(producer)
             return 0
         if mode == EXCLUSIVE_WITH_FENCING:
-            for _, _, _, refused in self.waiting_producers:
-                refused(ProducerFencedError(f"fenced out of {self.name} by an exclusive producer"))
+            for waiting in self.waiting_producers:
+                waiting.on_refused(ProducerFencedError(f"fenced out of {self.name} by an exclusive producer"))
             self.waiting_producers.clear()
             for other in list(self.producers.values()):
                 other.evict()
@@ -1113,7 +599,7 @@ class Topic:
             raise ProducerFencedError(f"{self.name}: topic epoch moved on to {self.epoch}")
         if self.exclusive_producer is not None or self.producers:
             if mode == WAIT_FOR_EXCLUSIVE:
-                self.waiting_producers.append((producer, epoch, on_granted, on_refused))
+                self.waiting_producers.append(WaitingProducer(producer, epoch, on_granted, on_refused))
                 return None
             holder = "an exclusive producer" if self.exclusive_producer is not None else "shared producers"
             # as Pulsar answers an Exclusive producer that finds the topic taken
@@ -1149,7 +635,7 @@ class Topic:
             del self.producers[producer.name]
         if self.exclusive_producer is producer:
             self.exclusive_producer = None
-        self.waiting_producers = [w for w in self.waiting_producers if w[0] is not producer]
+        self.waiting_producers = [w for w in self.waiting_producers if w.producer is not producer]
         while self.waiting_producers and self.exclusive_producer is None and not self.producers:
             waiting, epoch, granted, refused = self.waiting_producers.pop(0)
             try:
@@ -1160,7 +646,7 @@ class Topic:
     def evict_all(self) -> int:
         """Close every producer and consumer attached here (unload); returns how many."""
         closed = 0
-        waiting = [w[0] for w in self.waiting_producers]
+        waiting = [w.producer for w in self.waiting_producers]
         self.waiting_producers.clear()
         for producer in list(self.producers.values()) + waiting:
             producer.evict()
@@ -1191,69 +677,6 @@ class Topic:
         return [f for f in self._writes.values() if not f.done()]
 
 
-def _compaction(data) -> tuple[int, set[int]]:
-    data = metafile.expect(dict)(data)
-    return int(data["horizon"]), {int(entry) for entry in data["kept"]}
-
-
-def read_ledger_ranges(path: str) -> metafile.Loaded:
-    return metafile.load(path, _ledger_ranges)
-
-
-def _ledger_ranges(data) -> list:
-    ranges = metafile.expect(list)(data)
-    starts = []
-    for item in ranges:
-        first, ledger = item
-        if not isinstance(first, int) or not isinstance(ledger, int) or first < 0 or ledger < 0:
-            raise ValueError(f"ledger range {item!r}")
-        starts.append(first)
-    if not ranges or starts != sorted(starts):
-        raise ValueError("no ledger ranges, or out of order")
-    return ranges
-
-
-def _epoch(data) -> int:
-    epoch = metafile.expect(dict)(data).get("epoch", 0)
-    if not isinstance(epoch, int) or epoch < 0:
-        raise ValueError(f"epoch {epoch!r}")
-    return epoch
-
-
-def _topic_state(data) -> dict:
-    state = metafile.expect(dict)(data)
-    if not isinstance(state.get("terminated", False), bool) or not isinstance(state.get("dedup_upto", -1), int):
-        raise ValueError("terminated or dedup_upto of the wrong type")
-    dedup = metafile.expect(dict)(state.get("dedup", {}))
-    if not all(isinstance(v, int) for v in dedup.values()):
-        raise ValueError("a sequence id that is not a number")
-    return state
-
-
-def _cursors(data) -> dict:
-    for name, cursor in metafile.expect(dict)(data).items():
-        metafile.expect(dict)(cursor)
-        acked, partial = cursor.get("acked", []), cursor.get("partial", {})
-        if not (_is_int(cursor["mark_delete"]) and _is_int(cursor.get("type", 0))
-                and isinstance(acked, list) and all(_is_int(e) for e in acked)
-                and isinstance(partial, dict) and all(k.lstrip("-").isdigit() and _is_int(v)
-                                                      for k, v in partial.items())):
-            raise ValueError(f"subscription {name}: {str(cursor)[:80]}")
-    return data
-
-
-def _schemas(data) -> list:
-    for record in metafile.expect(list)(data):
-        if not (isinstance(record, dict) and _is_int(record.get("type")) and isinstance(record.get("name"), str)
-                and isinstance(record.get("data"), str) and isinstance(record.get("properties"), dict)):
-            raise ValueError(f"schema version {str(record)[:80]}")
-    return data
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _partition_index(name: str) -> int:
     marker = "-partition-"
     if marker in name:
@@ -1261,25 +684,3 @@ def _partition_index(name: str) -> int:
         if tail.isdigit():
             return int(tail)
     return -1
-
-
-# every metadata file a topic reads when it opens, with its validator
-_METADATA_FILES = ((LEDGERS_FILE, _ledger_ranges), (EPOCH_FILE, _epoch), (STATE_FILE, _topic_state),
-                   (CURSORS_FILE, _cursors), (SCHEMA_FILE, _schemas), (COMPACTION_FILE, _compaction))
-
-
-def read_topic_files(directory: str, create: bool, ops: FileOps) -> dict[str, metafile.Loaded]:
-    """The file-system part of opening a topic, for a thread off the event loop: its folder and
-    first segment made (with `create`, for a new topic) and its metadata files read, for
-    `Topic(preloaded=...)`. Best effort: whatever fails here is tried again, and reported, by
-    the Topic opened on the loop."""
-    try:
-        if create and not os.path.isdir(directory):
-            os.makedirs(directory, exist_ok=True)
-            for suffix in (".log", ".idx"):  # the first segment, so the loop opens files that exist
-                ops.close(ops.open(os.path.join(directory, f"{0:020d}{suffix}")))
-    except OSError:
-        pass
-    if not os.path.isdir(directory):
-        return {}
-    return {name: metafile.load(os.path.join(directory, name), validate) for name, validate in _METADATA_FILES}

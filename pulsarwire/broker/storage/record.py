@@ -1,0 +1,90 @@
+"""A log record, as stored and as read back:
+
+    [u32 body_size][u32 CRC32C(body)][u64 publish_time][u32 num_messages][body]
+
+where body is the entry exactly as the producer framed it: `[u32 metadata size][MessageMetadata]
+[payload]`, the span the wire checksum covers, so the stored CRC doubles as the checksum of every
+Message frame that re-sends it. A segment's .idx file holds one big-endian u64 file position per
+entry."""
+from __future__ import annotations
+
+import array
+import struct
+import sys
+from typing import Iterable, Union
+
+from crc32c import crc32c
+
+from .files import StorageError
+
+RECORD_HEADER = struct.Struct(">IIQI")
+BODY_SIZE = struct.Struct(">I")  # a record's first field alone
+HEADER_SIZE = RECORD_HEADER.size
+_BIG_ENDIAN = sys.byteorder == "big"
+# an entry's body: bytes, or a view of the bytes it was received in (kept without a copy)
+Body = Union[bytes, memoryview]
+
+
+class CorruptEntryError(StorageError):
+    """One stored entry is unreadable (bad checksum, damaged or missing record); the others are not."""
+
+    def __init__(self, message: str, entry_id: int) -> None:
+        super().__init__(message)
+        self.entry_id = entry_id
+
+
+class Entry:
+    """One stored entry; `body` is the producer's metadata+payload span (bytes or a view of them).
+    `plain_value_start`: a reader's memo kept with the cached entry (V1 CONSUME: where a value it
+    shows as it is starts in `body`, -1 when it is not such an entry; None until looked at)."""
+
+    __slots__ = ("entry_id", "body", "checksum", "publish_time", "num_messages", "plain_value_start")
+
+    def __init__(self, entry_id: int, body: Body, checksum: int, publish_time: int, num_messages: int) -> None:
+        self.entry_id = entry_id
+        self.body = body
+        self.checksum = checksum
+        self.publish_time = publish_time
+        self.num_messages = num_messages
+        self.plain_value_start: int | None = None
+
+
+def decode_index(raw: bytes) -> array.array[int]:
+    """An index file's bytes as entry positions (a torn last one left out)."""
+    positions = array.array("Q")
+    positions.frombytes(raw[:len(raw) - len(raw) % 8])
+    if not _BIG_ENDIAN:
+        positions.byteswap()  # stored big-endian
+    return positions
+
+
+def encode_index(positions: Iterable[int]) -> bytes:
+    """Entry positions as an index file stores them."""
+    out = array.array("Q", positions)
+    if not _BIG_ENDIAN:
+        out.byteswap()
+    return out.tobytes()
+
+
+def record_at(buf: bytes, offset: int, end: int) -> int | None:
+    """The body size of a whole, checksummed record at `offset` in `buf` (not past `end`), else None."""
+    if offset + HEADER_SIZE > end:
+        return None
+    body_size, checksum, _, _ = RECORD_HEADER.unpack_from(buf, offset)
+    body_end = offset + HEADER_SIZE + body_size
+    if body_end > end or body_size == 0:  # an entry is never empty; zeros are no record
+        return None
+    if crc32c(buf[offset + HEADER_SIZE:body_end]) != checksum:
+        return None
+    return body_size
+
+
+def damaged_records(buf: bytes, offset: int, found: int) -> list[int]:
+    """Where the damaged records between `offset` and the next good record at `found` start: they
+    keep their entry ids. Their headers are followed while they land exactly on `found`; else the
+    gap counts as one entry."""
+    hops, at = [], offset
+    while at < found and at + HEADER_SIZE <= found:
+        hops.append(at)
+        at += HEADER_SIZE + BODY_SIZE.unpack_from(buf, at)[0]
+    return hops if at == found else [offset]
