@@ -755,9 +755,7 @@ def _check_batch_end(view: memoryview, pos: int, count: int) -> None:
         raise BadBatchError(f"{len(view) - pos} bytes left over after {count} batch entries")
 
 
-# count_batch/count_entry_batch stay unannotated until broker/topics.py (another helper's) declares its
-# `count` variable as a positional Callable: typed, their different first names make that assignment fail
-def count_batch(payload, count):  # type: ignore[no-untyped-def]
+def count_batch(payload: _Bytes, count: int) -> int:
     """`count` when the uncompressed batch payload holds exactly that many messages, checked as
     split_messages checks them (the same BadBatchError otherwise), without making the messages."""
     view = _stable_view(payload)
@@ -769,7 +767,7 @@ def count_batch(payload, count):  # type: ignore[no-untyped-def]
     return count
 
 
-def count_entry_batch(entry, count):  # type: ignore[no-untyped-def]
+def count_entry_batch(entry: _Bytes, count: int) -> int:
     """count_batch of the uncompressed batch payload in `entry`, laid out as a Send frame carries
     it and the broker stores it: [u32 metadata size][MessageMetadata][payload]. BadBatchError
     also when the metadata size points past the end."""

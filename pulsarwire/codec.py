@@ -15,7 +15,7 @@ else:
     except ImportError:  # no compiler at install time, or an unsupported platform
         warnings.warn("pulsarwire: Cython codec not built; using the pure-Python codec (slower)",
                       RuntimeWarning, stacklevel=2)
-        from . import _codec_py as _impl  # type: ignore[no-redef]
+        from . import _codec_py as _impl
 
 IMPLEMENTATION: str = _impl.IMPLEMENTATION
 MAGIC_CRC32C: int = _impl.MAGIC_CRC32C

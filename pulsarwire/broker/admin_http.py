@@ -34,7 +34,7 @@ from .topic import Topic
 if TYPE_CHECKING:
     from .server import Broker
     from .storage import LogReader
-    from .topics import Subscription
+    from .subscription import Subscription
 
     _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

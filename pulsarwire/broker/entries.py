@@ -2,6 +2,8 @@
 and where a start position leaves a reader in a log."""
 from __future__ import annotations
 
+from typing import Any, Callable
+
 from .. import codec
 from .._proto import PulsarApi_pb2 as pb
 from ..errors import PulsarWireError
@@ -34,6 +36,8 @@ def entry_message_count(body: Body, batch_count: int | None, compression: int | 
     `compression` from the metadata, when the caller has read it, spares parsing it again."""
     if batch_count is None or batch_count <= 1:
         return 1
+    batch: bytes | bytearray | memoryview
+    count: Callable[[Any, int], int]  # count_entry_batch or count_batch (first parameters named apart)
     if compression == 0:  # the hot path: the codec steps over the metadata itself
         batch, count = body, codec.count_entry_batch
     else:

@@ -178,7 +178,7 @@ TLS_READ_BUFFER_BYTES = 64 * 1024  # each TLS session's read buffer (asyncio's o
 try:
     from asyncio import sslproto as _sslproto
 
-    class _SmallBufferSSLProtocol(_sslproto.SSLProtocol):  # type: ignore[misc, name-defined]
+    class _SmallBufferSSLProtocol(_sslproto.SSLProtocol):
         max_size = TLS_READ_BUFFER_BYTES  # allocated whole from the accept, handshake or not
 except (ImportError, AttributeError):  # another Python's asyncio: its own start_tls, its own buffer
     _SmallBufferSSLProtocol = None  # type: ignore[assignment, misc]

@@ -56,7 +56,7 @@ class BrokerCollector:
 def registry(broker: "Broker", rates: RateSampler) -> CollectorRegistry:
     """A registry of its own per broker (the process-wide default one would mix brokers)."""
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(BrokerCollector(broker, rates))  # type: ignore[arg-type]
+    reg.register(BrokerCollector(broker, rates))
     return reg
 
 

@@ -28,7 +28,7 @@ import logging
 import os
 import time
 import weakref
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from crc32c import crc32c
 
@@ -163,7 +163,7 @@ class TopicLog:
         self._shared_cache.put(self, self._cache, Entry(entry_id, body, checksum, publish_time, num_messages))
         return entry_id
 
-    def append_many(self, bodies: list[Body], checksums: list[int], publish_times: list[int],
+    def append_many(self, bodies: Sequence[Body], checksums: Sequence[int], publish_times: Sequence[int],
                     counts: list[int]) -> int:
         """Queue entries as append() does, one after another (the hot path of a run of sends),
         up to one that must start a new segment, which is left to append(); how many were queued.
