@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 
 from pulsarwire import Client
 from pulsarwire._proto import PulsarApi_pb2 as pb
+from pulsarwire.broker.storage import FileOps
 
 
 def send_command(producer_id=1, sequence_id=0, num_messages=1):
@@ -95,3 +98,36 @@ async def drain(consumer, count, timeout_ms=5000, ack=True):
         if ack:
             consumer.acknowledge(message)
     return out
+
+
+# a file system that fills up
+
+class FillingDisk(FileOps):
+    """A file system with `room` bytes left (None: unlimited); writes past it fail with ENOSPC
+    after writing what fits, as a real full disk does. `json_fails` fails state-file writes."""
+
+    def __init__(self) -> None:
+        self.room: int | None = None
+        self.json_fails = False
+        self.truncate_fails = False
+
+    def pwrite(self, fd, data, offset):
+        if self.room is None:
+            return super().pwrite(fd, data, offset)
+        if self.room <= 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        written = super().pwrite(fd, bytes(data[:self.room]), offset)
+        self.room -= written
+        return written
+
+    def truncate(self, fd, size):
+        if self.truncate_fails:
+            raise OSError(errno.EIO, "Input/output error")
+        if self.room is not None:  # a truncated file gives its space back
+            self.room += max(0, os.fstat(fd).st_size - size)
+        super().truncate(fd, size)
+
+    def replace_file(self, path, data):
+        if self.json_fails:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        super().replace_file(path, data)

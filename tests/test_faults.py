@@ -271,7 +271,7 @@ def test_official_client_sees_its_send_timeout_while_the_disk_stays_full(tmp_pat
     import time
 
     pulsar = pytest.importorskip("pulsar")
-    from .test_storage_faults import FillingDisk
+    from .helpers import FillingDisk
 
     disk = FillingDisk()
     broker = BrokerThread(tmp_path, v1_port=None, file_ops=disk).start()

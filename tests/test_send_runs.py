@@ -12,7 +12,7 @@ from pulsarwire._codec_py import BatchBuilder
 
 from .peers import BrokerThread
 from .helpers import run
-from .test_storage_faults import FillingDisk
+from .helpers import FillingDisk
 
 T = pb.BaseCommand
 TOPIC = "persistent://public/default/runs"

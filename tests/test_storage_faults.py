@@ -23,43 +23,11 @@ from pulsarwire.broker.core import DUPLICATE, BrokerCore
 from pulsarwire.broker.topic import ProducerLink
 from pulsarwire.broker.storage import HEADER_SIZE, CorruptEntryError, FileOps, FilePool, TopicLog, topic_directory
 
-from .helpers import wait_until_async
+from .helpers import FillingDisk, run, wait_until_async
 from .peers import BrokerThread, free_port, terminate, wait_for_port
-from .helpers import run
 
 TOPIC = "persistent://public/default/faults"
 _U64 = 0xFFFFFFFFFFFFFFFF  # a duplicate's receipt carries entry id -1
-
-
-class FillingDisk(FileOps):
-    """A file system with `room` bytes left (None: unlimited); writes past it fail with ENOSPC
-    after writing what fits, as a real full disk does. `json_fails` fails state-file writes."""
-
-    def __init__(self) -> None:
-        self.room: int | None = None
-        self.json_fails = False
-        self.truncate_fails = False
-
-    def pwrite(self, fd, data, offset):
-        if self.room is None:
-            return super().pwrite(fd, data, offset)
-        if self.room <= 0:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        written = super().pwrite(fd, bytes(data[:self.room]), offset)
-        self.room -= written
-        return written
-
-    def truncate(self, fd, size):
-        if self.truncate_fails:
-            raise OSError(errno.EIO, "Input/output error")
-        if self.room is not None:  # a truncated file gives its space back
-            self.room += max(0, os.fstat(fd).st_size - size)
-        super().truncate(fd, size)
-
-    def replace_file(self, path, data):
-        if self.json_fails:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        super().replace_file(path, data)
 
 
 def _entry(i: int) -> bytes:

@@ -1161,7 +1161,7 @@ def test_v1_records_carry_the_metadata_pulsar_would_encode():
 def test_pipelined_produces_are_acknowledged_only_once_written(tmp_path):
     """Many PRODUCE lines answered as one group: a failed group commit answers INTERNAL_ERROR for
     each of its records (none acknowledged), and every acknowledged record is readable."""
-    from .test_storage_faults import FillingDisk
+    from .helpers import FillingDisk
     disk = FillingDisk()
     b = BrokerThread(tmp_path, v1_port=0, v1_partitions=2, file_ops=disk).start()
     try:
