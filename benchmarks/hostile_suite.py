@@ -590,7 +590,7 @@ def stalled_tls_handshakes(connections: int = 1100, nofile: int = 1024) -> dict:
 
 
 def fuzzed_frames(frames: int = 20_000, per_connection: int = 20) -> dict:
-    from tests.test_hostile import _fuzz_frame  # the generator the test suite runs 1 200 of
+    from tests.broker.test_hostile import _fuzz_frame  # the generator the test suite runs 1 200 of
 
     broker = Broker()
     try:

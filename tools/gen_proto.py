@@ -1,7 +1,7 @@
 """Regenerate pulsarwire/_proto/PulsarApi_pb2.py (and its .pyi stub) from proto/PulsarApi.proto.
 
 Needs grpcio-tools (a pinned protoc). The generated module is checked in so
-that installing pulsarwire never needs protoc; tests/test_proto.py fails when
+that installing pulsarwire never needs protoc; tests/codec/test_proto.py fails when
 the checked-in module no longer matches the .proto.
 """
 from __future__ import annotations

@@ -1,0 +1,347 @@
+"""`pulsarwire.sync`'s paths without a thread round trip per message: receive() takes from the
+receiver queue in the caller's thread, acknowledgements and permits reach the loop in batches,
+sends are queued in the caller's thread. What must hold: order, nothing lost or doubled, acks
+sent before close, unacknowledged messages redelivered, callbacks called, flush waits."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import pulsarwire.sync as pulsar
+
+from ..conftest import unique
+
+
+def produce(client, topic, count, size=16, batching=True):
+    producer = client.create_producer(topic, batching_enabled=batching, block_if_queue_full=True)
+    for i in range(count):
+        producer.send_async(b"%08d" % i + bytes(size), None)
+    producer.flush()
+    producer.close()
+
+
+def index(message):
+    return int(message.data()[:8])
+
+
+def test_receive_and_acknowledge_past_the_receiver_queue(embedded):
+    topic = unique()
+    with pulsar.Client(embedded.url) as client:
+        consumer = client.subscribe(topic, "s", receiver_queue_size=10,
+                                    initial_position=pulsar.InitialPosition.Earliest)
+        produce(client, topic, 500)
+        got = []
+        for _ in range(500):  # 50 times the queue: permits go back as messages are taken
+            message = consumer.receive(5000)
+            got.append(index(message))
+            consumer.acknowledge(message)
+        assert got == list(range(500))
+        with pytest.raises(pulsar.Timeout):
+            consumer.receive(50)
+        consumer.close()
+        with pytest.raises(pulsar.AlreadyClosed):
+            consumer.receive(50)
+        with pytest.raises(pulsar.AlreadyClosed):
+            consumer.acknowledge(message)
+
+
+def test_concurrent_receivers_get_each_message_once_in_order(embedded):
+    topic = unique()
+    with pulsar.Client(embedded.url) as client:
+        consumer = client.subscribe(topic, "s", receiver_queue_size=50,
+                                    initial_position=pulsar.InitialPosition.Earliest)
+        seen: dict[int, list[int]] = {n: [] for n in range(4)}
+
+        def receive_all(n):
+            while True:
+                try:
+                    message = consumer.receive(1000)
+                except pulsar.Timeout:
+                    return
+                seen[n].append(index(message))
+                consumer.acknowledge(message)
+        threads = [threading.Thread(target=receive_all, args=(n,)) for n in range(4)]
+        for thread in threads:
+            thread.start()
+        produce(client, topic, 2000)
+        for thread in threads:
+            thread.join(30)
+        every = sorted(i for got in seen.values() for i in got)
+        assert every == list(range(2000))
+        for got in seen.values():
+            assert got == sorted(got)  # each thread sees the queue's order
+
+
+def test_acknowledgements_reach_the_broker_when_closing_at_once(embedded):
+    topic = unique()
+    with pulsar.Client(embedded.url) as client:
+        consumer = client.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+        produce(client, topic, 300, batching=False)  # a batch comes again unless all of it is acknowledged
+        for _ in range(200):
+            consumer.acknowledge(consumer.receive(5000))
+        consumer.close()  # no wait: the acks queued in this thread go out before the close
+        again = client.subscribe(topic, "s")
+        rest = [index(again.receive(5000)) for _ in range(100)]
+        assert rest == list(range(200, 300))
+        with pytest.raises(pulsar.Timeout):
+            again.receive(300)
+        again.close()
+
+
+def test_unacknowledged_messages_come_again_after_close(embedded):
+    topic = unique()
+    with pulsar.Client(embedded.url) as client:
+        consumer = client.subscribe(topic, "s", consumer_type=pulsar.ConsumerType.Shared,
+                                    initial_position=pulsar.InitialPosition.Earliest)
+        produce(client, topic, 100, batching=False)
+        for _ in range(100):
+            message = consumer.receive(5000)
+            if index(message) % 2:
+                consumer.acknowledge(message)
+        consumer.close()
+        again = client.subscribe(topic, "s", consumer_type=pulsar.ConsumerType.Shared)
+        redelivered = sorted(index(again.receive(5000)) for _ in range(50))
+        assert redelivered == list(range(0, 100, 2))
+        again.close()
+
+
+def test_a_receive_waiting_when_the_consumer_closes_answers(embedded):
+    with pulsar.Client(embedded.url) as client:
+        consumer = client.subscribe(unique(), "s")
+        errors = []
+
+        def wait():
+            try:
+                consumer.receive()
+            except Exception as exc:  # noqa: BLE001
+                errors.append(exc)
+        thread = threading.Thread(target=wait)
+        thread.start()
+        thread.join(0.3)
+        consumer.close()
+        thread.join(5)
+        assert not thread.is_alive() and isinstance(errors[0], pulsar.AlreadyClosed)
+
+
+def test_batch_receive_takes_what_is_queued(embedded):
+    topic = unique()
+    with pulsar.Client(embedded.url) as client:
+        policy = pulsar.ConsumerBatchReceivePolicy(100, -1, 200)
+        consumer = client.subscribe(topic, "s", batch_receive_policy=policy,
+                                    initial_position=pulsar.InitialPosition.Earliest)
+        produce(client, topic, 250)
+        got = []
+        while len(got) < 250:
+            batch = consumer.batch_receive()
+            assert 0 < len(batch) <= 100
+            got += [index(m) for m in batch]
+            for message in batch:
+                consumer.acknowledge(message)
+        assert got == list(range(250))
+        assert consumer.batch_receive() == []  # the policy's timeout, nothing came
+        consumer.close()
+
+
+def test_send_async_callbacks_in_order_and_flush_waits_for_them(embedded):
+    topic = unique()
+    with pulsar.Client(embedded.url) as client:
+        producer = client.create_producer(topic, batching_enabled=True, max_pending_messages=100,
+                                          block_if_queue_full=True)
+        answers = []
+        threads = set()
+        for i in range(1000):
+            producer.send_async(b"%08d" % i, lambda result, mid, i=i: (answers.append((i, result, mid)),
+                                                                      threads.add(threading.current_thread())))
+        producer.flush()
+        assert len(answers) == 1000  # flush returns once every callback ran
+        assert [i for i, _, _ in answers] == list(range(1000))
+        assert all(result == pulsar.Result.Ok for _, result, _ in answers)
+        ids = [mid for _, _, mid in answers]
+        assert ids == sorted(ids) and len(set(map(str, ids))) == 1000
+        assert threading.current_thread() not in threads  # on the client's thread, as the official client
+        producer.close()
+
+
+def test_sends_from_threads_keep_each_threads_order(embedded):
+    topic = unique()
+    with pulsar.Client(embedded.url) as client:
+        consumer = client.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+        producer = client.create_producer(topic, batching_enabled=True, max_pending_messages=20,
+                                          block_if_queue_full=True)
+        results = []
+
+        def send(n):
+            for i in range(300):
+                if i % 50 == 0:
+                    producer.send(b"%d:%d" % (n, i))
+                else:
+                    producer.send_async(b"%d:%d" % (n, i), lambda result, mid: results.append(result))
+        threads = [threading.Thread(target=send, args=(n,)) for n in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        producer.close()  # waits for what is pending
+        assert len(results) == 3 * 294 and set(results) == {pulsar.Result.Ok}
+        got = [consumer.receive(5000).data() for _ in range(900)]
+        for n in range(3):
+            assert [m for m in got if m.startswith(b"%d:" % n)] == [b"%d:%d" % (n, i) for i in range(300)]
+
+
+def test_a_full_queue_without_blocking_answers_through_the_callback(embedded):
+    with pulsar.Client(embedded.url) as client:
+        producer = client.create_producer(unique(), batching_enabled=True, max_pending_messages=10,
+                                          batching_max_publish_delay_ms=200)
+        results = []
+        for i in range(50):
+            producer.send_async(b"x", lambda result, mid: results.append(result))
+        producer.flush()
+        assert len(results) == 50
+        assert results.count(pulsar.Result.Ok) == 10
+        assert results.count(pulsar.Result.ProducerQueueIsFull) == 40
+        producer.close()
+        producer_results = []
+        producer.send_async(b"x", lambda result, mid: producer_results.append(result))
+        assert producer_results == [pulsar.Result.AlreadyClosed]
+
+
+def test_send_async_from_a_callback_and_close_without_flush(embedded):
+    topic = unique()
+    with pulsar.Client(embedded.url) as client:
+        consumer = client.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+        producer = client.create_producer(topic, batching_enabled=True)
+        results = []
+
+        def again(result, mid):  # on the loop's thread: queued there, handed over after this callback
+            results.append(result)
+            producer.send_async(b"second", lambda result, mid: results.append(result))
+        producer.send_async(b"first", again)
+        for i in range(100):
+            producer.send_async(b"more", None)
+        producer.flush()
+        producer.close()
+        assert results == [pulsar.Result.Ok, pulsar.Result.Ok]
+        got = [consumer.receive(5000).data() for _ in range(102)]
+        assert got[0] == b"first" and got.count(b"second") == 1 and got.count(b"more") == 100
+
+
+def test_listener_takes_messages_in_order_one_at_a_time_and_pauses(embedded):
+    topic = unique()
+    with pulsar.Client(embedded.url) as client:
+        got, threads, busy, overlaps = [], set(), [0], [0]
+
+        def listener(consumer, message):
+            busy[0] += 1
+            overlaps[0] = max(overlaps[0], busy[0])
+            got.append(index(message))
+            threads.add(threading.current_thread().name)
+            consumer.acknowledge(message)
+            busy[0] -= 1
+        consumer = client.subscribe(topic, "s", message_listener=listener, receiver_queue_size=20,
+                                    initial_position=pulsar.InitialPosition.Earliest)
+        produce(client, topic, 300)
+        deadline = time.monotonic() + 10
+        while len(got) < 300 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert got == list(range(300))
+        assert overlaps[0] == 1 and len(threads) == 1 and threading.current_thread().name not in threads
+        with pytest.raises(pulsar.InvalidConfiguration):
+            consumer.receive(10)
+        consumer.pause_message_listener()
+        time.sleep(0.05)  # a listener call under way when pausing may still finish
+        before = len(got)
+        produce(client, topic, 50)
+        time.sleep(0.3)
+        assert len(got) == before  # paused: nothing delivered
+        consumer.resume_message_listener()
+        deadline = time.monotonic() + 10
+        while len(got) < 350 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert got == list(range(300)) + list(range(50))
+        consumer.close()
+        again = client.subscribe(topic, "s")  # every message was acknowledged by the listener
+        with pytest.raises(pulsar.Timeout):
+            again.receive(300)
+
+
+def test_the_loop_threads_timers_fire_within_a_fraction_of_a_millisecond():
+    import asyncio
+
+    from pulsarwire.blocking import new_event_loop
+    loop = new_event_loop()
+    try:
+        async def lateness():
+            waits = []
+            for _ in range(20):
+                started = loop.time()
+                fired = loop.create_future()
+                loop.call_later(0.0003, fired.set_result, None)
+                await fired
+                waits.append(loop.time() - started)
+            return sorted(waits)
+        waits = loop.run_until_complete(lateness())
+        assert waits[0] >= 0.0003  # never early
+    finally:
+        loop.close()
+
+
+def test_receive_on_the_loop_thread_raises_even_with_a_message_queued(embedded):
+    topic = unique()
+    with pulsar.Client(embedded.url) as client:
+        consumer = client.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+        produce(client, topic, 2)
+        first = consumer.receive(5000)  # the second is queued now
+        outcome = []
+        done = threading.Event()
+
+        def callback(result, message_id):
+            for call in (consumer.receive, consumer.batch_receive):
+                try:
+                    call()
+                except RuntimeError as error:
+                    outcome.append(str(error))
+            consumer.acknowledge(first)  # a call that does not wait works there
+            done.set()
+        producer = client.create_producer(unique())
+        producer.send_async(b"x", callback)
+        assert done.wait(10) and len(outcome) == 2 and all("thread" in text for text in outcome)
+        assert index(consumer.receive(5000)) == 1
+
+
+def test_shutdown_answers_every_accepted_send(embedded):
+    client = pulsar.Client(embedded.url)
+    producer = client.create_producer(unique(), batching_enabled=True, batching_max_publish_delay_ms=1000,
+                                      max_pending_messages=5000)
+    results = []
+    for _ in range(2000):
+        producer.send_async(b"x", lambda result, mid: results.append(result))
+    client.shutdown()
+    deadline = time.monotonic() + 5
+    while len(results) < 2000 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(results) == 2000
+    assert set(results) <= {pulsar.Result.Ok, pulsar.Result.AlreadyClosed}
+
+
+def test_a_blocking_send_does_not_wait_out_the_batching_delay(embedded):
+    """send() sends its batch at once (as the Java client's send does), so a loop of send()
+    with batching on is not held by the batching delay; send_async still batches."""
+    topic = unique("send-flush")
+    client = pulsar.Client(embedded.url)
+    try:
+        producer = client.create_producer(topic, batching_enabled=True, batching_max_publish_delay_ms=5000)
+        consumer = client.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+        started = time.monotonic()
+        ids = [producer.send(f"m{i}".encode()) for i in range(3)]
+        assert time.monotonic() - started < 2.5  # three batching delays would be 15 s
+        assert [consumer.receive(5000).data() for _ in range(3)] == [b"m0", b"m1", b"m2"]
+        assert len({(i.ledger_id(), i.entry_id()) for i in ids}) == 3  # each in a batch of its own
+        results = []
+        for i in range(2):
+            producer.send_async(f"a{i}".encode(), lambda res, msg_id: results.append(msg_id))
+        producer.flush()
+        assert len({(i.ledger_id(), i.entry_id()) for i in results}) == 1  # batched together
+    finally:
+        client.close()
