@@ -114,8 +114,11 @@ def _type_only_imports_in(source: str, package: tuple[str, ...]) -> set[str]:
                     module = [*base, *(imported.module or "").split(".")] if imported.module else base
                     if module and module[0] == "pulsarwire":
                         module = module[1:]
-                    if PACKAGE.joinpath(*module).is_dir():  # from a package: its modules
-                        found.update(".".join([*module, alias.name]) for alias in imported.names)
+                    if PACKAGE.joinpath(*module).is_dir():  # from a package: its modules, or the package's names
+                        found.update(".".join([*module, alias.name])
+                                     if PACKAGE.joinpath(*module, alias.name + ".py").exists()
+                                     or PACKAGE.joinpath(*module, alias.name).is_dir()
+                                     else ".".join(module) for alias in imported.names)
                     else:
                         found.add(".".join(module))
                 elif isinstance(imported, ast.Import):
