@@ -32,7 +32,7 @@ from .entries import EARLIEST, LATEST, entry_metadata, start_entry
 from .topic import Topic
 
 if TYPE_CHECKING:
-    from .server import Broker
+    from .metrics import ServedBroker
     from .storage import LogReader
     from .subscription import Subscription
 
@@ -84,7 +84,7 @@ def _schema_type(name: str) -> int:
 class AdminServer:
     """The HTTP listener of one broker."""
 
-    def __init__(self, broker: "Broker", *, max_connections: int = DEFAULT_MAX_HTTP_CONNECTIONS,
+    def __init__(self, broker: "ServedBroker", *, max_connections: int = DEFAULT_MAX_HTTP_CONNECTIONS,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, stats_interval: float = 5.0) -> None:
         if max_connections < 1 or max_body_bytes < 1:
             raise ValueError("max_connections and max_body_bytes must be positive")

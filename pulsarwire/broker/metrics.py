@@ -5,7 +5,7 @@ broker's own counters (`broker.pulsar.stats()`, storage faults, the entry cache)
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -15,15 +15,25 @@ from .policies import CLUSTER
 from .stats import RateSampler, backlog_bytes, backlog_entries, labels
 
 if TYPE_CHECKING:
-    from .server import Broker
+    from .core import BrokerCore
+    from .pulsar import PulsarService
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class ServedBroker(Protocol):
+    """What the metrics and the HTTP front end read of the broker that serves them (server.Broker)."""
+
+    core: BrokerCore
+    pulsar: PulsarService
+
+    def storage_stats(self) -> dict[str, Any]: ...
 
 
 class BrokerCollector:
     """A prometheus_client collector of the broker-wide metrics (a few dozen series)."""
 
-    def __init__(self, broker: "Broker", rates: RateSampler) -> None:
+    def __init__(self, broker: ServedBroker, rates: RateSampler) -> None:
         self.broker = broker
         self.rates = rates
 
@@ -53,7 +63,7 @@ class BrokerCollector:
                 yield gauge
 
 
-def registry(broker: "Broker", rates: RateSampler) -> CollectorRegistry:
+def registry(broker: ServedBroker, rates: RateSampler) -> CollectorRegistry:
     """A registry of its own per broker (the process-wide default one would mix brokers)."""
     reg = CollectorRegistry(auto_describe=False)
     reg.register(BrokerCollector(broker, rates))
@@ -91,7 +101,7 @@ def _label_value(text: str) -> str:
     return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def _topic_rows(broker: "Broker", rates: RateSampler) -> tuple[list, list]:
+def _topic_rows(broker: ServedBroker, rates: RateSampler) -> tuple[list, list]:
     """([label block, value per TOPIC_FAMILIES], [label block, value per SUBSCRIPTION_FAMILIES])."""
     topic_rows, subscription_rows = [], []
     for name, topic in list(broker.core.topics.items()):
@@ -122,7 +132,7 @@ def _topic_rows(broker: "Broker", rates: RateSampler) -> tuple[list, list]:
     return topic_rows, subscription_rows
 
 
-def exposition(broker: "Broker", rates: RateSampler, reg: CollectorRegistry) -> bytes:
+def exposition(broker: ServedBroker, rates: RateSampler, reg: CollectorRegistry) -> bytes:
     """The text format (version 0.0.4). The per-topic series, thousands on a broker with many
     topics, are written here with each topic's labels escaped once (prometheus_client's generic
     writer validates and escapes every label of every sample, which made a scrape of 200 topics
