@@ -131,3 +131,23 @@ class FillingDisk(FileOps):
         if self.json_fails:
             raise OSError(errno.ENOSPC, "No space left on device")
         super().replace_file(path, data)
+
+
+# TLS
+
+def self_signed_certificate(directory):
+    """A certificate for 127.0.0.1 (and localhost) with its key, made by openssl in `directory`:
+    (cert path, key path). Skips the test where openssl is missing."""
+    import pathlib
+    import shutil
+    import subprocess
+
+    import pytest
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    cert, key = pathlib.Path(directory) / "cert.pem", pathlib.Path(directory) / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    return cert, key

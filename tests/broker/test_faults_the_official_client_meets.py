@@ -26,7 +26,7 @@ from pulsarwire import codec
 from pulsarwire._proto import PulsarApi_pb2 as pb
 from pulsarwire.broker import metafile
 
-from ..helpers import wait_until
+from ..helpers import self_signed_certificate, wait_until
 from ..peers import free_port, wait_for_port
 
 pulsar = pytest.importorskip("pulsar")
@@ -931,13 +931,7 @@ def test_empty_auth_token_never_admits_a_tokenless_connect(tmp_path):
 
 @pytest.fixture(scope="module")
 def certificate(tmp_path_factory):
-    where = tmp_path_factory.mktemp("tls")
-    cert, key = where / "cert.pem", where / "key.pem"
-    result = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-                             "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
-                             "-keyout", str(key), "-out", str(cert)], capture_output=True)
-    if result.returncode != 0:
-        pytest.skip("no openssl")
+    cert, key = self_signed_certificate(tmp_path_factory.mktemp("tls"))
     return str(cert), str(key)
 
 

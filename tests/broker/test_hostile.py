@@ -12,7 +12,7 @@ import pytest
 from pulsarwire import codec
 from pulsarwire._proto import PulsarApi_pb2 as pb
 
-from ..helpers import wait_until
+from ..helpers import self_signed_certificate, wait_until
 from ..peers import BrokerThread, free_port
 
 T = pb.BaseCommand
@@ -379,19 +379,6 @@ def test_empty_auth_token_is_refused_at_startup(tmp_path):
     assert done.returncode != 0 and "auth-token" in done.stderr
 
 
-def _certificate(tmp_path):
-    import shutil
-    import subprocess
-
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is needed to make a test certificate")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
-    return cert, key
-
-
 def test_cli_tls_only_broker(tmp_path):
     import subprocess
     import sys
@@ -399,7 +386,7 @@ def test_cli_tls_only_broker(tmp_path):
     from ..peers import terminate, wait_for_port
 
     pulsar = pytest.importorskip("pulsar")
-    cert, key = _certificate(tmp_path)
+    cert, key = self_signed_certificate(tmp_path)
     tls_port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "pulsarwire", "broker", "--http-port", "-1", "--data-dir", str(tmp_path / "data"), "--port", "-1",
@@ -1472,7 +1459,7 @@ def _tls_connect(port: int, cert) -> bool:
 def test_tls_connections_that_never_handshake_count_against_the_limit_and_the_timeout(tmp_path):
     from ..peers import terminate
 
-    cert, key = _certificate(tmp_path)
+    cert, key = self_signed_certificate(tmp_path)
     process, port, log_path = _broker_process(tmp_path, "--max-connections", "20", "--handshake-timeout", "1",
                                               tls=(str(cert), str(key)))
     try:
@@ -1498,7 +1485,7 @@ def test_a_tls_session_holds_a_small_read_buffer_counted_in_the_output_budget(tm
 
     from ..peers import BrokerThread
 
-    cert, key = _certificate(tmp_path)
+    cert, key = self_signed_certificate(tmp_path)
     broker = BrokerThread(tmp_path / "data", v1_port=None, http_port=None, tls_port=free_port(),
                           ssl_context=tls_context(str(cert), str(key))).start()
     service = broker.broker.pulsar

@@ -14,7 +14,7 @@ from pulsarwire._proto import PulsarApi_pb2 as pb
 from pulsarwire.routing import java_string_hash, murmur3_32_hash
 
 from ..conftest import unique
-from ..helpers import client_for, drain, run
+from ..helpers import client_for, drain, run, self_signed_certificate
 
 EARLIEST = InitialPosition.Earliest
 
@@ -373,18 +373,11 @@ def test_token_auth(tmp_path):
 
 
 def test_tls(tmp_path):
-    import shutil
     import ssl
-    import subprocess
 
     from ..peers import BrokerThread
 
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is needed to make a test certificate")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    cert, key = self_signed_certificate(tmp_path)
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(cert, key)
     broker = BrokerThread(tmp_path / "data", v1_port=None, tls_port=0, ssl_context=context).start()

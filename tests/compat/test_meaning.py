@@ -3,7 +3,6 @@ meaning"): each scenario runs with the official client against the embedded brok
 can, and pulsarwire must give the same observable result."""
 from __future__ import annotations
 
-import asyncio
 import time
 
 import pytest
@@ -11,24 +10,14 @@ import pytest
 from pulsarwire import Client, InitialPosition, MessageId, errors
 
 from ..conftest import unique
-from ..helpers import wait_until_async
+from ..helpers import client_for, run, wait_until_async
 
 pulsar = pytest.importorskip("pulsar")
 
 EARLIEST = InitialPosition.Earliest
 
 
-def run(coro, timeout=60):
-    async def bounded():
-        return await asyncio.wait_for(coro, timeout)
-    return asyncio.run(bounded())
-
-
-def ours(broker, **options):
-    options.setdefault("operation_timeout_seconds", 10)
-    options.setdefault("initial_backoff_seconds", 0.05)
-    options.setdefault("max_backoff_seconds", 0.5)
-    return Client(broker.url, **options)
+ours = client_for  # pulsarwire's asyncio client, beside the official one
 
 
 @pytest.fixture
