@@ -1292,22 +1292,29 @@ class BrokerConnection(asyncio.Protocol):
         """Answer a producer that holds the topic, once the topic's epoch is on disk (an exclusive
         producer's new epoch is written first: a restart must keep the ones it fenced out
         fenced); PersistenceError, and the producer gone, if it cannot be written."""
-        written = producer.topic.epoch_stored() if epoch is not None else None
-        if written is None:
-            self._producer_success(request_id, producer, epoch)
-            return
-
-        def done(result: asyncio.Future) -> None:
-            if self.closed or self.producers.get(producer.producer_id) is not producer:
+        def answer(error: BaseException | None) -> None:
+            if self.producers.get(producer.producer_id) is not producer:
                 return  # closed meanwhile: its close was answered
-            error = None if result.cancelled() else result.exception()
             if error is not None:
                 del self.producers[producer.producer_id]
                 producer.topic.remove_producer(producer)
                 self._error(request_id, pb.PersistenceError, f"the topic's epoch is not stored: {error}")
             else:
                 self._producer_success(request_id, producer, epoch)
-            self.flush()
+        self._answer_once_stored(producer.topic.epoch_stored() if epoch is not None else None, answer)
+
+    def _answer_once_stored(self, written: concurrent.futures.Future | None,
+                            answer: Callable[[BaseException | None], None]) -> None:
+        """`answer(error)` once a metadata write is on disk (error None) or failed, the event loop
+        serving others meanwhile; at once when there is none (None). Not once the connection closed."""
+        if written is None:
+            answer(None)
+            return
+
+        def done(result: asyncio.Future) -> None:
+            if not self.closed:
+                answer(None if result.cancelled() else result.exception())
+                self.flush()
         asyncio.wrap_future(written).add_done_callback(done)
 
     def _producer_success(self, request_id: int, producer: PulsarProducer, epoch: int | None) -> None:
@@ -1577,22 +1584,14 @@ class BrokerConnection(asyncio.Protocol):
             if isinstance(other, PulsarConsumer):
                 other.conn.consumers.pop(other.consumer_id, None)
         subscription.consumers.clear()
-        written = subscription.topic.drop_subscription(subscription.name)
-        if written is None:
-            self._success(c.request_id)
-            return
         request_id = c.request_id
 
-        def done(result: asyncio.Future) -> None:
-            if self.closed:
-                return
-            error = None if result.cancelled() else result.exception()
+        def answer(error: BaseException | None) -> None:
             if error is not None:  # the cursors stay marked changed: the next save writes them
                 self._error(request_id, pb.PersistenceError, f"the unsubscribe is not stored: {error}")
             else:
                 self._success(request_id)
-            self.flush()
-        asyncio.wrap_future(written).add_done_callback(done)
+        self._answer_once_stored(subscription.topic.drop_subscription(subscription.name), answer)
 
     def on_close_consumer(self, frame: codec.Frame) -> None:
         c = frame.command.close_consumer
