@@ -120,38 +120,56 @@ MessageId.earliest = MessageId(-1, -1)
 MessageId.latest = MessageId(_I64_MAX, _I64_MAX)
 
 
+class Delivery:
+    """What every message of one delivered entry shares: its metadata, id and origin. One per
+    entry, so a message holds two references rather than nine fields (the consumer's AckUnit,
+    the entry's acknowledgement state, is one)."""
+
+    __slots__ = ("metadata", "ledger_id", "entry_id", "partition", "topic", "redelivery_count", "schema")
+
+    def __init__(self, metadata: pb.MessageMetadata, ledger_id: int, entry_id: int, partition: int, topic: str,
+                 redelivery_count: int = 0, schema: ValueDecoder | None = None) -> None:
+        self.metadata = metadata
+        self.ledger_id = ledger_id
+        self.entry_id = entry_id
+        self.partition = partition
+        self.topic = topic
+        self.redelivery_count = redelivery_count
+        self.schema = schema  # decodes value(); None: the raw bytes
+
+
 class Message:
     """A received message; accessor names follow the official Python client.
 
     It wraps the codec's SingleMessage, so payload bytes stay a view into the
-    received frame and metadata fields are decoded only when asked for.
+    received frame and metadata fields are decoded only when asked for; what the
+    messages of one entry share is in their Delivery.
     """
 
-    __slots__ = ("_single", "_metadata", "_ledger_id", "_entry_id", "_partition", "_topic",
-                 "_redelivery_count", "_ack_unit", "_id", "_schema")
+    __slots__ = ("_single", "_ack_unit", "_id")
 
-    def __init__(self, single: SingleMessage, metadata: pb.MessageMetadata, ledger_id: int, entry_id: int,
-                 partition: int, topic: str, redelivery_count: int = 0, ack_unit: Any = None,
-                 schema: ValueDecoder | None = None) -> None:
+    def __init__(self, single: SingleMessage, delivery: Delivery) -> None:
         self._single = single
-        self._metadata = metadata
-        self._ledger_id = ledger_id
-        self._entry_id = entry_id
-        self._partition = partition
-        self._topic = topic
-        self._redelivery_count = redelivery_count
-        self._ack_unit = ack_unit  # consumer-side tracking of the entry this came in
+        self._ack_unit: Any = delivery  # the entry this came in (the consumer's AckUnit: its ack state too)
         self._id: MessageId | None = None
-        self._schema = schema  # decodes value(); None: the raw bytes
+
+    @property
+    def _metadata(self) -> pb.MessageMetadata:
+        return self._ack_unit.metadata
+
+    @property
+    def _topic(self) -> str:
+        return self._ack_unit.topic
 
     def data(self) -> bytes:
         return self._single.data()
 
     def value(self) -> Any:
         """The payload decoded by the consumer's schema (the bytes when it has none)."""
-        if self._schema is None:
+        schema = self._ack_unit.schema
+        if schema is None:
             return self._single.data()
-        return self._schema.decode_message(self)
+        return schema.decode_message(self)
 
     def schema_version(self) -> bytes | None:
         md = self._metadata
@@ -183,15 +201,16 @@ class Message:
     def message_id(self) -> MessageId:
         if self._id is None:
             single = self._single
-            self._id = MessageId(self._ledger_id, self._entry_id, self._partition, single.batch_index,
-                                 single.batch_size, self._topic)
+            delivery = self._ack_unit
+            self._id = MessageId(delivery.ledger_id, delivery.entry_id, delivery.partition, single.batch_index,
+                                 single.batch_size, delivery.topic)
         return self._id
 
     def topic_name(self) -> str:
         return self._topic
 
     def redelivery_count(self) -> int:
-        return self._redelivery_count
+        return self._ack_unit.redelivery_count
 
     def producer_name(self) -> str:
         return self._metadata.producer_name

@@ -152,11 +152,9 @@ class _Handover:
     def run(self) -> None:
         self._scheduled = False  # first: an item queued from now on schedules another run
         items, consumer = self._items, self._consumer
-        while True:
-            try:
-                item = items.popleft()
-            except IndexError:
-                break
+        popleft = items.popleft
+        while items:  # only this thread takes from it
+            item = popleft()
             try:
                 if type(item) is tuple:
                     item[0](item[1])
@@ -168,11 +166,9 @@ class _Handover:
         taken = self.taken
         if taken:
             counts: dict[Any, int] = {}
-            while True:
-                try:
-                    owner = taken.popleft()
-                except IndexError:
-                    break
+            take = taken.popleft
+            while taken:
+                owner = take()
                 counts[owner] = counts.get(owner, 0) + 1
             for owner, count in counts.items():
                 owner._message_consumed(count)

@@ -451,7 +451,7 @@ def test_bad_arguments_are_typed(embedded):
 def test_receive_with_timeout_misses_no_wakeup():
     """A message queued between receive() starting to wait and its waiter existing must wake it."""
     from pulsarwire.client import Consumer
-    from pulsarwire.messages import Message
+    from pulsarwire.messages import Delivery, Message
 
     class Owner:
         _last_dequeued = None
@@ -459,8 +459,8 @@ def test_receive_with_timeout_misses_no_wakeup():
         def _message_consumed(self, count):
             pass
 
-    class Unit:
-        owner = Owner()
+    class Unit(Delivery):
+        __slots__ = ("owner",)
 
     async def main():
         client = Client("pulsar://127.0.0.1:1")
@@ -468,7 +468,9 @@ def test_receive_with_timeout_misses_no_wakeup():
         from pulsarwire import codec
         md = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1)
         (single,) = codec.split_messages(md, b"x")
-        message = Message(single, md, 1, 1, -1, "t", ack_unit=Unit())
+        unit = Unit(md, 1, 1, -1, "t")
+        unit.owner = Owner()
+        message = Message(single, unit)
         loop = asyncio.get_running_loop()
         task = loop.create_task(consumer.receive(3000))
         loop.call_soon(consumer._queue.put, message)  # runs after receive() starts waiting
