@@ -876,6 +876,8 @@ cdef class _HeldBuffer:
 
 @cython.final
 @cython.freelist(1024)
+@cython.no_gc  # no cycle can run through it (bytes, views, str keys and a dict of str), and a
+# tracked object per received message set off a young-generation collection every few hundred
 cdef class SingleMessage:
     """One message of a payload: its bytes (a memoryview) and its metadata.
 

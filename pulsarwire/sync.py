@@ -486,8 +486,8 @@ class Producer(_Facade):
         self._accepted = 0  # sends accepted (under _gate)
         self._answered = 0  # of those, answered (on the loop's thread only)
         self._room_waiters = 0  # callers waiting for room (under _gate)
-        # accepted, not yet on the producer: (content, send options, answer)
-        self._handing: collections.deque[tuple[Any, dict[str, Any], _Sent]] = collections.deque()
+        # accepted, not yet on the producer: (content, send options, answer, when accepted)
+        self._handing: collections.deque[tuple[Any, dict[str, Any], _Sent, float]] = collections.deque()
         self._handing_over = False  # a hand-over is scheduled or running: it takes what is queued
         self._hand_over_task: _asyncio.Task[None] | None = None  # the hand-over, when a send had to wait
 
@@ -593,7 +593,7 @@ class Producer(_Facade):
             if self._closed:
                 return False
             self._accepted += 1
-            self._handing.append((content, options, sent))
+            self._handing.append((content, options, sent, time.monotonic()))  # the loop's clock
             start = not self._handing_over
             self._handing_over = True
         if start:
@@ -618,19 +618,21 @@ class Producer(_Facade):
         without waiting; the first one that would have to wait goes on a task, with what follows."""
         if self._hand_over_task is not None:
             return  # the task takes what is queued, in order
-        send_nowait = self._producer.send_nowait
+        producer = self._producer
+        send_nowait = producer.send_nowait
         awaited = False  # a blocking send() among them: its batch goes out now
         while True:
             with self._gate:
                 runs = self._handing
                 if not runs:
                     self._handing_over = False
+                    producer.accepted_at = None
                     if awaited:
-                        self._producer.flush_batches()
+                        producer.flush_batches()
                     return
                 self._handing = collections.deque()
             while runs:
-                content, options, sent = runs[0]
+                content, options, sent, producer.accepted_at = runs[0]  # a batch's delay runs from the call
                 if type(sent) is _Awaited:
                     awaited = True
                 try:
@@ -640,6 +642,7 @@ class Producer(_Facade):
                     sent.set_exception(exc)
                     continue
                 if not queued:
+                    producer.accepted_at = None
                     with self._gate:
                         runs.extend(self._handing)
                         self._handing = runs
@@ -656,7 +659,7 @@ class Producer(_Facade):
                 self._hand_over_task = None
                 self._handing_over = False
                 return
-            content, options, sent = self._handing.popleft()
+            content, options, sent, _ = self._handing.popleft()
         try:
             future = await self._producer.send_async(content, **options)
         except _asyncio.CancelledError:
@@ -677,7 +680,7 @@ class Producer(_Facade):
             failed = list(self._handing)
             self._handing.clear()
             self._handing_over = False
-        for _, _, sent in failed:
+        for _, _, sent, _ in failed:
             sent.set_exception(error)
 
     async def _handed_over(self) -> None:

@@ -175,6 +175,11 @@ class Connection(asyncio.Protocol):
         self._flush_soon = False
         self.flush()
 
+    def flush_now(self) -> None:
+        """Write what write_frame queued without waiting for the loop's next turn."""
+        if self._flush_soon:
+            self.flush()  # the scheduled flush finds nothing left
+
     def wait_for_wire(self, producer: ProducerHandler) -> None:
         """`producer` has frames to write once the budget has room."""
         if producer not in self._waiting_for_wire:

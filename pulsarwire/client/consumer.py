@@ -279,7 +279,7 @@ class PartitionConsumer(Reconnecting):
         if not (ack_set or filtered or compacted or remember is not None):
             # the common case, every message of the entry delivered: one pass, queued together
             parent._queue.put_many([Message(single, unit) for single in singles])
-            singles = ()
+            singles = []
         put = parent._queue.put
         for single in singles:
             index = single.batch_index

@@ -287,7 +287,7 @@ class PartitionProducer(Reconnecting):
                     self._batch.size >= parent._batching_max_bytes:
                 self.flush_batch()
             elif self._batch_timer is None:
-                self._batch_timer = self.context.loop.call_later(parent._batching_delay, self.flush_batch)
+                self._batch_timer = self._arm_batch_timer()
             return
         self.flush_batch()  # keep order: anything batched before goes first
         metadata = self._metadata(sequence_id, options)
@@ -329,7 +329,7 @@ class PartitionProducer(Reconnecting):
         if batch.num_messages >= parent._batching_max_messages or batch.size >= parent._batching_max_bytes:
             self.flush_batch()
         elif self._batch_timer is None:
-            self._batch_timer = self.context.loop.call_later(parent._batching_delay, self.flush_batch)
+            self._batch_timer = self._arm_batch_timer()
 
     def send_many(self, items: list[Any], start: int, stop: int, indexes: list[int] | None, bulk: _BulkSend) -> None:
         """Queue items[start:stop] in order, receipts to `bulk`; items are plain bytes payloads or
@@ -376,7 +376,7 @@ class PartitionProducer(Reconnecting):
             if batch.num_messages >= max_messages or batch.size >= max_bytes:
                 self.flush_batch()
             elif self._batch_timer is None and batch.num_messages:
-                self._batch_timer = self.context.loop.call_later(parent._batching_delay, self.flush_batch)
+                self._batch_timer = self._arm_batch_timer()
 
     def _bulk_span(self, bulk: _BulkSend, first: int, count: int) -> None:
         """Inputs first..first+count-1 of `bulk` are the batch's next messages."""
@@ -434,6 +434,24 @@ class PartitionProducer(Reconnecting):
         if highest != sequence_id:
             cmd.send.highest_sequence_id = highest
         return cmd
+
+    def _arm_batch_timer(self) -> asyncio.TimerHandle:
+        """The publish delay of a batch just started: from now, or from when its first message
+        was accepted in another thread (`Producer.accepted_at`), as the official client's
+        timer starts at the call: the hop to the loop is not added to the delay."""
+        parent, loop = self.parent, self.context.loop
+        if parent.accepted_at is None:
+            return loop.call_later(parent._batching_delay, self._batch_due)
+        return loop.call_at(parent.accepted_at + parent._batching_delay, self._batch_due)
+
+    def _batch_due(self) -> None:
+        """The publish delay is over: the batch goes out now, written at once rather than with
+        the next turn of the loop (nothing else is being gathered into it)."""
+        self._batch_timer = None
+        self.flush_batch()
+        conn = self.conn
+        if conn is not None:
+            conn.flush_now()
 
     def flush_batch(self) -> None:
         if self._batch_timer is not None:
@@ -699,6 +717,9 @@ class Producer:
         # as the Java client: a batch never grows past what the broker takes in one message
         self._batching_max_bytes = min(batching_max_allowed_size_in_bytes, codec.DEFAULT_MAX_MESSAGE_SIZE - 1024)
         self._batching_delay = batching_max_publish_delay_ms / 1000
+        # set around send_nowait by a caller's hand-over: when (loop.time()) the message was
+        # accepted in the caller's thread; a batch it starts counts its delay from then
+        self.accepted_at: float | None = None
         self._chunking = chunking_enabled
         self._metadata = properties or {}
         self._access_mode = int(ProducerAccessMode(access_mode))

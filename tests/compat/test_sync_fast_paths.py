@@ -272,19 +272,67 @@ def test_the_loop_threads_timers_fire_within_a_fraction_of_a_millisecond():
     from pulsarwire.blocking import new_event_loop
     loop = new_event_loop()
     try:
-        async def lateness():
+        async def earliest(delay):
             waits = []
             for _ in range(20):
                 started = loop.time()
                 fired = loop.create_future()
-                loop.call_later(0.0003, fired.set_result, None)
+                loop.call_later(delay, fired.set_result, None)
                 await fired
                 waits.append(loop.time() - started)
-            return sorted(waits)
-        waits = loop.run_until_complete(lateness())
-        assert waits[0] >= 0.0003  # never early
+            return min(waits)
+        # under the polled wake-up margin, within a millisecond, and past one (epoll, then polled)
+        for delay in (0.00003, 0.0003, 0.0012, 0.0021):
+            assert loop.run_until_complete(earliest(delay)) >= delay  # never early
     finally:
         loop.close()
+
+
+def test_the_loop_threads_polled_wait_still_answers_io_at_once():
+    import asyncio
+    import socket
+
+    from pulsarwire.blocking import new_event_loop
+    loop = new_event_loop()
+    ours, theirs = socket.socketpair()
+    try:
+        async def answered_before_the_timer():
+            readable = loop.create_future()
+            loop.add_reader(ours.fileno(), lambda: readable.done() or readable.set_result(loop.time()))
+            timer = loop.create_future()
+            loop.call_later(0.5, lambda: timer.done() or timer.set_result(loop.time()))
+            loop.call_later(0.00002, theirs.send, b"x")  # lands while the loop waits for the timer
+            return await asyncio.wait_for(readable, 5), timer.done()
+        _, timer_fired = loop.run_until_complete(answered_before_the_timer())
+        assert not timer_fired
+    finally:
+        loop.remove_reader(ours.fileno())
+        ours.close()
+        theirs.close()
+        loop.close()
+
+
+def test_a_batch_started_by_a_callers_send_counts_its_delay_from_the_call(embedded):
+    """The sync producer hands sends to the loop with the time they were accepted: a batch's
+    publish delay runs from then, as the official client's timer starts at the call."""
+    topic = unique()
+    with pulsar.Client(embedded.url) as client:
+        producer = client.create_producer(topic, batching_enabled=True, batching_max_publish_delay_ms=300)
+        native = producer._producer
+        answered = threading.Event()
+        at = []
+        original = native.send_nowait
+
+        def accepted_long_ago(*args, **kwargs):
+            native.accepted_at -= 0.3  # as if the call had been made a whole delay ago
+            return original(*args, **kwargs)
+        native.send_nowait = accepted_long_ago
+        started = time.monotonic()
+        producer.send_async(b"x", lambda result, message_id: (at.append(time.monotonic()), answered.set()))
+        assert answered.wait(5)
+        assert at[0] - started < 0.25  # went out at once: its delay had run out at the call
+        native.send_nowait = original
+        producer.close()
 
 
 def test_receive_on_the_loop_thread_raises_even_with_a_message_queued(embedded):
