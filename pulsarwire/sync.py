@@ -628,7 +628,7 @@ class Producer(_Facade):
                     self._handing_over = False
                     producer.accepted_at = None
                     if awaited:
-                        producer.flush_batches()
+                        producer.flush_batches(write_now=True)
                     return
                 self._handing = collections.deque()
             while runs:

@@ -34,6 +34,7 @@ from .._proto import PulsarApi_pb2 as pb
 from .._version import __version__
 from ..errors import BadMetadataError, ChecksumMismatchError, FrameTooLargeError, PulsarWireError
 from ..messages import ack_set_bits
+from ..reads import tune_reads
 from . import staging
 from .compatibility import IncompatibleSchema, version_for
 from .core import DUPLICATE, BrokerCore, InvalidTopicName, UnknownTenant, close_transport, highest_sequence
@@ -526,6 +527,7 @@ class BrokerConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport = cast(asyncio.Transport, transport)  # a server's connection: a stream transport
         self.transport = transport
+        tune_reads(transport)
         service = self.service
         self.relax()
         peer = transport.get_extra_info("peername")

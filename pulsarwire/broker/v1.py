@@ -40,6 +40,7 @@ from typing import cast
 from .. import codec, compression
 from .._proto import PulsarApi_pb2 as pb
 from ..errors import CodecError
+from ..reads import tune_reads
 from ..routing import murmur3_32
 from .core import PARTITION_MARKER, BrokerCore, InvalidTopicName, close_transport
 from . import metafile
@@ -454,6 +455,7 @@ class V1Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport = cast(asyncio.Transport, transport)  # a server's connection: a stream transport
         self.transport = transport
+        tune_reads(transport)
         server = self.server
         budget = server.max_output_bytes
         transport.set_write_buffer_limits(high=budget, low=budget // 2)

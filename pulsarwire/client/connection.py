@@ -24,6 +24,7 @@ from ..errors import (
 )
 from ..errors import CodecError
 from ..messages import MessageId, entry_id_data
+from ..reads import adapt_reads, tune_reads
 from ..session import (
     ActiveConsumerChanged, ClientSession, Connected, ConnectionFailed, ConsumerClosedByBroker,
     CorruptMessage, EndOfTopic, MessageArrived, ProducerClosedByBroker, RequestDone, RequestFailed,
@@ -109,6 +110,7 @@ class Connection(asyncio.Protocol):
             auth_data=auth.auth_data if auth else None,
             max_frame_size=context.max_frame_size)
         self.transport: asyncio.Transport | None = None
+        self._adapt_reads = False  # set once connected: reads grow for bulk flows (reads.adapt_reads)
         self.ready: asyncio.Future[Connected] = context.loop.create_future()
         self.closed = False
         self.producers: dict[int, ProducerHandler] = {}
@@ -130,12 +132,16 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # a stream transport: write() and abort()
+        tune_reads(transport)
+        self._adapt_reads = hasattr(transport, "max_size")  # a plain socket transport (not TLS)
         self.session.connect()
         self.flush()
         self._keepalive = asyncio.ensure_future(self._keep_alive())
 
     def data_received(self, data: bytes) -> None:
         self._last_received = time.monotonic()
+        if self._adapt_reads:
+            adapt_reads(self.transport, len(data))
         try:
             events = self.session.receive_data(data)
         except PulsarWireError as exc:

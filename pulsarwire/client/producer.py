@@ -986,12 +986,16 @@ class Producer:
     async def send(self, content: bytes, **options: Any) -> MessageId:
         """Send one message and wait for the broker's receipt."""
         future = await self.send_async(content, **options)
-        self.flush_batches()
+        self.flush_batches(write_now=True)
         return await future
 
-    def flush_batches(self) -> None:
+    def flush_batches(self, write_now: bool = False) -> None:
+        """Close every open batch; `write_now`: and write them without waiting for the loop's next
+        turn (for a caller who waits on the answer: nothing more is coming to join them)."""
         for p in self._partitions:
             p.flush_batch()
+            if write_now and p.conn is not None:
+                p.conn.flush_now()
 
     async def flush(self) -> None:
         """Send what is batched and wait until every pending message is acknowledged."""
