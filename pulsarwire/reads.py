@@ -13,6 +13,8 @@ from typing import Any
 
 READ_SIZE = 127 * 1024
 BULK_READ_SIZE = 1024 * 1024
+# the broker's reads grow no further than asyncio's own: its memory bounds were measured with them
+BROKER_BULK_READ_SIZE = 256 * 1024
 
 
 def tune_reads(transport: Any) -> None:
@@ -22,12 +24,12 @@ def tune_reads(transport: Any) -> None:
         transport.max_size = READ_SIZE
 
 
-def adapt_reads(transport: Any, received: int) -> None:
-    """After a read of `received` bytes: a full read means more is waiting (read bulk), a small
-    one that the flow is not bulk (read small)."""
+def adapt_reads(transport: Any, received: int, bulk: int = BULK_READ_SIZE) -> None:
+    """After a read of `received` bytes: a full read means more is waiting (read `bulk` at a
+    time), a small one that the flow is not bulk (read small)."""
     size = transport.max_size
     if received >= size:
-        if size < BULK_READ_SIZE:
-            transport.max_size = BULK_READ_SIZE
+        if size < bulk:
+            transport.max_size = bulk
     elif size > READ_SIZE and received < READ_SIZE // 2:
         transport.max_size = READ_SIZE

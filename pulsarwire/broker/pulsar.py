@@ -34,7 +34,7 @@ from .._proto import PulsarApi_pb2 as pb
 from .._version import __version__
 from ..errors import BadMetadataError, ChecksumMismatchError, FrameTooLargeError, PulsarWireError
 from ..messages import ack_set_bits
-from ..reads import tune_reads
+from ..reads import BROKER_BULK_READ_SIZE, adapt_reads, tune_reads
 from . import staging
 from .compatibility import IncompatibleSchema, version_for
 from .core import DUPLICATE, BrokerCore, InvalidTopicName, UnknownTenant, close_transport, highest_sequence
@@ -485,6 +485,7 @@ class BrokerConnection(asyncio.Protocol):
         self._handshake: asyncio.Task | None = None  # the TLS handshake, while it runs
         self._tls_buffer = 0  # bytes of the TLS session's read buffer, counted in the output budget
         self._early_input: list[bytes] = []
+        self._adapt_reads = False  # set once connected: reads grow for bulk flows (reads.adapt_reads)
         self.transport: asyncio.Transport | None = None
         self.reader = codec.FrameReader(service.max_message_size + codec.FRAME_PADDING, send_fast_path=True)
         self.connected = False
@@ -528,6 +529,7 @@ class BrokerConnection(asyncio.Protocol):
         transport = cast(asyncio.Transport, transport)  # a server's connection: a stream transport
         self.transport = transport
         tune_reads(transport)
+        self._adapt_reads = hasattr(transport, "max_size")  # a plain socket transport (TLS: its own buffer)
         service = self.service
         self.relax()
         peer = transport.get_extra_info("peername")
@@ -585,6 +587,7 @@ class BrokerConnection(asyncio.Protocol):
             transport.abort()
             return
         self.transport = transport
+        self._adapt_reads = False  # the TLS transport reads into its own buffer
         self.relax()
         early, self._early_input = self._early_input, []
         for data in early:
@@ -599,6 +602,8 @@ class BrokerConnection(asyncio.Protocol):
             self._early_input.append(data)
             return
         now = self.last_received = time.monotonic()
+        if self._adapt_reads:
+            adapt_reads(self.transport, len(data), BROKER_BULK_READ_SIZE)
         try:
             self.reader.feed(data)
         except PulsarWireError as exc:

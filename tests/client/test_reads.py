@@ -51,3 +51,13 @@ def test_an_asyncio_socket_transport_takes_the_read_size():
             transport.close()
             theirs.close()
     asyncio.run(main())
+
+
+def test_the_broker_grows_its_reads_no_further_than_asyncio_did():
+    from pulsarwire.reads import BROKER_BULK_READ_SIZE
+    transport = _Transport()
+    tune_reads(transport)
+    adapt_reads(transport, READ_SIZE, BROKER_BULK_READ_SIZE)
+    assert transport.max_size == BROKER_BULK_READ_SIZE == 256 * 1024
+    adapt_reads(transport, BROKER_BULK_READ_SIZE, BROKER_BULK_READ_SIZE)
+    assert transport.max_size == BROKER_BULK_READ_SIZE
