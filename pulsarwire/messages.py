@@ -119,6 +119,25 @@ def ack_set_words(bits: int, size: int) -> list[int]:
 MessageId.earliest = MessageId(-1, -1)
 MessageId.latest = MessageId(_I64_MAX, _I64_MAX)
 
+_new_object = object.__new__
+_SET_LEDGER, _SET_ENTRY, _SET_PARTITION, _SET_INDEX, _SET_SIZE, _SET_TOPIC = (
+    MessageId.__dict__[name].__set__ for name in
+    ("ledger_id", "entry_id", "partition", "batch_index", "batch_size", "topic"))
+
+
+def make_message_id(ledger_id: int, entry_id: int, partition: int = -1, batch_index: int = -1,
+                    batch_size: int = 0, topic: str | None = None) -> MessageId:
+    """MessageId(...) for the hot paths (a receipt per message sent): its slots set directly, in
+    half the time of the frozen dataclass's __init__ (which calls object.__setattr__ per field)."""
+    made = _new_object(MessageId)
+    _SET_LEDGER(made, ledger_id)
+    _SET_ENTRY(made, entry_id)
+    _SET_PARTITION(made, partition)
+    _SET_INDEX(made, batch_index)
+    _SET_SIZE(made, batch_size)
+    _SET_TOPIC(made, topic)
+    return made
+
 
 class Delivery:
     """What every message of one delivered entry shares: its metadata, id and origin. One per
@@ -202,8 +221,8 @@ class Message:
         if self._id is None:
             single = self._single
             delivery = self._ack_unit
-            self._id = MessageId(delivery.ledger_id, delivery.entry_id, delivery.partition, single.batch_index,
-                                 single.batch_size, delivery.topic)
+            self._id = make_message_id(delivery.ledger_id, delivery.entry_id, delivery.partition,
+                                       single.batch_index, single.batch_size, delivery.topic)
         return self._id
 
     def topic_name(self) -> str:
@@ -246,8 +265,8 @@ class MessageIds(Sequence[MessageId]):
     def _make(span: Span, offset: int) -> MessageId:
         _, _, ledger_id, entry_id, partition, batch_first, batch_size, topic = span
         if batch_first < 0:
-            return MessageId(ledger_id, entry_id, partition, topic=topic)
-        return MessageId(ledger_id, entry_id, partition, batch_first + offset, batch_size, topic)
+            return make_message_id(ledger_id, entry_id, partition, topic=topic)
+        return make_message_id(ledger_id, entry_id, partition, batch_first + offset, batch_size, topic)
 
     @overload
     def __getitem__(self, index: int) -> MessageId: ...

@@ -17,7 +17,7 @@ from ..errors import (
     AlreadyClosedError, ConnectionClosedError, MessageTooBigError, ProducerQueueFullError, PulsarWireError,
     TimeoutError,
 )
-from ..messages import MessageId, MessageIds, Span, signed64
+from ..messages import MessageId, MessageIds, Span, make_message_id, signed64
 from ..routing import HashingScheme, OutgoingMessage, Router, RoutingMode
 from ..schema import Schema, as_schema
 from ..session import SendFailed, SendReceipt
@@ -568,10 +568,10 @@ class PartitionProducer(Reconnecting):
                     continue  # a message of a send_many call: answered through op.bulk
                 if not future.done():
                     if op.batched:
-                        future.set_result(MessageId(ledger, entry, self.partition, index,
-                                                    len(op.futures), self.topic))
+                        future.set_result(make_message_id(ledger, entry, self.partition, index,
+                                                          len(op.futures), self.topic))
                     else:
-                        future.set_result(MessageId(ledger, entry, self.partition, topic=self.topic))
+                        future.set_result(make_message_id(ledger, entry, self.partition, -1, 0, self.topic))
             if op.bulk is not None:
                 batch_size = len(op.futures) if op.batched else 0
                 for bulk, first, batch_first, count in op.bulk:
