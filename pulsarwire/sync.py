@@ -862,9 +862,13 @@ class Consumer(_Listening):
         """On the listener thread: the listener gets each queued message in turn, taken here
         (no thread hop per message), until the queue is empty or listening pauses or stops."""
         listener = self._listener
+        lock = self._listener_lock
         while True:
-            while listener is not None and not self._listener_paused and not self._closed:
-                native = self._take()
+            while listener is not None and not self._closed:
+                with lock:  # paused and taken at once: once pause returns, nothing more is taken
+                    if self._listener_paused:
+                        break
+                    native = self._take()
                 if native is None:
                     break
                 try:
@@ -891,7 +895,8 @@ class Consumer(_Listening):
     def _set_listening(self, resumed: bool) -> None:
         if self._listener is None:
             return
-        self._listener_paused = not resumed
+        with self._listener_lock:  # against the drain's take: see _drain_to_listener
+            self._listener_paused = not resumed
         if resumed:
             self._arm_listener()
 

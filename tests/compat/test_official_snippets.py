@@ -9,8 +9,10 @@ history; entry, partition and batch indexes are compared as they are.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import re
+import signal
 import sys
 import textwrap
 import threading
@@ -2067,14 +2069,39 @@ def test_program_runs_the_same_with_pulsarwire(brokers, name):
                         f"persistent://public/default/{prefix}{topic}", partitions)
         return run_program(source, broker.url, prefix)
 
-    official = run_variant("pulsar", PROGRAMS[name])
-    ours = run_variant("pulsarwire", swapped(PROGRAMS[name]))
+    with _hung_after(PROGRAM_SECONDS):
+        official = run_variant("pulsar", PROGRAMS[name])
+    with _hung_after(PROGRAM_SECONDS):
+        ours = run_variant("pulsarwire", swapped(PROGRAMS[name]))
     if ours != official:
         # the reference itself is now and then caught by a race on a loaded machine (its close
         # leaving a blocked call blocked): a second official run decides; pulsarwire's is not repeated
-        official = run_variant("pulsar", PROGRAMS[name])
+        with _hung_after(PROGRAM_SECONDS):
+            official = run_variant("pulsar", PROGRAMS[name])
     assert not any(line.startswith("RAISED") for line in official), official
     assert ours == official
+
+
+PROGRAM_SECONDS = 120  # a program still running then is stuck (each takes a few seconds)
+
+
+class ProgramHung(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _hung_after(seconds: int):
+    """A program blocked for good (either client's blocking calls wake for signals) ends as a
+    ProgramHung in its output, failing the test, rather than holding the suite until CI's limit."""
+    def hung(signum, frame):
+        raise ProgramHung(f"still running after {seconds} s")
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 # --- regressions found by the programs above -----------------------------------------------

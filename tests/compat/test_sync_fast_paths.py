@@ -335,6 +335,39 @@ def test_a_batch_started_by_a_callers_send_counts_its_delay_from_the_call(embedd
         producer.close()
 
 
+def test_a_paused_listener_takes_nothing_more_while_messages_keep_coming(embedded):
+    """Pausing and the listener thread's next take are one step: once pause_message_listener()
+    returns, at most the message already taken (its listener call under way) is delivered."""
+    topic = unique()
+    with pulsar.Client(embedded.url) as client:
+        got = []
+        consumer = client.subscribe(topic, "s", message_listener=lambda c, m: (got.append(m), c.acknowledge(m)),
+                                    initial_position=pulsar.InitialPosition.Earliest)
+        producer = client.create_producer(topic, batching_enabled=False)
+        sending = threading.Event()
+        sending.set()
+
+        def keep_sending():
+            while sending.is_set():
+                producer.send_async(b"x", None)
+                time.sleep(0.0005)
+        thread = threading.Thread(target=keep_sending)
+        thread.start()
+        try:
+            for _ in range(10):
+                time.sleep(0.05)
+                consumer.pause_message_listener()
+                at_pause = len(got)
+                time.sleep(0.1)
+                assert len(got) <= at_pause + 1
+                consumer.resume_message_listener()
+        finally:
+            sending.clear()
+            thread.join(10)
+        producer.flush()
+        consumer.close()
+
+
 def test_receive_on_the_loop_thread_raises_even_with_a_message_queued(embedded):
     topic = unique()
     with pulsar.Client(embedded.url) as client:
