@@ -1240,6 +1240,20 @@ def encode_payload_frame(command: pb.BaseCommand, metadata_and_payload: _Bytes, 
 def encode_payload_command(command: pb.BaseCommand, metadata: pb.MessageMetadata | bytes | bytearray,
                            payload: _Bytes, broker_entry_metadata: pb.BrokerEntryMetadata | None = None,
                            with_checksum: bool = True) -> bytes:
-    """A payload frame (SEND or MESSAGE) with magic 0x0e01 and CRC32C."""
-    return encode_payload_frame(command, encode_metadata_and_payload(metadata, payload), None,
-                                broker_entry_metadata, with_checksum)
+    """A payload frame (SEND or MESSAGE) with magic 0x0e01 and CRC32C.
+
+    The frame is joined once: the checksum runs over the metadata span and then over the payload
+    (crc32c continues from a value), so the payload is not first copied into a metadata+payload
+    span of its own (at 10 KiB a message that copy was a tenth of a producer's time)."""
+    if broker_entry_metadata is not None:
+        return encode_payload_frame(command, encode_metadata_and_payload(metadata, payload), None,
+                                    broker_entry_metadata, with_checksum)
+    raw = metadata if isinstance(metadata, (bytes, bytearray)) else metadata.SerializeToString()
+    metadata_span = _U32.pack(len(raw)) + raw
+    body = command.SerializeToString()
+    head = _U32.pack(len(body)) + body
+    if with_checksum:
+        checksum = crc32c(payload, crc32c(metadata_span))
+        head += _U16.pack(MAGIC_CRC32C) + _U32.pack(checksum)
+    total = len(head) + len(metadata_span) + len(payload)
+    return b"".join((_U32.pack(total), head, metadata_span, payload))

@@ -198,3 +198,17 @@ def test_send_fast_path_takes_the_common_frame():
         assert type(frame).__name__ == "SendFrame"
         assert (frame.sequence_id, frame.publish_time, frame.deliver_at_time) == (3, 9, 77)
         assert frame.num_messages_in_batch == 1  # the broker checks the batch against it
+
+
+@settings(max_examples=60, deadline=None)
+@given(payload=st.binary(max_size=4096), with_checksum=st.booleans(), as_bytes=st.booleans(),
+       view=st.sampled_from([bytes, bytearray, memoryview]))
+def test_a_payload_frame_joined_once_is_the_frame_of_its_span(payload, with_checksum, as_bytes, view):
+    """encode_payload_command joins the frame once, the checksum continued over the payload: the
+    same bytes as the frame around a metadata+payload span built first."""
+    md = metadata(sequence_id=7)
+    given_md = md.SerializeToString() if as_bytes else md
+    joined = _codec_py.encode_payload_command(send_command(), given_md, view(payload), with_checksum=with_checksum)
+    spanned = _codec_py.encode_payload_frame(send_command(), _codec_py.encode_metadata_and_payload(md, payload),
+                                             None, None, with_checksum)
+    assert joined == spanned
