@@ -601,6 +601,10 @@ def test_requests_that_write_metadata_are_answered_once_on_disk_while_the_loop_g
         async def main():
             async with Client(broker.url, operation_timeout_seconds=10) as client:
                 other = await client.create_producer(NS + unique("other"))
+                for _ in range(4):  # every partition of it written to once: what its opening and first
+                    # entry put on the metadata writer is on disk before that writer is held (a held
+                    # write holds every metadata write queued behind it, this topic's too)
+                    await other.send(b"before")
                 topic = NS + unique("held")
                 if then is not None:  # the request comes after a setup that writes the same file
                     finish = await make(client, topic)
