@@ -176,10 +176,6 @@ class Message:
     def _metadata(self) -> pb.MessageMetadata:
         return self._ack_unit.metadata
 
-    @property
-    def _topic(self) -> str:
-        return self._ack_unit.topic
-
     def data(self) -> bytes:
         return self._single.data()
 
@@ -226,7 +222,7 @@ class Message:
         return self._id
 
     def topic_name(self) -> str:
-        return self._topic
+        return self._ack_unit.topic
 
     def redelivery_count(self) -> int:
         return self._ack_unit.redelivery_count

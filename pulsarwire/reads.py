@@ -17,11 +17,15 @@ BULK_READ_SIZE = 1024 * 1024
 BROKER_BULK_READ_SIZE = 256 * 1024
 
 
-def tune_reads(transport: Any) -> None:
-    """Start `transport`'s reads at READ_SIZE (a selector socket transport's `max_size`; TLS
-    transports read into a buffer of their own and keep it)."""
-    if getattr(transport, "max_size", 0) > READ_SIZE:
+def tune_reads(transport: Any) -> bool:
+    """Start `transport`'s reads at READ_SIZE (a selector socket transport's `max_size`); whether
+    its reads can be sized (adapt_reads), which TLS transports' cannot: they read into a buffer
+    of their own and keep it."""
+    if not hasattr(transport, "max_size"):
+        return False
+    if transport.max_size > READ_SIZE:
         transport.max_size = READ_SIZE
+    return True
 
 
 def adapt_reads(transport: Any, received: int, bulk: int = BULK_READ_SIZE) -> None:

@@ -528,8 +528,7 @@ class BrokerConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport = cast(asyncio.Transport, transport)  # a server's connection: a stream transport
         self.transport = transport
-        tune_reads(transport)
-        self._adapt_reads = hasattr(transport, "max_size")  # a plain socket transport (TLS: its own buffer)
+        self._adapt_reads = tune_reads(transport)
         service = self.service
         self.relax()
         peer = transport.get_extra_info("peername")

@@ -132,8 +132,7 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # a stream transport: write() and abort()
-        tune_reads(transport)
-        self._adapt_reads = hasattr(transport, "max_size")  # a plain socket transport (not TLS)
+        self._adapt_reads = tune_reads(transport)
         self.session.connect()
         self.flush()
         self._keepalive = asyncio.ensure_future(self._keep_alive())
