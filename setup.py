@@ -1,4 +1,4 @@
-"""Builds the Cython codec and the broker's Cython staging. Metadata lives in pyproject.toml.
+"""Builds the Cython codec, the broker's Cython staging and the consumer's receiving helpers. Metadata lives in pyproject.toml.
 
 Without a C compiler (or with PULSARWIRE_NO_EXTENSIONS=1) the package installs
 without the extension and falls back to the pure-Python twins at import.
@@ -39,7 +39,8 @@ def extensions():
     return cythonize(
         [Extension("pulsarwire._codec", ["pulsarwire/_codec.pyx"], extra_compile_args=flags),
          # cimports the codec's SendFrame (pulsarwire/_codec.pxd)
-         Extension("pulsarwire.broker._staging", ["pulsarwire/broker/_staging.pyx"], extra_compile_args=flags)],
+         Extension("pulsarwire.broker._staging", ["pulsarwire/broker/_staging.pyx"], extra_compile_args=flags),
+         Extension("pulsarwire.client._receiving", ["pulsarwire/client/_receiving.pyx"], extra_compile_args=flags)],
         compiler_directives={"language_level": "3"},
     )
 

@@ -902,6 +902,11 @@ cdef class SingleMessage:
             self._payload = self._held.slice(self._payload_start, self._payload_end)
         return self._payload
 
+    @property
+    def payload_size(self):
+        """len(payload), without making the view."""
+        return self._payload_end - self._payload_start
+
     def data(self):
         if self._payload is None:
             return PyBytes_FromStringAndSize(<const char*>self._held.ptr + self._payload_start,

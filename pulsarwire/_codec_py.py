@@ -664,6 +664,11 @@ class SingleMessage:
     def data(self) -> bytes:
         return bytes(self.payload)
 
+    @property
+    def payload_size(self) -> int:
+        """len(payload)."""
+        return len(self.payload)
+
     def _decode(self) -> None:
         # only called while not _decoded, which split_messages sets for a message without _smm
         buf, start, end = self._smm  # type: ignore[misc]

@@ -32,6 +32,7 @@ from typing import TypeVar as _TypeVar  # private: __all__ below offers this mod
 from . import client as aio
 from . import errors, messages
 from .blocking import LoopThread
+from .client import receiving
 from .client.producer import Receipt
 from . import official, official_options
 from .official import (  # noqa: F401 - the official names, offered from here
@@ -128,7 +129,8 @@ class _Handover:
 
     def __init__(self, loop: LoopThread, consumer: aio.Consumer) -> None:
         self._items: collections.deque[Any] = collections.deque()  # messages, (function, argument) calls
-        self.taken: collections.deque[Any] = collections.deque()  # the owner of each message taken
+        # the owner of each message taken, or (owner, count) for a run of them
+        self.taken: collections.deque[Any] = collections.deque()
         self._scheduled = False
         self._loop = loop.loop
         self._consumer = consumer
@@ -152,15 +154,13 @@ class _Handover:
     def run(self) -> None:
         self._scheduled = False  # first: an item queued from now on schedules another run
         items, consumer = self._items, self._consumer
-        popleft = items.popleft
-        while items:  # only this thread takes from it
-            item = popleft()
+        for item in receiving.fold_acks(items):  # only this thread takes from it
             try:
-                if type(item) is tuple:
+                if len(item) == 2:  # (function, argument)
                     item[0](item[1])
-                elif not consumer._closed:
-                    unit = item._ack_unit
-                    unit.owner.ack_in(unit, item._single.batch_index)
+                elif not consumer._closed:  # (entry, first, last): a run of its messages
+                    unit = item[0]
+                    unit.owner.ack_run(unit, item[1], item[2])
             except Exception as exc:  # noqa: BLE001 - nobody waits for these; the consumer goes on
                 log.debug("acknowledgement handed over failed: %s", exc)
         taken = self.taken
@@ -169,7 +169,11 @@ class _Handover:
             take = taken.popleft
             while taken:
                 owner = take()
-                counts[owner] = counts.get(owner, 0) + 1
+                if type(owner) is tuple:  # (owner, count): a run taken together
+                    owner, count = owner
+                    counts[owner] = counts.get(owner, 0) + count
+                else:
+                    counts[owner] = counts.get(owner, 0) + 1
             for owner, count in counts.items():
                 owner._message_consumed(count)
 
@@ -918,7 +922,7 @@ class Consumer(_Listening):
 
     def receive(self, timeout_millis: int | None = None) -> Message:
         """The next message; raises Timeout when none comes within timeout_millis."""
-        if timeout_millis is not None:
+        if timeout_millis is not None and type(timeout_millis) is not int:
             official.check_type(int, timeout_millis, "timeout_millis")
         if self._listener is not None:
             self._check_no_listener()
@@ -927,46 +931,48 @@ class Consumer(_Listening):
         if threading.get_ident() == self._loop_ident:
             self._loop.refuse_own_thread()  # at once, as every blocking call there, message or not
         native = self._held
-        if native is not None:
-            self._held = None
-        else:
+        if native is None:
             native = self._take()
             if native is None:
                 try:
                     native = self._wait_and_take(timeout_millis)
                 except BaseException as exc:  # noqa: BLE001 - translated, never swallowed
                     raise _official_error(exc, self._closed) from exc
-        return Message(native)
+        else:
+            self._held = None
+        return receiving.make_one_untracked(Message, native)
 
     def _take(self) -> messages.Message | None:
         """The next queued message (None when there is none), taken in the caller's thread; its
         permit goes back to the broker through the loop, with others."""
-        native = self._queue.take()
-        if native is not None:
-            owner = native._ack_unit.owner
-            owner._last_message = native
-            handover = self._handover
-            handover.taken.append(owner)
-            if len(handover.taken) >= self._permit_step:
-                handover.flush_taken()
-            self._taken += 1
-            if self._taken >= self._refill_at:
-                # a refill's worth of permits is due: let the loop's thread send them now rather
-                # than when this thread next blocks (a busy caller holds the GIL for 5 ms at a time,
-                # long enough to empty the receiver queue while the broker waits for permits)
-                self._taken = 0
-                time.sleep(0)
+        try:  # MessageQueue.take(), inline: a popleft is atomic (the queue's _items may be replaced)
+            native = self._queue._items.popleft()
+        except IndexError:
+            return None
+        owner = native._ack_unit.owner
+        owner._last_message = native
+        taken = self._handover.taken
+        taken.append(owner)
+        if len(taken) >= self._permit_step:
+            self._handover.flush_taken()
+        self._taken += 1
+        if self._taken >= self._refill_at:
+            # a refill's worth of permits is due: let the loop's thread send them now rather
+            # than when this thread next blocks (a busy caller holds the GIL for 5 ms at a time,
+            # long enough to empty the receiver queue while the broker waits for permits)
+            self._taken = 0
+            time.sleep(0)
         return native
 
     def _took(self, taken: list[messages.Message]) -> None:
-        """What _take() does for each message, for messages taken together."""
+        """What _take() does for each message, for messages taken together: one count per run
+        of one partition's messages."""
         handover = self._handover
         owners = handover.taken
-        for native in taken:
-            owner = native._ack_unit.owner
-            owner._last_message = native
-            owners.append(owner)
-        if len(owners) >= self._permit_step:
+        for owner, count, last in receiving.count_taken(taken):
+            owner._last_message = last
+            owners.append((owner, count))
+        if len(taken) >= self._permit_step or len(owners) >= self._permit_step:
             handover.flush_taken()
         self._taken += len(taken)
         if self._taken >= self._refill_at:
@@ -1036,21 +1042,24 @@ class Consumer(_Listening):
                         break
                     except BaseException as exc:  # noqa: BLE001 - translated, never swallowed
                         raise _official_error(exc, self._closed) from exc
-            length = len(native.payload_view())
+            length = native._single.payload_size
             if batch and max_bytes > 0 and size + length > max_bytes:
                 self._held = native  # it would cross max_num_bytes: the next call's first
                 break
             batch.append(native)
             size += length
-        return [Message(m) for m in batch]
+        return receiving.make_untracked(Message, batch)
 
     def acknowledge(self, message: Message | MessageId) -> None:
         """Acknowledge one message (or message id): queued here, sent with others (as the
         official client groups acknowledgements for acknowledgmentGroupTime)."""
         if self._closed:
             raise AlreadyClosed("Pulsar error: AlreadyClosed")
-        if type(message) is Message:
-            self._handover.put(message.native)
+        if type(message) is Message:  # _Handover.put(), inline
+            handover = self._handover
+            handover._items.append(message._message)
+            if not handover._scheduled:
+                handover._schedule()
         else:
             self._handover.put((self._consumer.acknowledge, self._ack_target(message)))
 

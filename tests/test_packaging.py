@@ -23,14 +23,16 @@ def test_wheel_and_sdist_build(tmp_path):
     source = tmp_path / "source"
     shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
         ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis",
-        "*.so", "*.pyd", "_codec.c", "_codec.html", "_staging.c", "_staging.html"))
+        "*.so", "*.pyd", "_codec.c", "_codec.html", "_staging.c", "_staging.html", "_receiving.c",
+        "_receiving.html"))
     sdist = subprocess.run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "-o", str(tmp_path),
                             str(source)], capture_output=True, text=True, timeout=600)
     assert sdist.returncode == 0, sdist.stderr[-2000:]
     (archive,) = tmp_path.glob("pulsarwire-*.tar.gz")
     members = [m.split("/", 1)[1] for m in tarfile.open(archive).getnames() if "/" in m]
     for expected in ("setup.py", "pyproject.toml", "pulsarwire/_codec.pyx", "pulsarwire/_codec.pxd",
-                     "pulsarwire/broker/_staging.pyx", "proto/PulsarApi.proto"):
+                     "pulsarwire/broker/_staging.pyx", "pulsarwire/client/_receiving.pyx",
+                     "proto/PulsarApi.proto"):
         assert expected in members
 
     # The wheel is built from the sdist, as pip does from an index.
@@ -40,7 +42,7 @@ def test_wheel_and_sdist_build(tmp_path):
     assert wheel.returncode == 0, wheel.stderr[-2000:]
     (built,) = tmp_path.glob("pulsarwire-*.whl")
     names = zipfile.ZipFile(built).namelist()
-    for extension in ("pulsarwire/_codec", "pulsarwire/broker/_staging"):
+    for extension in ("pulsarwire/_codec", "pulsarwire/broker/_staging", "pulsarwire/client/_receiving"):
         assert any(n.startswith(extension) and n.endswith((".so", ".pyd")) for n in names), extension
     for expected in ("pulsarwire/py.typed", "pulsarwire/_codec.pyi", "pulsarwire/_proto/PulsarApi_pb2.py",
                      "pulsarwire/_proto/PulsarApi_pb2.pyi", "pulsarwire/_codec_py.py"):
@@ -82,8 +84,20 @@ def test_missing_staging_extension_falls_back_with_a_warning():
     assert result.stdout.startswith("python ") and "broker staging not built" in result.stdout
 
 
+def test_missing_receiving_extension_falls_back_with_a_warning():
+    code = ("import sys, warnings; sys.modules['pulsarwire.client._receiving'] = None\n"
+            "with warnings.catch_warnings(record=True) as caught:\n"
+            "    warnings.simplefilter('always')\n"
+            "    import pulsarwire.client.receiving as r\n"
+            "print(r.IMPLEMENTATION, [str(w.message) for w in caught])")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("python ") and "receiving helpers not built" in result.stdout
+
+
 def test_env_var_forces_the_pure_twin():
     env = dict(os.environ, PULSARWIRE_PURE_PYTHON="1")
-    code = "import pulsarwire.codec as c, pulsarwire.broker.staging as s; print(c.IMPLEMENTATION, s.IMPLEMENTATION)"
+    code = ("import pulsarwire.codec as c, pulsarwire.broker.staging as s, pulsarwire.client.receiving as r; "
+            "print(c.IMPLEMENTATION, s.IMPLEMENTATION, r.IMPLEMENTATION)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env)
-    assert result.stdout.strip() == "python python"
+    assert result.stdout.strip() == "python python python"

@@ -18,6 +18,7 @@ from ..errors import (
 )
 from ..messages import Delivery, Message, MessageId, ack_set_bits, ack_set_words, entry_id_data, signed64
 from ..schema import Schema, as_schema
+from . import receiving
 from .connection import ClientContext, Connection
 from .dead_letter import DeadLetterRouter, EntryKey, backoff_delay_ms
 from .options import (
@@ -87,6 +88,11 @@ class MessageQueue:
                     break
                 self._wake()
 
+    def clear(self) -> None:
+        """Drop every queued message (a closed consumer's)."""
+        with self.lock:  # against take_many; a take() pops atomically
+            self._items.clear()
+
     def take(self) -> Message | None:
         """pop() for a thread other than the loop's, without a lock (a popleft is atomic; see
         remove_from): a lock here cost a quarter of receive()'s time."""
@@ -101,22 +107,8 @@ class MessageQueue:
         bytes then held (`size` before). With max_bytes > 0 it stops before the message that
         would go past it (which stays queued), unless none is held yet (`have` false, none
         taken); the third value says whether it stopped there."""
-        out: list[Message] = []
         with self.lock:
-            items = self._items
-            try:
-                while len(out) < count:
-                    message = items.popleft()  # popped, then measured: take() pops concurrently
-                    if max_bytes > 0:
-                        length = len(message.payload_view())
-                        if (out or have) and size + length > max_bytes:
-                            items.appendleft(message)
-                            return out, size, True
-                        size += length
-                    out.append(message)
-            except IndexError:
-                pass
-        return out, size, False
+            return receiving.take_messages(self._items, count, max_bytes, size, have)
 
     def notify_threads(self) -> None:
         if self.threads_waiting:
@@ -278,7 +270,7 @@ class PartitionConsumer(Reconnecting):
             redelivery >= dead_letter.max_redeliver_count else None
         if not (ack_set or filtered or compacted or remember is not None):
             # the common case, every message of the entry delivered: one pass, queued together
-            parent._queue.put_many([Message(single, unit) for single in singles])
+            parent._queue.put_many(receiving.make_untracked(Message, singles, unit))
             singles = []
         put = parent._queue.put
         for single in singles:
@@ -440,8 +432,13 @@ class PartitionConsumer(Reconnecting):
 
     def ack_in(self, unit: AckUnit, batch_index: int) -> None:
         """Individual ack of message `batch_index` of a delivered entry (-1: not a batch)."""
-        if batch_index >= 0 and unit.batch_size:
-            unit.remaining &= ~(1 << batch_index)
+        self.ack_run(unit, batch_index, batch_index)
+
+    def ack_run(self, unit: AckUnit, first: int, last: int) -> None:
+        """Individual acks of messages `first` to `last` of a delivered entry (-1, -1: not a
+        batch): one step for a run of them, as acknowledged one after another."""
+        if first >= 0 and unit.batch_size:
+            unit.remaining &= ~(((1 << (last + 1)) - 1) ^ ((1 << first) - 1))
             if unit.remaining:
                 if self.parent._batch_index_ack:
                     data = pb.MessageIdData(ledgerId=unit.ledger_id, entryId=unit.entry_id)
@@ -1022,6 +1019,11 @@ class Consumer:
             await self._dead_letter.close()
         results = await asyncio.gather(*(p.close(unsubscribe) for p in self._partitions),
                                        return_exceptions=True)
+        # What refers back to received messages goes: the codec leaves them out of the garbage
+        # collector's tracking (receiving.make_untracked), so a cycle through one is never freed.
+        self._queue.clear()
+        for p in self._partitions:
+            p._last_message = None
         self._queue.wake_all()
         self.context.handles.discard(self)
         errors = [r for r in results if isinstance(r, BaseException)]
