@@ -466,17 +466,24 @@ cdef class FrameReader:
         return bytes(out)
 
     cdef bytes _take(self, Py_ssize_t count):
-        out = bytearray()
-        while len(out) < count:
-            head = self._chunks[0]
-            piece = head[self._pos:self._pos + count - len(out)]
-            out += piece
-            self._pos += len(piece)
-            if self._pos == len(head):
+        # one copy of each piece into the frame's own bytes (slices joined into a growing
+        # bytearray, then copied out, moved a 1 MiB frame read in 256 KiB chunks about five times)
+        cdef bytes out = PyBytes_FromStringAndSize(NULL, count)
+        cdef char* dst = PyBytes_AS_STRING(out)
+        cdef bytes head
+        cdef Py_ssize_t done = 0, n, head_len
+        while done < count:
+            head = <bytes>self._chunks[0]  # feed() keeps bytes only
+            head_len = PyBytes_GET_SIZE(head)
+            n = min(head_len - self._pos, count - done)
+            memcpy(dst + done, PyBytes_AS_STRING(head) + self._pos, n)
+            done += n
+            self._pos += n
+            if self._pos == head_len:
                 self._chunks.popleft()
                 self._head_view = None
                 self._pos = 0
-        return bytes(out)
+        return out
 
 
 def decode_frame(data):

@@ -444,16 +444,18 @@ class FrameReader:
         return bytes(out)
 
     def _take(self, count: int) -> bytes:
-        out = bytearray()
-        while len(out) < count:
+        pieces = []
+        left = count
+        while left:
             head = self._chunks[0]
-            piece = head[self._pos:self._pos + count - len(out)]
-            out += piece
+            piece = memoryview(head)[self._pos:self._pos + left]  # a view: copied once, by join
+            pieces.append(piece)
+            left -= len(piece)
             self._pos += len(piece)
             if self._pos == len(head):
                 self._chunks.popleft()
                 self._pos = 0
-        return bytes(out)
+        return b"".join(pieces)
 
 
 def decode_frame(data: _Bytes) -> Frame:
