@@ -61,38 +61,22 @@ def test_type_hints_check():
     assert result.returncode == 0, result.stdout[-3000:]
 
 
-def test_missing_extension_falls_back_with_a_warning():
-    code = ("import sys, warnings; sys.modules['pulsarwire._codec'] = None\n"
+@pytest.mark.parametrize("extension, selector, warning", [
+    ("pulsarwire._codec", "pulsarwire.codec", "pure-Python codec"),
+    # the broker's staging and the consumer's receiving helpers follow the Cython codec; without
+    # their own extension, their pure twins
+    ("pulsarwire.broker._staging", "pulsarwire.broker.staging", "broker staging not built"),
+    ("pulsarwire.client._receiving", "pulsarwire.client.receiving", "receiving helpers not built"),
+])
+def test_a_missing_extension_falls_back_with_a_warning(extension, selector, warning):
+    code = (f"import sys, warnings; sys.modules[{extension!r}] = None\n"
             "with warnings.catch_warnings(record=True) as caught:\n"
             "    warnings.simplefilter('always')\n"
-            "    import pulsarwire.codec as c\n"
-            "print(c.IMPLEMENTATION, [str(w.message) for w in caught])")
+            f"    import {selector} as chosen\n"
+            "print(chosen.IMPLEMENTATION, [str(w.message) for w in caught])")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("python ") and "pure-Python codec" in result.stdout
-
-
-def test_missing_staging_extension_falls_back_with_a_warning():
-    # the broker's Cython staging follows the Cython codec; without its extension, the pure twin
-    code = ("import sys, warnings; sys.modules['pulsarwire.broker._staging'] = None\n"
-            "with warnings.catch_warnings(record=True) as caught:\n"
-            "    warnings.simplefilter('always')\n"
-            "    import pulsarwire.broker.staging as s\n"
-            "print(s.IMPLEMENTATION, [str(w.message) for w in caught])")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("python ") and "broker staging not built" in result.stdout
-
-
-def test_missing_receiving_extension_falls_back_with_a_warning():
-    code = ("import sys, warnings; sys.modules['pulsarwire.client._receiving'] = None\n"
-            "with warnings.catch_warnings(record=True) as caught:\n"
-            "    warnings.simplefilter('always')\n"
-            "    import pulsarwire.client.receiving as r\n"
-            "print(r.IMPLEMENTATION, [str(w.message) for w in caught])")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("python ") and "receiving helpers not built" in result.stdout
+    assert result.stdout.startswith("python ") and warning in result.stdout
 
 
 def test_env_var_forces_the_pure_twin():
