@@ -972,8 +972,7 @@ class Consumer(_Listening):
         for owner, count, last in receiving.count_taken(taken):
             owner._last_message = last
             owners.append((owner, count))
-        if len(taken) >= self._permit_step or len(owners) >= self._permit_step:
-            handover.flush_taken()
+        handover.flush_taken()  # one wake-up for the run (its permits may be what the broker waits for)
         self._taken += len(taken)
         if self._taken >= self._refill_at:
             self._taken = 0
