@@ -8,6 +8,7 @@ import collections
 import enum
 import itertools
 import logging
+import sys
 import time
 from typing import Any, Callable, Iterable
 
@@ -563,15 +564,18 @@ class PartitionProducer(Reconnecting):
             self.last_sequence_id = max(self.last_sequence_id, op.highest_sequence_id)
             mid = receipt.message_id
             ledger, entry = signed64(mid.ledgerId), signed64(mid.entryId)  # a duplicate is (-1, -1)
-            for index, future in enumerate(op.futures):
+            futures = op.futures
+            for index in range(len(futures)):  # not enumerate: its tuple would hold a reference
+                future = futures[index]
                 if future is None:
                     continue  # a message of a send_many call: answered through op.bulk
-                if not future.done():
-                    if op.batched:
-                        future.set_result(make_message_id(ledger, entry, self.partition, index,
-                                                          len(op.futures), self.topic))
-                    else:
-                        future.set_result(make_message_id(ledger, entry, self.partition, -1, 0, self.topic))
+                if future.done() or (type(future) is _FUTURE and _unobserved(future)):
+                    continue
+                if op.batched:
+                    future.set_result(make_message_id(ledger, entry, self.partition, index,
+                                                      len(futures), self.topic))
+                else:
+                    future.set_result(make_message_id(ledger, entry, self.partition, -1, 0, self.topic))
             if op.bulk is not None:
                 batch_size = len(op.futures) if op.batched else 0
                 for bulk, first, batch_first, count in op.bulk:
@@ -657,6 +661,24 @@ def _options_size(options: dict[str, Any]) -> int:
     for key, value in (options.get("properties") or {}).items():
         size += len(key) + len(value)
     return size
+
+
+_FUTURE = asyncio.Future  # what loop.create_future() makes (a Receipt stands where one would: always answered)
+_getrefcount = getattr(sys, "getrefcount", None)
+# references to a future nobody else holds, as _unobserved counts them: its op's list, on_receipt's
+# local name, _unobserved's argument and getrefcount's own
+_ONLY_ON_RECEIPTS = 4
+
+
+def _unobserved(future: asyncio.Future[Any]) -> bool:
+    """Whether nobody can ever read this future's result (called from on_receipt only): no
+    reference to it but on_receipt's own (send_async's caller dropped it, as a producer that
+    awaits only flush() does) and no callback on it (a Task awaiting it, gather and
+    add_done_callback each add one). Its MessageId is then not made, nor its result set: a
+    third of send_async's cost a message. Where the interpreter does not count references,
+    every future is answered."""
+    return _getrefcount is not None and _getrefcount(future) <= _ONLY_ON_RECEIPTS \
+        and not future._callbacks
 
 
 def _fail_op(futures: list[Answer | None], bulk: list[BulkSpan] | None, error: BaseException) -> None:
