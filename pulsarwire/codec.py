@@ -4,8 +4,10 @@ pure-Python twin; both have the same API and behaviour.
 """
 from __future__ import annotations
 
+import importlib
 import os
 import warnings
+from types import ModuleType
 
 if os.environ.get("PULSARWIRE_PURE_PYTHON", "") not in ("", "0"):
     from . import _codec_py as _impl
@@ -43,8 +45,24 @@ encode_payload_command = _impl.encode_payload_command
 encode_single_message_metadata = _impl.encode_single_message_metadata
 encode_send_receipt = _impl.encode_send_receipt
 
+
+
+def follow_codec(cython_twin: str, pure_twin: str, what: str) -> ModuleType:
+    """The twin of a module whose Cython twin works with the Cython codec alone (the broker's
+    staging, the consumer's receiving helpers): the Cython one when the codec is Cython and it
+    is built, else the pure-Python one (with a warning when only it is missing)."""
+    if IMPLEMENTATION != "cython":
+        return importlib.import_module(pure_twin)
+    try:
+        return importlib.import_module(cython_twin)
+    except ImportError:  # the codec was built but not this: the pure twin reads its objects too
+        warnings.warn(f"pulsarwire: Cython {what} not built; using the pure-Python twin (slower)",
+                      RuntimeWarning, stacklevel=3)
+        return importlib.import_module(pure_twin)
+
+
 __all__ = [
-    "IMPLEMENTATION", "MAGIC_CRC32C", "MAGIC_BROKER_ENTRY_METADATA", "DEFAULT_MAX_MESSAGE_SIZE",
+    "IMPLEMENTATION", "follow_codec", "MAGIC_CRC32C", "MAGIC_BROKER_ENTRY_METADATA", "DEFAULT_MAX_MESSAGE_SIZE",
     "DEFAULT_MAX_FRAME_SIZE", "FRAME_PADDING", "Frame", "SendFrame", "FrameReader", "SingleMessage", "Columns",
     "BatchBuilder", "decode_frame", "decompress_payload", "split_messages", "count_batch", "count_entry_batch",
     "split_columns", "encode_command",

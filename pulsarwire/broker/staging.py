@@ -6,19 +6,14 @@ behaviour.
 """
 from __future__ import annotations
 
-import warnings
+from typing import TYPE_CHECKING
 
 from .. import codec
 
-if codec.IMPLEMENTATION != "cython":
+if TYPE_CHECKING:  # the twins have one API: type checkers read the pure one
     from . import _staging_py as _impl
 else:
-    try:
-        from . import _staging as _impl  # type: ignore[attr-defined,no-redef,unused-ignore]
-    except ImportError:  # the codec was built but not this: the pure twin reads its frames too
-        warnings.warn("pulsarwire: Cython broker staging not built; using the pure-Python twin (slower)",
-                      RuntimeWarning, stacklevel=2)
-        from . import _staging_py as _impl  # type: ignore[no-redef,unused-ignore]
+    _impl = codec.follow_codec("pulsarwire.broker._staging", "pulsarwire.broker._staging_py", "broker staging")
 
 IMPLEMENTATION: str = _impl.IMPLEMENTATION
 

@@ -4,19 +4,15 @@
 """
 from __future__ import annotations
 
-import warnings
+from typing import TYPE_CHECKING
 
 from .. import codec
 
-if codec.IMPLEMENTATION != "cython":
+if TYPE_CHECKING:  # the twins have one API: type checkers read the pure one
     from . import _receiving_py as _impl
 else:
-    try:
-        from . import _receiving as _impl  # type: ignore[attr-defined,no-redef,unused-ignore]
-    except ImportError:  # the codec was built but not this
-        warnings.warn("pulsarwire: Cython receiving helpers not built; using the pure-Python twin (slower)",
-                      RuntimeWarning, stacklevel=2)
-        from . import _receiving_py as _impl  # type: ignore[no-redef,unused-ignore]
+    _impl = codec.follow_codec("pulsarwire.client._receiving", "pulsarwire.client._receiving_py",
+                               "receiving helpers")
 
 IMPLEMENTATION: str = _impl.IMPLEMENTATION
 
