@@ -62,7 +62,7 @@ def follow_codec(cython_twin: str, pure_twin: str, what: str) -> ModuleType:
 
 
 __all__ = [
-    "IMPLEMENTATION", "follow_codec", "MAGIC_CRC32C", "MAGIC_BROKER_ENTRY_METADATA", "DEFAULT_MAX_MESSAGE_SIZE",
+    "IMPLEMENTATION", "MAGIC_CRC32C", "MAGIC_BROKER_ENTRY_METADATA", "DEFAULT_MAX_MESSAGE_SIZE",
     "DEFAULT_MAX_FRAME_SIZE", "FRAME_PADDING", "Frame", "SendFrame", "FrameReader", "SingleMessage", "Columns",
     "BatchBuilder", "decode_frame", "decompress_payload", "split_messages", "count_batch", "count_entry_batch",
     "split_columns", "encode_command",
