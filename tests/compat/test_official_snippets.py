@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import re
 import signal
+import subprocess
 import sys
 import textwrap
 import threading
@@ -2032,6 +2034,57 @@ def run_program(source: str, url: str, prefix: str) -> list[str]:
     return normalised(lines)
 
 
+# Runs a program as run_program does (the same print capture, one JSON string a print), in a
+# process of its own.
+_ISOLATED_RUNNER = """
+import json, sys, threading, traceback
+lock, out = threading.Lock(), sys.stdout
+
+def capture(*args, sep=" ", end="\\n", file=None, flush=False):
+    text = json.dumps(sep.join(str(a) for a in args))
+    with lock:
+        out.write(text + "\\n")
+        out.flush()
+
+try:
+    exec(compile(sys.stdin.read(), "<program>", "exec"), {"__name__": "__main__", "print": capture})
+except BaseException as exc:
+    capture(f"RAISED {type(exc).__name__}: {exc}")
+    traceback.print_exc()
+"""
+CRASHED = "CRASHED"
+
+
+def run_program_isolated(source: str, url: str, prefix: str) -> list[str]:
+    """run_program in a process of its own, for the official client, the reference: its C++ core
+    now and then crashes while closing (a table view with a listener: SIGSEGV in Client.close,
+    seen once in many runs), which in-process would end the whole suite. A crashed run's output
+    ends in a CRASHED line."""
+    source = source.replace("pulsar://localhost:6650", url).replace("my-", f"{prefix}my-")
+    try:
+        done = subprocess.run([sys.executable, "-c", _ISOLATED_RUNNER], input=source, capture_output=True,
+                              text=True, timeout=PROGRAM_SECONDS)
+    except subprocess.TimeoutExpired:
+        return [f"RAISED ProgramHung: still running after {PROGRAM_SECONDS} s"]
+    sys.stderr.write(done.stderr)
+    # the client's own log lines may share stdout: the program's prints are JSON strings
+    lines = [json.loads(line).replace(prefix, "") for line in done.stdout.splitlines() if line.startswith('"')]
+    if done.returncode < 0:
+        lines.append(f"{CRASHED} by signal {-done.returncode}")
+    return normalised(lines)
+
+
+def _official_reference(run) -> list[str]:
+    """The official client's output (run()), once more when it crashed; a reference that crashes
+    twice skips the comparison (the crash is the official client's, not pulsarwire's)."""
+    output = run()
+    if output and output[-1].startswith(CRASHED):
+        output = run()
+        if output and output[-1].startswith(CRASHED):
+            pytest.skip(f"the official client crashed twice ({output[-1]})")
+    return output
+
+
 def normalised(lines: list[str]) -> list[str]:
     """Ledger ids numbered in order of appearance: '(L0,3,-1,-1)'."""
     ledgers: dict[str, str] = {}
@@ -2067,17 +2120,16 @@ def test_program_runs_the_same_with_pulsarwire(brokers, name):
         for topic, partitions in PARTITIONED.get(name, {}).items():
             broker.call(broker.broker.create_partitioned_topic,
                         f"persistent://public/default/{prefix}{topic}", partitions)
-        return run_program(source, broker.url, prefix)
+        run = run_program_isolated if variant == "pulsar" else run_program
+        return run(source, broker.url, prefix)
 
-    with _hung_after(PROGRAM_SECONDS):
-        official = run_variant("pulsar", PROGRAMS[name])
+    official = _official_reference(lambda: run_variant("pulsar", PROGRAMS[name]))
     with _hung_after(PROGRAM_SECONDS):
         ours = run_variant("pulsarwire", swapped(PROGRAMS[name]))
     if ours != official:
         # the reference itself is now and then caught by a race on a loaded machine (its close
         # leaving a blocked call blocked): a second official run decides; pulsarwire's is not repeated
-        with _hung_after(PROGRAM_SECONDS):
-            official = run_variant("pulsar", PROGRAMS[name])
+        official = _official_reference(lambda: run_variant("pulsar", PROGRAMS[name]))
     assert not any(line.startswith("RAISED") for line in official), official
     assert ours == official
 
@@ -2146,8 +2198,8 @@ def test_record_program_with_official_schema_objects(brokers, name):
     plain, _ = brokers
     source = PROGRAMS[name]
     wire = re.sub(r"^import pulsar$", "import pulsarwire.sync as pulsar", source, flags=re.M)
-    outputs = [run_program(text, plain.url, f"r{next(_RUNS)}{variant}-")
-               for variant, text in (("puls", source), ("offs", wire))]
+    official = _official_reference(lambda: run_program_isolated(source, plain.url, f"r{next(_RUNS)}puls-"))
+    outputs = [official, run_program(wire, plain.url, f"r{next(_RUNS)}offs-")]
     assert not any(line.startswith("RAISED") for line in outputs[0]), outputs[0]
     assert outputs[1] == outputs[0]
 
