@@ -868,20 +868,32 @@ class BrokerConnection(asyncio.Protocol):
         transport = self.transport
         assert transport is not None  # checked by write()
         transport.write(data)
+        if self.writable and self._took_output(transport) > self._output_budget():
+            self._pause()
+        self._settle_output()
+
+    def _output_budget(self) -> int:
+        return SQUEEZED_OUTPUT_BYTES if self.service.squeezed else self.service.max_output_bytes
+
+    def _took_output(self, transport: asyncio.Transport) -> int:
+        """What the transport holds unsent after a write (kept, and its peak counted)."""
         self._transport_bytes = output = transport.get_write_buffer_size()
         if output > self.service.counters["peak_connection_output_bytes"]:
             self.service.counters["peak_connection_output_bytes"] = output
-        budget = SQUEEZED_OUTPUT_BYTES if self.service.squeezed else self.service.max_output_bytes
-        if self.writable and output > budget:
-            self._pause()
+        return output
+
+    def _settle_output(self) -> None:
+        """After a write: the broker-wide output total, and a resume where only the budget paused."""
         self.measure_output()
         if not self.writable and not self.closed and not self._transport_paused:
-            asyncio.get_running_loop().call_soon(self._resume_unless_transport_paused)  # as flush()
+            # the transport holds at most the budget and will send no resume_writing: resume
+            # (scheduled, as flush runs inside _process)
+            asyncio.get_running_loop().call_soon(self._resume_unless_transport_paused)
 
     def _queued(self, size: int) -> None:
         """`size` bytes were put in self._out: pause past the output budget, schedule a flush."""
         self._out_bytes += size
-        budget = SQUEEZED_OUTPUT_BYTES if self.service.squeezed else self.service.max_output_bytes
+        budget = self._output_budget()
         if self.writable and self._out_bytes + self._transport_bytes > budget:
             self._transport_bytes = self.transport.get_write_buffer_size() if self.transport is not None else 0
             if self._out_bytes + self._transport_bytes > budget:
@@ -898,18 +910,12 @@ class BrokerConnection(asyncio.Protocol):
                 self._fail_uncommitted_sends()
             self.transport.writelines(self._out)
             self._out_bytes = 0
-            self._transport_bytes = output = self.transport.get_write_buffer_size()
-            if output > self.service.counters["peak_connection_output_bytes"]:
-                self.service.counters["peak_connection_output_bytes"] = output
+            self._took_output(self.transport)
         self._out.clear()
         self._sends.clear()
         self._batches.clear()
         self._out_bytes = 0
-        self.measure_output()
-        if not self.writable and not self.closed and not self._transport_paused:
-            # the transport holds at most the budget and will send no resume_writing: resume
-            # (scheduled, as flush runs inside _process)
-            asyncio.get_running_loop().call_soon(self._resume_unless_transport_paused)
+        self._settle_output()
 
     def _leave_unanswered(self, count: int) -> None:
         """Sends that arrived while the disk is full: not stored and not answered, so that a
