@@ -945,9 +945,8 @@ class Consumer(_Listening):
     def _take(self) -> messages.Message | None:
         """The next queued message (None when there is none), taken in the caller's thread; its
         permit goes back to the broker through the loop, with others."""
-        try:  # MessageQueue.take(), inline: a popleft is atomic (the queue's _items may be replaced)
-            native = self._queue._items.popleft()
-        except IndexError:
+        native = self._queue.take()
+        if native is None:
             return None
         owner = native._ack_unit.owner
         owner._last_message = native
@@ -1054,11 +1053,8 @@ class Consumer(_Listening):
         official client groups acknowledgements for acknowledgmentGroupTime)."""
         if self._closed:
             raise AlreadyClosed("Pulsar error: AlreadyClosed")
-        if type(message) is Message:  # _Handover.put(), inline
-            handover = self._handover
-            handover._items.append(message._message)
-            if not handover._scheduled:
-                handover._schedule()
+        if type(message) is Message:
+            self._handover.put(message._message)
         else:
             self._handover.put((self._consumer.acknowledge, self._ack_target(message)))
 

@@ -51,6 +51,20 @@ cdef inline void _set_slot(object obj, Py_ssize_t offset, object value):
     (<PyObject**>((<char*><PyObject*>obj) + offset))[0] = <PyObject*>value
 
 
+cdef object _made(cls, tuple offsets, item, shared):
+    """One object of cls, untracked: its slots item, shared (when not None), then None."""
+    cdef Py_ssize_t k, first_none = 1
+    obj = PyType_GenericAlloc(<PyTypeObject*>cls, 0)
+    PyObject_GC_UnTrack(<PyObject*>obj)
+    _set_slot(obj, offsets[0], item)
+    if shared is not None:
+        _set_slot(obj, offsets[1], shared)
+        first_none = 2
+    for k in range(first_none, len(offsets)):
+        _set_slot(obj, offsets[k], None)
+    return obj
+
+
 def make_untracked(cls, list items, shared=None):
     """`[cls(item, shared) for item in items]` (`cls(item)` when shared is None), each object
     left out of the garbage collector's tracking. cls is a class of `__slots__` alone whose
@@ -64,31 +78,16 @@ def make_untracked(cls, list items, shared=None):
     drops what refers back to its messages when it closes.
     """
     cdef tuple offsets = _offsets_of(cls, shared)
-    cdef Py_ssize_t n = len(offsets), i, k, first_none = 1 if shared is None else 2
-    cdef Py_ssize_t off0 = offsets[0], off1 = offsets[1] if n > 1 else 0
+    cdef Py_ssize_t i
     cdef list made = [None] * len(items)
     for i in range(len(items)):
-        obj = PyType_GenericAlloc(<PyTypeObject*>cls, 0)
-        PyObject_GC_UnTrack(<PyObject*>obj)
-        _set_slot(obj, off0, items[i])
-        if shared is not None:
-            _set_slot(obj, off1, shared)
-        for k in range(first_none, n):
-            _set_slot(obj, offsets[k], None)
-        made[i] = obj
+        made[i] = _made(cls, offsets, items[i], shared)
     return made
 
 
 def make_one_untracked(cls, item):
     """`make_untracked(cls, [item])[0]`."""
-    cdef tuple offsets = _offsets_of(cls, None)
-    cdef Py_ssize_t k
-    obj = PyType_GenericAlloc(<PyTypeObject*>cls, 0)
-    PyObject_GC_UnTrack(<PyObject*>obj)
-    _set_slot(obj, offsets[0], item)
-    for k in range(1, len(offsets)):
-        _set_slot(obj, offsets[k], None)
-    return obj
+    return _made(cls, _offsets_of(cls, None), item, None)
 
 
 def take_messages(items, Py_ssize_t count, Py_ssize_t max_bytes, Py_ssize_t size, bint have):
