@@ -33,7 +33,7 @@ from .topic import Topic
 
 if TYPE_CHECKING:
     from .metrics import ServedBroker
-    from .storage import LogReader
+    from .storage import Entry
     from .subscription import Subscription
 
     _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -639,7 +639,7 @@ class AdminServer:
         except ValueError:
             raise AdminError(412, "the time to reset to is milliseconds since the epoch") from None
         for topic, subscription in self._each_subscription(request):
-            self._move(topic, subscription, topic.log.find_by_publish_time(timestamp))
+            self._move(topic, subscription, await topic.log.find_by_publish_time(timestamp))
         return _no_content()
 
     async def reset_by_id(self, request: web.Request) -> web.Response:
@@ -669,7 +669,7 @@ class AdminServer:
             if not subscription.cursor.is_acked(entry_id):
                 seen += 1
                 if seen == depth:
-                    return _entry_response(topic, entry_id)
+                    return _entry_response(topic, await topic.log.read_off_loop(entry_id))
             entry_id += 1
         raise AdminError(404, "Message not found")
 
@@ -712,7 +712,11 @@ class AdminServer:
                         await asyncio.sleep(0)
                         if topic.log is None or self.core.topics.get(topic.name) is not topic:
                             raise AdminError(409, "the topic was closed during compaction")
-                    for key, empty in _keys(topic, entry_id, reader):
+                    try:
+                        entry = await topic.log.read_off_loop(entry_id, reader)
+                    except Exception:  # noqa: BLE001 - an unreadable entry is no key's latest value
+                        continue
+                    for key, empty in _keys(entry):
                         latest[key] = entry_id
                         if empty:
                             removed.add(key)
@@ -879,10 +883,9 @@ def _message_id(body: object) -> int:
     return entry
 
 
-def _keys(topic: Topic, entry_id: int, reader: LogReader) -> list[tuple[str, bool]]:
-    """(key, payload is empty) of each keyed message of an entry; none for an unreadable entry."""
+def _keys(entry: Entry) -> list[tuple[str, bool]]:
+    """(key, payload is empty) of each keyed message of an entry; none for an undecodable entry."""
     try:
-        entry = topic.log.read(entry_id, reader)
         metadata = entry_metadata(entry)
         stored = memoryview(entry.body)[4 + int.from_bytes(entry.body[:4], "big"):]
         messages = codec.split_messages(metadata, codec.decompress_payload(metadata, stored))
@@ -896,14 +899,13 @@ def _keys(topic: Topic, entry_id: int, reader: LogReader) -> list[tuple[str, boo
     return keys
 
 
-def _entry_response(topic: Topic, entry_id: int) -> web.Response:
+def _entry_response(topic: Topic, entry: Entry) -> web.Response:
     """An entry as Pulsar's peek answers it: the (uncompressed) payload, metadata in headers."""
-    entry = topic.log.read(entry_id)
     metadata = entry_metadata(entry)
     stored = memoryview(entry.body)[4 + int.from_bytes(entry.body[:4], "big"):]
     payload = bytes(codec.decompress_payload(metadata, stored))
     headers = {"Content-Type": "application/octet-stream",
-               "X-Pulsar-Message-ID": f"{topic.ledger_of(entry_id)}:{entry_id}",
+               "X-Pulsar-Message-ID": f"{topic.ledger_of(entry.entry_id)}:{entry.entry_id}",
                "X-Pulsar-publish-time": str(metadata.publish_time),
                "X-Pulsar-producer-name": metadata.producer_name,
                "X-Pulsar-sequence-id": str(metadata.sequence_id)}

@@ -1084,6 +1084,22 @@ class BrokerConnection(asyncio.Protocol):
         asyncio.wrap_future(written).add_done_callback(done)
         return True
 
+    def _waits_for_read(self, frame: codec.Frame, key: tuple[int, int],
+                        pending: concurrent.futures.Future | None) -> bool:
+        """Whether the request must wait for a disk read it needs (None: none, TopicLog.read_pending):
+        the event loop goes on meanwhile and the request is handled again once the read landed
+        (one that failed is read again then, and its error answered)."""
+        if pending is None or key in self._opening:
+            return False
+        self._opening.add(key)
+
+        def landed(result: asyncio.Future) -> None:
+            if not result.cancelled():
+                result.exception()  # retrieved: the read is made again when handled again
+            self._handle_again(frame, key)
+        asyncio.wrap_future(pending).add_done_callback(landed)
+        return True
+
     def _handle_again(self, frame: codec.Frame, key: tuple[int, int]) -> None:
         """Handle a request whose topic is open now, or whose write is on disk."""
         held = len(self._opening) >= MAX_OPENS_PER_CONNECTION
@@ -1594,19 +1610,34 @@ class BrokerConnection(asyncio.Protocol):
         subscription = consumer.subscription
         topic_log = subscription.topic.log
         if c.HasField("message_id"):
-            position = start_entry(start_position(c.message_id), topic_log)
-        elif c.HasField("message_publish_time"):
-            position = topic_log.find_by_publish_time(c.message_publish_time)
+            self._seek(consumer, c.request_id, start_entry(start_position(c.message_id), topic_log))
+        elif c.HasField("message_publish_time"):  # a search that reads the log: off the event loop
+            asyncio.ensure_future(self._seek_by_time(consumer, c.request_id, c.message_publish_time))
         else:
             self._error(c.request_id, pb.UnknownError, "seek needs a message id or a publish time")
+
+    async def _seek_by_time(self, consumer: PulsarConsumer, request_id: int, publish_time: int) -> None:
+        try:
+            position = await consumer.subscription.topic.log.find_by_publish_time(publish_time)
+        except Exception as exc:  # noqa: BLE001 - the seek fails alone, with a typed error
+            if not self.closed:
+                log.error("SEEK failed: %s: %s", type(exc).__name__, exc)
+                self._error(request_id, _error_code(exc), f"{pb.ServerError.Name(_error_code(exc))}: {exc}")
+                self.flush()
             return
+        if not self.closed and self.consumers.get(consumer.consumer_id) is consumer:
+            self._seek(consumer, request_id, position)
+            self.flush()
+
+    def _seek(self, consumer: PulsarConsumer, request_id: int, position: int) -> None:
+        subscription = consumer.subscription
         subscription.seek(position)
         # As Pulsar does: close the consumers first, then answer, so that a client re-subscribes
         # from the seek position (the official client takes it as its start while the seek is
         # pending); a reader's non-durable subscription is kept meanwhile (topics.py).
         for other in list(subscription.consumers):
             other.evict()
-        self._success(c.request_id)
+        self._success(request_id)
 
     def on_unsubscribe(self, frame: codec.Frame) -> None:
         c = frame.command.unsubscribe
@@ -1653,6 +1684,10 @@ class BrokerConnection(asyncio.Protocol):
             self._error(c.request_id, pb.ConsumerNotFound, "unknown consumer id")
             return
         subscription = consumer.subscription
+        topic_log = subscription.topic.log
+        if self._waits_for_read(frame, (T.GET_LAST_MESSAGE_ID, c.request_id),
+                                topic_log.read_pending(topic_log.last_entry_id)):
+            return
         last_entry, batch_index = subscription.topic.last_position()
         last = message_id(subscription.topic, last_entry)
         if batch_index >= 0:

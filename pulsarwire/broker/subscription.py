@@ -139,6 +139,7 @@ class Subscription(Generic[TopicT]):
         self._round_robin = 0
         self._dispatching = False
         self._retry_scheduled = False
+        self._reading = False  # a disk read is in flight on the reader thread: dispatch() resumes when it lands
         self.dirty = False
         self.stored: concurrent.futures.Future | None = None  # the write of a new one, until it is on disk
         self.active: ConsumerLink | None = None
@@ -436,6 +437,9 @@ class Subscription(Generic[TopicT]):
                 if found is None:
                     return
                 entry_id, redelivery = found
+                pending = topic_log.read_pending(entry_id, self.reader)
+                if pending is not None and self._resume_after(pending):
+                    return
                 try:
                     entry = topic_log.read(entry_id, self.reader)
                 except CorruptEntryError:
@@ -478,6 +482,28 @@ class Subscription(Generic[TopicT]):
         finally:
             self._dispatching = False
 
+
+    def _resume_after(self, pending: concurrent.futures.Future[int]) -> bool:
+        """Dispatch again once the disk read `pending` has landed, rather than wait for it on the
+        event loop; False outside a running loop (then read() waits for it)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        if not self._reading:
+            self._reading = True
+
+            def landed(_: object) -> None:
+                try:
+                    loop.call_soon_threadsafe(self._read_landed)
+                except RuntimeError:  # the loop closed meanwhile: nothing to dispatch to
+                    pass
+            pending.add_done_callback(landed)
+        return True
+
+    def _read_landed(self) -> None:
+        self._reading = False
+        self.dispatch()
 
     def _skip_unreadable(self, entry_id: int, redelivery: bool) -> None:
         """A corrupt entry costs that entry alone: logged, counted, skipped and settled in the

@@ -1425,7 +1425,7 @@ class V1Server:
         end = min(hw, position + MAX_CONSUME_ENTRIES)
         reader = None if session is None else session.reader(topic_log)
         room = self.consume_max_bytes
-        read = topic_log.read
+        read_off_loop = topic_log.read_off_loop
         plain = _plain_v1_value_start
         while position < end:
             # the hot path: entries V1 wrote, in the entry cache, their values ready to show as they are
@@ -1446,7 +1446,7 @@ class V1Server:
             if position >= end:
                 break
             try:
-                entry = read(position, reader)
+                entry = await read_off_loop(position, reader)
             except (StorageError, KeyError):
                 entry = None  # the general path below reports it
             if entry is not None:
@@ -1481,7 +1481,7 @@ class V1Server:
         The declared size is checked before anything is decompressed, and big
         decompressions run on the worker thread so that the event loop keeps serving."""
         if entry is None:
-            entry = topic_log.read(position, reader)
+            entry = await topic_log.read_off_loop(position, reader)
         size = int.from_bytes(entry.body[:4], "big")
         try:
             metadata = entry_metadata(entry)

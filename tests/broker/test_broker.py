@@ -110,7 +110,7 @@ def test_torn_tail_is_truncated_on_recovery(tmp_path):
     log = TopicLog(str(tmp_path), segment_bytes=4096)
     assert log.next_entry_id == 200
     assert log.read(199).body == b"entry-199"
-    assert log.find_by_publish_time(1100) == 100
+    assert asyncio.run(log.find_by_publish_time(1100)) == 100
     assert log.append(b"next", None, 5000, 1) == 200
     log.close()
     # an index lost entirely is rebuilt from the log

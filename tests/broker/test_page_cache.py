@@ -9,9 +9,11 @@ on disk or what a read returns: every entry reads back as written, a damaged one
 entry's error alone."""
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import errno
 import os
+import threading
 import time
 
 import pytest
@@ -288,25 +290,8 @@ def test_a_subscription_reads_with_a_reader_of_its_own_and_gives_it_back(tmp_pat
         assert topic.log.read(4, subscription.reader).body == _body(4, 5000)
     assert set(pool.run_holders()) <= {durable.reader, passing.reader}
     # dispatch reads through the subscription's reader: two subscriptions at different places
-    # each read runs
-    from pulsarwire.broker.subscription import ConsumerLink
-
-    class Taker(ConsumerLink):
-        writable = True
-
-        def __init__(self, subscription):
-            super().__init__(subscription, "taker", 0)
-            self.got = []
-
-        def deliver(self, entry, redelivery_count, ack_set):
-            self.got.append(entry.entry_id)
-
-        def reached_end_of_topic(self):
-            pass
-
-        def evict(self):
-            pass
-
+    # each read runs (outside an event loop: read() waits for the disk)
+    Taker = _taker_class()
     topic.log._cache.clear()
     runs_before = {id(durable.reader): durable.reader.run, id(passing.reader): passing.reader.run}
     takers = []
@@ -324,6 +309,97 @@ def test_a_subscription_reads_with_a_reader_of_its_own_and_gives_it_back(tmp_pat
     passing._drop_if_unused()  # non-durable, no consumers: dropped
     assert not pool.run_holders() and not durable.reader.buffers and not passing.reader.buffers
     topic.close()
+
+
+def _taker_class():
+    from pulsarwire.broker.subscription import ConsumerLink
+
+    class Taker(ConsumerLink):
+        """A consumer that takes whatever it is sent, in the entries' ids."""
+        writable = True
+
+        def __init__(self, subscription):
+            super().__init__(subscription, "taker", 0)
+            self.got = []
+
+        def deliver(self, entry, redelivery_count, ack_set):
+            self.got.append(entry.entry_id)
+
+        def reached_end_of_topic(self):
+            pass
+
+        def evict(self):
+            pass
+    return Taker
+
+
+class _Gated(FileOps):
+    """Reads, once `armed`, wait for `gate` and note the thread that made them."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.gate = threading.Event()
+        self.threads: set[int] = set()
+        self.reads = 0
+
+    def pread(self, fd, size, offset):
+        self._wait()
+        return super().pread(fd, size, offset)
+
+    def pread_into(self, fd, buffer, offset):
+        self._wait()
+        return super().pread_into(fd, buffer, offset)
+
+    def _wait(self):
+        if not self.armed:
+            return
+        self.threads.add(threading.get_ident())
+        self.reads += 1
+        assert self.gate.wait(10)
+
+
+def test_dispatch_reads_a_backlog_and_redeliveries_off_the_event_loop(tmp_path):
+    """The event loop never waits on the disk: a subscription's dispatch that needs entries past
+    the entry cache starts their read on the reader thread and goes on when it landed; the loop
+    serves meanwhile, and every entry arrives in order, redeliveries (read out of order) too."""
+    from pulsarwire.broker.topic import Topic
+    ops = _Gated()
+    pool = FilePool(ops=ops, page_cache_bytes=1 << 16)
+    topic = Topic("t", str(tmp_path), segment_bytes=1 << 20, sync_policy="interval", on_append=lambda t: None,
+                  pool=pool)
+    for i in range(400):  # about 2 MB over two segments: several runs
+        topic.log.append(_body(i, 5000), None, i, 1)
+    assert topic.log.commit()
+    topic.log._cache.clear()
+    subscription = topic.subscription("s", 0, True, True, None)
+
+    async def main():
+        loop_thread = threading.get_ident()
+        taker = _taker_class()(subscription)
+        subscription.add_consumer(taker)
+        taker.permits = 1000
+        ops.armed = True
+        subscription.dispatch()
+        assert taker.got == []  # its read waits on the reader thread, not on the loop
+        await asyncio.sleep(0.05)
+        assert taker.got == [] and ops.reads == 1
+        ops.gate.set()
+        for _ in range(500):
+            if len(taker.got) == 400:
+                break
+            await asyncio.sleep(0.01)
+        assert taker.got == list(range(400))
+        subscription.redeliver(taker, [7, 3, 250])
+        for _ in range(500):
+            if len(taker.got) == 403:
+                break
+            await asyncio.sleep(0.01)
+        assert sorted(taker.got[400:]) == [3, 7, 250]
+        assert loop_thread not in ops.threads and ops.reads > 3
+    asyncio.run(main())
+    ops.gate.set()
+    topic.close()
+    assert not pool.run_holders()
 
 
 def test_runs_read_through_the_page_cache_give_back_what_was_read(tmp_path):

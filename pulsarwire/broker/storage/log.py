@@ -21,9 +21,11 @@ entry goes to disk.
 """
 from __future__ import annotations
 
+import asyncio
 import bisect
 import collections
 import concurrent.futures
+import contextlib
 import logging
 import os
 import time
@@ -286,6 +288,10 @@ class TopicLog:
             if run is not None and run.segment is segment and run.first <= index < run.end:
                 reader.used_at = time.monotonic()  # still reading: its buffers stay its own
                 entry = segment.record_in(run, index)
+            elif (run := reader.landed(segment, index)) is not None:  # read alone, off the loop
+                entry = segment.record_in(run, index)
+                if in_order:
+                    reader.done_before(segment, run.start, run.start + len(run.data))
             elif in_order and index < segment.committed_count:
                 # read in order past the entry cache (a backlog): the records after it come with
                 # it, and the run after that is read meanwhile; past the pool's budget of readers
@@ -311,15 +317,45 @@ class TopicLog:
             raise
         return entry
 
-    def find_by_publish_time(self, publish_time: int) -> int:
-        """The first entry published at or after `publish_time` (next_entry_id if none)."""
+    def read_pending(self, entry_id: int, reader: LogReader | None = None) -> concurrent.futures.Future[int] | None:
+        """None when read(entry_id, reader) needs no disk read now (the entry is cached, read
+        ahead, not yet handed to the OS, or outside the log); else the future of that read,
+        started on the pool's reader thread (LogReader.wait_for): once it is done, read() takes
+        what it read. A caller on the event loop asks this first, so that the loop never waits
+        on the disk."""
+        if entry_id in self._cache or not self.first_entry_id <= entry_id < self.next_entry_id:
+            return None
+        if reader is None:
+            reader = self._reader
+        elif reader.log is not self:
+            return None  # read() refuses it
+        i = bisect.bisect_right(self._bases, entry_id) - 1
+        segment = self._segments[i]
+        index = entry_id - segment.base
+        if index >= segment.committed_count:
+            return None
+        return reader.wait_for(segment, index, entry_id == reader.next_read)
+
+    async def read_off_loop(self, entry_id: int, reader: LogReader | None = None) -> Entry:
+        """read(), its disk read made on the reader thread while the event loop goes on."""
+        for _ in range(3):  # a read ahead of another place in flight, then this one's
+            pending = self.read_pending(entry_id, reader)
+            if pending is None:
+                break
+            with contextlib.suppress(Exception):  # read() reads it again and reports what fails
+                await asyncio.wrap_future(pending)
+        return self.read(entry_id, reader)
+
+    async def find_by_publish_time(self, publish_time: int) -> int:
+        """The first entry published at or after `publish_time` (next_entry_id if none); its
+        reads are made off the event loop."""
         lo, hi = self.first_entry_id, self.next_entry_id
         while lo < hi:
             mid = (lo + hi) // 2
             probe = mid
             while probe < hi:  # an unreadable entry: compare with the next readable one
                 try:
-                    stamp = self.read(probe).publish_time
+                    stamp = (await self.read_off_loop(probe)).publish_time
                     break
                 except StorageError:
                     probe += 1

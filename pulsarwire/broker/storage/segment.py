@@ -48,7 +48,7 @@ class PendingRun:
     __slots__ = ("segment", "first", "end", "start", "future", "buffer")
 
     def __init__(self, segment: Segment, first: int, end: int, start: int, future: concurrent.futures.Future[int],
-                 buffer: mmap.mmap) -> None:
+                 buffer: mmap.mmap | bytearray) -> None:
         self.segment = segment
         self.first = first
         self.end = end
@@ -406,6 +406,21 @@ class Segment:
             return None
         future = self.pool.read_later(duplicate, memoryview(buffer)[:stop - start], start)
         return PendingRun(self, index, end_index, start, future, buffer)
+
+    def read_later(self, index: int) -> PendingRun | None:
+        """Start reading committed record `index` alone, into bytes of its own, on the pool's
+        reader thread, through a duplicate of the descriptor; None where it cannot (read() then
+        reads it when asked, and reports what fails)."""
+        if not 0 <= index < self.committed_count or index >= len(self.positions):
+            return None
+        pos = self.positions[index]
+        end = self.record_end(index)
+        try:
+            duplicate = os.dup(self.pool.fd(self.log_path))
+        except (OSError, StorageError):
+            return None
+        buffer = bytearray(end - pos)
+        return PendingRun(self, index, index + 1, pos, self.pool.read_later(duplicate, memoryview(buffer), pos), buffer)
 
     def record_in(self, run: ReadRun, index: int) -> Entry:
         """Entry `index` out of a read_run() that holds it, checked as read() checks it."""
