@@ -11,6 +11,11 @@ JSON schema, two fields) is read as typed columns and as bytes. Two floors show 
 Python Data Source path costs by itself: a source that yields ready-made Arrow batches of the
 pulsarwire schema, and a sink that drops what it is given. Goals (issue 28): write and read at
 least 0.5 of Parquet; typed JSON at least 0.5 of bytes.
+
+Values are the row id padded with 'x' (what the issue measured), which Parquet's default
+compression (snappy) writes as almost nothing while the sink, uncompressed as Pulsar producers
+are by default, moves every byte: `--compression ZSTD` adds a write with the sink's
+`compression` option (and a read of what it wrote), and `--values random` makes the values incompressible for both.
 """
 from __future__ import annotations
 
@@ -114,7 +119,7 @@ def _timed(label: str, action) -> float:
 
 
 def run(rows: int, big_rows: int, partition_counts: list[int], workdir: str, typed: bool = True,
-        repeat: int = 3) -> dict:
+        repeat: int = 3, compression: str | None = None, values: str = "padded") -> dict:
     started = time.perf_counter()
     spark = _session()
     print(f"  session: {time.perf_counter() - started:.1f}s", file=sys.stderr)
@@ -124,18 +129,27 @@ def run(rows: int, big_rows: int, partition_counts: list[int], workdir: str, typ
     for (p, _, _), name in names.items():
         if p > 1:
             extra += ["--partitioned-topic", f"{name}={p}"]
+            if compression:
+                extra += ["--partitioned-topic", f"{name}-c={p}"]
     extra += ["--partitioned-topic", "persistent://public/default/bench-warm=4"]
-    results: dict = {"rows": rows, "big_rows": big_rows, "repeat": repeat, "cases": []}
+    results: dict = {"rows": rows, "big_rows": big_rows, "repeat": repeat, "values": values,
+                     "compression": compression, "cases": []}
     with BrokerUnderTest("embedded", os.path.join(workdir, "broker"), extra) as broker:
         def frame(count, size):
-            df = spark.range(count).selectExpr(
-                f"cast(lpad(cast(id as string), {size}, 'x') as binary) AS value").repartition(4).cache()
+            if values == "random":  # as incompressible as random bytes: SHA-256 blocks of the row id
+                value = (f"substring(unhex(concat_ws('', transform(sequence(1, {-(-size // 32)}), "
+                         f"i -> sha2(concat(cast(id as string), ':', cast(i as string)), 256)))), 1, {size})")
+            else:  # the row id padded with 'x': Parquet's default compression takes it to almost nothing
+                value = f"cast(lpad(cast(id as string), {size}, 'x') as binary)"
+            df = spark.range(count).selectExpr(f"{value} AS value").repartition(4).cache()
             df.count()
             return df
 
-        def to_pulsar(df, name):
-            df.write.format("pulsarwire").option("service.url", broker.url).option("topic", name) \
-                .mode("append").save()
+        def to_pulsar(df, name, **options):
+            w = df.write.format("pulsarwire").option("service.url", broker.url).option("topic", name)
+            for key, value in options.items():
+                w = w.option(key, value)
+            w.mode("append").save()
 
         def from_pulsar(name, **options):
             r = spark.read.format("pulsarwire").option("service.url", broker.url).option("topic", name)
@@ -174,12 +188,18 @@ def run(rows: int, big_rows: int, partition_counts: list[int], workdir: str, typ
                     lambda: df.write.mode("overwrite").parquet(parquet)] * repeat)
                 case["write_pulsarwire"] = count / median(f"{label}: write pulsarwire", [
                     (lambda t=t: to_pulsar(df, t)) for t in topics])
+                if compression:
+                    case["write_pulsarwire_compressed"] = count / median(f"{label}: write pulsarwire, {compression}", [
+                        (lambda t=t: to_pulsar(df, t + "-c", compression=compression)) for t in topics])
                 case["write_floor"] = count / median(f"{label}: write floor", [
                     lambda: df.write.format("pulsarwire-drop").mode("append").save()] * repeat)
                 case["read_parquet"] = count / median(f"{label}: read parquet", [
                     lambda: to_noop(spark.read.parquet(parquet))] * repeat)
                 case["read_pulsarwire"] = count / median(f"{label}: read pulsarwire", [
                     lambda: to_noop(from_pulsar(topics[0]))] * repeat)
+                if compression:
+                    case["read_pulsarwire_compressed"] = count / median(f"{label}: read pulsarwire, {compression}", [
+                        lambda: to_noop(from_pulsar(topics[0] + "-c"))] * repeat)
                 if p > 2:
                     case["read_pulsarwire_2_tasks"] = count / median(f"{label}: read pulsarwire, maxPartitions=2", [
                         lambda: to_noop(from_pulsar(topics[0], maxPartitions="2"))] * repeat)
@@ -252,15 +272,19 @@ def main(argv=None) -> None:
     parser.add_argument("--no-typed", action="store_true", help="skip the typed JSON read")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each step (the median is reported)")
     parser.add_argument("--json", help="also write the results as JSON here")
+    parser.add_argument("--compression", choices=["LZ4", "ZLIB", "ZSTD", "SNAPPY"],
+                        help="also write with the sink's compression option set to this (Parquet compresses by default)")
+    parser.add_argument("--values", choices=["padded", "random"], default="padded",
+                        help="the row id padded with 'x' (compresses to almost nothing), or random bytes")
     args = parser.parse_args(argv)
     workdir = tempfile.mkdtemp(prefix="bench-spark-")
     try:
         result = run(args.rows, args.big_rows, [int(p) for p in args.partitions.split(",")], workdir,
-                     typed=not args.no_typed, repeat=args.repeat)
+                     typed=not args.no_typed, repeat=args.repeat, compression=args.compression, values=args.values)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    print(f"local[2], the embedded broker in its own process; rows/s (median of {args.repeat}), "
-          "and pulsarwire / Parquet")
+    print(f"local[2], the embedded broker in its own process; {args.values} values; rows/s (median of "
+          f"{args.repeat}), and pulsarwire / Parquet")
     print(f"{'':34}{'pulsarwire':>12}{'Parquet':>12}{'ratio':>7}{'Python floor':>14}{'floor/Parquet':>15}")
     for case in result["cases"]:
         for what in ("write", "read"):
@@ -268,6 +292,10 @@ def main(argv=None) -> None:
             ours, theirs, floor = case[f"{what}_pulsarwire"], case[f"{what}_parquet"], case[f"{what}_floor"]
             print(f"{label:34}{ours:>12,.0f}{theirs:>12,.0f}{ours / theirs:>7.2f}{floor:>14,.0f}"
                   f"{floor / theirs:>15.2f}")
+            if f"{what}_pulsarwire_compressed" in case:
+                packed = case[f"{what}_pulsarwire_compressed"]
+                print(f"{'  the same, compression=' + args.compression:34}{packed:>12,.0f}{theirs:>12,.0f}"
+                      f"{packed / theirs:>7.2f}")
             if what == "read" and "read_pulsarwire_2_tasks" in case:
                 grouped = case["read_pulsarwire_2_tasks"]
                 print(f"{'  the same, maxPartitions=2':34}{grouped:>12,.0f}{theirs:>12,.0f}{grouped / theirs:>7.2f}")
