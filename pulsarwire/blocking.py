@@ -86,7 +86,7 @@ else:  # pragma: no cover - not Linux
     new_event_loop = asyncio.new_event_loop
 
 
-def _less_timer_slack() -> None:
+def less_timer_slack() -> None:
     """Linux lets a sleeping thread wake up to 50 us late (its timer slack) to save wake-ups; the
     loop thread's sub-millisecond waits are what a batching delay is made of, so it asks for 1 us."""
     if not sys.platform.startswith("linux"):
@@ -107,7 +107,7 @@ class LoopThread:
         self.thread.start()
 
     def _serve(self) -> None:
-        _less_timer_slack()
+        less_timer_slack()
         try:
             self.loop.run_forever()
         finally:

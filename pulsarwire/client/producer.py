@@ -278,6 +278,8 @@ class PartitionProducer(Reconnecting):
         if batchable:
             if self._batch.num_messages and self._batch.size + len(payload) > parent._batching_max_bytes:
                 self.flush_batch()
+            elif self._batch_timer is not None and self._batch_timer.when() <= self.context.loop.time():
+                self._batch_due()  # its timer is late, as in send_plain
             if self._batch.num_messages == 0:
                 self._batch_first_sequence = sequence_id
             self._batch.add(payload, options.get("properties"), options.get("partition_key"),
@@ -322,6 +324,8 @@ class PartitionProducer(Reconnecting):
         batch = self._batch
         if batch.num_messages and batch.size + len(payload) > parent._batching_max_bytes:
             self.flush_batch()  # as send(): a batch stays within its byte limit
+        elif self._batch_timer is not None and self._batch_timer.when() <= self.context.loop.time():
+            self._batch_due()  # its timer is late (asyncio's loop waits whole milliseconds)
         sequence_id = self._take_sequence_id(None)
         if batch.num_messages == 0:
             self._batch_first_sequence = sequence_id

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import pickle
 import sys
+import time
 
 import pytest
 
@@ -84,4 +85,23 @@ def test_every_receipt_someone_can_read_is_answered(broker, batching, monkeypatc
             got = [(await consumer.receive()).data() for _ in range(8)]
             assert got == [b"held", b"callback", b"dropped", b"awaited", b"dropped", b"dropped", b"dropped",
                            b"gathered"]
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+# --- a batch's publish delay, when the loop's timer runs late ---------------------------------
+
+def test_a_batch_past_its_delay_goes_out_before_the_next_message_joins_it(broker):
+    """asyncio's own loop waits whole milliseconds, so a batch's timer can run up to 1 ms late; a
+    message sent once the delay is over goes in a batch of its own, the late batch first (the
+    loop is held here, so that the timer cannot run before the second send)."""
+    async def scenario():
+        async with Client(broker.url) as client:
+            producer = await client.create_producer(unique("late-timer"), batching_max_publish_delay_ms=2)
+            first = await producer.send_async(b"first")
+            time.sleep(0.01)  # the delay is over; the loop has not run its timer
+            second = await producer.send_async(b"second")
+            third = await producer.send_async(b"third")
+            ids = await asyncio.gather(first, second, third)
+            assert ids[0].entry_id != ids[1].entry_id  # the late batch went out alone
+            assert (ids[1].entry_id, ids[1].batch_index, ids[2].batch_index) == (ids[2].entry_id, 0, 1)
     asyncio.run(asyncio.wait_for(scenario(), 30))
