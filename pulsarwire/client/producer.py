@@ -278,8 +278,6 @@ class PartitionProducer(Reconnecting):
         if batchable:
             if self._batch.num_messages and self._batch.size + len(payload) > parent._batching_max_bytes:
                 self.flush_batch()
-            elif self._batch_timer is not None and self._batch_timer.when() <= self.context.loop.time():
-                self._flush_overdue()
             if self._batch.num_messages == 0:
                 self._batch_first_sequence = sequence_id
             self._batch.add(payload, options.get("properties"), options.get("partition_key"),
@@ -324,8 +322,6 @@ class PartitionProducer(Reconnecting):
         batch = self._batch
         if batch.num_messages and batch.size + len(payload) > parent._batching_max_bytes:
             self.flush_batch()  # as send(): a batch stays within its byte limit
-        elif self._batch_timer is not None and self._batch_timer.when() <= self.context.loop.time():
-            self._flush_overdue()
         sequence_id = self._take_sequence_id(None)
         if batch.num_messages == 0:
             self._batch_first_sequence = sequence_id
@@ -453,15 +449,6 @@ class PartitionProducer(Reconnecting):
         """The publish delay is over: the batch goes out now, written at once rather than with
         the next turn of the loop (nothing else is being gathered into it)."""
         self._batch_timer = None
-        self.flush_batch()
-        conn = self.conn
-        if conn is not None:
-            conn.flush_now()
-
-    def _flush_overdue(self) -> None:
-        """The batch's publish delay is over and its timer has not run (asyncio's own loop waits
-        whole milliseconds, so a timer runs up to 1 ms late): it goes out now, before the next
-        message, and its timer is cancelled (left, it would cut the next batch's delay short)."""
         self.flush_batch()
         conn = self.conn
         if conn is not None:

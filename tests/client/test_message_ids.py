@@ -6,7 +6,6 @@ import asyncio
 import dataclasses
 import pickle
 import sys
-import time
 
 import pytest
 
@@ -87,23 +86,3 @@ def test_every_receipt_someone_can_read_is_answered(broker, batching, monkeypatc
                            b"gathered"]
     asyncio.run(asyncio.wait_for(scenario(), 30))
 
-
-# --- a batch's publish delay, when the loop's timer runs late ---------------------------------
-
-def test_a_batch_past_its_delay_goes_out_before_the_next_message_joins_it(broker):
-    """asyncio's own loop waits whole milliseconds, so a batch's timer can run up to 1 ms late; a
-    message sent once the delay is over goes in a batch of its own, the late batch first (the
-    loop is held here, so that the timer cannot run before the second send), and the late
-    batch's timer is cancelled: the next batch keeps its whole delay."""
-    async def scenario():
-        async with Client(broker.url) as client:
-            producer = await client.create_producer(unique("late-timer"), batching_max_publish_delay_ms=50)
-            first = await producer.send_async(b"first")
-            time.sleep(0.06)  # the delay is over; the loop has not run its timer
-            second = await producer.send_async(b"second")
-            await asyncio.sleep(0.005)  # a timer left behind would run now, and send the second alone
-            third = await producer.send_async(b"third")
-            ids = await asyncio.gather(first, second, third)
-            assert ids[0].entry_id != ids[1].entry_id  # the late batch went out alone
-            assert (ids[1].entry_id, ids[1].batch_index, ids[2].batch_index) == (ids[2].entry_id, 0, 1)
-    asyncio.run(asyncio.wait_for(scenario(), 30))
