@@ -82,8 +82,15 @@ if hasattr(selectors, "EpollSelector"):
     def new_event_loop() -> asyncio.AbstractEventLoop:
         """An event loop whose timers fire within about 0.2 ms of their time (not up to 1 ms late)."""
         return asyncio.SelectorEventLoop(_SubMillisecondSelector())
+
+    def has_precise_timers(loop: asyncio.AbstractEventLoop) -> bool:
+        """Whether `loop` is one of new_event_loop()'s."""
+        return isinstance(getattr(loop, "_selector", None), _SubMillisecondSelector)
 else:  # pragma: no cover - not Linux
     new_event_loop = asyncio.new_event_loop
+
+    def has_precise_timers(loop: asyncio.AbstractEventLoop) -> bool:
+        return False
 
 
 def less_timer_slack() -> None:

@@ -154,3 +154,40 @@ def test_broker_flags_are_the_settings_fields_with_the_keywords_defaults():
     given = BrokerSettings(**from_flags(vars(args)))
     assert (given.port, given.tenants, given.grants) == (None, ("a",), {"t/n": {"r", "s"}})
     assert (given.auth_basic, given.advertised_listeners) == ({"u": "p:q"}, {"x": "pulsar://h:1"})
+
+
+def test_a_paced_perf_run_wakes_its_loop_at_each_send_time():
+    """perf's --rate sends: asyncio's own loop waits whole milliseconds, so they are paced by a
+    thread's wake-ups there (never early, well under a millisecond late), and by the loop's own
+    timers on pulsarwire's loop, whose timers are precise."""
+    import asyncio
+    import time
+
+    from pulsarwire import blocking, perf
+
+    async def lateness(wait):
+        late = []
+        for _ in range(30):
+            due = time.monotonic() + 0.0003
+            await wait(due)
+            late.append(time.monotonic() - due)
+        return sorted(late)[len(late) // 2], min(late)
+
+    async def compare():
+        pacer = perf._Pacer(asyncio.get_running_loop())
+        try:
+            paced = await lateness(pacer.until)
+        finally:
+            pacer.close()
+        slept = await lateness(lambda due: asyncio.sleep(due - time.monotonic()))
+        return paced, slept
+
+    (paced_median, paced_min), (slept_median, _) = asyncio.run(compare())
+    assert paced_min >= 0 and paced_median < slept_median  # asyncio.sleep(0.0003) takes a whole ms here
+    stock = asyncio.new_event_loop()
+    loop = blocking.new_event_loop()
+    try:
+        assert blocking.has_precise_timers(loop) and not blocking.has_precise_timers(stock)
+    finally:
+        loop.close()
+        stock.close()
