@@ -1425,7 +1425,7 @@ class V1Server:
         end = min(hw, position + MAX_CONSUME_ENTRIES)
         reader = None if session is None else session.reader(topic_log)
         room = self.consume_max_bytes
-        read_off_loop = topic_log.read_off_loop
+        read, read_pending = topic_log.read, topic_log.read_pending
         plain = _plain_v1_value_start
         while position < end:
             # the hot path: entries V1 wrote, in the entry cache, their values ready to show as they are
@@ -1445,8 +1445,10 @@ class V1Server:
                 position += 1
             if position >= end:
                 break
+            if read_pending(position, reader) is not None:
+                await topic_log.landed(position, reader)  # read off the loop; read() then has it
             try:
-                entry = await read_off_loop(position, reader)
+                entry = read(position, reader)
             except (StorageError, KeyError):
                 entry = None  # the general path below reports it
             if entry is not None:

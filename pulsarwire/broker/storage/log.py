@@ -323,11 +323,14 @@ class TopicLog:
         started on the pool's reader thread (LogReader.wait_for): once it is done, read() takes
         what it read. A caller on the event loop asks this first, so that the loop never waits
         on the disk."""
-        if entry_id in self._cache or not self.first_entry_id <= entry_id < self.next_entry_id:
-            return None
         if reader is None:
             reader = self._reader
-        elif reader.log is not self:
+        run = reader.run
+        if run is not None and run.first <= entry_id - run.segment.base < run.end:
+            return None  # the hot path of a backlog: in the run read ahead (read() checks the log)
+        if entry_id in self._cache or not self.first_entry_id <= entry_id < self.next_entry_id:
+            return None
+        if reader.log is not self:
             return None  # read() refuses it
         i = bisect.bisect_right(self._bases, entry_id) - 1
         segment = self._segments[i]
@@ -338,13 +341,18 @@ class TopicLog:
 
     async def read_off_loop(self, entry_id: int, reader: LogReader | None = None) -> Entry:
         """read(), its disk read made on the reader thread while the event loop goes on."""
+        await self.landed(entry_id, reader)
+        return self.read(entry_id, reader)
+
+    async def landed(self, entry_id: int, reader: LogReader | None = None) -> None:
+        """Return once read(entry_id, reader) needs no disk read (read_pending), waiting off the
+        event loop for the reads it starts."""
         for _ in range(3):  # a read ahead of another place in flight, then this one's
             pending = self.read_pending(entry_id, reader)
             if pending is None:
-                break
+                return
             with contextlib.suppress(Exception):  # read() reads it again and reports what fails
                 await asyncio.wrap_future(pending)
-        return self.read(entry_id, reader)
 
     async def find_by_publish_time(self, publish_time: int) -> int:
         """The first entry published at or after `publish_time` (next_entry_id if none); its
