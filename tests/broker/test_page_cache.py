@@ -544,3 +544,41 @@ def test_a_refused_preallocation_stops_it_for_the_segment_and_writes_go_on(tmp_p
     assert len(ops.calls) == 1
     assert [topic_log.read(i).body for i in (0, 150, 299)] == [body] * 3
     topic_log.close()
+
+
+def test_reads_off_the_loop_let_it_serve_while_the_disk_is_slow(tmp_path):
+    """read_off_loop (V1's CONSUME, a seek by publish time, peek, compaction): while the disk
+    holds a read, the loop serves other work; every entry reads back as written, in order and
+    out of order, and no read is made on the loop's thread."""
+    ops = _Gated()
+    topic_log = TopicLog(str(tmp_path), pool=FilePool(ops=ops, page_cache_bytes=1 << 16), cache_bytes=0)
+    sizes = [300 + (i * 7919) % 9000 for i in range(300)]
+    for i, size in enumerate(sizes):
+        topic_log.append(_body(i, size), None, i, 1)
+    assert topic_log.commit()
+
+    async def main():
+        loop_thread = threading.get_ident()
+        reader = topic_log.reader()
+        ops.armed = True
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.001)
+        ticking = asyncio.ensure_future(ticker())
+        reading = asyncio.ensure_future(topic_log.read_off_loop(0, reader))
+        await asyncio.sleep(0.05)
+        assert not reading.done() and ticks >= 5  # the loop served while the read waited
+        ops.gate.set()
+        assert (await reading).body == _body(0, sizes[0])
+        for i in list(range(1, 300)) + [17, 250, 3]:
+            assert (await topic_log.read_off_loop(i, reader)).body == _body(i, sizes[i]), i
+        assert (await topic_log.find_by_publish_time(123)) == 123
+        ticking.cancel()
+        assert loop_thread not in ops.threads
+    asyncio.run(main())
+    ops.gate.set()
+    topic_log.close()
