@@ -26,10 +26,11 @@ _STAMP = struct.Struct(">Q")
 
 class _Pacer:
     """Wakes the event loop at a message's send time from a thread of its own, as input arriving
-    on a socket would (on loops other than blocking.new_event_loop()'s). asyncio's own loop waits whole milliseconds, rounded up, so pacing with
-    asyncio.sleep sent a millisecond's messages at once (at 20 000 msg/s, bursts of 20 that each
-    started a batch and waited out its whole delay: 1.96 ms at the median where evenly spaced
-    sends on pulsarwire's loop waited 0.88 ms)."""
+    on a socket would (on loops other than blocking.new_event_loop()'s). asyncio's own loop
+    waits whole milliseconds, rounded up, so pacing with asyncio.sleep sent a millisecond's
+    messages at once (at 20 000 msg/s, bursts of 20 that each started a batch and waited out its
+    whole delay: 1.96 ms at the median where evenly spaced sends on pulsarwire's loop waited
+    0.88 ms)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
