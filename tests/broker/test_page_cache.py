@@ -582,3 +582,44 @@ def test_reads_off_the_loop_let_it_serve_while_the_disk_is_slow(tmp_path):
     asyncio.run(main())
     ops.gate.set()
     topic_log.close()
+
+
+def test_a_read_that_fails_off_the_loop_is_read_again_and_nothing_is_skipped(tmp_path):
+    """The reader thread's reads fail (EIO) a few times: dispatch reads those entries again and
+    every one is delivered, in order; none is skipped or settled unread."""
+    from pulsarwire.broker.topic import Topic
+
+    class Failing(FileOps):
+        def __init__(self):
+            self.failures = 0
+            self.armed = False
+
+        def pread_into(self, fd, buffer, offset):
+            if self.armed and self.failures < 3 and threading.current_thread() is not threading.main_thread():
+                self.failures += 1
+                raise OSError(errno.EIO, "Input/output error")
+            return super().pread_into(fd, buffer, offset)
+
+    ops = Failing()
+    topic = Topic("t", str(tmp_path), segment_bytes=1 << 20, sync_policy="interval", on_append=lambda t: None,
+                  pool=FilePool(ops=ops, page_cache_bytes=1 << 16))
+    for i in range(300):
+        topic.log.append(_body(i, 5000), None, i, 1)
+    assert topic.log.commit()
+    topic.log._cache.clear()
+    subscription = topic.subscription("s", 0, True, True, None)
+
+    async def main():
+        taker = _taker_class()(subscription)
+        subscription.add_consumer(taker)
+        taker.permits = 1000
+        ops.armed = True
+        subscription.dispatch()
+        for _ in range(500):
+            if len(taker.got) == 300:
+                break
+            await asyncio.sleep(0.01)
+        return taker.got
+    assert asyncio.run(main()) == list(range(300))
+    assert ops.failures == 3 and topic.log.stats.skipped_entries == 0
+    topic.close()
