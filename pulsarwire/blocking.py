@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import math
-import select as _select
-import selectors
 import sys
 import threading
 import time
 from typing import Any, Callable, Coroutine, Iterable, Iterator, TypeVar
 
 from . import client as aio
+from .timers import has_precise_timers, less_timer_slack, new_event_loop  # noqa: F401 - also offered here
 from .errors import AlreadyClosedError, ConnectionClosedError, TopicTerminatedError
 from .messages import Message, MessageId, MessageIds
 
@@ -44,67 +42,6 @@ def _wait(future: concurrent.futures.Future[T], timeout: float | None) -> T:
                 return future.result()
             if deadline is not None and time.monotonic() >= deadline:
                 raise
-if hasattr(selectors, "EpollSelector"):
-    class _SubMillisecondSelector(selectors.EpollSelector):
-        """epoll waits whole milliseconds, rounded up: a timer due in 0.2 ms (a batch's publish
-        delay, say) fired up to 1 ms late whenever the loop woke for I/O meanwhile, which made a
-        1 ms batching delay 1.6 ms at its median. The whole milliseconds are waited in epoll, and
-        what is left under one in select() on the epoll descriptor (microseconds; it is readable
-        as soon as anything registered is), then epoll is read without waiting. A sleeping thread
-        wakes some 50 us after its time (timer slack, the scheduler; more on a VM), so the wait
-        ends EARLY before the timer and the rest is spent polling epoll: a 1 ms batch timer fired
-        at 1.045 ms at its median, now at its time."""
-
-        STEP = 0.0002  # without select(): the longest that I/O waits while a timer is that close
-        EARLY = 0.00006  # polled rather than slept: the wake-up latency, at most this long per timer
-
-        def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-            if timeout is None or timeout <= 0:
-                return super().select(timeout)
-            wait = timeout - self.EARLY
-            if wait >= 0.001:
-                return super().select(math.floor(wait * 1e3) * 1e-3)  # the loop asks again for the rest
-            deadline = time.monotonic() + timeout
-            if wait > 0:
-                epoll_fd = self.fileno()
-                if epoll_fd < 1024:  # select() takes descriptors under FD_SETSIZE only
-                    _select.select([epoll_fd], [], [], wait)
-                else:
-                    ready = super().select(0)
-                    if ready:
-                        return ready
-                    time.sleep(min(wait, self.STEP))
-            while True:
-                ready = super().select(0)
-                if ready or time.monotonic() >= deadline:
-                    return ready
-
-    def new_event_loop() -> asyncio.AbstractEventLoop:
-        """An event loop whose timers fire within about 0.2 ms of their time (not up to 1 ms late)."""
-        return asyncio.SelectorEventLoop(_SubMillisecondSelector())
-
-    def has_precise_timers(loop: asyncio.AbstractEventLoop) -> bool:
-        """Whether `loop` is one of new_event_loop()'s."""
-        return isinstance(getattr(loop, "_selector", None), _SubMillisecondSelector)
-else:  # pragma: no cover - not Linux
-    new_event_loop = asyncio.new_event_loop
-
-    def has_precise_timers(loop: asyncio.AbstractEventLoop) -> bool:
-        return False
-
-
-def less_timer_slack() -> None:
-    """Linux lets a sleeping thread wake up to 50 us late (its timer slack) to save wake-ups; the
-    loop thread's sub-millisecond waits are what a batching delay is made of, so it asks for 1 us."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(29, 1000, 0, 0, 0)  # PR_SET_TIMERSLACK, in ns
-    except (OSError, AttributeError):  # no libc prctl: the default slack stays
-        pass
-
-
 class LoopThread:
     """An event loop running in a daemon thread; blocking callers hand it coroutines."""
 

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from . import blocking
+from . import timers
 from .client import Client, InitialPosition
 from .messages import MessageId
 
@@ -26,7 +26,7 @@ _STAMP = struct.Struct(">Q")
 
 class _Pacer:
     """Wakes the event loop at a message's send time from a thread of its own, as input arriving
-    on a socket would (on loops other than blocking.new_event_loop()'s). asyncio's own loop
+    on a socket would (on loops other than timers.new_event_loop()'s). asyncio's own loop
     waits whole milliseconds, rounded up, so pacing with asyncio.sleep sent a millisecond's
     messages at once (at 20 000 msg/s, bursts of 20 that each started a batch and waited out its
     whole delay: 1.96 ms at the median where evenly spaced sends on pulsarwire's loop waited
@@ -45,7 +45,7 @@ class _Pacer:
         await woken
 
     def _serve(self) -> None:
-        blocking.less_timer_slack()
+        timers.less_timer_slack()
         while (item := self._wanted.get()) is not None:
             due, woken = item
             wait = due - time.monotonic()
@@ -156,7 +156,7 @@ async def produce(client: Client, topic: str, *, messages: int = 0, duration: fl
         meter.tick()
 
     loop = asyncio.get_running_loop()
-    pacer = _Pacer(loop) if rate and not blocking.has_precise_timers(loop) else None
+    pacer = _Pacer(loop) if rate and not timers.has_precise_timers(loop) else None
     try:
         while (not messages or sent < messages) and (deadline is None or time.monotonic() < deadline):
             if rate:

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any, Callable, Iterable
 
-from .. import codec, compression
+from .. import codec, compression, timers
 from .._proto import PulsarApi_pb2 as pb
 from ..errors import (
     AlreadyClosedError, ConnectionClosedError, MessageTooBigError, ProducerQueueFullError, PulsarWireError,
@@ -186,7 +186,7 @@ class PartitionProducer(Reconnecting):
         self._batch_futures: list[Answer | None] = []
         self._batch_bulk: list[BulkSpan] = []
         self._batch_first_sequence = 0
-        self._batch_timer: asyncio.TimerHandle | None = None
+        self._batch_timer: asyncio.TimerHandle | timers.ThreadTimer | None = None
         self._reconnecting: asyncio.Task[None] | None = None
         self._closed = False
         self._failed: BaseException | None = None
@@ -436,14 +436,13 @@ class PartitionProducer(Reconnecting):
             cmd.send.highest_sequence_id = highest
         return cmd
 
-    def _arm_batch_timer(self) -> asyncio.TimerHandle:
+    def _arm_batch_timer(self) -> asyncio.TimerHandle | timers.ThreadTimer:
         """The publish delay of a batch just started: from now, or from when its first message
         was accepted in another thread (`Producer.accepted_at`), as the official client's
         timer starts at the call: the hop to the loop is not added to the delay."""
         parent, loop = self.parent, self.context.loop
-        if parent.accepted_at is None:
-            return loop.call_later(parent._batching_delay, self._batch_due)
-        return loop.call_at(parent.accepted_at + parent._batching_delay, self._batch_due)
+        start = loop.time() if parent.accepted_at is None else parent.accepted_at
+        return timers.call_at(loop, start + parent._batching_delay, self._batch_due)
 
     def _batch_due(self) -> None:
         """The publish delay is over: the batch goes out now, written at once rather than with

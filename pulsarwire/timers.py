@@ -1,0 +1,166 @@
+"""Timers on time: asyncio's own epoll loop waits whole milliseconds, rounded up, so a timer
+due in 0.2 ms (a batch's publish delay) runs up to 1 ms late whenever the loop woke for I/O
+meanwhile. `new_event_loop()` is a loop whose own timers are on time (the loop thread of
+`pulsarwire.sync` runs one); on any other loop, `ThreadTimers` fires a callback at its time from
+a thread of its own, which wakes the loop as input arriving on a socket would."""
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import math
+import select as _select
+import selectors
+import sys
+import threading
+import time
+from typing import Callable
+
+if hasattr(selectors, "EpollSelector"):
+    class _SubMillisecondSelector(selectors.EpollSelector):
+        """epoll waits whole milliseconds, rounded up: a timer due in 0.2 ms (a batch's publish
+        delay, say) fired up to 1 ms late whenever the loop woke for I/O meanwhile, which made a
+        1 ms batching delay 1.6 ms at its median. The whole milliseconds are waited in epoll, and
+        what is left under one in select() on the epoll descriptor (microseconds; it is readable
+        as soon as anything registered is), then epoll is read without waiting. A sleeping thread
+        wakes some 50 us after its time (timer slack, the scheduler; more on a VM), so the wait
+        ends EARLY before the timer and the rest is spent polling epoll: a 1 ms batch timer fired
+        at 1.045 ms at its median, now at its time."""
+
+        STEP = 0.0002  # without select(): the longest that I/O waits while a timer is that close
+        EARLY = 0.00006  # polled rather than slept: the wake-up latency, at most this long per timer
+
+        def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+            if timeout is None or timeout <= 0:
+                return super().select(timeout)
+            wait = timeout - self.EARLY
+            if wait >= 0.001:
+                return super().select(math.floor(wait * 1e3) * 1e-3)  # the loop asks again for the rest
+            deadline = time.monotonic() + timeout
+            if wait > 0:
+                epoll_fd = self.fileno()
+                if epoll_fd < 1024:  # select() takes descriptors under FD_SETSIZE only
+                    _select.select([epoll_fd], [], [], wait)
+                else:
+                    ready = super().select(0)
+                    if ready:
+                        return ready
+                    time.sleep(min(wait, self.STEP))
+            while True:
+                ready = super().select(0)
+                if ready or time.monotonic() >= deadline:
+                    return ready
+
+    def new_event_loop() -> asyncio.AbstractEventLoop:
+        """An event loop whose timers fire within about 0.2 ms of their time (not up to 1 ms late)."""
+        return asyncio.SelectorEventLoop(_SubMillisecondSelector())
+
+    def has_precise_timers(loop: asyncio.AbstractEventLoop) -> bool:
+        """Whether `loop` is one of new_event_loop()'s."""
+        return isinstance(getattr(loop, "_selector", None), _SubMillisecondSelector)
+else:  # pragma: no cover - not Linux
+    new_event_loop = asyncio.new_event_loop
+
+    def has_precise_timers(loop: asyncio.AbstractEventLoop) -> bool:
+        return False
+
+
+def less_timer_slack() -> None:
+    """Linux lets a sleeping thread wake up to 50 us late (its timer slack) to save wake-ups; the
+    loop thread's sub-millisecond waits are what a batching delay is made of, so it asks for 1 us."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(29, 1000, 0, 0, 0)  # PR_SET_TIMERSLACK, in ns
+    except (OSError, AttributeError):  # no libc prctl: the default slack stays
+        pass
+
+
+
+
+class ThreadTimer:
+    """A callback due on a loop at a time, fired by ThreadTimers; cancel() on the loop's thread."""
+
+    __slots__ = ("loop", "callback", "cancelled")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
+        self.loop = loop
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def _run(self) -> None:  # on the loop's thread
+        if not self.cancelled:
+            self.cancelled = True
+            self.callback()
+
+
+class ThreadTimers:
+    """One thread that sleeps until the earliest timer and then hands its callback to its loop
+    (`call_soon_threadsafe`): a timer fires some 0.1 ms after its time whatever the loop's own
+    timers do. Cancelled timers are dropped without waking their loop."""
+
+    def __init__(self) -> None:
+        self._due: list[tuple[float, int, ThreadTimer]] = []  # a heap, by monotonic time
+        self._order = itertools.count()
+        self._changed = threading.Condition(threading.Lock())
+        self._thread: threading.Thread | None = None
+
+    def call_at(self, loop: asyncio.AbstractEventLoop, when: float, callback: Callable[[], None]) -> ThreadTimer:
+        """`callback` on `loop` at `when`, in the loop's clock (loop.time())."""
+        timer = ThreadTimer(loop, callback)
+        due = time.monotonic() + (when - loop.time())
+        with self._changed:
+            heapq.heappush(self._due, (due, next(self._order), timer))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="pulsarwire-timers", daemon=True)
+                self._thread.start()
+            elif self._due[0][2] is timer:
+                self._changed.notify()  # the earliest now: the thread sleeps until it instead
+        return timer
+
+    def _serve(self) -> None:
+        less_timer_slack()
+        due = self._due
+        with self._changed:
+            while True:
+                if due and due[0][2].cancelled:
+                    # all the cancelled ones at once (a producer's batches mostly fill before their
+                    # delay): the thread then sleeps until a live one rather than wake for each
+                    due[:] = [item for item in due if not item[2].cancelled]
+                    heapq.heapify(due)
+                if not due:
+                    self._changed.wait()
+                    continue
+                wait = due[0][0] - time.monotonic()
+                if wait > 0:
+                    self._changed.wait(wait)
+                    continue
+                timer = heapq.heappop(due)[2]
+                try:
+                    timer.loop.call_soon_threadsafe(timer._run)
+                except RuntimeError:  # its loop is closed: nothing to run it on
+                    pass
+
+
+_thread_timers = ThreadTimers()
+
+
+# Up to this far ahead, a timer of a loop with millisecond timers goes to the thread: one up to
+# 1 ms late is 20 % late or more. Further ahead the loop's own timer is late by less, and costs
+# no thread wake-up (which took 5 % of a producer's throughput when batches filled before a
+# 10 ms delay).
+THREAD_TIMERS_WITHIN = 0.005
+
+
+def call_at(loop: asyncio.AbstractEventLoop, when: float,
+            callback: Callable[[], None]) -> asyncio.TimerHandle | ThreadTimer:
+    """`callback` on `loop` at `when` (loop.time()), on time: the loop's own timer where its
+    timers are (new_event_loop()'s) or where it is THREAD_TIMERS_WITHIN away or more, else the
+    shared ThreadTimers'."""
+    if has_precise_timers(loop) or when - loop.time() >= THREAD_TIMERS_WITHIN:
+        return loop.call_at(when, callback)
+    return _thread_timers.call_at(loop, when, callback)

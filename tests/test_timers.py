@@ -1,0 +1,63 @@
+"""Timers on time on any event loop (pulsarwire.timers): asyncio's own loop waits whole
+milliseconds, so a short timer (a 1 ms batching delay) goes to a thread that wakes the loop at its
+time; pulsarwire's loop and longer timers keep the loop's own."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from pulsarwire import timers
+
+
+def test_a_short_timer_on_asyncios_loop_fires_on_time_from_the_thread():
+    async def lateness(arm):
+        loop = asyncio.get_running_loop()
+        late = []
+        for _ in range(30):
+            fired = loop.create_future()
+            due = loop.time() + 0.0003
+            handle = arm(loop, due, lambda f=fired: f.set_result(loop.time()))
+            # the loop wakes for I/O meanwhile, as a client's loop does: its own wait is then rounded up
+            loop.call_later(0.0001, lambda: None)
+            late.append(await fired - due)
+            assert handle is not None
+        return sorted(late)[len(late) // 2], min(late)
+
+    async def compare():
+        threaded = await lateness(timers.call_at)
+        own = await lateness(lambda loop, due, callback: loop.call_at(due, callback))
+        return threaded, own
+
+    (threaded_median, threaded_min), (own_median, _) = asyncio.run(compare())
+    assert threaded_min >= 0 and threaded_median < own_median
+
+
+def test_a_cancelled_thread_timer_never_runs_and_others_keep_their_order():
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        ran = []
+        first = timers.call_at(loop, loop.time() + 0.002, lambda: ran.append("first"))
+        cancelled = timers.call_at(loop, loop.time() + 0.001, lambda: ran.append("cancelled"))
+        timers.call_at(loop, loop.time() + 0.003, lambda: ran.append("last"))
+        assert isinstance(cancelled, timers.ThreadTimer)
+        cancelled.cancel()
+        await asyncio.sleep(0.05)
+        first.cancel()  # once run, a cancel does nothing
+        return ran
+    assert asyncio.run(scenario()) == ["first", "last"]
+
+
+def test_the_loops_own_timers_serve_where_they_are_on_time_or_far_enough_ahead():
+    loop = timers.new_event_loop()
+    stock = asyncio.new_event_loop()
+    try:
+        assert isinstance(timers.call_at(loop, loop.time() + 0.001, lambda: None), asyncio.TimerHandle)
+        assert isinstance(timers.call_at(stock, stock.time() + timers.THREAD_TIMERS_WITHIN + 0.01, lambda: None),
+                          asyncio.TimerHandle)
+        short = timers.call_at(stock, stock.time() + 0.001, lambda: None)
+        assert isinstance(short, timers.ThreadTimer)
+        short.cancel()
+    finally:
+        loop.close()
+        stock.close()
+    time.sleep(0.01)  # a timer of a closed loop is dropped by the thread, nothing raised
