@@ -9,10 +9,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-import queue
 import struct
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -24,40 +22,14 @@ from .messages import MessageId
 _STAMP = struct.Struct(">Q")
 
 
-class _Pacer:
-    """Wakes the event loop at a message's send time from a thread of its own, as input arriving
-    on a socket would (on loops other than timers.new_event_loop()'s). asyncio's own loop
-    waits whole milliseconds, rounded up, so pacing with asyncio.sleep sent a millisecond's
-    messages at once (at 20 000 msg/s, bursts of 20 that each started a batch and waited out its
-    whole delay: 1.96 ms at the median where evenly spaced sends on pulsarwire's loop waited
-    0.88 ms)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._wanted: queue.SimpleQueue[tuple[float, asyncio.Future[None]] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._serve, name="pulsarwire-perf-pacer", daemon=True)
-        self._thread.start()
-
-    async def until(self, due: float) -> None:
-        """Return at monotonic time `due` (about 60 us after it, a sleeping thread's wake-up)."""
-        woken = self._loop.create_future()
-        self._wanted.put((due, woken))
-        await woken
-
-    def _serve(self) -> None:
-        timers.less_timer_slack()
-        while (item := self._wanted.get()) is not None:
-            due, woken = item
-            wait = due - time.monotonic()
-            if wait > 0:
-                time.sleep(wait)
-            try:
-                self._loop.call_soon_threadsafe(_wake, woken)
-            except RuntimeError:  # the loop is closed: nobody waits
-                return
-
-    def close(self) -> None:
-        self._wanted.put(None)
+async def _pace_until(loop: asyncio.AbstractEventLoop, due: float) -> None:
+    """Return at monotonic time `due`, on time on any loop (timers.call_at: asyncio's own loop
+    sleeps whole milliseconds, so asyncio.sleep sent a millisecond's messages at once there: at
+    20 000 msg/s, bursts of 20 that each started a batch and waited out its whole delay, 1.96 ms
+    at the median where evenly spaced sends on pulsarwire's loop waited 0.88 ms)."""
+    woken = loop.create_future()
+    timers.call_at(loop, loop.time() + (due - time.monotonic()), functools.partial(_wake, woken))
+    await woken
 
 
 def _wake(woken: asyncio.Future[None]) -> None:
@@ -156,23 +128,18 @@ async def produce(client: Client, topic: str, *, messages: int = 0, duration: fl
         meter.tick()
 
     loop = asyncio.get_running_loop()
-    pacer = _Pacer(loop) if rate and not timers.has_precise_timers(loop) else None
-    try:
-        while (not messages or sent < messages) and (deadline is None or time.monotonic() < deadline):
-            if rate:
-                due = start + sent / rate
-                if due > time.monotonic():
-                    await (asyncio.sleep(due - time.monotonic()) if pacer is None else pacer.until(due))
-            _STAMP.pack_into(payload, 0, time.time_ns())
-            future = await producer.send_async(bytes(payload))
-            sent_at = time.perf_counter()
-            future.add_done_callback(functools.partial(_after, done, sent_at))
-            sent += 1
-            if sent % 1000 == 0:
-                await asyncio.sleep(0)
-    finally:
-        if pacer is not None:
-            pacer.close()
+    while (not messages or sent < messages) and (deadline is None or time.monotonic() < deadline):
+        if rate:
+            due = start + sent / rate
+            if due > time.monotonic():
+                await _pace_until(loop, due)
+        _STAMP.pack_into(payload, 0, time.time_ns())
+        future = await producer.send_async(bytes(payload))
+        sent_at = time.perf_counter()
+        future.add_done_callback(functools.partial(_after, done, sent_at))
+        sent += 1
+        if sent % 1000 == 0:
+            await asyncio.sleep(0)
     await producer.flush()
     result.seconds = time.monotonic() - start
     result.messages = len(latencies)
