@@ -1069,35 +1069,34 @@ class BrokerConnection(asyncio.Protocol):
         """Whether the request must wait for a metadata write it made (None: none to wait for): the
         event loop goes on meanwhile and the request is handled again once it is on disk, or
         answered PersistenceError if it could not be written."""
-        if written is None or key in self._opening:
-            return False
-        self._opening.add(key)
-
-        def done(result: asyncio.Future) -> None:
-            error = None if result.cancelled() else result.exception()
-            if error is not None and key in self._opening and not self.closed:
-                self._opening.discard(key)
-                self._error(request_id, pb.PersistenceError, f"not stored: {error}")
-                self.flush()
-                return
-            self._handle_again(frame, key)
-        asyncio.wrap_future(written).add_done_callback(done)
-        return True
+        def failed(error: BaseException) -> None:
+            self._error(request_id, pb.PersistenceError, f"not stored: {error}")
+            self.flush()
+        return self._handled_again_after(frame, key, written, failed)
 
     def _waits_for_read(self, frame: codec.Frame, key: tuple[int, int],
                         pending: concurrent.futures.Future | None) -> bool:
         """Whether the request must wait for a disk read it needs (None: none, TopicLog.read_pending):
         the event loop goes on meanwhile and the request is handled again once the read landed
         (one that failed is read again then, and its error answered)."""
-        if pending is None or key in self._opening:
+        return self._handled_again_after(frame, key, pending, None)
+
+    def _handled_again_after(self, frame: codec.Frame, key: tuple[int, int], future: concurrent.futures.Future | None,
+                             failed: Callable[[BaseException], None] | None) -> bool:
+        """Whether the request waits for `future` (None: nothing to wait for): it is handled again
+        once that is done; `failed` answers it instead when the future failed (None: handled again)."""
+        if future is None or key in self._opening:
             return False
         self._opening.add(key)
 
-        def landed(result: asyncio.Future) -> None:
-            if not result.cancelled():
-                result.exception()  # retrieved: the read is made again when handled again
+        def done(result: asyncio.Future) -> None:
+            error = None if result.cancelled() else result.exception()  # retrieved either way
+            if error is not None and failed is not None and key in self._opening and not self.closed:
+                self._opening.discard(key)
+                failed(error)
+                return
             self._handle_again(frame, key)
-        asyncio.wrap_future(pending).add_done_callback(landed)
+        asyncio.wrap_future(future).add_done_callback(done)
         return True
 
     def _handle_again(self, frame: codec.Frame, key: tuple[int, int]) -> None:
@@ -1622,7 +1621,8 @@ class BrokerConnection(asyncio.Protocol):
         except Exception as exc:  # noqa: BLE001 - the seek fails alone, with a typed error
             if not self.closed:
                 log.error("SEEK failed: %s: %s", type(exc).__name__, exc)
-                self._error(request_id, _error_code(exc), f"{pb.ServerError.Name(_error_code(exc))}: {exc}")
+                code = _error_code(exc)
+                self._error(request_id, code, f"{pb.ServerError.Name(code)}: {exc}")
                 self.flush()
             return
         if not self.closed and self.consumers.get(consumer.consumer_id) is consumer:
