@@ -471,6 +471,11 @@ class _Awaited(_Sent):
 
 
 _NO_SEND_OPTIONS: dict[str, Any] = {}
+# A held queue of sends is handed to the producer this long before its batch is due (a quarter of
+# the delay when that is shorter), and at once once this many are queued.
+_HOLD_LEAD = 100e-6
+_HOLD_FRACTION = 0.25
+_HOLD_MAX_MESSAGES = 128
 
 
 class Producer(_Facade):
@@ -492,8 +497,20 @@ class Producer(_Facade):
         self._room_waiters = 0  # callers waiting for room (under _gate)
         # accepted, not yet on the producer: (content, send options, answer, when accepted)
         self._handing: collections.deque[tuple[Any, dict[str, Any], _Sent, float]] = collections.deque()
-        self._handing_over = False  # a hand-over is scheduled or running: it takes what is queued
+        self._handing_over = False  # a hand-over is scheduled, running or held: it takes what is queued
         self._hand_over_task: _asyncio.Task[None] | None = None  # the hand-over, when a send had to wait
+        # With batching, the loop leaves accepted sends queued until just before the batch they
+        # join is due (`_HOLD_LEAD`), so a steady stream of sends costs one loop wake-up a batch
+        # rather than one a run: the queue is held (`_holding`, under _gate) until the loop's hold
+        # timer, or until a caller wakes it: a blocking send() or a delayed message, a batch's
+        # worth queued, a caller about to wait for room.
+        self._hold_delay: float = producer._batching_delay if producer._batching else 0.0
+        self._hold_messages = min(producer._batching_max_messages, _HOLD_MAX_MESSAGES)
+        self._hold_bytes: int = producer._batching_max_bytes
+        self._holding = False
+        self._queued_bytes = 0  # of the bytes contents queued (under _gate)
+        self._urgent_queued = False  # a blocking send() or a delayed message is queued (under _gate)
+        self._hold_timer: Any = None  # on the loop's thread only
 
     def _stop_listening(self) -> None:
         with self._gate:
@@ -586,6 +603,9 @@ class Producer(_Facade):
                     return False
                 # the loop's own thread cannot wait for room it has to make: the producer waits instead
                 if threading.current_thread() is not loop_thread:
+                    if self._holding:  # what is held makes room only once it is sent
+                        self._holding = False
+                        self._wake_hand_over()
                     self._room_waiters += 1
                     try:
                         while self._accepted - self._answered >= self._max_pending:
@@ -597,18 +617,35 @@ class Producer(_Facade):
             if self._closed:
                 return False
             self._accepted += 1
-            self._handing.append((content, options, sent, time.monotonic()))  # the loop's clock
+            handing = self._handing
+            handing.append((content, options, sent, time.monotonic()))  # the loop's clock
+            if type(content) is bytes:
+                self._queued_bytes += len(content)
             start = not self._handing_over
+            # a blocking send() waits for its answer, a delayed message goes alone: neither is held
+            if type(sent) is _Awaited or (options is not _NO_SEND_OPTIONS and
+                                          ("deliver_at" in options or "deliver_after_ms" in options)):
+                self._urgent_queued = True
+                if self._holding:
+                    self._holding = False
+                    start = True
+            if self._holding and (len(handing) >= self._hold_messages or self._queued_bytes >= self._hold_bytes):
+                self._holding = False
+                start = True
             self._handing_over = True
         if start:
-            try:
-                if threading.current_thread() is loop_thread:
-                    self._loop.loop.call_soon(self._hand_over)
-                else:
-                    self._loop.loop.call_soon_threadsafe(self._hand_over)
-            except RuntimeError:  # the loop closed meanwhile
-                self._fail_handing(errors.AlreadyClosedError("client is closed"))
+            self._wake_hand_over()
         return True
+
+    def _wake_hand_over(self) -> None:
+        """Have the loop take the queued sends (or hold them until their batch is nearly due)."""
+        try:
+            if threading.current_thread() is self._loop.thread:
+                self._loop.loop.call_soon(self._hand_over, True)
+            else:
+                self._loop.loop.call_soon_threadsafe(self._hand_over, True)
+        except RuntimeError:  # the loop closed meanwhile
+            self._fail_handing(errors.AlreadyClosedError("client is closed"))
 
     def _one_answered(self) -> None:
         """On the loop: one accepted send was answered; a caller waiting for room may go on."""
@@ -617,11 +654,15 @@ class Producer(_Facade):
             with self._gate:
                 self._gate.notify()
 
-    def _hand_over(self) -> None:
+    def _hand_over(self, may_hold: bool = False) -> None:
         """On the loop: give the accepted sends to the producer, in the order they were accepted,
-        without waiting; the first one that would have to wait goes on a task, with what follows."""
+        without waiting; the first one that would have to wait goes on a task, with what follows.
+        `may_hold`: leave them queued while their batch is not nearly due (see `_holding`)."""
         if self._hand_over_task is not None:
             return  # the task takes what is queued, in order
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+            self._hold_timer = None
         producer = self._producer
         send_nowait = producer.send_nowait
         awaited = False  # a blocking send() among them: its batch goes out now
@@ -629,12 +670,26 @@ class Producer(_Facade):
             with self._gate:
                 runs = self._handing
                 if not runs:
-                    self._handing_over = False
+                    self._handing_over = self._holding = False
                     producer.accepted_at = None
                     if awaited:
                         producer.flush_batches(write_now=True)
                     return
+                if may_hold and self._hold_delay and not self._urgent_queued and not self._room_waiters \
+                        and len(runs) < self._hold_messages and self._queued_bytes < self._hold_bytes:
+                    due = runs[0][3] + self._hold_delay
+                    open_due = producer.next_batch_due()
+                    if open_due is not None and open_due < due:
+                        due = open_due  # what is queued joins the open batch: hand it over before it goes
+                    due -= min(self._hold_delay * _HOLD_FRACTION, _HOLD_LEAD)
+                    if due > time.monotonic():
+                        self._holding = True
+                        self._hold_timer = self._loop.loop.call_at(due, self._hand_over)
+                        return
+                self._holding = self._urgent_queued = False
+                self._queued_bytes = 0
                 self._handing = collections.deque()
+                may_hold = False
             while runs:
                 content, options, sent, producer.accepted_at = runs[0]  # a batch's delay runs from the call
                 if type(sent) is _Awaited:
@@ -683,7 +738,8 @@ class Producer(_Facade):
         with self._gate:
             failed = list(self._handing)
             self._handing.clear()
-            self._handing_over = False
+            self._handing_over = self._holding = self._urgent_queued = False
+            self._queued_bytes = 0
         for _, _, sent, _ in failed:
             sent.set_exception(error)
 

@@ -187,6 +187,7 @@ class PartitionProducer(Reconnecting):
         self._batch_bulk: list[BulkSpan] = []
         self._batch_first_sequence = 0
         self._batch_timer: asyncio.TimerHandle | timers.ThreadTimer | None = None
+        self.batch_due_at = 0.0  # when (loop.time()) the open batch's timer sends it
         self._reconnecting: asyncio.Task[None] | None = None
         self._closed = False
         self._failed: BaseException | None = None
@@ -442,7 +443,8 @@ class PartitionProducer(Reconnecting):
         timer starts at the call: the hop to the loop is not added to the delay."""
         parent, loop = self.parent, self.context.loop
         start = loop.time() if parent.accepted_at is None else parent.accepted_at
-        return timers.call_at(loop, start + parent._batching_delay, self._batch_due)
+        self.batch_due_at = start + parent._batching_delay
+        return timers.call_at(loop, self.batch_due_at, self._batch_due)
 
     def _batch_due(self) -> None:
         """The publish delay is over: the batch goes out now, written at once rather than with
@@ -1011,6 +1013,15 @@ class Producer:
         future = await self.send_async(content, **options)
         self.flush_batches(write_now=True)
         return await future
+
+    def next_batch_due(self) -> float | None:
+        """When (loop.time()) the earliest open batch goes out on its timer; None when none waits
+        for one."""
+        due = None
+        for p in self._partitions:
+            if p._batch_timer is not None and (due is None or p.batch_due_at < due):
+                due = p.batch_due_at
+        return due
 
     def flush_batches(self, write_now: bool = False) -> None:
         """Close every open batch; `write_now`: and write them without waiting for the loop's next

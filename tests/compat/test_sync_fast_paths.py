@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 
@@ -314,24 +315,18 @@ def test_the_loop_threads_polled_wait_still_answers_io_at_once():
 
 def test_a_batch_started_by_a_callers_send_counts_its_delay_from_the_call(embedded):
     """The sync producer hands sends to the loop with the time they were accepted: a batch's
-    publish delay runs from then, as the official client's timer starts at the call."""
+    publish delay runs from then, as the official client's timer starts at the call, however
+    late the loop takes them (here the loop is busy for the whole delay)."""
     topic = unique()
     with pulsar.Client(embedded.url) as client:
         producer = client.create_producer(topic, batching_enabled=True, batching_max_publish_delay_ms=300)
-        native = producer._producer
         answered = threading.Event()
         at = []
-        original = native.send_nowait
-
-        def accepted_long_ago(*args, **kwargs):
-            native.accepted_at -= 0.3  # as if the call had been made a whole delay ago
-            return original(*args, **kwargs)
-        native.send_nowait = accepted_long_ago
+        client._loop.loop.call_soon_threadsafe(time.sleep, 0.3)  # the loop's thread busy for a whole delay
         started = time.monotonic()
         producer.send_async(b"x", lambda result, message_id: (at.append(time.monotonic()), answered.set()))
         assert answered.wait(5)
-        assert at[0] - started < 0.25  # went out at once: its delay had run out at the call
-        native.send_nowait = original
+        assert at[0] - started < 0.5  # went out once the loop was free: its delay had run out meanwhile
         producer.close()
 
 
@@ -426,3 +421,66 @@ def test_a_blocking_send_does_not_wait_out_the_batching_delay(embedded):
         assert len({(i.ledger_id(), i.entry_id()) for i in results}) == 1  # batched together
     finally:
         client.close()
+
+
+def test_paced_sends_wake_the_loop_about_once_a_batch_and_go_out_on_time(embedded):
+    """With batching, sends a caller makes one by one are left queued in the caller's thread
+    until just before their batch is due: about one loop wake-up a batch, not one a send, and
+    each still goes out within its batching delay."""
+    topic = unique()
+    with pulsar.Client(embedded.url) as client:
+        producer = client.create_producer(topic, batching_enabled=True, batching_max_publish_delay_ms=40)
+        runs = []
+        original = producer._hand_over
+
+        def counted(*args):
+            runs.append(len(producer._handing))
+            return original(*args)
+        producer._hand_over = counted
+        answered = {}
+        called = {}
+        for i in range(60):  # 5 ms apart: about 8 a batch
+            called[i] = time.monotonic()
+            producer.send_async(b"%d" % i, lambda result, message_id, i=i: answered.setdefault(i, time.monotonic()))
+            time.sleep(0.005)
+        producer.flush()
+        assert sorted(answered) == list(range(60))
+        assert len(runs) <= 40  # a wake-up each would be 60; about two a batch (its first send, its timer)
+        late = sorted(answered[i] - called[i] for i in range(60))
+        assert late[len(late) // 2] < 0.2  # within its 40 ms delay, with room for a loaded machine
+        producer.close()
+
+
+def test_held_sends_go_out_at_once_on_flush_send_and_a_full_batch(embedded):
+    """Sends held for their batching delay go out without waiting for it when the caller flushes,
+    when a blocking send() follows them, and as soon as a batch's worth is queued."""
+    topic = unique()
+    with pulsar.Client(embedded.url) as client:
+        producer = client.create_producer(topic, batching_enabled=True, batching_max_publish_delay_ms=10_000,
+                                          batching_max_messages=20, block_if_queue_full=True)
+        ids = []
+        started = time.monotonic()
+        producer.send_async(b"a", lambda result, message_id: ids.append(message_id))
+        producer.flush()
+        assert time.monotonic() - started < 5 and len(ids) == 1
+        producer.send_async(b"b", lambda result, message_id: ids.append(message_id))
+        last = producer.send(b"c")
+        assert time.monotonic() - started < 5
+        assert (ids[1].ledger_id(), ids[1].entry_id()) == (last.ledger_id(), last.entry_id())  # one batch
+        answered = threading.Semaphore(0)
+        producer.send_async(b"d", lambda result, message_id: answered.release(),
+                            deliver_after=timedelta(milliseconds=1))  # goes alone, at once
+        assert answered.acquire(timeout=5)
+        for i in range(100):  # five full batches: none waits for the delay
+            producer.send_async(b"%d" % i, lambda result, message_id: answered.release())
+        for _ in range(100):
+            assert answered.acquire(timeout=5)
+        assert time.monotonic() - started < 5
+        big = client.create_producer(unique(), batching_enabled=True, batching_max_publish_delay_ms=10_000,
+                                     batching_max_allowed_size_in_bytes=10_000)
+        for i in range(50):  # 1 000 bytes each: a batch's bytes every ten
+            big.send_async(bytes(1000), lambda result, message_id: answered.release())
+        for _ in range(40):
+            assert answered.acquire(timeout=5)
+        big.close()
+        producer.close()
