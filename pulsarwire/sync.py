@@ -511,6 +511,7 @@ class Producer(_Facade):
         self._queued_bytes = 0  # of the bytes contents queued (under _gate)
         self._urgent_queued = False  # a blocking send() or a delayed message is queued (under _gate)
         self._hold_timer: Any = None  # on the loop's thread only
+        producer.before_batch_due = self._hand_over_before_due
 
     def _stop_listening(self) -> None:
         with self._gate:
@@ -710,6 +711,12 @@ class Producer(_Facade):
                     self._hand_over_task = _asyncio.ensure_future(self._hand_over_waiting())
                     return
                 runs.popleft()
+
+    def _hand_over_before_due(self) -> None:
+        """On the loop, as a batch's delay runs out: the sends queued by now join it (a send made
+        before the official client's batch timer fires is in that batch)."""
+        if self._handing and self._hand_over_task is None:
+            self._hand_over()
 
     async def _hand_over_waiting(self) -> None:
         """On the loop: the first queued send, through send_async's waits; then the rest as usual."""

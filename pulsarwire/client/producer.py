@@ -450,6 +450,9 @@ class PartitionProducer(Reconnecting):
         """The publish delay is over: the batch goes out now, written at once rather than with
         the next turn of the loop (nothing else is being gathered into it)."""
         self._batch_timer = None
+        gather = self.parent.before_batch_due
+        if gather is not None:
+            gather()
         self.flush_batch()
         conn = self.conn
         if conn is not None:
@@ -745,6 +748,10 @@ class Producer:
         # set around send_nowait by a caller's hand-over: when (loop.time()) the message was
         # accepted in the caller's thread; a batch it starts counts its delay from then
         self.accepted_at: float | None = None
+        # called as a batch's delay runs out, before it goes: sends accepted by then in another
+        # thread and not yet handed over (pulsarwire.sync) join it, as they would have joined an
+        # official client's batch
+        self.before_batch_due: Callable[[], None] | None = None
         self._chunking = chunking_enabled
         self._metadata = properties or {}
         self._access_mode = int(ProducerAccessMode(access_mode))
