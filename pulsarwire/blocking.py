@@ -15,6 +15,7 @@ import time
 from typing import Any, Callable, Coroutine, Iterable, Iterator, TypeVar
 
 from . import client as aio
+from . import timers
 from .timers import has_precise_timers, less_timer_slack, new_event_loop  # noqa: F401 - also offered here
 from .errors import AlreadyClosedError, ConnectionClosedError, TopicTerminatedError
 from .messages import Message, MessageId, MessageIds
@@ -42,13 +43,52 @@ def _wait(future: concurrent.futures.Future[T], timeout: float | None) -> T:
                 return future.result()
             if deadline is not None and time.monotonic() >= deadline:
                 raise
+def _nothing() -> None:
+    pass
+
+
 class LoopThread:
     """An event loop running in a daemon thread; blocking callers hand it coroutines."""
 
     def __init__(self) -> None:
         self.loop = new_event_loop()
+        self._borrowing = timers.borrowable(self.loop)
+        self._marks: tuple[int, Any] = (0, None)
         self.thread = threading.Thread(target=self._serve, name="pulsarwire-loop", daemon=True)
         self.thread.start()
+
+    def borrow(self) -> bool:
+        """Take the loop, from another thread, while its own thread waits for I/O: True when taken.
+        The caller may then run what the loop's thread would (code that never waits), in place of
+        a wake-up and a hand-over, and must `give_back()`. Never waits: False when the loop's
+        thread is busy or wants the loop back."""
+        borrowing = self._borrowing
+        # (asyncio's debug mode refuses call_soon() from any thread but the loop's)
+        if borrowing is None or borrowing.loop_waits or self.loop.get_debug() or not borrowing.lock.acquire(False):
+            return False
+        loop: Any = self.loop
+        self._marks = (len(loop._ready), loop._scheduled[0] if loop._scheduled else None)
+        return True
+
+    def give_back(self) -> None:
+        """Give the borrowed loop back, waking its thread when the borrower scheduled work for it
+        (a callback, or a timer earlier than those its thread waits for)."""
+        loop: Any = self.loop
+        ready_mark, first_timer = self._marks
+        wake = (loop._scheduled[0] if loop._scheduled else None) is not first_timer
+        if not wake:
+            ready = loop._ready
+            for index in range(ready_mark, len(ready)):
+                if not getattr(ready[index]._callback, "wakes_nothing", False):
+                    wake = True
+                    break
+        assert self._borrowing is not None
+        self._borrowing.lock.release()
+        if wake:
+            try:
+                loop.call_soon_threadsafe(_nothing)
+            except RuntimeError:  # closed meanwhile: nothing left to run it
+                pass
 
     def _serve(self) -> None:
         less_timer_slack()

@@ -416,8 +416,12 @@ class _Sent(Receipt):
     def _answer(self, error: BaseException | None, message_id: messages.MessageId | None) -> None:
         if self._done:
             return
+        producer = self._producer
+        if producer._lent:  # answered at once in a caller's thread: the callback runs on the loop's, later
+            producer._loop.loop.call_soon(self._answer, error, message_id)
+            return
         self._done = True
-        self._producer._one_answered()
+        producer._one_answered()
         try:
             self._report(error, message_id)
         finally:
@@ -511,6 +515,7 @@ class Producer(_Facade):
         self._queued_bytes = 0  # of the bytes contents queued (under _gate)
         self._urgent_queued = False  # a blocking send() or a delayed message is queued (under _gate)
         self._hold_timer: Any = None  # on the loop's thread only
+        self._lent = False  # a caller's thread runs a send with the loop borrowed (_send_direct)
         producer.before_batch_due = self._hand_over_before_due
 
     def _stop_listening(self) -> None:
@@ -618,25 +623,72 @@ class Producer(_Facade):
             if self._closed:
                 return False
             self._accepted += 1
-            handing = self._handing
-            handing.append((content, options, sent, time.monotonic()))  # the loop's clock
-            if type(content) is bytes:
-                self._queued_bytes += len(content)
-            start = not self._handing_over
-            # a blocking send() waits for its answer, a delayed message goes alone: neither is held
-            if type(sent) is _Awaited or (options is not _NO_SEND_OPTIONS and
-                                          ("deliver_at" in options or "deliver_after_ms" in options)):
-                self._urgent_queued = True
-                if self._holding:
-                    self._holding = False
-                    start = True
-            if self._holding and (len(handing) >= self._hold_messages or self._queued_bytes >= self._hold_bytes):
-                self._holding = False
-                start = True
-            self._handing_over = True
-        if start:
+            # Alone (nothing queued or in flight before it: a send() loop, sends far apart) while
+            # the loop's thread waits for I/O: this thread does the hand-over itself, with the
+            # loop borrowed (no wake-up; written at once when unbatched). A stream of sends is
+            # handed over by the loop's thread, in runs (one write for many).
+            direct = self._accepted - self._answered == 1 and not self._handing_over and self._loop.borrow()
+            if not direct:
+                start = self._queue_send(content, options, sent)
+            self._handing_over = True  # what others accept meanwhile queues behind this one
+        if direct:
+            self._send_direct(content, options, sent)
+        elif start:
             self._wake_hand_over()
         return True
+
+    def _queue_send(self, content: Any, options: dict[str, Any], sent: _Sent) -> bool:
+        """Under _gate: queue an accepted send for the loop's hand-over; True when the loop must
+        be woken for it."""
+        handing = self._handing
+        handing.append((content, options, sent, time.monotonic()))  # the loop's clock
+        if type(content) is bytes:
+            self._queued_bytes += len(content)
+        start = not self._handing_over
+        # a blocking send() waits for its answer, a delayed message goes alone: neither is held
+        if type(sent) is _Awaited or (options is not _NO_SEND_OPTIONS and
+                                      ("deliver_at" in options or "deliver_after_ms" in options)):
+            self._urgent_queued = True
+            if self._holding:
+                self._holding = False
+                start = True
+        if self._holding and (len(handing) >= self._hold_messages or self._queued_bytes >= self._hold_bytes):
+            self._holding = False
+            start = True
+        return start
+
+    def _send_direct(self, content: Any, options: dict[str, Any], sent: _Sent) -> None:
+        """In the caller's thread, the loop borrowed: what the loop's hand-over does for one send,
+        then the loop is given back. Answers that come at once (a failure) go through the loop's
+        thread, as every answer does: no callback runs while the loop is borrowed."""
+        producer = self._producer
+        requeue = False
+        accepted = time.monotonic()
+        self._lent = True
+        try:
+            producer.accepted_at = None  # its batch's delay runs from now: the call
+            try:
+                queued = producer.send_nowait(content, sent, **options)
+            except Exception as exc:  # noqa: BLE001 - this send's answer
+                sent.set_exception(exc)
+                queued = True
+            if not queued:  # it would have to wait (no room yet, a partition not attached): the loop's task
+                requeue = True
+            elif type(sent) is _Awaited:
+                producer.flush_batches(write_now=True)
+            else:
+                producer.write_now()
+        finally:
+            self._lent = False
+            with self._gate:
+                if requeue:
+                    self._handing.appendleft((content, options, sent, accepted))
+                wake = bool(self._handing)
+                if not wake:
+                    self._handing_over = False
+            self._loop.give_back()
+        if wake:
+            self._wake_hand_over()
 
     def _wake_hand_over(self) -> None:
         """Have the loop take the queued sends (or hold them until their batch is nearly due)."""

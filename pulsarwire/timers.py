@@ -30,7 +30,23 @@ if hasattr(selectors, "EpollSelector"):
         STEP = 0.0002  # without select(): the longest that I/O waits while a timer is that close
         EARLY = 0.00006  # polled rather than slept: the wake-up latency, at most this long per timer
 
+        # `Borrowing`, when a LoopThread runs this loop: held by the loop's thread except while it
+        # waits here, so that another thread may run the loop's work meanwhile (see LoopThread.borrow)
+        borrowing: "Borrowing | None" = None
+
         def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+            borrowing = self.borrowing
+            if borrowing is None:
+                return self._wait(timeout)
+            borrowing.lock.release()
+            try:
+                return self._wait(timeout)
+            finally:
+                borrowing.loop_waits = True  # a borrower gives way: the loop's thread has work
+                borrowing.lock.acquire()
+                borrowing.loop_waits = False
+
+        def _wait(self, timeout: float | None) -> list[tuple[selectors.SelectorKey, int]]:
             if timeout is None or timeout <= 0:
                 return super().select(timeout)
             wait = timeout - self.EARLY
@@ -51,6 +67,15 @@ if hasattr(selectors, "EpollSelector"):
                 if ready or time.monotonic() >= deadline:
                     return ready
 
+    def borrowable(loop: asyncio.AbstractEventLoop) -> "Borrowing | None":
+        """Make `loop` (one of new_event_loop()'s, not yet running) one that other threads may
+        borrow while its thread waits for I/O; None for any other loop."""
+        selector = getattr(loop, "_selector", None)
+        if not isinstance(selector, _SubMillisecondSelector):
+            return None
+        selector.borrowing = Borrowing()
+        return selector.borrowing
+
     def new_event_loop() -> asyncio.AbstractEventLoop:
         """An event loop whose timers fire within about 0.2 ms of their time (not up to 1 ms late)."""
         return asyncio.SelectorEventLoop(_SubMillisecondSelector())
@@ -61,8 +86,24 @@ if hasattr(selectors, "EpollSelector"):
 else:  # pragma: no cover - not Linux
     new_event_loop = asyncio.new_event_loop
 
+    def borrowable(loop: asyncio.AbstractEventLoop) -> "Borrowing | None":
+        return None
+
     def has_precise_timers(loop: asyncio.AbstractEventLoop) -> bool:
         return False
+
+
+class Borrowing:
+    """The lock that a borrowable loop's thread holds except while it waits for I/O. Whoever
+    holds it may do what the loop's thread would (call the loop's callbacks' code, write to its
+    transports), without waiting on anything; what it schedules on the loop must wake it (`wake`)."""
+
+    __slots__ = ("lock", "loop_waits")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.lock.acquire()  # the loop's: until its thread first waits for I/O
+        self.loop_waits = False  # the loop's thread waits for the lock: borrowers give way
 
 
 def less_timer_slack() -> None:

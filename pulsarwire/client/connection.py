@@ -179,6 +179,7 @@ class Connection(asyncio.Protocol):
     def _flush_queued(self) -> None:
         self._flush_soon = False
         self.flush()
+    _flush_queued.wakes_nothing = True  # type: ignore[attr-defined]  # left behind by flush_now(): see LoopThread.give_back
 
     def flush_now(self) -> None:
         """Write what write_frame queued without waiting for the loop's next turn."""

@@ -1030,6 +1030,13 @@ class Producer:
                 due = p.batch_due_at
         return due
 
+    def write_now(self) -> None:
+        """Write the frames queued for the connections (batches closed, messages sent alone)
+        without waiting for the loop's next turn."""
+        for p in self._partitions:
+            if p.conn is not None:
+                p.conn.flush_now()
+
     def flush_batches(self, write_now: bool = False) -> None:
         """Close every open batch; `write_now`: and write them without waiting for the loop's next
         turn (for a caller who waits on the answer: nothing more is coming to join them)."""
