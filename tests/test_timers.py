@@ -61,3 +61,46 @@ def test_the_loops_own_timers_serve_where_they_are_on_time_or_far_enough_ahead()
         loop.close()
         stock.close()
     time.sleep(0.01)  # a timer of a closed loop is dropped by the thread, nothing raised
+
+
+def test_a_loop_thread_is_borrowed_only_while_it_waits_for_io_and_woken_for_what_was_left_to_it():
+    """LoopThread.borrow(): another thread may run the loop's work while the loop's own thread
+    waits for I/O (never while it runs a callback, never from itself, never in asyncio's debug
+    mode); give_back() wakes the loop for a callback or an earlier timer scheduled meanwhile."""
+    import threading
+
+    from pulsarwire.blocking import LoopThread
+
+    lt = LoopThread()
+    try:
+        time.sleep(0.05)  # its thread is waiting for I/O by now
+        assert lt.borrow()
+        assert not lt.borrow()  # one borrower at a time
+        ran = threading.Event()
+        lt.loop.call_soon(ran.set)  # not thread-safe, but the loop is borrowed
+        lt.give_back()
+        assert ran.wait(1)  # woken for it: the loop's own wait had no end
+
+        fired = threading.Event()
+        time.sleep(0.01)
+        assert lt.borrow()
+        lt.loop.call_at(lt.loop.time() + 0.005, fired.set)
+        lt.give_back()
+        assert fired.wait(1)
+
+        busy = threading.Event()
+        release = threading.Event()
+        lt.loop.call_soon_threadsafe(lambda: (busy.set(), release.wait(2)))
+        assert busy.wait(1)
+        assert not lt.borrow()  # its thread runs a callback
+        release.set()
+
+        on_loop = lt.call(lt.borrow)
+        assert on_loop is False  # the loop's own thread holds it
+
+        lt.loop.call_soon_threadsafe(lt.loop.set_debug, True)
+        time.sleep(0.02)
+        assert not lt.borrow()
+    finally:
+        lt.stop()
+    assert not lt.borrow()  # stopped: nothing to borrow

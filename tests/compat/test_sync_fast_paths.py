@@ -484,3 +484,38 @@ def test_held_sends_go_out_at_once_on_flush_send_and_a_full_batch(embedded):
             assert answered.acquire(timeout=5)
         big.close()
         producer.close()
+
+
+def test_a_send_alone_is_written_from_the_callers_thread_and_answers_on_the_loops(embedded):
+    """A send with nothing queued or in flight before it (a send() loop, sends far apart) goes to
+    the socket from the caller's thread while the loop's thread waits for I/O: no hand-over; its
+    answer (a failure too) still comes on the loop's thread."""
+    topic = unique()
+    with pulsar.Client(embedded.url) as client:
+        producer = client.create_producer(topic, batching_enabled=False)
+        consumer = client.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+        handed = []
+        original = producer._hand_over
+        producer._hand_over = lambda *args: (handed.append(args), original(*args))
+        ids = [producer.send(b"%d" % i) for i in range(50)]
+        assert len({(i.ledger_id(), i.entry_id()) for i in ids}) == 50
+        threads = []
+        done = threading.Event()
+        time.sleep(0.01)
+        producer.send_async(b"50", lambda result, message_id: (threads.append(threading.current_thread()),
+                                                               done.set()))
+        assert done.wait(5)
+        assert len(handed) <= 5  # a hand-over each would be 51 (a few where the loop's thread was busy)
+        assert threads == [client._loop.thread]
+        assert [consumer.receive(5000).data() for _ in range(51)] == [b"%d" % i for i in range(51)]
+
+        failed = []
+        done.clear()
+        producer.send_async(bytes(6 * 1024 * 1024), lambda result, message_id: (
+            failed.append((result, threading.current_thread())), done.set()))  # over the broker's limit
+        assert done.wait(5)
+        assert failed == [(pulsar.Result.MessageTooBig, client._loop.thread)]
+        with pytest.raises(pulsar.MessageTooBig):
+            producer.send(bytes(6 * 1024 * 1024))
+        assert producer.send(b"after") is not None
+        producer.close()
