@@ -475,6 +475,19 @@ class _Awaited(_Sent):
 
 
 _NO_SEND_OPTIONS: dict[str, Any] = {}
+
+
+def _send_options(properties: dict[str, str] | None, partition_key: str | None, ordering_key: str | None,
+                  sequence_id: int | None, replication_clusters: list[str] | None, disable_replication: bool,
+                  event_timestamp: int | None, deliver_at: int | None,
+                  deliver_after: timedelta | None) -> dict[str, Any]:
+    """A send's checked options; _NO_SEND_OPTIONS (shared, never changed) when there are none."""
+    if properties is None and partition_key is None and ordering_key is None and sequence_id is None \
+            and replication_clusters is None and not disable_replication and event_timestamp is None \
+            and deliver_at is None and deliver_after is None:
+        return _NO_SEND_OPTIONS
+    return official.send_options(properties, partition_key, ordering_key, sequence_id, replication_clusters,
+                                 disable_replication, event_timestamp, deliver_at, deliver_after)
 # A held queue of sends is handed to the producer this long before its batch is due (a quarter of
 # the delay when that is shorter), and at once once this many are queued.
 _HOLD_LEAD = 100e-6
@@ -548,8 +561,8 @@ class Producer(_Facade):
         send() does: waiting out the batching delay would only hold the caller."""
         if content is not None:
             official.check_content(content, self._schema)
-        options = official.send_options(properties, partition_key, ordering_key, sequence_id, replication_clusters,
-                                        disable_replication, event_timestamp, deliver_at, deliver_after)
+        options = _send_options(properties, partition_key, ordering_key, sequence_id, replication_clusters,
+                                disable_replication, event_timestamp, deliver_at, deliver_after)
         if self._closed:
             raise AlreadyClosed(official.error_text(Result.AlreadyClosed))
         self._loop.refuse_own_thread()
@@ -578,14 +591,8 @@ class Producer(_Facade):
             raise TypeError(f"send_async callback must be callable(result, message_id), not {type(callback).__name__}")
         if content is not None:  # None: a null value, as send()
             official.check_content(content, self._schema)
-        if properties is None and partition_key is None and ordering_key is None and sequence_id is None \
-                and replication_clusters is None and not disable_replication and event_timestamp is None \
-                and deliver_at is None and deliver_after is None:
-            options = _NO_SEND_OPTIONS
-        else:
-            options = official.send_options(properties, partition_key, ordering_key, sequence_id,
-                                            replication_clusters, disable_replication, event_timestamp,
-                                            deliver_at, deliver_after)
+        options = _send_options(properties, partition_key, ordering_key, sequence_id, replication_clusters,
+                                disable_replication, event_timestamp, deliver_at, deliver_after)
         sent = _Sent(self, callback)
         if self._closed:
             sent.refused(Result.AlreadyClosed)
