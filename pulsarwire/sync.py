@@ -481,7 +481,8 @@ def _send_options(properties: dict[str, str] | None, partition_key: str | None, 
                   sequence_id: int | None, replication_clusters: list[str] | None, disable_replication: bool,
                   event_timestamp: int | None, deliver_at: int | None,
                   deliver_after: timedelta | None) -> dict[str, Any]:
-    """A send's checked options; _NO_SEND_OPTIONS (shared, never changed) when there are none."""
+    """A send's checked options; _NO_SEND_OPTIONS (shared, never changed) when there are none (send_async
+    checks inline: its per-message path)."""
     if properties is None and partition_key is None and ordering_key is None and sequence_id is None \
             and replication_clusters is None and not disable_replication and event_timestamp is None \
             and deliver_at is None and deliver_after is None:
@@ -591,8 +592,14 @@ class Producer(_Facade):
             raise TypeError(f"send_async callback must be callable(result, message_id), not {type(callback).__name__}")
         if content is not None:  # None: a null value, as send()
             official.check_content(content, self._schema)
-        options = _send_options(properties, partition_key, ordering_key, sequence_id, replication_clusters,
-                                disable_replication, event_timestamp, deliver_at, deliver_after)
+        if properties is None and partition_key is None and ordering_key is None and sequence_id is None \
+                and replication_clusters is None and not disable_replication and event_timestamp is None \
+                and deliver_at is None and deliver_after is None:
+            options = _NO_SEND_OPTIONS  # inline, not _send_options(): this is the per-message path
+        else:
+            options = official.send_options(properties, partition_key, ordering_key, sequence_id,
+                                            replication_clusters, disable_replication, event_timestamp,
+                                            deliver_at, deliver_after)
         sent = _Sent(self, callback)
         if self._closed:
             sent.refused(Result.AlreadyClosed)
@@ -694,16 +701,17 @@ class Producer(_Facade):
                 if not wake:
                     self._handing_over = False
             self._loop.give_back()
-        if wake:
-            self._wake_hand_over()
+        if wake:  # what others queued meanwhile; or this send, first, at once (it may be a send())
+            self._wake_hand_over(may_hold=not requeue)
 
-    def _wake_hand_over(self) -> None:
-        """Have the loop take the queued sends (or hold them until their batch is nearly due)."""
+    def _wake_hand_over(self, may_hold: bool = True) -> None:
+        """Have the loop take the queued sends (or, `may_hold`, hold them until their batch is
+        nearly due)."""
         try:
             if threading.current_thread() is self._loop.thread:
-                self._loop.loop.call_soon(self._hand_over, True)
+                self._loop.loop.call_soon(self._hand_over, may_hold)
             else:
-                self._loop.loop.call_soon_threadsafe(self._hand_over, True)
+                self._loop.loop.call_soon_threadsafe(self._hand_over, may_hold)
         except RuntimeError:  # the loop closed meanwhile
             self._fail_handing(errors.AlreadyClosedError("client is closed"))
 

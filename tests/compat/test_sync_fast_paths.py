@@ -519,3 +519,19 @@ def test_a_send_alone_is_written_from_the_callers_thread_and_answers_on_the_loop
             producer.send(bytes(6 * 1024 * 1024))
         assert producer.send(b"after") is not None
         producer.close()
+
+
+def test_a_send_that_has_to_wait_goes_to_the_loop_first_in_line_and_not_held(embedded):
+    """A send alone that cannot go at once (its lazy partition not attached yet) is handed to the
+    loop's thread first in line: a send() with batching on does not wait out the delay."""
+    topic = f"persistent://public/default/{unique('lazy')}"
+    embedded.call(embedded.broker.create_partitioned_topic, topic, 3)
+    with pulsar.Client(embedded.url) as client:
+        producer = client.create_producer(topic, lazy_start_partitioned_producers=True, batching_enabled=True,
+                                          batching_max_publish_delay_ms=5000,
+                                          message_routing_mode=pulsar.PartitionsRoutingMode.RoundRobinDistribution)
+        started = time.monotonic()
+        ids = [producer.send(b"%d" % i) for i in range(6)]
+        assert time.monotonic() - started < 2.5  # a held send() would wait 5 s
+        assert len({(i.partition(), i.ledger_id(), i.entry_id()) for i in ids}) == 6
+        producer.close()
