@@ -66,6 +66,7 @@ class LoopThread:
         # (asyncio's debug mode refuses call_soon() from any thread but the loop's)
         if borrowing is None or borrowing.loop_waits or self.loop.get_debug() or not borrowing.lock.acquire(False):
             return False
+        borrowing.holder = threading.get_ident()
         loop: Any = self.loop
         self._marks = (len(loop._ready), loop._scheduled[0] if loop._scheduled else None)
         return True

@@ -30,7 +30,7 @@ from typing import Any, Callable, Coroutine, cast
 from typing import TypeVar as _TypeVar  # private: __all__ below offers this module's classes
 
 from . import client as aio
-from . import errors, messages
+from . import errors, messages, timers
 from .blocking import LoopThread
 from .client import receiving
 from .client.producer import Receipt
@@ -703,6 +703,8 @@ class Producer(_Facade):
             self._loop.give_back()
         if wake:  # what others queued meanwhile; or this send, first, at once (it may be a send())
             self._wake_hand_over(may_hold=not requeue)
+
+    timers.Borrowing.sections.add(_send_direct.__code__)
 
     def _wake_hand_over(self, may_hold: bool = True) -> None:
         """Have the loop take the queued sends (or, `may_hold`, hold them until their batch is

@@ -14,6 +14,7 @@ import selectors
 import sys
 import threading
 import time
+import types
 from typing import Callable
 
 if hasattr(selectors, "EpollSelector"):
@@ -43,7 +44,7 @@ if hasattr(selectors, "EpollSelector"):
                 return self._wait(timeout)
             finally:
                 borrowing.loop_waits = True  # a borrower gives way: the loop's thread has work
-                borrowing.lock.acquire()
+                borrowing.take_back()
                 borrowing.loop_waits = False
 
         def _wait(self, timeout: float | None) -> list[tuple[selectors.SelectorKey, int]]:
@@ -98,12 +99,31 @@ class Borrowing:
     holds it may do what the loop's thread would (call the loop's callbacks' code, write to its
     transports), without waiting on anything; what it schedules on the loop must wake it (`wake`)."""
 
-    __slots__ = ("lock", "loop_waits")
+    __slots__ = ("lock", "loop_waits", "holder")
+
+    # A borrow never waits on anything, so it lasts microseconds. When the loop's thread has
+    # waited this long for the lock, it looks at the borrower: one no longer running a
+    # `section` (a KeyboardInterrupt came between its borrow and its give-back) is lost, and the
+    # loop's thread takes the lock back rather than wait forever; one still in its section (a
+    # stopped process, say) is waited for.
+    GIVE_BACK_WITHIN = 2.0
+    sections: set[types.CodeType] = set()  # the code of functions that hold a borrow until they return
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.lock.acquire()  # the loop's: until its thread first waits for I/O
         self.loop_waits = False  # the loop's thread waits for the lock: borrowers give way
+        self.holder = 0  # the thread ident of the last borrower
+
+    def take_back(self) -> None:
+        """On the loop's thread, its wait over: hold the lock again, once the borrower (if any)
+        gives it back, or at once if that borrower was lost."""
+        while not self.lock.acquire(timeout=self.GIVE_BACK_WITHIN):
+            frame = sys._current_frames().get(self.holder)
+            while frame is not None and frame.f_code not in self.sections:
+                frame = frame.f_back
+            if frame is None:
+                return  # lost: still locked, the loop's thread holds it as its own from here on
 
 
 def less_timer_slack() -> None:

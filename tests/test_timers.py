@@ -104,3 +104,49 @@ def test_a_loop_thread_is_borrowed_only_while_it_waits_for_io_and_woken_for_what
     finally:
         lt.stop()
     assert not lt.borrow()  # stopped: nothing to borrow
+
+
+def test_a_borrower_that_never_gives_the_loop_back_does_not_stop_it_for_good(monkeypatch):
+    """A borrower interrupted between taking the loop and giving it back (a KeyboardInterrupt
+    there) leaves the lock taken: the loop's thread takes it back after GIVE_BACK_WITHIN rather
+    than wait forever."""
+    import threading
+
+    from pulsarwire.blocking import LoopThread
+
+    monkeypatch.setattr(timers.Borrowing, "GIVE_BACK_WITHIN", 0.2)
+    lt = LoopThread()
+    try:
+        time.sleep(0.05)
+        assert lt.borrow()  # and never given back
+        ran = threading.Event()
+        lt.loop.call_soon_threadsafe(ran.set)
+        assert not ran.wait(0.1)  # the loop's thread waits for the borrower...
+        assert ran.wait(2)  # ...and then takes the loop back
+        assert lt.call(lambda: 42) == 42
+        time.sleep(0.05)
+        assert lt.borrow()  # and lends it again
+        lt.give_back()
+
+        def slow_borrower(times):  # a borrower still in its section (a stopped process, say) is waited for
+            assert lt.borrow()
+            try:
+                time.sleep(0.5)
+            finally:
+                times.append(time.monotonic())
+                lt.give_back()
+        monkeypatch.setattr(timers.Borrowing, "sections", {slow_borrower.__code__})
+        given_back = []
+        time.sleep(0.05)
+        borrower = threading.Thread(target=slow_borrower, args=(given_back,))
+        borrower.start()
+        time.sleep(0.05)
+        ran_at = []
+        lt.loop.call_soon_threadsafe(lambda: ran_at.append(time.monotonic()))
+        borrower.join(2)
+        deadline = time.monotonic() + 2
+        while not ran_at and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert ran_at and given_back and ran_at[0] >= given_back[0]
+    finally:
+        lt.stop()
