@@ -165,12 +165,15 @@ def test_send_async_callbacks_in_order_and_flush_waits_for_them(embedded):
         producer.close()
 
 
-def test_sends_from_threads_keep_each_threads_order(embedded):
+@pytest.mark.parametrize("batching", [True, False])
+def test_sends_from_threads_keep_each_threads_order(embedded, batching):
+    """Sends from several threads, some alone (written by the caller's thread with the loop
+    borrowed) and some in streams (handed over by the loop's thread, held with batching)."""
     topic = unique()
     with pulsar.Client(embedded.url) as client:
         consumer = client.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
-        producer = client.create_producer(topic, batching_enabled=True, max_pending_messages=20,
-                                          block_if_queue_full=True)
+        producer = client.create_producer(topic, batching_enabled=batching, max_pending_messages=20,
+                                          block_if_queue_full=True, batching_max_publish_delay_ms=2)
         results = []
 
         def send(n):
@@ -179,6 +182,8 @@ def test_sends_from_threads_keep_each_threads_order(embedded):
                     producer.send(b"%d:%d" % (n, i))
                 else:
                     producer.send_async(b"%d:%d" % (n, i), lambda result, mid: results.append(result))
+                if i % 37 == n:
+                    time.sleep(0.003)  # what is in flight drains: the next send goes alone
         threads = [threading.Thread(target=send, args=(n,)) for n in range(3)]
         for thread in threads:
             thread.start()
