@@ -704,8 +704,6 @@ class Producer(_Facade):
         if wake:  # what others queued meanwhile; or this send, first, at once (it may be a send())
             self._wake_hand_over(may_hold=not requeue)
 
-    timers.Borrowing.sections.add(_send_direct.__code__)
-
     def _wake_hand_over(self, may_hold: bool = True) -> None:
         """Have the loop take the queued sends (or, `may_hold`, hold them until their batch is
         nearly due)."""
@@ -848,6 +846,10 @@ class Producer(_Facade):
             await self._handed_over()
             await self._producer.close()
         self._run(close(), closed_check=False)
+
+
+# a caller's thread holds the loop it borrowed until _send_direct returns (see Borrowing.take_back)
+timers.Borrowing.sections.add(Producer._send_direct.__code__)
 
 
 def _future_answered(sent: _Sent, future: _asyncio.Future[messages.MessageId]) -> None:
