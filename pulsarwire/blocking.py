@@ -43,7 +43,9 @@ def _wait(future: concurrent.futures.Future[T], timeout: float | None) -> T:
                 return future.result()
             if deadline is not None and time.monotonic() >= deadline:
                 raise
-def _nothing() -> None:
+
+
+def _nothing() -> None:  # a callback that only wakes the loop's thread
     pass
 
 

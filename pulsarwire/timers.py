@@ -97,7 +97,8 @@ else:  # pragma: no cover - not Linux
 class Borrowing:
     """The lock that a borrowable loop's thread holds except while it waits for I/O. Whoever
     holds it may do what the loop's thread would (call the loop's callbacks' code, write to its
-    transports), without waiting on anything; what it schedules on the loop must wake it (`wake`)."""
+    transports), without waiting on anything; LoopThread.give_back wakes the loop's thread for
+    what the holder scheduled on it."""
 
     __slots__ = ("lock", "loop_waits", "holder")
 

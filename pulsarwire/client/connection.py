@@ -179,7 +179,8 @@ class Connection(asyncio.Protocol):
     def _flush_queued(self) -> None:
         self._flush_soon = False
         self.flush()
-    _flush_queued.wakes_nothing = True  # type: ignore[attr-defined]  # left behind by flush_now(): see LoopThread.give_back
+    # left behind, a no-op, when flush_now() wrote first: no reason to wake a loop (LoopThread.give_back)
+    _flush_queued.wakes_nothing = True  # type: ignore[attr-defined]
 
     def flush_now(self) -> None:
         """Write what write_frame queued without waiting for the loop's next turn."""
