@@ -674,7 +674,8 @@ class Producer(_Facade):
     def _send_direct(self, content: Any, options: dict[str, Any], sent: _Sent) -> None:
         """In the caller's thread, the loop borrowed: what the loop's hand-over does for one send,
         then the loop is given back. Answers that come at once (a failure) go through the loop's
-        thread, as every answer does: no callback runs while the loop is borrowed."""
+        thread, as every answer does: no callback runs while the loop is borrowed. (Running
+        `_hand_over()` itself here, through the queue, made a send() loop 15 % slower.)"""
         producer = self._producer
         requeue = False
         accepted = time.monotonic()
