@@ -1042,8 +1042,8 @@ class Producer:
         turn (for a caller who waits on the answer: nothing more is coming to join them)."""
         for p in self._partitions:
             p.flush_batch()
-            if write_now and p.conn is not None:
-                p.conn.flush_now()
+        if write_now:
+            self.write_now()
 
     async def flush(self) -> None:
         """Send what is batched and wait until every pending message is acknowledged."""
