@@ -30,10 +30,11 @@ import time
 from .common import BrokerUnderTest
 
 
-def _floor_source(rows_per_partition: int, size: int, partitions: int):
-    """A Python data source that yields ready-made Arrow batches of the pulsarwire schema (built
-    once, by the same builder, from one 1 000-message entry): what Spark's Python Data Source
-    path costs by itself, the ceiling of any Python source on this machine."""
+def _floor_source(rows_per_partition: int, size: int, partitions: int, name: str = "pulsarwire-floor",
+                  names: list[str] | None = None):
+    """A Python data source that yields ready-made Arrow batches of the pulsarwire schema, or of
+    its columns `names` (built once, by the same builder, from one 1 000-message entry): what Spark's
+    Python Data Source path costs by itself, the ceiling of any Python source on this machine."""
     from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
     class FloorReader(DataSourceReader):
@@ -53,7 +54,7 @@ def _floor_source(rows_per_partition: int, size: int, partitions: int):
             batches = _BatchBuilder("persistent://public/default/floor", partition.value)
             for entry in range(max(1, min(320, (64 << 20) // (100 * size)))):
                 batches.add(columns, 0, 100, 0, entry, 1)
-            batch = batches.take()
+            batch = batches.take(names)
             left = rows_per_partition
             while left > 0:
                 yield batch if left >= batch.num_rows else batch.slice(0, left)
@@ -62,11 +63,13 @@ def _floor_source(rows_per_partition: int, size: int, partitions: int):
     class FloorSource(DataSource):
         @classmethod
         def name(cls):
-            return "pulsarwire-floor"
+            return name
 
         def schema(self):
+            from pyspark.sql.types import StructType
+
             from pulsarwire.spark import SCHEMA
-            return SCHEMA
+            return SCHEMA if names is None else StructType([SCHEMA[c] for c in names])
 
         def reader(self, schema):
             return FloorReader()
@@ -151,8 +154,10 @@ def run(rows: int, big_rows: int, partition_counts: list[int], workdir: str, typ
                 w = w.option(key, value)
             w.mode("append").save()
 
-        def from_pulsar(name, **options):
+        def from_pulsar(name, schema=None, **options):
             r = spark.read.format("pulsarwire").option("service.url", broker.url).option("topic", name)
+            if schema is not None:
+                r = r.schema(schema)
             for key, value in options.items():
                 r = r.option(key, value)
             return r.load()
@@ -206,6 +211,16 @@ def run(rows: int, big_rows: int, partition_counts: list[int], workdir: str, typ
                 spark.dataSource.register(_floor_source(count // p, size, p))
                 case["read_floor"] = count / median(f"{label}: read floor", [
                     lambda: to_noop(spark.read.format("pulsarwire-floor").load())] * repeat)
+                # the value alone (.schema("value binary")), the one column Parquet holds
+                case["read_pulsarwire_value"] = count / median(f"{label}: read pulsarwire, value only", [
+                    lambda: to_noop(from_pulsar(topics[0], "value binary"))] * repeat)
+                if p > 2:
+                    case["read_pulsarwire_value_2_tasks"] = count / median(
+                        f"{label}: read pulsarwire, value only, maxPartitions=2", [
+                            lambda: to_noop(from_pulsar(topics[0], "value binary", maxPartitions="2"))] * repeat)
+                spark.dataSource.register(_floor_source(count // p, size, p, "pulsarwire-floor-value", ["value"]))
+                case["read_floor_value"] = count / median(f"{label}: read floor, value only", [
+                    lambda: to_noop(spark.read.format("pulsarwire-floor-value").load())] * repeat)
                 counted = from_pulsar(topics[0]).count()
                 if counted != count:
                     raise SystemExit(f"{topics[0]}: read back {counted} rows, wrote {count}")
@@ -299,6 +314,14 @@ def main(argv=None) -> None:
             if what == "read" and "read_pulsarwire_2_tasks" in case:
                 grouped = case["read_pulsarwire_2_tasks"]
                 print(f"{'  the same, maxPartitions=2':34}{grouped:>12,.0f}{theirs:>12,.0f}{grouped / theirs:>7.2f}")
+            if what == "read" and "read_pulsarwire_value" in case:
+                alone, floor = case["read_pulsarwire_value"], case["read_floor_value"]
+                print(f"{'  value only (.schema)':34}{alone:>12,.0f}{theirs:>12,.0f}{alone / theirs:>7.2f}"
+                      f"{floor:>14,.0f}{floor / theirs:>15.2f}")
+                if "read_pulsarwire_value_2_tasks" in case:
+                    grouped = case["read_pulsarwire_value_2_tasks"]
+                    print(f"{'  value only, maxPartitions=2':34}{grouped:>12,.0f}{theirs:>12,.0f}"
+                          f"{grouped / theirs:>7.2f}")
     if "typed" in result:
         typed = result["typed"]
         print(f"typed JSON read: {typed['read_typed']:,.0f} rows/s typed, {typed['read_bytes']:,.0f} as bytes, "

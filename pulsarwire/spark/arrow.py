@@ -9,7 +9,7 @@ message, so the two stay apart.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from .._codec_py import varint_bytes
 from .columns import _arrow_schema
@@ -100,8 +100,9 @@ class _BatchBuilder:
         self.rows += count
         self.bytes += size + count * (64 + len(prefix) + len(suffix))
 
-    def take(self) -> pa.RecordBatch:
-        """The gathered rows as one pyarrow.RecordBatch (and the builder emptied)."""
+    def take(self, names: Sequence[str] | None = None) -> pa.RecordBatch:
+        """The gathered rows as one pyarrow.RecordBatch (and the builder emptied): the columns
+        `names`, in that order (None: all of SCHEMA's); a column not asked for is not built."""
         import numpy as np
         import pyarrow as pa
 
@@ -109,6 +110,7 @@ class _BatchBuilder:
         self._clear()
         wrap = pa.py_buffer
         counts = np.array([s.hi - s.lo for s in slices], np.int64)
+        ts = pa.timestamp("us", tz="UTC")
 
         def per_entry(value_of: Callable[[_Slice], int], kind: type) -> np.ndarray:
             return np.repeat(np.array([value_of(s) for s in slices], kind), counts)
@@ -116,22 +118,35 @@ class _BatchBuilder:
         def per_row(column_of: Callable[[_Columns], Any], kind: type) -> np.ndarray:
             return np.concatenate([np.frombuffer(column_of(s.columns), kind)[s.lo:s.hi] for s in slices])
 
-        event_ms = per_row(lambda c: c.event_times, np.uint64).astype(np.int64)
-        ts = pa.timestamp("us", tz="UTC")
-        event = pa.Array.from_buffers(ts, rows, [wrap(np.packbits(event_ms != 0, bitorder="little")),
-                                                 wrap(event_ms * 1000)])
-        name = self.topic.encode()
-        topic = pa.Array.from_buffers(pa.string(), rows, [
-            None, wrap(np.arange(0, (rows + 1) * len(name), len(name), dtype=np.int32)), wrap(name * rows)])
-        arrays = [
-            _values(slices, rows), _keys(slices, rows), topic, _message_ids(slices, rows),
-            pa.Array.from_buffers(ts, rows, [None, wrap(per_entry(lambda s: s.publish_ms, np.int64) * 1000)]),
-            event, _properties(slices, rows),
-            pa.array(per_entry(lambda s: s.ledger, np.int64)), pa.array(per_entry(lambda s: s.entry, np.int64)),
-            pa.array(per_row(lambda c: c.batch_indexes, np.int64).astype(np.int32)),
-            pa.array(np.full(rows, self.partition, np.int32)),
-        ]
-        return pa.RecordBatch.from_arrays(arrays, schema=_arrow_schema())
+        def event() -> pa.Array:
+            event_ms = per_row(lambda c: c.event_times, np.uint64).astype(np.int64)
+            return pa.Array.from_buffers(ts, rows, [wrap(np.packbits(event_ms != 0, bitorder="little")),
+                                                    wrap(event_ms * 1000)])
+
+        def topic() -> pa.Array:
+            name = self.topic.encode()
+            return pa.Array.from_buffers(pa.string(), rows, [
+                None, wrap(np.arange(0, (rows + 1) * len(name), len(name), dtype=np.int32)), wrap(name * rows)])
+
+        build: dict[str, Callable[[], pa.Array]] = {
+            "value": lambda: _values(slices, rows),
+            "__key": lambda: _keys(slices, rows),
+            "__topic": topic,
+            "__messageId": lambda: _message_ids(slices, rows),
+            "__publishTime": lambda: pa.Array.from_buffers(
+                ts, rows, [None, wrap(per_entry(lambda s: s.publish_ms, np.int64) * 1000)]),
+            "__eventTime": event,
+            "__messageProperties": lambda: _properties(slices, rows),
+            "__ledgerId": lambda: pa.array(per_entry(lambda s: s.ledger, np.int64)),
+            "__entryId": lambda: pa.array(per_entry(lambda s: s.entry, np.int64)),
+            "__batchIndex": lambda: pa.array(per_row(lambda c: c.batch_indexes, np.int64).astype(np.int32)),
+            "__partition": lambda: pa.array(np.full(rows, self.partition, np.int32)),
+        }
+        schema = _arrow_schema()
+        if names is None:
+            return pa.RecordBatch.from_arrays([build[name]() for name in schema.names], schema=schema)
+        return pa.RecordBatch.from_arrays([build[name]() for name in names],
+                                          schema=pa.schema([schema.field(name) for name in names]))
 
 
 def _spans(slices: list[_Slice], bounds: list[tuple[int, int]], data_of: Callable[[_Columns], Any],

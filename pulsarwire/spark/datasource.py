@@ -10,7 +10,7 @@ from .connect import _run, _with_client
 from .errors import PulsarSparkError
 from .options import SinkOptions, SourceOptions, _options, sink_options, source_options
 from .sink import PulsarBatchWriter, PulsarStreamWriter, _check_sink_schema
-from .source import PulsarBatchReader, PulsarStreamReader, source_schema, with_value_type
+from .source import PulsarBatchReader, PulsarStreamReader, select_columns, source_schema, with_value_type
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -35,11 +35,7 @@ class PulsarDataSource(DataSource):
 
     def _source(self, schema: StructType | None, streaming: bool) -> SourceOptions:
         opts = with_value_type(source_options(_options(self.options), streaming=streaming))
-        if schema is not None and schema["value"].dataType != source_schema(opts)["value"].dataType:
-            raise PulsarSparkError(f"the topics' schema changed since the query was defined: value is now "
-                                   f"{source_schema(opts)['value'].dataType.simpleString()}, was "
-                                   f"{schema['value'].dataType.simpleString()}; define the query again")
-        return opts
+        return opts if schema is None else select_columns(opts, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> PulsarBatchWriter:
         opts, fields = self._sink(schema, overwrite)

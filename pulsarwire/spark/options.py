@@ -197,6 +197,8 @@ class SourceOptions:
     corrupt_column: str = "_corrupt_record"
     value_type: Any = None  # the topics' schema as a types.ValueType (None: bytes)
     max_partitions: int | None = None  # at most this many Spark tasks (ranges packed together)
+    columns: tuple[str, ...] | None = None  # a schema given to the read: these columns (None: all)
+    retyped: dict[str, Any] | None = None  # of those, the Spark types that differ from ours in nullability
 
 
 _KAFKA_NAMES = {"subscribe": "subscribe", "subscribepattern": "subscribePattern",

@@ -15,6 +15,7 @@ from pyspark.sql.datasource import InputPartition
 
 from ..messages import MessageId
 from .arrow import _BatchBuilder
+from .columns import SCHEMA
 from .connect import _connected, _retryable
 from .errors import PulsarDataLossError
 from .offsets import Boundary, _position, _row_range, _where
@@ -57,10 +58,27 @@ def _read_partition(opts: SourceOptions, partition: InputPartition) -> Iterator[
     # else: Spark's stand-in partition when there is nothing to read
 
 
+# what _finish reads besides the query's columns: the key for KeyValue values, the position
+# columns to name a payload that does not decode
+_TYPED_NEEDS = ("value", "__key", "__topic", "__ledgerId", "__entryId", "__batchIndex")
+
+
+def _built_columns(opts: SourceOptions) -> list[str] | None:
+    """The builder's columns: the query's own, then what _finish needs to make them (None: all)."""
+    if opts.columns is None:
+        return None
+    names = [name for name in opts.columns if name in SCHEMA.fieldNames()]
+    needs = list(_TYPED_NEEDS) if opts.value_type is not None else []
+    if opts.include_headers:
+        needs.append("__messageProperties")
+    return names + [name for name in dict.fromkeys(needs) if name not in names]
+
+
 def _finish(opts: SourceOptions, batch: pa.RecordBatch) -> pa.RecordBatch:
-    """The builder's columns made into what source_schema(opts) says: the value decoded with
-    the topic's schema, headers and the corrupt-record column when asked."""
-    if not opts.include_headers and opts.value_type is None:
+    """The builder's columns made into what the read gives: the value decoded with the topic's
+    schema, headers and the corrupt-record column when asked, the query's columns in its order."""
+    if not opts.include_headers and opts.value_type is None and not opts.retyped and \
+            (opts.columns is None or len(opts.columns) == batch.num_columns):
         return batch
     import pyarrow as pa
     columns, names = list(batch.columns), list(batch.schema.names)
@@ -73,10 +91,11 @@ def _finish(opts: SourceOptions, batch: pa.RecordBatch) -> pa.RecordBatch:
             if not opts.permissive:
                 _undecodable(opts, batch, bad)
             value = pa.array(value.to_pylist(), value.type, mask=bad) if value.null_count < bad.sum() else value
-        if opts.permissive:  # the payload of each row that did not decode, null elsewhere
+        if opts.permissive and (opts.columns is None or opts.corrupt_column in opts.columns):
+            # the payload of each row that did not decode, null elsewhere
             corrupt = pa.nulls(len(raw), pa.binary()) if bad is None else \
                 pa.array(raw.to_pylist(), pa.binary(), mask=~bad)
-        columns[0] = value
+        columns[names.index("value")] = value
     if opts.include_headers:
         properties = batch.column("__messageProperties")
         header = pa.StructArray.from_arrays([properties.keys, properties.items.cast(pa.binary())], ["key", "value"])
@@ -85,6 +104,13 @@ def _finish(opts: SourceOptions, batch: pa.RecordBatch) -> pa.RecordBatch:
     if corrupt is not None:
         columns.append(corrupt)
         names.append(opts.corrupt_column)
+    if opts.columns is not None:
+        by_name = dict(zip(names, columns))
+        if opts.retyped:
+            from pyspark.sql.pandas.types import to_arrow_type
+            for name, kind in opts.retyped.items():
+                by_name[name] = by_name[name].cast(to_arrow_type(kind, timezone="UTC"))
+        columns, names = [by_name[name] for name in opts.columns], list(opts.columns)
     return pa.RecordBatch.from_arrays(columns, names=names)
 
 
@@ -115,6 +141,7 @@ class _RangeReader:
         self.end = Boundary.from_json(part.end)
         self.end_position = self.end.position
         self.builder = _BatchBuilder(part.topic, part.partition)
+        self.names = _built_columns(opts)
         self.client: Client | None = None
         self.reader: EntryReader | None = None
         self.first = True
@@ -193,7 +220,7 @@ class _RangeReader:
                 self._entry(entry)
             else:
                 await self._wait()
-        return builder.take() if builder.rows else None
+        return builder.take(self.names) if builder.rows else None
 
     async def _wait(self) -> None:
         """Wait for entries; a range whose end is no longer there ends (lenient) or is a data-loss

@@ -15,7 +15,7 @@ from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, Inp
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow,
 )
-from pyspark.sql.types import BinaryType, StructField, StructType
+from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StructField, StructType
 
 from ..messages import MessageId
 from .columns import HEADERS, SCHEMA
@@ -68,6 +68,57 @@ def source_schema(opts: SourceOptions) -> StructType:
     if opts.value_type is not None and opts.permissive:
         fields.append(StructField(opts.corrupt_column, BinaryType()))
     return StructType(fields)
+
+
+def select_columns(opts: SourceOptions, schema: StructType) -> SourceOptions:
+    """`opts` reading the columns of `schema`: the one `source_schema` gave at load(), or a
+    subset a query names with `.schema(...)` (in any order), so that the columns it does not
+    want are never built nor handed to Spark (a Python source gets no column pruning). `value`
+    given as binary reads a typed topic's payloads as bytes; `headers` needs no option."""
+    if [(f.name, f.dataType) for f in schema.fields] == [(f.name, f.dataType) for f in source_schema(opts).fields]:
+        return opts
+    names = schema.fieldNames()
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise PulsarSparkError(f"the read's schema names {', '.join(twice)} more than once")
+    if "value" in names and isinstance(schema["value"].dataType, BinaryType) and opts.value_type is not None:
+        opts.raw_value, opts.value_type = True, None  # bytes asked for
+    if "headers" in names:
+        opts.include_headers = True
+    offered = {f.name: f for f in source_schema(opts).fields}
+    retyped: dict[str, DataType] = {}
+    for field in schema.fields:
+        have = offered.get(field.name)
+        if have is None:
+            raise PulsarSparkError(f"the read's schema names {field.name!r}, which this source does not give; "
+                                   f"its columns: {', '.join(offered)}")
+        if field.dataType != have.dataType and _nullable(field.dataType) == _nullable(have.dataType):
+            retyped[field.name] = field.dataType  # the same but for what may be null within it
+        elif field.dataType != have.dataType:
+            if field.name == "value":
+                raise PulsarSparkError(f"value is {have.dataType.simpleString()} (the topics' schema), the query's "
+                                       f"schema says {field.dataType.simpleString()}: the topics' schema changed "
+                                       "since the query was defined (define it again), or give value as binary "
+                                       "for the payloads' bytes")
+            raise PulsarSparkError(f"the read's schema gives {field.name!r} as {field.dataType.simpleString()}; "
+                                   f"it is {have.dataType.simpleString()}")
+        if not field.nullable:
+            raise PulsarSparkError(f"the read's schema gives {field.name!r} as NOT NULL; declare it nullable "
+                                   "(the source's columns are)")
+    opts.columns, opts.retyped = tuple(names), retyped or None
+    opts.include_headers = "headers" in names  # includeHeaders=true with a schema without them: not built
+    return opts
+
+
+def _nullable(kind: DataType) -> DataType:
+    """`kind` with everything within it nullable: types that differ only there hold the same values."""
+    if isinstance(kind, StructType):
+        return StructType([StructField(f.name, _nullable(f.dataType)) for f in kind.fields])
+    if isinstance(kind, ArrayType):
+        return ArrayType(_nullable(kind.elementType))
+    if isinstance(kind, MapType):
+        return MapType(_nullable(kind.keyType), _nullable(kind.valueType))
+    return kind
 
 
 async def _value_type(client: Client, opts: SourceOptions) -> ValueType | None:

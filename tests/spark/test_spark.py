@@ -915,3 +915,89 @@ def test_exactly_once_sink_drops_what_a_replayed_batch_sends_again(spark, embedd
         assert sorted(set(values)) == sorted(b"v%d" % i for i in range(40))
         counts[exactly_once] = len(values)
     assert counts == {"true": 40, "false": 80}
+
+
+def test_a_schema_given_to_the_read_builds_only_its_columns(spark, embedded, tmp_path):
+    """A Python source gets no column pruning from Spark, so `.schema(...)` names the columns a
+    read wants (any subset, in any order): the others are never built nor handed to Spark."""
+    topic = "persistent://public/default/" + unique("spark-columns")
+    produce(embedded.url, topic, 0, 40)
+    def fresh():  # a new DataFrameReader each time: its option() and schema() change it in place
+        return spark.read.format("pulsarwire").option("service.url", embedded.url).option("topic", topic)
+    load = fresh()
+    full = {(r["__entryId"], r["__batchIndex"]): r for r in load.load().collect()}
+    picked = load.schema("__entryId bigint, value binary, __batchIndex int").load()
+    assert picked.columns == ["__entryId", "value", "__batchIndex"]
+    rows = picked.collect()
+    assert len(rows) == 40 and all(full[(r[0], r[2])].value == r[1] for r in rows)
+    assert sorted(r.value for r in fresh().schema("value binary").load().collect()) == \
+        sorted(b"v%d" % i for i in range(40))
+    headers = fresh().schema("headers array<struct<key:string,value:binary>>, __key string").load() \
+        .where("__key = 'k1'").collect()  # headers named in the schema need no includeHeaders
+    assert len(headers) == 13 and all(h.headers[0].key == "i" for h in headers)
+    assert fresh().option("includeHeaders", "true").schema("value binary").load().count() == 40
+    for schema, error in [("value binary, offset bigint", r"names 'offset', which this source does not give; "
+                                                           r"its columns: value, __key"),
+                          ("__entryId int", r"gives '__entryId' as int; it is bigint"),
+                          ("value binary NOT NULL", "NOT NULL"),
+                          ("value string", r"value is binary \(the topics' schema\), the query's schema says string")]:
+        with pytest.raises(Exception, match=error):
+            fresh().schema(schema).load().collect()
+
+    stream = (spark.readStream.format("pulsarwire").option("service.url", embedded.url).option("topic", topic)
+              .option("startingOffsets", "earliest").schema("value binary, __publishTime timestamp").load())
+    seen: list = []
+    query = stream.writeStream.foreachBatch(lambda df, _: seen.extend(df.collect())) \
+        .option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start()
+    query.awaitTermination(120)
+    assert query.exception() is None
+    assert sorted(r.value for r in seen) == sorted(b"v%d" % i for i in range(40))
+    assert all(r["__publishTime"] is not None for r in seen) and len(seen[0]) == 2
+
+
+def test_a_schema_given_to_a_typed_read(spark, embedded):
+    """On a topic with a schema: `value` as binary reads the payloads' bytes; typed, with the
+    corrupt-record column or without it (PERMISSIVE), and with the key it may need left out."""
+    from pulsarwire.schema import SchemaInfo, SchemaType
+    from pulsarwire.spark.sink import _topic_schema
+
+    record = {"type": "record", "name": "R", "fields": [{"name": "n", "type": "long"}]}
+    topic = "persistent://public/default/" + unique("spark-typed-columns")
+    _send_with_schema(embedded.url, topic, _topic_schema(SchemaInfo(SchemaType.JSON, "R", json.dumps(record))),
+                      [json.dumps({"n": i}).encode() for i in range(5)] + [b"not json"])
+    def load():  # a new DataFrameReader each time: its option() and schema() change it in place
+        return spark.read.format("pulsarwire").option("service.url", embedded.url).option("topic", topic)
+    assert sorted(r.value for r in load().schema("value binary").load().collect()) == sorted(
+        [json.dumps({"n": i}).encode() for i in range(5)] + [b"not json"])
+    rows = load().option("mode", "PERMISSIVE").schema("_corrupt_record binary, value struct<n:bigint>").load().collect()
+    assert sorted((r.value.n if r.value else None, r._corrupt_record) for r in rows if r.value) == [
+        (i, None) for i in range(5)]
+    assert [r._corrupt_record for r in rows if r.value is None] == [b"not json"]
+    assert sorted(r.value.n for r in load().option("mode", "PERMISSIVE").schema("value struct<n:bigint>").load().collect() if r.value) == \
+        list(range(5))
+    with pytest.raises(Exception, match=r"message \d+:\d+:\d+ does not decode"):
+        load().schema("value struct<n:bigint>").load().collect()
+
+
+def test_the_builder_builds_the_columns_asked_for_in_their_order():
+    from pulsarwire import codec
+    from pulsarwire._proto import PulsarApi_pb2 as pb
+    from pulsarwire.spark.arrow import _BatchBuilder
+
+    builder = codec.BatchBuilder()
+    for i in range(50):
+        builder.add(b"v%d" % i, {"a": "b"} if i % 3 else None, "k" if i % 2 else None, i)
+    columns = codec.split_columns(pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1,
+                                                     num_messages_in_batch=50), builder.build())
+    single = codec.split_columns(pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=2), b"one")
+
+    def filled():
+        rows = _BatchBuilder("persistent://public/default/t", 2)
+        rows.add(columns, 3, 40, 1, 2, 5)
+        rows.add(single, 0, 1, 1, 3, 6)
+        rows.add(columns, 0, 50, 1, 4, 7)
+        return rows
+    whole = filled().take()
+    assert whole.num_rows == 88
+    for names in (["value"], ["__entryId", "value"], whole.schema.names[::-1]):
+        assert filled().take(names).equals(whole.select(names)), names
