@@ -57,8 +57,7 @@ class _Slice:
     ledger: int
     entry: int
     publish_ms: int
-    id_head: bytes  # each row's __messageId up to its batch index (all of it when not a batch)
-    id_tail: bytes | None  # after the batch index: batch size and topic (None: not a batch)
+    batched: bool  # rows of a batch (a __messageId with a batch index), not a single message
 
 
 class _BatchBuilder:
@@ -68,6 +67,7 @@ class _BatchBuilder:
     def __init__(self, topic: str, partition: int) -> None:
         self.topic, self.partition = topic, partition
         self._topic_field = _varint((_TOPIC_FIELD << 3) | 2) + _varint(len(topic.encode())) + topic.encode()
+        self._row_overhead = 64 + 24 + len(self._topic_field)  # the other columns of a row, about
         self._clear()
 
     def _clear(self) -> None:
@@ -89,16 +89,10 @@ class _BatchBuilder:
             pk = np.frombuffer(columns.property_key_offsets, np.int64)
             pv = np.frombuffer(columns.property_value_offsets, np.int64)
             size += int(pk[pair_offsets[-1]] - pk[pair_offsets[0]] + pv[pair_offsets[-1]] - pv[pair_offsets[0]])
-        batch_indexes = np.frombuffer(columns.batch_indexes, np.int64)
-        prefix = _message_id_prefix(ledger, entry, self.partition)
-        suffix = self._topic_field
-        if batch_indexes[lo] < 0:
-            head, tail = prefix + suffix, None
-        else:
-            head, tail = prefix, _varint(0x30) + _varint(columns.count) + suffix  # batch_size, topic
-        self.slices.append(_Slice(columns, lo, hi, ledger, entry, publish_ms, head, tail))
+        batched = bool(np.frombuffer(columns.batch_indexes, np.int64)[lo] >= 0)
+        self.slices.append(_Slice(columns, lo, hi, ledger, entry, publish_ms, batched))
         self.rows += count
-        self.bytes += size + count * (64 + len(prefix) + len(suffix))
+        self.bytes += size + count * self._row_overhead
 
     def take(self, names: Sequence[str] | None = None) -> pa.RecordBatch:
         """The gathered rows as one pyarrow.RecordBatch (and the builder emptied): the columns
@@ -132,7 +126,7 @@ class _BatchBuilder:
             "value": lambda: _values(slices, rows),
             "__key": lambda: _keys(slices, rows),
             "__topic": topic,
-            "__messageId": lambda: _message_ids(slices, rows),
+            "__messageId": lambda: _message_ids(slices, rows, self.partition, self._topic_field),
             "__publishTime": lambda: pa.Array.from_buffers(
                 ts, rows, [None, wrap(per_entry(lambda s: s.publish_ms, np.int64) * 1000)]),
             "__eventTime": event,
@@ -227,7 +221,7 @@ def _properties(slices: list[_Slice], rows: int) -> pa.Array:
         type=_arrow_schema().field("__messageProperties").type)
 
 
-def _message_ids(slices: list[_Slice], rows: int) -> pa.Array:
+def _message_ids(slices: list[_Slice], rows: int, partition: int, topic_field: bytes) -> pa.Array:
     """The __messageId column: per row its entry's prefix, its batch index field, the entry's
     tail; built as fixed-width blocks (one per varint width) rather than one bytes per row."""
     import numpy as np
@@ -235,12 +229,15 @@ def _message_ids(slices: list[_Slice], rows: int) -> pa.Array:
 
     pieces, lengths = [], []
     for s in slices:
-        lo, hi, head, tail = s.lo, s.hi, s.id_head, s.id_tail
-        if tail is None:  # not a batch: no batch index
+        lo, hi = s.lo, s.hi
+        prefix = _message_id_prefix(s.ledger, s.entry, partition)
+        if not s.batched:  # a single message: no batch index
+            head = prefix + topic_field
             pieces.append(np.frombuffer(head, np.uint8))
             lengths.append(np.full(1, len(head), np.int32))
             continue
-        before, after = np.frombuffer(head, np.uint8), np.frombuffer(tail, np.uint8)
+        tail = _varint(0x30) + _varint(s.columns.count) + topic_field  # batch_size, topic
+        before, after = np.frombuffer(prefix, np.uint8), np.frombuffer(tail, np.uint8)
         for first, last, width in ((lo, min(hi, 1 << 7), 1), (max(lo, 1 << 7), min(hi, 1 << 14), 2),
                                    (max(lo, 1 << 14), hi, 3)):
             if first >= last:

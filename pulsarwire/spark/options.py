@@ -53,7 +53,9 @@ _SOURCE |= set(_KAFKA_ALIASES)
 _SPARK_OWN = {"checkpointlocation", "queryname", "outputmode", "path"}
 _SINK = _COMMON | _SPARK_OWN | {"topic", "compression", "maxpendingmessages", "exactlyonce"}
 _DEFAULT_ROWS_PER_BATCH = 32_768
-_DEFAULT_BYTES_PER_BATCH = 64 << 20  # far below Arrow's 2 GiB per binary column
+# far below Arrow's 2 GiB per binary column, and small enough to be made in memory the allocator
+# reuses: 64 MiB batches, each in fresh pages, read 10 KiB rows at 14 us a row, 4 MiB at 8 us
+_DEFAULT_BYTES_PER_BATCH = 4 << 20
 
 
 def _positive(value: Any, name: str, integer: bool = False) -> float:
