@@ -33,7 +33,8 @@ from .common import BrokerUnderTest
 def _floor_source(rows_per_partition: int, size: int, partitions: int, name: str = "pulsarwire-floor",
                   names: list[str] | None = None):
     """A Python data source that yields ready-made Arrow batches of the pulsarwire schema, or of
-    its columns `names` (built once, by the same builder, from one 1 000-message entry): what Spark's
+    its columns `names` (built once, by the same builder, from a 100-message entry, as large as the
+    source's batches): what Spark's
     Python Data Source path costs by itself, the ceiling of any Python source on this machine."""
     from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
@@ -52,7 +53,8 @@ def _floor_source(rows_per_partition: int, size: int, partitions: int, name: str
                                           num_messages_in_batch=100)
             columns = codec.split_columns(metadata, builder.build())
             batches = _BatchBuilder("persistent://public/default/floor", partition.value)
-            for entry in range(max(1, min(320, (64 << 20) // (100 * size)))):
+            from pulsarwire.spark.options import _DEFAULT_BYTES_PER_BATCH
+            for entry in range(max(1, min(320, _DEFAULT_BYTES_PER_BATCH // (100 * size)))):  # the source's batches
                 batches.add(columns, 0, 100, 0, entry, 1)
             batch = batches.take(names)
             left = rows_per_partition
