@@ -201,6 +201,7 @@ class SourceOptions:
     max_partitions: int | None = None  # at most this many Spark tasks (ranges packed together)
     columns: tuple[str, ...] | None = None  # a schema given to the read: these columns (None: all)
     retyped: dict[str, Any] | None = None  # of those, the Spark types that differ from ours in nullability
+    column_names: tuple[str, ...] | None = None  # those columns as the schema spells them, where it differs
 
 
 _KAFKA_NAMES = {"subscribe": "subscribe", "subscribepattern": "subscribePattern",

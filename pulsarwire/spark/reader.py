@@ -77,8 +77,8 @@ def _built_columns(opts: SourceOptions) -> list[str] | None:
 def _finish(opts: SourceOptions, batch: pa.RecordBatch) -> pa.RecordBatch:
     """The builder's columns made into what the read gives: the value decoded with the topic's
     schema, headers and the corrupt-record column when asked, the query's columns in its order."""
-    if not opts.include_headers and opts.value_type is None and not opts.retyped and \
-            (opts.columns is None or len(opts.columns) == batch.num_columns):
+    if not opts.include_headers and opts.value_type is None and not opts.retyped and opts.column_names is None \
+            and (opts.columns is None or len(opts.columns) == batch.num_columns):
         return batch
     import pyarrow as pa
     columns, names = list(batch.columns), list(batch.schema.names)
@@ -110,7 +110,7 @@ def _finish(opts: SourceOptions, batch: pa.RecordBatch) -> pa.RecordBatch:
             from pyspark.sql.pandas.types import to_arrow_type
             for name, kind in opts.retyped.items():
                 by_name[name] = by_name[name].cast(to_arrow_type(kind, timezone="UTC"))
-        columns, names = [by_name[name] for name in opts.columns], list(opts.columns)
+        columns, names = [by_name[name] for name in opts.columns], list(opts.column_names or opts.columns)
     return pa.RecordBatch.from_arrays(columns, names=names)
 
 

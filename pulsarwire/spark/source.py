@@ -77,25 +77,29 @@ def select_columns(opts: SourceOptions, schema: StructType) -> SourceOptions:
     given as binary reads a typed topic's payloads as bytes; `headers` needs no option."""
     if [(f.name, f.dataType) for f in schema.fields] == [(f.name, f.dataType) for f in source_schema(opts).fields]:
         return opts
-    names = schema.fieldNames()
-    twice = sorted({n for n in names if names.count(n) > 1})
+    given = schema.fieldNames()
+    lower = [name.lower() for name in given]  # as Spark resolves columns (spark.sql.caseSensitive=false)
+    twice = sorted({name for name, low in zip(given, lower) if lower.count(low) > 1})
     if twice:
         raise PulsarSparkError(f"the read's schema names {', '.join(twice)} more than once")
-    if "value" in names and isinstance(schema["value"].dataType, BinaryType) and opts.value_type is not None:
+    fields = dict(zip(lower, schema.fields))
+    if "value" in fields and isinstance(fields["value"].dataType, BinaryType) and opts.value_type is not None:
         opts.raw_value, opts.value_type = True, None  # bytes asked for
-    if "headers" in names:
+    if "headers" in fields:
         opts.include_headers = True
-    offered = {f.name: f for f in source_schema(opts).fields}
+    offered = {f.name.lower(): f for f in source_schema(opts).fields}
+    names: list[str] = []
     retyped: dict[str, DataType] = {}
     for field in schema.fields:
-        have = offered.get(field.name)
+        have = offered.get(field.name.lower())
         if have is None:
             raise PulsarSparkError(f"the read's schema names {field.name!r}, which this source does not give; "
-                                   f"its columns: {', '.join(offered)}")
+                                   f"its columns: {', '.join(f.name for f in offered.values())}")
+        names.append(have.name)
         if field.dataType != have.dataType and _nullable(field.dataType) == _nullable(have.dataType):
-            retyped[field.name] = field.dataType  # the same but for what may be null within it
+            retyped[have.name] = field.dataType  # the same but for what may be null within it
         elif field.dataType != have.dataType:
-            if field.name == "value":
+            if have.name == "value":
                 raise PulsarSparkError(f"value is {have.dataType.simpleString()} (the topics' schema), the query's "
                                        f"schema says {field.dataType.simpleString()}: the topics' schema changed "
                                        "since the query was defined (define it again), or give value as binary "
@@ -106,6 +110,7 @@ def select_columns(opts: SourceOptions, schema: StructType) -> SourceOptions:
             raise PulsarSparkError(f"the read's schema gives {field.name!r} as NOT NULL; declare it nullable "
                                    "(the source's columns are)")
     opts.columns, opts.retyped = tuple(names), retyped or None
+    opts.column_names = tuple(given) if given != names else None
     opts.include_headers = "headers" in names  # includeHeaders=true with a schema without them: not built
     return opts
 

@@ -937,6 +937,8 @@ def test_a_schema_given_to_the_read_builds_only_its_columns(spark, embedded, tmp
         .where("__key = 'k1'").collect()  # headers named in the schema need no includeHeaders
     assert len(headers) == 13 and all(h.headers[0].key == "i" for h in headers)
     assert fresh().option("includeHeaders", "true").schema("value binary").load().count() == 40
+    spelled = fresh().schema("VALUE binary, __EntryId bigint").load()  # matched as Spark matches columns
+    assert spelled.columns == ["VALUE", "__EntryId"] and spelled.where("VALUE = 'v7'").count() == 1
     for schema, error in [("value binary, offset bigint", r"names 'offset', which this source does not give; "
                                                            r"its columns: value, __key"),
                           ("__entryId int", r"gives '__entryId' as int; it is bigint"),
