@@ -143,9 +143,7 @@ async def _send_all(client: Client, opts: SinkOptions, fields: dict[str, str], b
     producers = _Producers(client, opts, identity)
     futures: list[Awaitable[Any]] = []
     count = 0
-    for batch in batches:
-        if batch.num_rows == 0:
-            continue
+    for batch in _pieces(batches):
         rows = _SinkRows.of(batch, fields, opts, count)
         for target, picked in rows.by_topic(opts.topic, fields, count).items():
             producer = await producers.get(target)
@@ -198,6 +196,25 @@ class _Producers:
                                f"{failed[0]}") from failed[0]
         for producer in self.producers.values():
             await producer.close()
+
+
+_PIECE_BYTES = 4 << 20
+
+
+def _pieces(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The rows of `batches` in slices of about 4 MiB: each slice's values become Python bytes
+    at once, and memory that small is used again slice after slice, where a whole batch of Spark's
+    (10 000 rows: 100 MB of 10 KiB values) is made in fresh pages each time (2.3 us a 10 KiB row)."""
+    for batch in batches:
+        rows = batch.num_rows
+        if rows == 0:
+            continue
+        step = max(1, rows * _PIECE_BYTES // max(1, batch.nbytes))
+        if step >= rows:
+            yield batch
+            continue
+        for start in range(0, rows, step):
+            yield batch.slice(start, step)
 
 
 def _pick(column: list[Any] | None, rows: list[int] | None) -> list[Any] | None:

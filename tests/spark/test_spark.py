@@ -1004,3 +1004,18 @@ def test_the_builder_builds_the_columns_asked_for_in_their_order():
     assert whole.num_rows == 88
     for names in (["value"], ["__entryId", "value"], whole.schema.names[::-1]):
         assert filled().take(names).equals(whole.select(names)), names
+
+
+def test_the_sink_takes_a_large_batch_in_slices_of_about_4_mib():
+    """Spark's Arrow batches (10 000 rows: 100 MB of 10 KiB values) become Python bytes a slice
+    at a time, in memory used again slice after slice; every row once, in order."""
+    import pyarrow as pa
+
+    from pulsarwire.spark.sink import _pieces
+    big = pa.RecordBatch.from_arrays([pa.array([b"%05d" % i + b"x" * 102_400 for i in range(100)])], ["value"])
+    small = pa.RecordBatch.from_arrays([pa.array([b"a", b"b"])], ["value"])
+    empty = small.slice(0, 0)
+    pieces = list(_pieces([big, empty, small]))
+    assert pieces[-1] is small and all(p.nbytes <= (4 << 20) + 200_000 for p in pieces[:-1])
+    assert len(pieces) > 3
+    assert [v for p in pieces for v in p.column(0).to_pylist()] == big.column(0).to_pylist() + [b"a", b"b"]
