@@ -83,8 +83,10 @@ def select_columns(opts: SourceOptions, schema: StructType) -> SourceOptions:
     if twice:
         raise PulsarSparkError(f"the read's schema names {', '.join(twice)} more than once")
     fields = dict(zip(lower, schema.fields))
-    if "value" in fields and isinstance(fields["value"].dataType, BinaryType) and opts.value_type is not None:
-        opts.raw_value, opts.value_type = True, None  # bytes asked for
+    if opts.value_type is not None and (
+            ("value" in fields and isinstance(fields["value"].dataType, BinaryType))  # bytes asked for
+            or ("value" not in fields and opts.corrupt_column.lower() not in fields)):  # nothing to decode
+        opts.raw_value, opts.value_type = True, None
     if "headers" in fields:
         opts.include_headers = True
     offered = {f.name.lower(): f for f in source_schema(opts).fields}

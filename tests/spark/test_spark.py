@@ -980,6 +980,7 @@ def test_a_schema_given_to_a_typed_read(spark, embedded):
         list(range(5))
     with pytest.raises(Exception, match=r"message \d+:\d+:\d+ does not decode"):
         load().schema("value struct<n:bigint>").load().collect()
+    assert load().schema("__entryId bigint").load().count() == 6  # no value asked for: none decoded
 
 
 def test_the_builder_builds_the_columns_asked_for_in_their_order():
