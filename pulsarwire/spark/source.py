@@ -78,6 +78,9 @@ def select_columns(opts: SourceOptions, schema: StructType) -> SourceOptions:
     if [(f.name, f.dataType) for f in schema.fields] == [(f.name, f.dataType) for f in source_schema(opts).fields]:
         return opts
     given = schema.fieldNames()
+    if not given:
+        raise PulsarSparkError("the read's schema names no column; name at least one (its columns: "
+                               f"{', '.join(f.name for f in source_schema(opts).fields)})")
     lower = [name.lower() for name in given]  # as Spark resolves columns (spark.sql.caseSensitive=false)
     twice = sorted({name for name, low in zip(given, lower) if lower.count(low) > 1})
     if twice:
@@ -95,19 +98,28 @@ def select_columns(opts: SourceOptions, schema: StructType) -> SourceOptions:
     for field in schema.fields:
         have = offered.get(field.name.lower())
         if have is None:
-            raise PulsarSparkError(f"the read's schema names {field.name!r}, which this source does not give; "
+            hint = ""
+            if field.name.lower() == opts.corrupt_column.lower():
+                hint = (" (that column comes with mode=PERMISSIVE on a topic with a schema, its value read "
+                        "typed, not as binary)")
+            raise PulsarSparkError(f"the read's schema names {field.name!r}, which this source does not give{hint}; "
                                    f"its columns: {', '.join(f.name for f in offered.values())}")
         names.append(have.name)
-        if field.dataType != have.dataType and _nullable(field.dataType) == _nullable(have.dataType):
+        if field.dataType != have.dataType and _nullable(field.dataType) == _nullable(have.dataType) \
+                and _may_be_null_where(field.dataType, have.dataType):
             retyped[have.name] = field.dataType  # the same but for what may be null within it
+        elif field.dataType != have.dataType and _nullable(field.dataType) == _nullable(have.dataType):
+            raise PulsarSparkError(f"the read's schema gives {field.name!r} ({field.dataType.simpleString()}) NOT NULL "
+                                   "within it where the source may give null; declare it nullable there")
         elif field.dataType != have.dataType:
+            why = ""
             if have.name == "value":
-                raise PulsarSparkError(f"value is {have.dataType.simpleString()} (the topics' schema), the query's "
-                                       f"schema says {field.dataType.simpleString()}: the topics' schema changed "
-                                       "since the query was defined (define it again), or give value as binary "
-                                       "for the payloads' bytes")
+                why = (" (the topics' schema" if opts.value_type is not None else " (no schema, or rawValue=true") + \
+                      "; read value as binary for the payloads' bytes; a struct has the schema's fields, all of " \
+                      "them, in its order and spelling; if the topics' schema changed since the query was " \
+                      "defined, define it again)"
             raise PulsarSparkError(f"the read's schema gives {field.name!r} as {field.dataType.simpleString()}; "
-                                   f"it is {have.dataType.simpleString()}")
+                                   f"it is {have.dataType.simpleString()}{why}")
         if not field.nullable:
             raise PulsarSparkError(f"the read's schema gives {field.name!r} as NOT NULL; declare it nullable "
                                    "(the source's columns are)")
@@ -115,6 +127,20 @@ def select_columns(opts: SourceOptions, schema: StructType) -> SourceOptions:
     opts.column_names = tuple(given) if given != names else None
     opts.include_headers = "headers" in names  # includeHeaders=true with a schema without them: not built
     return opts
+
+
+def _may_be_null_where(given: DataType, have: DataType) -> bool:
+    """Whether `given` allows a null everywhere within it that `have` does (types alike but for
+    nullability): a cast to it never meets a null it refuses."""
+    if isinstance(given, StructType) and isinstance(have, StructType):
+        return all((g.nullable or not h.nullable) and _may_be_null_where(g.dataType, h.dataType)
+                   for g, h in zip(given.fields, have.fields))
+    if isinstance(given, ArrayType) and isinstance(have, ArrayType):
+        return (given.containsNull or not have.containsNull) and _may_be_null_where(given.elementType, have.elementType)
+    if isinstance(given, MapType) and isinstance(have, MapType):
+        return (given.valueContainsNull or not have.valueContainsNull) and \
+            _may_be_null_where(given.keyType, have.keyType) and _may_be_null_where(given.valueType, have.valueType)
+    return True
 
 
 def _nullable(kind: DataType) -> DataType:

@@ -923,6 +923,8 @@ def test_a_schema_given_to_the_read_builds_only_its_columns(spark, embedded, tmp
     read wants (any subset, in any order): the others are never built nor handed to Spark."""
     topic = "persistent://public/default/" + unique("spark-columns")
     produce(embedded.url, topic, 0, 40)
+    from pyspark.sql.types import StructType
+
     def fresh():  # a new DataFrameReader each time: its option() and schema() change it in place
         return spark.read.format("pulsarwire").option("service.url", embedded.url).option("topic", topic)
     load = fresh()
@@ -939,11 +941,16 @@ def test_a_schema_given_to_the_read_builds_only_its_columns(spark, embedded, tmp
     assert fresh().option("includeHeaders", "true").schema("value binary").load().count() == 40
     spelled = fresh().schema("VALUE binary, __EntryId bigint").load()  # matched as Spark matches columns
     assert spelled.columns == ["VALUE", "__EntryId"] and spelled.where("VALUE = 'v7'").count() == 1
+    with pytest.raises(Exception, match="unknown option.*bogus"):  # when it runs: Spark asks the source nothing at load()
+        fresh().option("bogus", "1").schema("value binary").load().collect()
     for schema, error in [("value binary, offset bigint", r"names 'offset', which this source does not give; "
                                                            r"its columns: value, __key"),
                           ("__entryId int", r"gives '__entryId' as int; it is bigint"),
                           ("value binary NOT NULL", "NOT NULL"),
-                          ("value string", r"value is binary \(the topics' schema\), the query's schema says string")]:
+                          ("value string", r"gives 'value' as string; it is binary \(no schema, or rawValue=true; "
+                                           r"read value as binary"),
+                          (StructType([]), "names no column"),
+                          ("_corrupt_record binary", "comes with mode=PERMISSIVE")]:
         with pytest.raises(Exception, match=error):
             fresh().schema(schema).load().collect()
 
@@ -980,6 +987,18 @@ def test_a_schema_given_to_a_typed_read(spark, embedded):
         list(range(5))
     with pytest.raises(Exception, match=r"message \d+:\d+:\d+ does not decode"):
         load().schema("value struct<n:bigint>").load().collect()
+    with pytest.raises(Exception, match=r"gives 'value' as struct<n:int>; it is struct<n:bigint> \(the topics' schema"):
+        load().schema("value struct<n:int>").load().collect()
+    assert load().option("mode", "PERMISSIVE").schema("value struct<n:bigint not null>").load() \
+        .where("value IS NOT NULL").count() == 5  # n is never null there: NOT NULL within is the source's own
+
+    from pyspark.sql.types import MapType, StringType, StructField, StructType
+
+    from pulsarwire.spark.options import source_options
+    from pulsarwire.spark.source import select_columns
+    opts = source_options({"service.url": embedded.url, "topic": topic}, streaming=False)
+    with pytest.raises(Exception, match=r"NOT NULL within it where the source may give null"):
+        select_columns(opts, StructType([StructField("__messageProperties", MapType(StringType(), StringType(), False))]))
     assert load().schema("__entryId bigint").load().count() == 6  # no value asked for: none decoded
 
 
