@@ -105,21 +105,20 @@ def select_columns(opts: SourceOptions, schema: StructType) -> SourceOptions:
             raise PulsarSparkError(f"the read's schema names {field.name!r}, which this source does not give{hint}; "
                                    f"its columns: {', '.join(f.name for f in offered.values())}")
         names.append(have.name)
-        if field.dataType != have.dataType and _nullable(field.dataType) == _nullable(have.dataType) \
-                and _may_be_null_where(field.dataType, have.dataType):
-            retyped[have.name] = field.dataType  # the same but for what may be null within it
-        elif field.dataType != have.dataType and _nullable(field.dataType) == _nullable(have.dataType):
-            raise PulsarSparkError(f"the read's schema gives {field.name!r} ({field.dataType.simpleString()}) NOT NULL "
-                                   "within it where the source may give null; declare it nullable there")
-        elif field.dataType != have.dataType:
-            why = ""
-            if have.name == "value":
-                why = (" (the topics' schema" if opts.value_type is not None else " (no schema, or rawValue=true") + \
-                      "; read value as binary for the payloads' bytes; a struct has the schema's fields, all of " \
-                      "them, in its order and spelling; if the topics' schema changed since the query was " \
-                      "defined, define it again)"
-            raise PulsarSparkError(f"the read's schema gives {field.name!r} as {field.dataType.simpleString()}; "
-                                   f"it is {have.dataType.simpleString()}{why}")
+        if field.dataType != have.dataType:
+            if _nullable(field.dataType) != _nullable(have.dataType):
+                why = ""
+                if have.name == "value":
+                    why = (" (the topics' schema" if opts.value_type is not None else " (no schema, or rawValue=true") \
+                        + "; read value as binary for the payloads' bytes; a struct has the schema's fields, all " \
+                        "of them, in its order and spelling; if the topics' schema changed since the query was " \
+                        "defined, define it again)"
+                raise PulsarSparkError(f"the read's schema gives {field.name!r} as {field.dataType.simpleString()}; "
+                                       f"it is {have.dataType.simpleString()}{why}")
+            if not _may_be_null_where(field.dataType, have.dataType):
+                raise PulsarSparkError(f"the read's schema gives {field.name!r} ({field.dataType.simpleString()}) "
+                                       "NOT NULL within it where the source may give null; declare it nullable there")
+            retyped[have.name] = field.dataType  # the same but for what may be null within it: cast
         if not field.nullable:
             raise PulsarSparkError(f"the read's schema gives {field.name!r} as NOT NULL; declare it nullable "
                                    "(the source's columns are)")
