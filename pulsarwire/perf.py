@@ -28,7 +28,7 @@ async def _pace_until(loop: asyncio.AbstractEventLoop, due: float) -> None:
     20 000 msg/s, bursts of 20 that each started a batch and waited out its whole delay, 1.96 ms
     at the median where evenly spaced sends on pulsarwire's loop waited 0.88 ms)."""
     woken = loop.create_future()
-    timers.call_at(loop, loop.time() + (due - time.monotonic()), functools.partial(_wake, woken))
+    timers.call_at(loop, timers.loop_time_at(loop, due), functools.partial(_wake, woken))
     await woken
 
 
