@@ -13,9 +13,10 @@ pulsarwire schema, and a sink that drops what it is given. Goals (issue 28): wri
 least 0.5 of Parquet; typed JSON at least 0.5 of bytes.
 
 Values are the row id padded with 'x' (what the issue measured), which Parquet's default
-compression (snappy) writes as almost nothing while the sink, uncompressed as Pulsar producers
-are by default, moves every byte: `--compression ZSTD` adds a write with the sink's
-`compression` option (and a read of what it wrote), and `--values random` makes the values incompressible for both.
+compression (snappy) writes as almost nothing, as the sink's default (`compression=AUTO`: ZSTD
+for the batches it shrinks) does: `--compression NONE` (or a codec's name) adds a write with the
+sink's `compression` option set so (and a read of what it wrote), and `--values random` makes the
+values incompressible for both.
 """
 from __future__ import annotations
 
@@ -289,8 +290,8 @@ def main(argv=None) -> None:
     parser.add_argument("--no-typed", action="store_true", help="skip the typed JSON read")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each step (the median is reported)")
     parser.add_argument("--json", help="also write the results as JSON here")
-    parser.add_argument("--compression", choices=["LZ4", "ZLIB", "ZSTD", "SNAPPY"],
-                        help="also write with the sink's compression option set to this (Parquet compresses by default)")
+    parser.add_argument("--compression", choices=["NONE", "LZ4", "ZLIB", "ZSTD", "SNAPPY"],
+                        help="also write with the sink's compression option set to this (its default: AUTO)")
     parser.add_argument("--values", choices=["padded", "random"], default="padded",
                         help="the row id padded with 'x' (compresses to almost nothing), or random bytes")
     args = parser.parse_args(argv)

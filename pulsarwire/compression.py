@@ -72,6 +72,39 @@ def compress(kind: int, data: BytesLike) -> bytes:
     raise ValueError(f"unknown compression type {kind!r}")
 
 
+class WhereItPays:
+    """A producer's codec used only where it pays: a batch that it shrinks by less than an
+    eighth (payloads already compressed, random, encrypted) goes uncompressed, as do the next
+    15 batches without trying, then 31, 63 ... up to 255 while tries keep failing (a try costs
+    about 3 us a KiB on such data: one in 256 batches is lost in the noise); a try that pays
+    starts over at 15. Each batch says in its metadata whether it is compressed, so readers
+    need nothing to follow."""
+
+    __slots__ = ("kind", "_skip", "_next_skip")
+
+    FIRST_SKIP, MOST_SKIP = 15, 255
+
+    def __init__(self, kind: int) -> None:
+        if kind == NONE:
+            raise ValueError("compressing where it pays needs a compression type")
+        self.kind = kind
+        self._skip = 0
+        self._next_skip = self.FIRST_SKIP
+
+    def compress(self, data: BytesLike) -> tuple[int, BytesLike]:
+        """(the codec used, its output) or (NONE, `data` itself)."""
+        if self._skip:
+            self._skip -= 1
+            return NONE, data
+        packed = compress(self.kind, data)
+        if len(packed) > len(data) - (len(data) >> 3):
+            self._skip = self._next_skip
+            self._next_skip = min(2 * self._next_skip + 1, self.MOST_SKIP)
+            return NONE, data
+        self._next_skip = self.FIRST_SKIP
+        return self.kind, packed
+
+
 def decompress(kind: int, data: BytesLike, uncompressed_size: int,
                max_uncompressed_size: int = DEFAULT_MAX_UNCOMPRESSED_SIZE) -> BytesLike:
     """Decompress `data` and check it yields exactly `uncompressed_size` bytes.

@@ -293,10 +293,7 @@ class PartitionProducer(Reconnecting):
             return
         self.flush_batch()  # keep order: anything batched before goes first
         metadata = self._metadata(sequence_id, options)
-        body = compression.compress(parent._compression, payload) if parent._compression else payload
-        if parent._compression:
-            metadata.compression = parent._compression
-            metadata.uncompressed_size = len(payload)
+        body = parent._compressed(metadata, payload)
         # the broker's limit is on metadata and payload together, as the official client counts
         metadata_size = metadata.ByteSize()
         if len(body) + metadata_size > limit:
@@ -479,11 +476,7 @@ class PartitionProducer(Reconnecting):
             md.highest_sequence_id = highest
         if self.schema_version is not None:
             md.schema_version = self.schema_version
-        kind = self.parent._compression
-        if kind:
-            md.compression = kind
-            md.uncompressed_size = len(raw)
-            raw = compression.compress(kind, raw)
+        raw = self.parent._compressed(md, raw)
         limit = self._message_limit
         if len(raw) + md.ByteSize() > limit:
             # the broker would close the connection on this frame, and the resend after each
@@ -718,7 +711,7 @@ class Producer:
                  properties: dict[str, str] | None = None, access_mode: int = pb.Shared,
                  schema: Schema | None = None, message_router: Callable[[Any, int], int] | None = None,
                  lazy_start_partitioned_producers: bool = False,
-                 initial_subscription_name: str | None = None) -> None:
+                 initial_subscription_name: str | None = None, compress_where_it_pays: bool = False) -> None:
         if chunking_enabled and batching_enabled:
             raise ValueError("chunking cannot be combined with batching")
         if message_router is not None and not callable(message_router):
@@ -738,6 +731,9 @@ class Producer:
         self._send_timeout = send_timeout_millis / 1000
         self._compression: Any = compression.compression_type(
             compression_type.name if isinstance(compression_type, enum.Enum) else compression_type)
+        # compress_where_it_pays: a batch its codec hardly shrinks goes uncompressed (WhereItPays)
+        self._where_it_pays = compression.WhereItPays(self._compression) \
+            if compress_where_it_pays and self._compression else None
         self._max_pending = max_pending_messages
         self._block = block_if_queue_full
         self._batching = batching_enabled
@@ -789,6 +785,21 @@ class Producer:
     def is_connected(self) -> bool:
         """Whether every partition's producer has a live connection now."""
         return not self._closed and all(p.conn is not None and not p.conn.closed for p in self._partitions)
+
+    def _compressed(self, md: pb.MessageMetadata, payload: Any) -> Any:
+        """`payload` as this producer sends it, `md` saying how it is compressed, if at all."""
+        kind = self._compression
+        if not kind:
+            return payload
+        if self._where_it_pays is not None:
+            kind, packed = self._where_it_pays.compress(payload)
+            if not kind:
+                return payload
+        else:
+            packed = compression.compress(kind, payload)
+        md.compression = kind
+        md.uncompressed_size = len(payload)
+        return packed
 
     def _release(self, count: int) -> None:
         if count:

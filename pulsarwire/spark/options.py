@@ -392,7 +392,7 @@ def _parse_offsets_spec(spec: str, name: str, allow_earliest: bool) -> str | dic
 class SinkOptions:
     client: ClientSettings
     topic: str | None
-    compression: str
+    compression: str  # a compression type's name, or AUTO: ZSTD for the batches it shrinks
     max_pending: int
     exactly_once: bool = False
 
@@ -411,11 +411,12 @@ def sink_options(options: dict[str, Any]) -> SinkOptions:
             topic = topic_name(topic.strip())
         except ValueError as exc:
             raise PulsarSparkError(f"option 'topic': {exc}") from None
-    kind = str(options.get("compression", "NONE")).upper()
+    kind = str(options.get("compression", "AUTO")).upper()
     try:
-        compression.compression_type(kind)
+        if kind != "AUTO":
+            compression.compression_type(kind)
     except Exception:  # noqa: BLE001 - an unknown name
-        raise PulsarSparkError(f"option 'compression' must be one of NONE, LZ4, ZLIB, ZSTD, SNAPPY; "
+        raise PulsarSparkError(f"option 'compression' must be one of AUTO, NONE, LZ4, ZLIB, ZSTD, SNAPPY; "
                                f"got {options.get('compression')!r}") from None
     pending = int(_positive(options.get("maxpendingmessages", 20_000), "maxPendingMessages", integer=True))
     return SinkOptions(settings, topic, kind, pending, _boolean(options.get("exactlyonce", "false"), "exactlyOnce"))

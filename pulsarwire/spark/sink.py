@@ -37,6 +37,17 @@ class SentMessage(WriterCommitMessage):
 _SINK_BATCH_MESSAGES = 1000
 _SINK_BATCH_BYTES = 1 << 20
 
+def _compression(name: str) -> dict[str, Any]:
+    """The producer's options for the sink's `compression`. AUTO, the default: ZSTD for the
+    batches it shrinks by an eighth or more, the rest uncompressed. Parquet compresses by
+    default; rows that compress (text, JSON, padding) then move a fraction of their bytes through
+    the broker and its disk, and are read back faster too, while rows that do not (random,
+    already compressed) cost one try in 16 batches."""
+    if name == "AUTO":
+        return {"compression_type": "ZSTD", "compress_where_it_pays": True}
+    return {"compression_type": name}
+
+
 # accepted column -> (the send field it fills, a description of the types accepted)
 _SINK_COLUMNS = {
     "value": "value", "key": "key", "__key": "key", "properties": "properties",
@@ -179,7 +190,7 @@ class _Producers:
                 "producer_name": identity.producer_name, "initial_sequence_id": identity.last_sequence_id,
                 "message_router": _replayable_router(identity.partition)}
             producer = self.producers[topic] = await self.client.create_producer(
-                topic, batching_max_publish_delay_ms=5, compression_type=opts.compression,
+                topic, batching_max_publish_delay_ms=5, **_compression(opts.compression),
                 max_pending_messages=opts.max_pending, batching_max_messages=_SINK_BATCH_MESSAGES,
                 batching_max_allowed_size_in_bytes=_SINK_BATCH_BYTES,
                 schema=None if info is None or self.types[topic] is None else _topic_schema(info), **named)

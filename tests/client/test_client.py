@@ -615,3 +615,36 @@ def test_consumer_sends_held_acknowledgements_before_the_permits_that_refill_its
             # when permits go out, every acknowledgement made before has gone out ahead of them
             assert len(at_flows) >= 5 and all(made == gone for made, gone in at_flows), at_flows
     run(main())
+
+
+def test_a_producer_compressing_where_it_pays_sends_what_does_not_shrink_uncompressed(embedded):
+    import os
+
+    async def main():
+        topic = unique()
+        noise = [os.urandom(1000) for _ in range(50)]
+        text = [b"%d " % i * 300 for i in range(50)]
+        async with client_for(embedded) as client:
+            consumer = await client.subscribe(topic, "s", initial_position=EARLIEST)
+            producer = await client.create_producer(topic, compression_type="ZSTD", compress_where_it_pays=True,
+                                                    batching_max_messages=50)
+            for batch in (noise, text):  # after the noise, 15 batches go without trying: a new producer
+                await asyncio.gather(*[await producer.send_async(p) for p in batch])
+            plain = await client.create_producer(topic, compression_type="ZSTD", compress_where_it_pays=True,
+                                                 batching_max_messages=50)
+            await asyncio.gather(*[await plain.send_async(p) for p in text])
+            single = await client.create_producer(topic, compression_type="ZSTD", compress_where_it_pays=True,
+                                                  batching_enabled=False)
+            await single.send(noise[0])
+            await single.send(text[0])  # skipped: the producer's last try did not pay
+            got = await drain(consumer, 152)
+            assert [m.data() for m in got] == noise + text + text + [noise[0], text[0]]
+            reader = await client.create_entry_reader(topic, got[0].message_id())
+            entries = []
+            while len(entries) < 5:
+                assert await reader.wait(10)
+                entries += reader.take(10)
+            assert [e.metadata.compression for e in entries] == [pb.NONE, pb.NONE, pb.ZSTD, pb.NONE, pb.NONE]
+            assert entries[2].metadata.uncompressed_size > 10 * len(entries[2].payload)
+            await reader.close()
+    run(main())

@@ -380,3 +380,41 @@ def test_lz4_blocks_decode_as_python_lz4_reads_them(chunks):
             compression.decompress(compression.LZ4, block, len(data) + 1)
         with pytest.raises(errors.DecompressionError):
             compression.decompress(compression.LZ4, block[:-1], len(data))
+
+
+def test_compressing_where_it_pays_leaves_a_batch_it_hardly_shrinks_and_tries_again_later(monkeypatch):
+    import os
+
+    where = compression.WhereItPays(compression.ZSTD)
+    text = b"row-%d " * 2000 % tuple(range(2000))
+    kind, packed = where.compress(text)
+    assert kind == compression.ZSTD and len(packed) < len(text) // 4
+    assert bytes(compression.decompress(kind, packed, len(text))) == text
+    noise = os.urandom(64 * 1024)
+    assert where.compress(noise) == (compression.NONE, noise)  # tried: it did not pay
+
+    def skipped():
+        count = 0
+        while True:  # not tried, even on what would compress
+            kind, same = where.compress(text)
+            if kind:
+                return count
+            assert same is text
+            count += 1
+    assert skipped() == 15  # and a try that pays starts over at 15
+    assert where.compress(noise)[0] == compression.NONE
+    assert skipped() == 15
+
+    tries = []
+    real = compression.compress
+    monkeypatch.setattr(compression, "compress", lambda kind, data: tries.append(1) or real(kind, data))
+    calls_at_each_try = []
+    for call in range(2000):  # tries that keep failing: 15, 31, 63 ... up to 255 skipped between them
+        before = len(tries)
+        assert where.compress(noise) == (compression.NONE, noise)
+        if len(tries) > before:
+            calls_at_each_try.append(call)
+    gaps = [b - a - 1 for a, b in zip(calls_at_each_try, calls_at_each_try[1:])]
+    assert gaps[:6] == [15, 31, 63, 127, 255, 255]
+    with pytest.raises(ValueError):
+        compression.WhereItPays(compression.NONE)

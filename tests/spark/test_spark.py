@@ -1039,3 +1039,47 @@ def test_the_sink_takes_a_large_batch_in_slices_of_about_4_mib():
     assert pieces[-1] is small and all(p.nbytes <= (4 << 20) + 200_000 for p in pieces[:-1])
     assert len(pieces) > 3
     assert [v for p in pieces for v in p.column(0).to_pylist()] == big.column(0).to_pylist() + [b"a", b"b"]
+
+
+def _entry_compressions(url, topic, count):
+    """The compression of the first `count` entries of `topic`, as stored."""
+    import asyncio
+
+    from pulsarwire import MessageId
+    from pulsarwire.client import Client
+
+    async def main():
+        async with Client(url) as client:
+            reader = await client.create_entry_reader(topic, MessageId.earliest)
+            entries = []
+            while len(entries) < count:
+                assert await reader.wait(10)
+                entries += reader.take(count)
+            await reader.close()
+            return [e.metadata.compression for e in entries]
+    return asyncio.run(main())
+
+
+def test_the_sink_compresses_where_it_pays_unless_told_otherwise(spark, embedded):
+    """compression=AUTO, the default: ZSTD for the batches it shrinks, the rest uncompressed;
+    NONE or a codec's name as asked. Every row reads back as written."""
+    from pyspark.sql import functions as F
+
+    from pulsarwire import compression
+    text = spark.range(3000).select(F.concat(F.lit("row "), F.col("id").cast("string"), F.lit(" " + "x" * 200))
+                                    .cast("binary").alias("value")).coalesce(1)
+    noise = spark.range(3000).select(F.expr("unhex(sha2(cast(id as string), 512))").alias("value")).coalesce(1)
+    cases = [(text, {}, compression.ZSTD), (noise, {}, compression.NONE),
+             (text, {"compression": "none"}, compression.NONE), (text, {"compression": "LZ4"}, compression.LZ4)]
+    for df, options, expected in cases:
+        topic = "persistent://public/default/" + unique("spark-compress")
+        writer = df.write.format("pulsarwire").option("service.url", embedded.url).option("topic", topic)
+        for key, value in options.items():
+            writer = writer.option(key, value)
+        writer.mode("append").save()
+        assert set(_entry_compressions(embedded.url, topic, 3)) == {expected}, options
+        back = reader(spark, embedded.url, topic).orderBy("__entryId", "__batchIndex").select("value").collect()
+        assert [r.value for r in back] == [r.value for r in df.collect()]
+    with pytest.raises(Exception, match="AUTO, NONE, LZ4"):
+        text.write.format("pulsarwire").option("service.url", embedded.url).option("topic", "t") \
+            .option("compression", "brotli").mode("append").save()
