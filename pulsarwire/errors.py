@@ -106,6 +106,11 @@ class MessageTooBigError(PulsarWireError):
     """A message is over the broker's size limit and chunking is off (official: MessageTooBig)."""
 
 
+class UnsupportedByBrokerError(PulsarWireError):
+    """The broker does not serve this request (it would leave it unanswered: pulsar-lite lists
+    no namespace's topics), so it is refused at once rather than after the operation timeout."""
+
+
 class CumulativeAcknowledgementNotAllowedError(PulsarWireError):
     """Cumulative acknowledgement on a Shared or Key_Shared subscription, where it has no meaning."""
 

@@ -13,7 +13,7 @@ from ..errors import AlreadyClosedError, TopicNotFoundError
 from ..messages import MessageId
 from .._proto import PulsarApi_pb2 as pb
 from ..schema import Schema, SchemaInfo
-from .connection import ClientContext, ConnectionPool
+from .connection import ClientContext, ConnectionPool, broker_leaves_unanswered
 from .consumer import Consumer, open_consumer
 from .entries import EntryReader
 from .options import Address, AuthenticationToken, Backoff, ConsumerType, TopicsPattern, topic_name
@@ -139,6 +139,8 @@ class Client:
     async def get_schema_info(self, topic: str, schema_version: bytes | None = None) -> SchemaInfo | None:
         """The schema the broker keeps for `topic` (the latest, or `schema_version`); None if none."""
         conn = await self._pool.connection(self._pool.service)
+        if broker_leaves_unanswered(conn, "GetSchema"):
+            return None  # pulsar-lite: it keeps no schemas
         try:
             response = await conn.request(conn.session.get_schema, topic_name(topic), schema_version)
         except TopicNotFoundError:

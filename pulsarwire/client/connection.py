@@ -20,7 +20,7 @@ from .. import codec
 from .._proto import PulsarApi_pb2 as pb
 from ..errors import (
     AlreadyClosedError, ConnectError, ConnectionClosedError, ConnectTimeoutError, PulsarWireError, ServerError,
-    ServiceNotReadyError, TimeoutError,
+    ServiceNotReadyError, TimeoutError, UnsupportedByBrokerError,
 )
 from ..errors import CodecError
 from ..messages import MessageId, entry_id_data
@@ -34,6 +34,18 @@ from .http_lookup import HttpLookup
 from .options import Address, Backoff, ConsumerType, InitialPosition, KeySharedPolicy, partition_name
 
 log = logging.getLogger("pulsarwire")
+
+
+# Requests that some brokers leave unanswered (pulsar-lite logs "Unsupported command type" and
+# says nothing), by the server_version their CONNECTED gives: asked, they would wait out the
+# operation timeout for an answer that cannot come.
+_UNANSWERED = {"Pulsar-Lite": frozenset({"GetSchema", "GetTopicsOfNamespace"})}
+
+
+def broker_leaves_unanswered(conn: "Connection", request: str) -> bool:
+    """Whether `conn`'s broker is known to leave `request` (a command's name) unanswered."""
+    version = conn.session.server_version
+    return any(version.startswith(prefix) and request in requests for prefix, requests in _UNANSWERED.items())
 
 
 class ConsumerHandler(Protocol):
@@ -561,6 +573,9 @@ class ConnectionPool:
             topics = await self._http.namespace_topics(namespace, mode_name)
             return pb.CommandGetTopicsOfNamespaceResponse(request_id=0, topics=topics, filtered=False, changed=True)
         conn = await self.connection(self._service)
+        if broker_leaves_unanswered(conn, "GetTopicsOfNamespace"):
+            raise UnsupportedByBrokerError(f"the broker ({conn.session.server_version}) does not list a namespace's "
+                                           f"topics (GetTopicsOfNamespace): name the topics instead")
         return await conn.request(conn.session.get_topics_of_namespace, namespace, mode,
                                   topics_pattern, topics_hash)
 

@@ -8,6 +8,7 @@ import re
 import time
 from typing import TYPE_CHECKING
 
+from ..errors import UnsupportedByBrokerError
 from ..messages import MessageId
 from .errors import PulsarSparkError
 from .offsets import (
@@ -28,10 +29,17 @@ async def _topic_partitions(client: Client, opts: SourceOptions, missing_ok: boo
     namespaces = {t.split("://", 1)[1].rsplit("/", 1)[0] for t in opts.topics}
     if opts.pattern:
         namespaces.add(opts.pattern.namespace)
-    existing: set[str] = set()
-    for namespace in sorted(namespaces):
-        existing.update(await client.get_topics_of_namespace(namespace))
+    listed: set[str] = set()
+    existing: set[str] | None = listed
+    try:
+        for namespace in sorted(namespaces):
+            listed.update(await client.get_topics_of_namespace(namespace))
+    except UnsupportedByBrokerError as exc:
+        if opts.pattern:
+            raise PulsarSparkError(f"topicsPattern: {exc}") from None
+        existing = None  # pulsar-lite: the topics named are taken as there (an absent one reads empty)
     if opts.pattern:
+        assert existing is not None
         namespace, regex = opts.pattern
         prefix = f"persistent://{namespace}/"
         parents = {re.sub(r"-partition-\d+$", "", t) for t in existing if t.startswith(prefix)}
@@ -42,7 +50,7 @@ async def _topic_partitions(client: Client, opts: SourceOptions, missing_ok: boo
     for topic in topics:
         names = await client.get_topic_partitions(topic)
         partitioned = len(names) > 1 or names[0] != topic
-        if not partitioned and topic not in existing:
+        if not partitioned and existing is not None and topic not in existing:
             if missing_ok:
                 log.warning("topic %s does not exist (deleted?); left out until it is there again "
                             "(failOnDataLoss=false)", topic)

@@ -234,3 +234,29 @@ def test_backlog_larger_than_the_queue_arrives_whole_from_pulsar_lite(pulsar_lit
                     seen.add(message.data()[:6])
             assert seen == {b"%06d" % i for i in range(COUNT_BACKLOG)}
     asyncio.run(main())
+
+
+@pytest.mark.interop
+def test_requests_pulsar_lite_leaves_unanswered_are_answered_at_once(pulsar_lite):
+    """pulsar-lite logs GetSchema and GetTopicsOfNamespace as unsupported and never answers: asked,
+    each waited out the operation timeout (30 s). It keeps no schemas (None at once); a namespace's
+    topics it cannot list (a typed error at once, a pattern subscription too)."""
+    import asyncio
+    import re
+    import time
+
+    from pulsarwire import Client, errors
+
+    async def main():
+        topic = "persistent://public/default/" + unique("lite-unanswered")
+        async with Client(pulsar_lite.url, operation_timeout_seconds=20) as client:
+            producer = await client.create_producer(topic)
+            await producer.send(b"x")
+            started = time.monotonic()
+            assert await client.get_schema_info(topic) is None
+            with pytest.raises(errors.UnsupportedByBrokerError, match="GetTopicsOfNamespace"):
+                await client.get_topics_of_namespace("public/default")
+            with pytest.raises(errors.UnsupportedByBrokerError):
+                await client.subscribe(re.compile("persistent://public/default/lite-.*"), "s")
+            assert time.monotonic() - started < 5
+    asyncio.run(main())

@@ -1083,3 +1083,22 @@ def test_the_sink_compresses_where_it_pays_unless_told_otherwise(spark, embedded
     with pytest.raises(Exception, match="AUTO, NONE, LZ4"):
         text.write.format("pulsarwire").option("service.url", embedded.url).option("topic", "t") \
             .option("compression", "brotli").mode("append").save()
+
+
+@pytest.mark.interop
+def test_the_sink_and_the_source_work_against_pulsar_lite(spark, pulsar_lite):
+    """pulsar-lite answers neither GetSchema nor GetTopicsOfNamespace: every write and read
+    waited 30 s for them and failed. Its topics are read as bytes and taken as there when named;
+    a pattern is refused at once, with the reason."""
+    from pyspark.sql import functions as F
+
+    topic = "persistent://public/default/" + unique("spark-lite")
+    df = spark.range(3000).select(F.concat(F.lit('{"id": '), F.col("id").cast("string"), F.lit("}"))
+                                  .cast("binary").alias("value")).coalesce(1)
+    df.write.format("pulsarwire").option("service.url", pulsar_lite.url).option("topic", topic) \
+        .option("connect.timeout.seconds", "10").option("operation.timeout.seconds", "10").mode("append").save()
+    back = reader(spark, pulsar_lite.url, topic, **{"operation.timeout.seconds": "10"})
+    assert sorted(r.value for r in back.select("value").collect()) == sorted(r.value for r in df.collect())
+    with pytest.raises(Exception, match="GetTopicsOfNamespace"):
+        spark.read.format("pulsarwire").option("service.url", pulsar_lite.url) \
+            .option("topicsPattern", "persistent://public/default/spark-lite-.*").load().collect()
