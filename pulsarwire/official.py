@@ -223,6 +223,7 @@ PULSARWIRE_ERRORS: dict[str, type[BaseException] | None] = {
     "SubscriptionNotFound": _pulsarwire_error("SubscriptionNotFoundError"),
     "ConsumerNotFound": _pulsarwire_error("ConsumerNotFoundError"),
     "UnsupportedVersionError": _pulsarwire_error("UnsupportedVersionError"),
+    "OperationNotSupported": _pulsarwire_error("UnsupportedByBrokerError"),
     "TopicTerminated": _pulsarwire_error("TopicTerminatedError"),
     "IncompatibleSchema": _pulsarwire_error("IncompatibleSchemaError"),
     "ConsumerAssignError": _pulsarwire_error("ConsumerAssignError"),

@@ -260,3 +260,13 @@ def test_requests_pulsar_lite_leaves_unanswered_are_answered_at_once(pulsar_lite
                 await client.subscribe(re.compile("persistent://public/default/lite-.*"), "s")
             assert time.monotonic() - started < 5
     asyncio.run(main())
+
+    import pulsarwire.sync as pulsar
+    client = pulsar.Client(pulsar_lite.url, operation_timeout_seconds=20)
+    try:
+        started = time.monotonic()
+        with pytest.raises(pulsar.OperationNotSupported):  # the official client's class for it
+            client.subscribe(re.compile("persistent://public/default/lite-.*"), "s")
+        assert time.monotonic() - started < 5
+    finally:
+        client.close()
