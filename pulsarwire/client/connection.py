@@ -20,7 +20,7 @@ from .. import codec
 from .._proto import PulsarApi_pb2 as pb
 from ..errors import (
     AlreadyClosedError, ConnectError, ConnectionClosedError, ConnectTimeoutError, PulsarWireError, ServerError,
-    ServiceNotReadyError, TimeoutError, UnsupportedByBrokerError,
+    ServiceNotReadyError, TimeoutError, UnknownServerError, UnsupportedByBrokerError,
 )
 from ..errors import CodecError
 from ..messages import MessageId, entry_id_data
@@ -40,6 +40,9 @@ log = logging.getLogger("pulsarwire")
 # says nothing), by the server_version their CONNECTED gives: asked, they would wait out the
 # operation timeout for an answer that cannot come.
 _UNANSWERED = {"Pulsar-Lite": frozenset({"GetSchema", "GetTopicsOfNamespace"})}
+# pulsar-lite answers GetLastMessageId on an empty topic with this error, where Pulsar answers an
+# id whose entry id is -1
+_LITE_EMPTY_TOPIC = "Topic has no messages"
 
 
 def broker_leaves_unanswered(conn: "Connection", request: str) -> bool:
@@ -249,8 +252,14 @@ class Connection(asyncio.Protocol):
             raise
 
     async def last_message_id(self, consumer_id: int, topic: str) -> MessageId:
-        """The id of the last message of the topic that consumer `consumer_id` reads."""
-        response = await self.request(self.session.get_last_message_id, consumer_id)
+        """The id of the last message of the topic that consumer `consumer_id` reads (entry id -1:
+        the topic is empty)."""
+        try:
+            response = await self.request(self.session.get_last_message_id, consumer_id)
+        except UnknownServerError as exc:
+            if str(exc) == _LITE_EMPTY_TOPIC and self.session.server_version.startswith("Pulsar-Lite"):
+                return MessageId(-1, -1, topic=topic)  # pulsar-lite's way to say what Pulsar says so
+            raise
         return MessageId.from_proto(response.last_message_id, topic)
 
     async def request(self, start: Callable[..., int], *args: Any, _wait: bool = False, **kwargs: Any) -> Any:

@@ -240,7 +240,8 @@ def test_backlog_larger_than_the_queue_arrives_whole_from_pulsar_lite(pulsar_lit
 def test_requests_pulsar_lite_leaves_unanswered_are_answered_at_once(pulsar_lite):
     """pulsar-lite logs GetSchema and GetTopicsOfNamespace as unsupported and never answers: asked,
     each waited out the operation timeout (30 s). It keeps no schemas (None at once); a namespace's
-    topics it cannot list (a typed error at once, a pattern subscription too)."""
+    topics it cannot list (a typed error at once, a pattern subscription too). An empty topic's
+    last message id is an error there: taken as Pulsar's empty answer."""
     import asyncio
     import re
     import time
@@ -259,6 +260,10 @@ def test_requests_pulsar_lite_leaves_unanswered_are_answered_at_once(pulsar_lite
             with pytest.raises(errors.UnsupportedByBrokerError):
                 await client.subscribe(re.compile("persistent://public/default/lite-.*"), "s")
             assert time.monotonic() - started < 5
+            # an empty topic's last message id: pulsar-lite answers an error ("Topic has no
+            # messages") where Pulsar answers an id with entry id -1; taken as Pulsar's
+            empty = await client.subscribe("persistent://public/default/" + unique("lite-empty"), "s")
+            assert (await empty.get_last_message_id()).entry_id == -1
     asyncio.run(main())
 
     import pulsarwire.sync as pulsar
