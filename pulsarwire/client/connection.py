@@ -39,7 +39,8 @@ log = logging.getLogger("pulsarwire")
 # Requests that some brokers leave unanswered (pulsar-lite logs "Unsupported command type" and
 # says nothing), by the server_version their CONNECTED gives: asked, they would wait out the
 # operation timeout for an answer that cannot come.
-_UNANSWERED = {"Pulsar-Lite": frozenset({"GetSchema", "GetTopicsOfNamespace"})}
+_PULSAR_LITE = "Pulsar-Lite"
+_UNANSWERED = {_PULSAR_LITE: frozenset({"GetSchema", "GetTopicsOfNamespace"})}
 # pulsar-lite answers GetLastMessageId on an empty topic with this error, where Pulsar answers an
 # id whose entry id is -1
 _LITE_EMPTY_TOPIC = "Topic has no messages"
@@ -257,7 +258,7 @@ class Connection(asyncio.Protocol):
         try:
             response = await self.request(self.session.get_last_message_id, consumer_id)
         except UnknownServerError as exc:
-            if str(exc) == _LITE_EMPTY_TOPIC and self.session.server_version.startswith("Pulsar-Lite"):
+            if str(exc) == _LITE_EMPTY_TOPIC and self.session.server_version.startswith(_PULSAR_LITE):
                 return MessageId(-1, -1, topic=topic)  # pulsar-lite's way to say what Pulsar says so
             raise
         return MessageId.from_proto(response.last_message_id, topic)

@@ -29,11 +29,9 @@ async def _topic_partitions(client: Client, opts: SourceOptions, missing_ok: boo
     namespaces = {t.split("://", 1)[1].rsplit("/", 1)[0] for t in opts.topics}
     if opts.pattern:
         namespaces.add(opts.pattern.namespace)
-    listed: set[str] = set()
-    existing: set[str] | None = listed
     try:
-        for namespace in sorted(namespaces):
-            listed.update(await client.get_topics_of_namespace(namespace))
+        existing: set[str] | None = {topic for namespace in sorted(namespaces)
+                                     for topic in await client.get_topics_of_namespace(namespace)}
     except UnsupportedByBrokerError as exc:
         if opts.pattern:
             raise PulsarSparkError(f"topicsPattern: {exc}") from None
