@@ -24,7 +24,7 @@ from ..errors import (
 )
 from ..errors import CodecError
 from ..messages import MessageId, entry_id_data
-from ..reads import adapt_reads, tune_reads
+from ..reads import adapt_reads, keep_read_memory, tune_reads
 from ..session import (
     ActiveConsumerChanged, ClientSession, Connected, ConnectionFailed, ConsumerClosedByBroker,
     CorruptMessage, EndOfTopic, MessageArrived, ProducerClosedByBroker, RequestDone, RequestFailed,
@@ -149,6 +149,7 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # a stream transport: write() and abort()
         self._adapt_reads = tune_reads(transport)
+        keep_read_memory()
         self.session.connect()
         self.flush()
         self._keepalive = asyncio.ensure_future(self._keep_alive())

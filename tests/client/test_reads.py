@@ -2,7 +2,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import subprocess
+import sys
+
+import pytest
 
 from pulsarwire.reads import BULK_READ_SIZE, READ_SIZE, adapt_reads, tune_reads
 
@@ -61,3 +66,35 @@ def test_the_broker_grows_its_reads_no_further_than_asyncio_did():
     assert transport.max_size == BROKER_BULK_READ_SIZE == 256 * 1024
     adapt_reads(transport, BROKER_BULK_READ_SIZE, BROKER_BULK_READ_SIZE)
     assert transport.max_size == BROKER_BULK_READ_SIZE
+
+
+_CHURN = """
+import resource, sys
+from pulsarwire import reads
+kept = reads.keep_read_memory()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for i in range(100):  # what a bulk read's buffers do: megabytes allocated and freed, sizes varying
+    held = [b"x" * (1 << 20) for _ in range(3)]
+    held.append(b"y" * ((3 << 20) - 1000 * i))
+    del held
+print(kept, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def _churn(**env: str) -> tuple[bool, int]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "PULSARWIRE_TUNE"))}
+    environment.update(env)
+    out = subprocess.run([sys.executable, "-c", _CHURN], env=environment, capture_output=True, text=True,
+                         check=True).stdout.split()
+    return out[0] == "True", int(out[1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_freed_read_buffers_are_kept_for_the_next_reads_not_faulted_in_again():
+    kept, faults = _churn()
+    assert kept
+    assert faults < 100 * 64  # 6 MiB a round, 1 536 pages: faulted in once, then reused
+    untouched, untouched_faults = _churn(PULSARWIRE_TUNE_MALLOC="0")
+    assert not untouched and untouched_faults > 10 * faults
+    # a user's own malloc tuning is theirs
+    assert _churn(MALLOC_TRIM_THRESHOLD_="1048576")[0] is False
