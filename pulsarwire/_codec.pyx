@@ -41,7 +41,7 @@ from . import compression
 from ._codec_py import (  # framing of outgoing commands is protobuf-bound: one implementation
     DEFAULT_MAX_FRAME_SIZE, DEFAULT_MAX_MESSAGE_SIZE, FRAME_PADDING, MAGIC_BROKER_ENTRY_METADATA,
     MAGIC_CRC32C, decompress_payload, encode_command, encode_metadata_and_payload,
-    encode_payload_command, encode_payload_frame, encode_single_message_metadata,
+    encode_payload_command, encode_payload_frame, encode_payload_frame_head, encode_single_message_metadata,
 )
 from ._codec_py import (  # Columns' field list, its Python-level helpers, and a non-batch payload's row
     _COLUMN_FIELDS, _column_fields, _columns_row, _columns_to_arrow, _empty_columns, _stable_view,

@@ -1251,6 +1251,15 @@ def encode_payload_frame(command: pb.BaseCommand, metadata_and_payload: _Bytes |
     return b"".join(parts)
 
 
+def encode_payload_frame_head(command: pb.BaseCommand, span_size: int, checksum: int) -> bytes:
+    """What encode_payload_frame(command, span, checksum) puts before the span (a span of
+    `span_size` bytes whose CRC32C is `checksum`): for a writer that sends the span from where it
+    lies, without joining the two."""
+    body = command.SerializeToString()
+    return b"".join((_U32.pack(4 + len(body) + 6 + span_size), _U32.pack(len(body)), body,
+                     _U16.pack(MAGIC_CRC32C), _U32.pack(checksum)))
+
+
 def encode_payload_command(command: pb.BaseCommand, metadata: pb.MessageMetadata | bytes | bytearray,
                            payload: _Bytes, broker_entry_metadata: pb.BrokerEntryMetadata | None = None,
                            with_checksum: bool = True) -> bytes:

@@ -41,6 +41,7 @@ split_columns = _impl.split_columns
 encode_command = _impl.encode_command
 encode_metadata_and_payload = _impl.encode_metadata_and_payload
 encode_payload_frame = _impl.encode_payload_frame
+encode_payload_frame_head = _impl.encode_payload_frame_head
 encode_payload_command = _impl.encode_payload_command
 encode_single_message_metadata = _impl.encode_single_message_metadata
 encode_send_receipt = _impl.encode_send_receipt
@@ -66,6 +67,6 @@ __all__ = [
     "DEFAULT_MAX_FRAME_SIZE", "FRAME_PADDING", "Frame", "SendFrame", "FrameReader", "SingleMessage", "Columns",
     "BatchBuilder", "decode_frame", "decompress_payload", "split_messages", "count_batch", "count_entry_batch",
     "split_columns", "encode_command",
-    "encode_metadata_and_payload", "encode_payload_frame", "encode_payload_command",
+    "encode_metadata_and_payload", "encode_payload_frame", "encode_payload_frame_head", "encode_payload_command",
     "encode_single_message_metadata", "encode_send_receipt",
 ]

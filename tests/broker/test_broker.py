@@ -253,3 +253,46 @@ def test_a_second_broker_on_a_data_dir_in_use_is_refused(tmp_path):
             async with Broker(str(tmp_path / "other"), v1_port=None):
                 pass
     run(main())
+
+
+def test_big_entries_reach_the_consumer_whole_whatever_the_socket_takes_of_them(tmp_path, monkeypatch):
+    """A consumer's big entry goes to the socket from where it lies (one writev of the frame's
+    head and the stored body); whatever part of it the socket takes, none or some of the head,
+    some of the body, the rest goes through the transport and the consumer reads every message."""
+    real_writev = os.writev
+    takes = []  # what each direct write took: none, into the head, into the body, all
+
+    def congested_writev(fd, buffers):
+        head, body = buffers
+        kind = len(takes) % 4
+        takes.append(kind)
+        if kind == 0:
+            raise BlockingIOError
+        if kind == 1:
+            return os.write(fd, bytes(head[:7]))
+        if kind == 2:
+            return os.write(fd, bytes(head) + bytes(body[:1000]))
+        return real_writev(fd, buffers)
+    monkeypatch.setattr(os, "writev", congested_writev)
+    broker = BrokerThread(tmp_path, v1_port=None).start()
+    topic = "persistent://public/default/big-entries"
+    big = [os.urandom(300_000) for _ in range(6)]
+    small = [os.urandom(1024) for _ in range(2000)]
+
+    async def go():
+        async with Client(broker.url) as client:
+            alone = await client.create_producer(topic, batching_enabled=False)
+            for value in big:
+                await alone.send(value)
+            batched = await client.create_producer(topic, batching_max_messages=1000,
+                                                   batching_max_publish_delay_ms=1000)
+            await asyncio.gather(*(batched.send(value) for value in small))
+        async with Client(broker.url) as client:  # a backlog, read on a connection of its own
+            consumer = await client.subscribe(topic, "all", initial_position=InitialPosition.Earliest)
+            got = [(await consumer.receive(10_000)).data() for _ in range(len(big) + len(small))]
+            assert got == big + small
+    try:
+        run(go())
+    finally:
+        broker.stop()
+    assert {0, 1, 2, 3} <= set(takes)

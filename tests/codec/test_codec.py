@@ -102,6 +102,13 @@ def test_stored_span_re_sent_with_known_checksum(twin):
     assert bytes(twin.decode_frame(again).payload) == b"data"
 
 
+def test_a_frames_head_and_its_stored_span_are_the_frame(twin):
+    span = bytes(twin.decode_frame(twin.encode_payload_command(send_command(), metadata(), b"data" * 500))
+                 .metadata_and_payload)
+    frame = twin.encode_payload_frame(message_command(), span, 0x1234ABCD)
+    assert twin.encode_payload_frame_head(message_command(), len(span), 0x1234ABCD) + span == frame
+
+
 def test_many_frames_in_one_chunk_and_one_byte_chunks(twin):
     stream = b"".join([twin.encode_command(PING), batch_frame(twin, [b"a", b"b"]),
                        twin.encode_command(PING)] * 5)
@@ -316,6 +323,7 @@ def test_twins_expose_the_same_api():
               "Frame", "SendFrame", "FrameReader", "IMPLEMENTATION", "MAGIC_BROKER_ENTRY_METADATA", "MAGIC_CRC32C",
               "SingleMessage", "decode_frame", "decompress_payload", "encode_command",
               "encode_metadata_and_payload", "encode_payload_command", "encode_payload_frame",
+              "encode_payload_frame_head",
               "encode_single_message_metadata", "encode_send_receipt", "split_messages",
               "Columns", "split_columns"}
     for listing in names:
