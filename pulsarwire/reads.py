@@ -48,7 +48,7 @@ _M_MMAP_THRESHOLD = -3
 HEAP_UP_TO_BYTES = 4 * 1024 * 1024
 KEEP_FREED_BYTES = 8 * 1024 * 1024
 # a user's own malloc tuning is left as it is
-_USER_TUNING = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "GLIBC_TUNABLES")
+_USER_TUNING = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
 _kept: bool | None = None  # None: not decided yet in this process
 
 
@@ -63,18 +63,20 @@ def keep_read_memory() -> bool:
     the loop thread's time receiving 1 KiB messages (some 19 000 page faults a 100 000 messages
     before, none after). The cost: up to KEEP_FREED_BYTES freed and not returned per malloc
     arena. Not done where PULSARWIRE_TUNE_MALLOC=0, where the user tunes malloc through its own
-    environment variables, or where the C library is not glibc."""
+    environment variables (or GLIBC_TUNABLES' glibc.malloc), or where the C library is not glibc."""
     global _kept
     if _kept is None:
         _kept = False
         if sys.platform.startswith("linux") and os.environ.get("PULSARWIRE_TUNE_MALLOC", "1") != "0" \
-                and not any(name in os.environ for name in _USER_TUNING):
+                and not any(name in os.environ for name in _USER_TUNING) \
+                and "glibc.malloc" not in os.environ.get("GLIBC_TUNABLES", ""):
             try:
                 libc = ctypes.CDLL(None)
-                mallopt = libc.mallopt
-                libc.gnu_get_libc_version  # glibc's alone: musl has a mallopt that does nothing
-            except (OSError, AttributeError):
+            except OSError:
                 return False
+            if not hasattr(libc, "gnu_get_libc_version") or not hasattr(libc, "mallopt"):
+                return False  # not glibc (musl's mallopt does nothing)
+            mallopt = libc.mallopt
             mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
             _kept = bool(mallopt(_M_MMAP_THRESHOLD, HEAP_UP_TO_BYTES)) and \
                 bool(mallopt(_M_TRIM_THRESHOLD, KEEP_FREED_BYTES))

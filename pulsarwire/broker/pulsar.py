@@ -893,10 +893,8 @@ class BrokerConnection(asyncio.Protocol):
         if not transport.get_write_buffer_size() and not transport.is_closing():
             try:
                 sent = os.writev(self._socket_fd, (head, body))
-            except (BlockingIOError, InterruptedError):
+            except OSError:  # it would block; or it failed, and the transport's write below fails too and closes
                 pass
-            except OSError:
-                pass  # the transport's own write below meets the error and closes the connection
         if sent < len(head):  # what the socket did not take is copied into the transport's buffer
             transport.write(head[sent:] if sent else head)
             transport.write(body)

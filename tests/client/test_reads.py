@@ -82,7 +82,7 @@ print(kept, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 
 
 def _churn(**env: str) -> tuple[bool, int]:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "PULSARWIRE_TUNE"))}
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "PULSARWIRE_TUNE", "GLIBC_TUNABLES"))}
     environment.update(env)
     out = subprocess.run([sys.executable, "-c", _CHURN], env=environment, capture_output=True, text=True,
                          check=True).stdout.split()
@@ -98,3 +98,5 @@ def test_freed_read_buffers_are_kept_for_the_next_reads_not_faulted_in_again():
     assert not untouched and untouched_faults > 10 * faults
     # a user's own malloc tuning is theirs
     assert _churn(MALLOC_TRIM_THRESHOLD_="1048576")[0] is False
+    assert _churn(GLIBC_TUNABLES="glibc.malloc.trim_threshold=1048576")[0] is False
+    assert _churn(GLIBC_TUNABLES="glibc.rtld.nns=4")[0] is True  # not malloc's
