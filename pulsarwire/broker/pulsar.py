@@ -534,7 +534,7 @@ class BrokerConnection(asyncio.Protocol):
         self.transport = transport
         self._adapt_reads = tune_reads(transport)
         # a plain socket's descriptor, for write_entry (a TLS connection writes through its transport)
-        sock = transport.get_extra_info("socket") if self._adapt_reads else None
+        sock = transport.get_extra_info("socket") if self._adapt_reads and hasattr(os, "writev") else None
         self._socket_fd = sock.fileno() if sock is not None else None
         service = self.service
         self.relax()
