@@ -863,46 +863,44 @@ class BrokerConnection(asyncio.Protocol):
         self._out.append(data)
         self._queued(len(data))
 
-    def _write_now(self, data: bytes) -> None:
-        """A big frame (a consumer's entry) with nothing queued before it: to the transport at
-        once. Queued for the flush at the end of the loop's turn, a FLOW's whole answer (a
-        megabyte of 1 KiB messages) left in one write, joined first, after every entry of it
-        was read and framed: the consumer waited some 0.5 ms for its first entry, and its
-        permits came back that much later."""
+    def _write_now(self, head: bytes, body: bytes | memoryview = b"") -> None:
+        """A big frame (a consumer's entry: `head` then the stored `body`) with nothing queued
+        before it: to the transport at once. Queued for the flush at the end of the loop's turn,
+        a FLOW's whole answer (a megabyte of 1 KiB messages) left in one write, joined first,
+        after every entry of it was read and framed: the consumer waited some 0.5 ms for its
+        first entry, and its permits came back that much later. On a plain socket the two go in
+        one writev from where they lie: joined into a frame of their own first, a 1 KiB-message
+        backlog's every byte was copied once more on the loop (half of the broker's memory
+        copying); what the socket does not take is copied into the transport's buffer."""
         self.core.commit()  # as flush(): nothing leaves before what was appended is written
         transport = self.transport
-        assert transport is not None  # checked by write()
-        transport.write(data)
+        assert transport is not None  # checked by the callers
+        sent = 0
+        if body and self._socket_fd is not None and not transport.get_write_buffer_size() \
+                and not transport.is_closing():
+            try:
+                sent = os.writev(self._socket_fd, (head, body))
+            except OSError:  # it would block; or it failed, and the transport's write below fails too and closes
+                pass
+        if sent < len(head):
+            transport.write(head[sent:] if sent else head)
+            if body:
+                transport.write(body)
+        elif sent < len(head) + len(body):
+            transport.write(memoryview(body)[sent - len(head):])
         if self.writable and self._took_output(transport) > self._output_budget():
             self._pause()
         self._settle_output()
 
     def write_entry(self, head: bytes, body: bytes | memoryview) -> int:
         """A consumer's entry frame: `head` (codec.encode_payload_frame_head) then the stored
-        `body`; the frame's size. A big one with nothing before it goes to the socket from where
-        the two lie (one writev); joined into a frame of its own first, a 1 KiB-message backlog's
-        every byte was copied once more on the loop (half of the broker's memory copying)."""
+        `body`, not joined where it can go to the socket at once (_write_now); the frame's size."""
         size = len(head) + len(body)
-        transport = self.transport
-        if size < DIRECT_WRITE_BYTES or self._out or self._socket_fd is None or transport is None \
-                or self.closed:
+        if size >= DIRECT_WRITE_BYTES and self._socket_fd is not None and not self._out \
+                and self.transport is not None and not self.closed:
+            self._write_now(head, body)
+        else:
             self.write(head + body)
-            return size
-        self.core.commit()  # as flush(): nothing leaves before what was appended is written
-        sent = 0
-        if not transport.get_write_buffer_size() and not transport.is_closing():
-            try:
-                sent = os.writev(self._socket_fd, (head, body))
-            except OSError:  # it would block; or it failed, and the transport's write below fails too and closes
-                pass
-        if sent < len(head):  # what the socket did not take is copied into the transport's buffer
-            transport.write(head[sent:] if sent else head)
-            transport.write(body)
-        elif sent < size:
-            transport.write(memoryview(body)[sent - len(head):])
-        if self.writable and self._took_output(transport) > self._output_budget():
-            self._pause()
-        self._settle_output()
         return size
 
     def _output_budget(self) -> int:
