@@ -883,7 +883,7 @@ class BrokerConnection(asyncio.Protocol):
             except OSError:  # it would block; or it failed, and the transport's write below fails too and closes
                 pass
         if sent < len(head):
-            transport.write(head[sent:] if sent else head)
+            transport.write(head[sent:])
             if body:
                 transport.write(body)
         elif sent < len(head) + len(body):

@@ -82,7 +82,8 @@ print(kept, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 
 
 def _churn(**env: str) -> tuple[bool, int]:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "PULSARWIRE_TUNE", "GLIBC_TUNABLES"))}
+    environment = {k: v for k, v in os.environ.items()
+                   if not k.startswith(("MALLOC_", "PULSARWIRE_TUNE", "GLIBC_TUNABLES"))}
     environment.update(env)
     out = subprocess.run([sys.executable, "-c", _CHURN], env=environment, capture_output=True, text=True,
                          check=True).stdout.split()
