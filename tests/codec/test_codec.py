@@ -63,6 +63,16 @@ def test_unbatched_message_takes_fields_from_metadata(twin):
     assert message.properties == {"a": "b"} and message.sequence_id == 9
 
 
+def test_payload_size_is_the_payloads_length_batched_or_not(twin):
+    """batch_receive's byte limit reads payload_size: 0 for an unbatched message let a whole
+    queue through one limit (the Cython twin set no payload span for one)."""
+    raw = twin.encode_payload_command(send_command(), metadata(), b"hello")
+    (message,) = twin.decode_frame(raw).messages()
+    assert message.payload_size == 5 == len(message.payload)
+    messages = twin.decode_frame(batch_frame(twin, [b"abc", b"", b"defgh"])).messages()
+    assert [m.payload_size for m in messages] == [3, 0, 5]
+
+
 def test_batch_of_one_is_still_a_batch(twin):
     """Presence of num_messages_in_batch decides, not its value."""
     raw = batch_frame(twin, [b"only"])
