@@ -279,7 +279,7 @@ class Client(_Handle):
     @official_options.READER.method("asyncio")
     async def create_reader(self, topic: str, start_message_id: MessageId, values: dict[str, Any]) -> Reader:
         _checked_topic(topic)
-        start = official.native_id(start_message_id)
+        start = official.start_id(start_message_id)
         try:
             options = official_options.READER.translate(values)
         except official.Unsupported as exc:

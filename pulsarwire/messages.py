@@ -7,6 +7,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, overload
 
+from google.protobuf.message import DecodeError
+
 from ._proto import PulsarApi_pb2 as pb
 
 if TYPE_CHECKING:
@@ -24,6 +26,7 @@ Span = tuple[int, int, int, int, int, int, int, "str | None"]
 
 _U64_MAX = 0xFFFFFFFFFFFFFFFF
 _I64_MAX = 0x7FFFFFFFFFFFFFFF
+SERIALIZED_ID_UNREADABLE = "Failed to parse serialized message id"  # the official client's words
 
 
 @functools.total_ordering
@@ -80,7 +83,15 @@ class MessageId:
 
     @classmethod
     def deserialize(cls, raw: bytes) -> "MessageId":
-        return cls.from_proto(pb.MessageIdData.FromString(raw))
+        """The id serialize() gave; ValueError for bytes that are not one (not protobuf, or
+        without a ledger and entry id: empty bytes would otherwise read as (0,0,-1,-1))."""
+        try:
+            data = pb.MessageIdData.FromString(raw)
+        except (DecodeError, TypeError) as exc:
+            raise ValueError(f"{SERIALIZED_ID_UNREADABLE}: {exc}") from None
+        if not data.IsInitialized():
+            raise ValueError(f"{SERIALIZED_ID_UNREADABLE}: no {' or '.join(data.FindInitializationErrors())}")
+        return cls.from_proto(data)
 
     def __str__(self) -> str:
         return f"({self.ledger_id},{self.entry_id},{self.partition},{self.batch_index})"

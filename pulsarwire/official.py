@@ -331,7 +331,10 @@ class MessageId:
 
     @staticmethod
     def deserialize(message_id_bytes: bytes, topic: str | None = None) -> "MessageId":
-        native = messages.MessageId.deserialize(message_id_bytes)
+        try:
+            native = messages.MessageId.deserialize(message_id_bytes)
+        except ValueError:  # the official client's error, word for word
+            raise ValueError(messages.SERIALIZED_ID_UNREADABLE) from None
         if topic is not None:
             native = messages.MessageId(native.ledger_id, native.entry_id, native.partition, native.batch_index,
                                         native.batch_size, aio.topic_name(topic))
@@ -376,7 +379,16 @@ def native_id(message_id: Any) -> messages.MessageId:
         return message_id
     if is_official(message_id, "MessageId"):  # the official module's own (pulsar. or _pulsar.MessageId)
         return messages.MessageId.deserialize(message_id.serialize())
-    raise ValueError(f"expected a MessageId, got {type(message_id).__name__}")
+    raise TypeError(f"expected a MessageId, got {type(message_id).__name__}")  # as the official bindings
+
+
+def start_id(start_message_id: Any) -> messages.MessageId:
+    """create_reader()'s start: a MessageId, or the official client's ValueError."""
+    try:
+        return native_id(start_message_id)
+    except TypeError:
+        raise ValueError(f"Argument start_message_id is expected to be of type 'MessageId' and not "
+                         f"'{type(start_message_id).__name__}'") from None
 
 
 def seek_target(target: object) -> messages.MessageId | int:
@@ -387,7 +399,7 @@ def seek_target(target: object) -> messages.MessageId | int:
         return target
     try:
         return native_id(target)
-    except ValueError:
+    except TypeError:
         raise ValueError(f"invalid seek_arg type {type(target)}") from None
 
 
@@ -781,6 +793,13 @@ def send_options(properties: dict[str, str] | None, partition_key: str | None, o
     check_type_or_none(int, event_timestamp, "event_timestamp")
     check_type_or_none(int, deliver_at, "deliver_at")
     check_type_or_none(timedelta, deliver_after, "deliver_after")
+    # the official client's own checks: its sequence id is checked, its event time is an unsigned
+    # argument of its bindings (the protobuf fields would say only "Value out of range")
+    if sequence_id is not None and sequence_id < 0:
+        raise ValueError("sequenceId needs to be >= 0")
+    if event_timestamp is not None and event_timestamp < 0:
+        raise TypeError(f"event_timestamp(): incompatible function arguments: {event_timestamp} is not an "
+                        f"unsigned number of milliseconds")
     options: dict[str, Any] = {}
     if properties:
         options["properties"] = properties

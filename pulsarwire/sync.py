@@ -280,7 +280,7 @@ class Client(_Facade):
     @official_options.READER.method("sync")
     def create_reader(self, topic: str, start_message_id: MessageId, values: dict[str, Any]) -> "Reader":
         _checked_topic(topic)
-        start = official.native_id(start_message_id)
+        start = official.start_id(start_message_id)
         try:
             options = official_options.READER.translate(values)
         except official.Unsupported as exc:
@@ -1239,8 +1239,10 @@ class Consumer(_Listening):
         self._run(self._consumer.unsubscribe(), closed_check=False)
 
     def close(self) -> None:
+        """Close the consumer; no error when it is closed already (unsubscribed, its client
+        closed), as the official client's consumers close quietly then."""
         if self._closed:
-            raise AlreadyClosed(official.error_text(Result.AlreadyClosed))
+            return
         self._stop_listening()
         self._closed = True
         self._run(self._consumer.close(), closed_check=False)
@@ -1285,8 +1287,10 @@ class Reader(_Listening):
         return self._loop.call(self._reader.is_connected)
 
     def close(self) -> None:
+        """Close the reader; no error when it is closed already (its client closed), as the
+        official client's readers close quietly then."""
         if self._closed:
-            raise AlreadyClosed(official.error_text(Result.AlreadyClosed))
+            return
         self._stop_listening()
         self._closed = True
         self._run(self._reader.close(), closed_check=False)

@@ -1698,6 +1698,80 @@ program("batch_receive_bytes_and_listener_rules")("""
     client.close()
 """)
 
+program("batch_receive_bytes_of_unbatched_messages")("""
+    import pulsar
+
+    client = pulsar.Client('pulsar://localhost:6650')
+    producer = client.create_producer('my-topic')  # unbatched: each message an entry of its own
+    for i in range(12):
+        producer.send(b'abc')
+    for limit, expected in ((10, 12), (5, 3)):
+        consumer = client.subscribe('my-topic', 'sub-%d' % limit,
+                                    initial_position=pulsar.InitialPosition.Earliest,
+                                    batch_receive_policy=pulsar.ConsumerBatchReceivePolicy(-1, limit, 300))
+        sizes = []
+        while sum(sizes) < expected:
+            batch = consumer.batch_receive()
+            sizes.append(len(batch))
+            for msg in batch:
+                consumer.acknowledge(msg)
+        print(limit, 'bytes:', sizes)
+        consumer.close()
+    client.close()
+""")
+
+program("close_what_is_closed_already")("""
+    import pulsar
+
+    client = pulsar.Client('pulsar://localhost:6650')
+    consumer = client.subscribe('my-topic', 'gone')
+    consumer.unsubscribe()
+    print('close after unsubscribe:', consumer.close())
+    consumer = client.subscribe('my-topic', 'kept')
+    reader = client.create_reader('my-topic', pulsar.MessageId.earliest)
+    producer = client.create_producer('my-topic')
+    client.close()
+    print('consumer close after client close:', consumer.close())
+    print('reader close after client close:', reader.close())
+    try:
+        producer.close()
+    except pulsar.AlreadyClosed as error:
+        print('producer close after client close:', error)
+""")
+
+program("bad_arguments_typed_as_the_official_client")("""
+    import pulsar
+
+    for raw in (b'garbage', b'', b'\\x08\\x01'):
+        try:
+            pulsar.MessageId.deserialize(raw)
+            print('deserialized', raw)
+        except ValueError as error:
+            print('deserialize', raw, 'ValueError', error)
+    client = pulsar.Client('pulsar://localhost:6650')
+    consumer = client.subscribe('my-topic', 'my-subscription')
+    for bad in ('not an id', None, 5):
+        for call in (consumer.acknowledge, consumer.negative_acknowledge):
+            try:
+                call(bad)
+            except TypeError:
+                print(call.__name__, type(bad).__name__, 'TypeError')
+    try:
+        client.create_reader('my-topic', 'earliest')
+    except ValueError as error:
+        print('reader start:', error)
+    producer = client.create_producer('my-topic')
+    try:
+        producer.send(b'x', event_timestamp=-1)
+    except TypeError:
+        print('negative event time: TypeError')
+    try:
+        producer.send(b'x', sequence_id=-5)
+    except ValueError as error:
+        print('negative sequence id:', error)
+    client.close()
+""")
+
 program("schema_mismatch")("""
     import pulsar
     from pulsar.schema import StringSchema, BytesSchema
