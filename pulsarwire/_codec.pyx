@@ -1009,10 +1009,9 @@ cdef class SingleMessage:
 cdef SingleMessage _unbatched(object metadata, object payload):
     cdef SingleMessage message = SingleMessage.__new__(SingleMessage)
     cdef _HeldBuffer held = _HeldBuffer(payload)
-    message._held = held
+    message._held = held  # the payload is its whole span: its view is made when asked, as a batch's
     message._payload_start = 0
-    message._payload_end = held.size  # payload_size, without the view (batch_receive's byte limit)
-    message._payload = held.slice(0, held.size)
+    message._payload_end = held.size
     message.batch_index = -1
     message.batch_size = 0
     message._properties = {kv.key: kv.value for kv in metadata.properties}
