@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
+import select
+import selectors
 import sys
 import threading
 import time
@@ -56,6 +59,11 @@ class LoopThread:
         self.loop = new_event_loop()
         self._borrowing = timers.borrowable(self.loop)
         self._marks: tuple[int, Any] = (0, None)
+        # read_while_waiting: the sockets a caller reads itself (their descriptor -> that thread's
+        # ident; changed while the loop is borrowed or on its thread), and eventfds to wake them
+        self._read_owners: dict[int, int] = {}
+        self._wake_fds: list[int] = []
+        self.reading_borrowed = False  # a caller runs the loop's reading: no user callback may run in it
         self.thread = threading.Thread(target=self._serve, name="pulsarwire-loop", daemon=True)
         self.thread.start()
 
@@ -93,12 +101,136 @@ class LoopThread:
             except RuntimeError:  # closed meanwhile: nothing left to run it
                 pass
 
+    def read_while_waiting(self, sock: Any, done: Callable[[], bool], waiting: Any) -> None:
+        """Wait until `done()` on the caller's thread by reading `sock` itself, as the loop's thread
+        would: the kernel wakes the caller when the answer arrives and the caller dispatches it, in
+        place of a wake-up of the loop's thread and then one of the caller (two wake-ups, each tens
+        of microseconds on a VM, and a hand-over of the GIL). Meanwhile the loop's thread is not
+        told about input on `sock` (its epoll interest drops EPOLLIN; other sockets and timers go on
+        there). One caller a socket; returns early, leaving the rest to the caller's own wait,
+        whenever this cannot go on (the loop busy, the socket owned, paused or gone, 100 ms without
+        input). `waiting.wake_fd` is set for the time of the wait: whoever answers from another
+        thread writes it (see `wake_waiter`)."""
+        if self._borrowing is None or sock is None or not hasattr(os, "eventfd"):
+            return
+        fd = sock.fileno()
+        me = threading.get_ident()
+        if fd < 0 or not self.borrow():
+            return
+        owned = False
+        try:
+            owned = fd not in self._read_owners and self._take_reads(fd)
+            if owned:
+                self._read_owners[fd] = me
+        finally:
+            self.give_back()
+        if not owned:
+            return
+        wake = self._wake_fds.pop() if self._wake_fds else os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        poller.register(wake, select.POLLIN)
+        waiting.wake_thread = me
+        waiting.wake_fd = wake
+        try:
+            while not done():
+                ready = poller.poll(100)
+                if not ready:
+                    return
+                readable = False
+                for ready_fd, events in ready:
+                    if ready_fd == wake:
+                        try:
+                            os.eventfd_read(wake)
+                        except BlockingIOError:
+                            pass
+                    elif events & select.POLLNVAL:
+                        return  # closed under the wait: the loop's thread has seen to it
+                    else:
+                        readable = True
+                if readable and not self._read_borrowed(fd):
+                    return
+        finally:
+            waiting.wake_fd = -1
+            if self.loop.is_closed():
+                os.close(wake)
+            else:
+                self._wake_fds.append(wake)
+            self._give_reads_back(fd, me)
+
+    def _take_reads(self, fd: int) -> bool:
+        """Borrowed: stop the loop's epoll reporting input on `fd`; False when the loop does not
+        read it now (not registered, reading paused)."""
+        selector: Any = self.loop._selector  # type: ignore[attr-defined]
+        try:
+            key = selector.get_key(fd)
+        except (KeyError, ValueError):
+            return False
+        if not key.events & selectors.EVENT_READ:
+            return False
+        selector._selector.modify(fd, select.EPOLLOUT if key.events & selectors.EVENT_WRITE else 0)
+        return True
+
+    def _read_borrowed(self, fd: int) -> bool:
+        """Run the loop's reader of `fd` on this thread, the loop borrowed; False when it could not."""
+        if not self.borrow():
+            return False
+        events: asyncio.AbstractEventLoop | None = None
+        try:
+            selector: Any = self.loop._selector  # type: ignore[attr-defined]
+            try:
+                reader = selector.get_key(fd).data[0]
+            except (KeyError, ValueError):
+                return False
+            if reader is None or reader._cancelled:
+                return False
+            events = asyncio.events._get_running_loop()
+            asyncio.events._set_running_loop(self.loop)  # code run here may look for its loop
+            self.reading_borrowed = True
+            reader._run()
+            return True
+        finally:
+            self.reading_borrowed = False
+            if events is not None or asyncio.events._get_running_loop() is self.loop:
+                asyncio.events._set_running_loop(events)
+            self.give_back()
+
+    def _give_reads_back(self, fd: int, me: int) -> None:
+        """The loop's epoll reports input on `fd` again (once it is borrowed, or on its thread)."""
+        def restore() -> None:
+            if self._read_owners.get(fd) != me:
+                return
+            del self._read_owners[fd]
+            selector: Any = self.loop._selector  # type: ignore[attr-defined]
+            try:
+                key = selector.get_key(fd)
+            except (KeyError, ValueError):
+                return  # unregistered meanwhile: nothing to give back
+            mask = (select.EPOLLIN if key.events & selectors.EVENT_READ else 0) | \
+                (select.EPOLLOUT if key.events & selectors.EVENT_WRITE else 0)
+            try:
+                selector._selector.modify(fd, mask)
+            except OSError:  # closed meanwhile
+                pass
+        if self.borrow():
+            try:
+                restore()
+            finally:
+                self.give_back()
+            return
+        try:
+            self.loop.call_soon_threadsafe(restore)
+        except RuntimeError:  # the loop is closed: nothing reads any more
+            pass
+
     def _serve(self) -> None:
         less_timer_slack()
         try:
             self.loop.run_forever()
         finally:
             self.loop.close()  # here, so that a loop stopped from its own thread is closed too
+            while self._wake_fds:
+                os.close(self._wake_fds.pop())
 
     @property
     def stopped(self) -> bool:
@@ -340,3 +472,7 @@ class Reader:
 
     def close(self) -> None:
         self._loop.run(self._reader.close())
+
+
+timers.Borrowing.sections.update(f.__code__ for f in (LoopThread.read_while_waiting, LoopThread._read_borrowed,
+                                                      LoopThread._give_reads_back))

@@ -21,6 +21,7 @@ import functools
 import inspect
 import itertools
 import logging
+import os
 import queue
 import re
 import threading
@@ -417,7 +418,9 @@ class _Sent(Receipt):
         if self._done:
             return
         producer = self._producer
-        if producer._lent:  # answered at once in a caller's thread: the callback runs on the loop's, later
+        # answered at once in a caller's thread, or while a caller reads for the loop: the callback
+        # runs on the loop's thread, later
+        if producer._lent or (producer._loop.reading_borrowed and self.callback is not None):
             producer._loop.loop.call_soon(self._answer, error, message_id)
             return
         self._done = True
@@ -457,7 +460,7 @@ class _Sent(Receipt):
 class _Awaited(_Sent):
     """The answer to a send() its caller waits for."""
 
-    __slots__ = ("_finished", "error", "message_id")
+    __slots__ = ("_finished", "error", "message_id", "wake_fd", "wake_thread")
 
     def __init__(self, producer: "Producer") -> None:
         super().__init__(producer, None)
@@ -465,10 +468,18 @@ class _Awaited(_Sent):
         self._finished.acquire()
         self.error: BaseException | None = None
         self.message_id: messages.MessageId | None = None
+        self.wake_fd = -1  # while the caller reads its socket itself (LoopThread.read_while_waiting)
+        self.wake_thread = 0
 
     def _report(self, error: BaseException | None, message_id: messages.MessageId | None) -> None:
         self.error, self.message_id = error, message_id
         self._finished.release()
+        wake = self.wake_fd
+        if wake >= 0 and threading.get_ident() != self.wake_thread:
+            os.eventfd_write(wake, 1)
+
+    def answered(self) -> bool:
+        return not self._finished.locked()
 
     def wait(self, timeout: float) -> bool:
         return self._finished.acquire(timeout=timeout)
@@ -571,6 +582,7 @@ class Producer(_Facade):
         if not self._accept(content, options, answer):
             raise self._refusal
         try:
+            self._loop.read_while_waiting(self._socket(), answer.answered, answer)
             while not answer.wait(0.1):
                 if self._loop.stopped:  # the client was shut down under this send
                     raise errors.AlreadyClosedError("client is closed")
@@ -579,6 +591,15 @@ class Producer(_Facade):
             return _sent_id(answer.message_id)
         except BaseException as exc:  # noqa: BLE001 - translated, never swallowed
             raise _official_error(exc, self._closed) from exc
+
+    def _socket(self) -> Any:
+        """The socket of the connection a send() waits on (a producer of one partition), or None."""
+        partitions = self._producer._partitions
+        if len(partitions) != 1:
+            return None
+        conn = partitions[0].conn
+        transport = None if conn is None else conn.transport
+        return None if transport is None else transport.get_extra_info("socket")
 
     def send_async(self, content: Any, callback: Callable[[Result, MessageId], None] | None,
                    properties: dict[str, str] | None = None, partition_key: str | None = None,

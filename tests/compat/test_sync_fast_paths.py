@@ -540,3 +540,75 @@ def test_a_send_that_has_to_wait_goes_to_the_loop_first_in_line_and_not_held(emb
         assert time.monotonic() - started < 2.5  # a held send() would wait 5 s
         assert len({(i.partition(), i.ledger_id(), i.entry_id()) for i in ids}) == 6
         producer.close()
+
+
+def test_a_send_reads_its_own_answer_and_gives_the_socket_back_to_the_loop(embedded):
+    """send() waits by reading its connection's socket itself (LoopThread.read_while_waiting):
+    meanwhile a send_async callback of another producer on that connection still runs on the
+    loop's thread, never in the sending thread; afterwards the loop's thread reads the socket
+    again (a consumer on that connection gets what another client sends while nobody calls
+    send()), and a listener is fed."""
+    topic = unique()
+    with pulsar.Client(embedded.url) as client, pulsar.Client(embedded.url) as other:
+        loop_thread = client._loop.thread
+        listened = []
+        client.subscribe(topic, "listened", initial_position=pulsar.InitialPosition.Earliest,
+                         message_listener=lambda consumer, message: listened.append(message.data()))
+        consumer = client.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+        sender = client.create_producer(topic, batching_enabled=False)
+        streaming = client.create_producer(topic, batching_enabled=False)
+        callback_threads = []
+
+        def stream():
+            for i in range(300):
+                streaming.send_async(b"async", lambda result, mid: callback_threads.append(
+                    (result, threading.current_thread())))
+                time.sleep(0.0005)
+        streamer = threading.Thread(target=stream)
+        streamer.start()
+        ids = [sender.send(b"sent") for _ in range(300)]
+        streamer.join(30)
+        streaming.flush()
+        assert len({(i.ledger_id(), i.entry_id()) for i in ids}) == 300
+        assert len(callback_threads) == 300
+        assert {result for result, _ in callback_threads} == {pulsar.Result.Ok}
+        assert {thread for _, thread in callback_threads} == {loop_thread}
+        assert client._loop._read_owners == {}
+        got = [consumer.receive(5000).data() for _ in range(600)]
+        assert got.count(b"sent") == 300 and got.count(b"async") == 300
+        # nobody sends on `client` now: its loop's thread must read what arrives
+        other.create_producer(topic).send(b"from another client")
+        assert consumer.receive(5000).data() == b"from another client"
+        deadline = time.monotonic() + 5
+        while len(listened) < 601 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(listened) == 601 and listened[-1] == b"from another client"
+
+
+def test_sends_from_threads_on_one_connection_each_get_their_answer(embedded):
+    """One thread at a time reads a socket for its send(); the others wait as before and are
+    answered by whoever reads their receipt (that reader, or the loop's thread)."""
+    topic = unique()
+    with pulsar.Client(embedded.url) as client:
+        producers = [client.create_producer(topic, batching_enabled=False) for _ in range(3)]
+        failures = []
+
+        def send(n):
+            try:
+                for i in range(200):
+                    producers[n].send(b"%d:%d" % (n, i))
+            except Exception as exc:  # noqa: BLE001 - reported below
+                failures.append(exc)
+        threads = [threading.Thread(target=send, args=(n,)) for n in range(3)]
+        started = time.monotonic()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert not failures and not any(thread.is_alive() for thread in threads)
+        assert time.monotonic() - started < 30  # no send waited out a poll's 100 ms over and over
+        assert client._loop._read_owners == {}
+        consumer = client.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+        got = [consumer.receive(5000).data() for _ in range(600)]
+        for n in range(3):
+            assert [m for m in got if m.startswith(b"%d:" % n)] == [b"%d:%d" % (n, i) for i in range(200)]
