@@ -115,21 +115,26 @@ class LoopThread:
             return
         fd = sock.fileno()
         me = threading.get_ident()
-        if fd < 0 or not self.borrow():
+        if fd < 0:
+            return
+        try:  # before the socket is taken: nothing may fail between taking it and the finally below
+            wake = self._wake_fds.pop() if self._wake_fds else os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            poller.register(wake, select.POLLIN)
+        except OSError:  # out of descriptors, say: wait the caller's own way
             return
         owned = False
-        try:
-            owned = fd not in self._read_owners and self._take_reads(fd)
-            if owned:
-                self._read_owners[fd] = me
-        finally:
-            self.give_back()
+        if self.borrow():
+            try:
+                owned = fd not in self._read_owners and self._take_reads(fd)
+                if owned:
+                    self._read_owners[fd] = me
+            finally:
+                self.give_back()
         if not owned:
+            self._wake_fds.append(wake)
             return
-        wake = self._wake_fds.pop() if self._wake_fds else os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        poller.register(wake, select.POLLIN)
         waiting.wake_thread = me
         waiting.wake_fd = wake
         try:
@@ -175,7 +180,8 @@ class LoopThread:
         """Run the loop's reader of `fd` on this thread, the loop borrowed; False when it could not."""
         if not self.borrow():
             return False
-        events: asyncio.AbstractEventLoop | None = None
+        previous: asyncio.AbstractEventLoop | None = None
+        running = False
         try:
             selector: Any = self.loop._selector  # type: ignore[attr-defined]
             try:
@@ -184,15 +190,15 @@ class LoopThread:
                 return False
             if reader is None or reader._cancelled:
                 return False
-            events = asyncio.events._get_running_loop()
+            previous = asyncio.events._get_running_loop()
             asyncio.events._set_running_loop(self.loop)  # code run here may look for its loop
-            self.reading_borrowed = True
+            running = self.reading_borrowed = True
             reader._run()
             return True
         finally:
             self.reading_borrowed = False
-            if events is not None or asyncio.events._get_running_loop() is self.loop:
-                asyncio.events._set_running_loop(events)
+            if running:
+                asyncio.events._set_running_loop(previous)
             self.give_back()
 
     def _give_reads_back(self, fd: int, me: int) -> None:

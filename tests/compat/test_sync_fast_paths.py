@@ -612,3 +612,21 @@ def test_sends_from_threads_on_one_connection_each_get_their_answer(embedded):
         got = [consumer.receive(5000).data() for _ in range(600)]
         for n in range(3):
             assert [m for m in got if m.startswith(b"%d:" % n)] == [b"%d:%d" % (n, i) for i in range(200)]
+
+
+def test_a_send_that_cannot_make_its_wake_up_waits_as_before(embedded, monkeypatch):
+    """Out of descriptors for the eventfd that read_while_waiting needs: the send waits for the
+    loop's thread as before, and the socket stays the loop's."""
+    from pulsarwire import blocking
+
+    def no_more(*args):
+        raise OSError(24, "Too many open files")
+    monkeypatch.setattr(blocking.os, "eventfd", no_more)
+    topic = unique()
+    with pulsar.Client(embedded.url) as client:
+        consumer = client.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+        producer = client.create_producer(topic, batching_enabled=False)
+        for i in range(20):
+            producer.send(b"%d" % i)
+        assert client._loop._read_owners == {}
+        assert [consumer.receive(5000).data() for _ in range(20)] == [b"%d" % i for i in range(20)]
