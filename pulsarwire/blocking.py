@@ -63,7 +63,9 @@ class LoopThread:
         # ident; changed while the loop is borrowed or on its thread), and eventfds to wake them
         self._read_owners: dict[int, int] = {}
         self._wake_fds: list[int] = []
+        self._owners_checked: bool | str = False  # _check_read_owners is scheduled ("again": and then again)
         self.reading_borrowed = False  # a caller runs the loop's reading: no user callback may run in it
+        self.deferred_in_read = False  # an answer of that reading went to the loop's thread
         self.thread = threading.Thread(target=self._serve, name="pulsarwire-loop", daemon=True)
         self.thread.start()
 
@@ -110,7 +112,11 @@ class LoopThread:
         there). One caller a socket; returns early, leaving the rest to the caller's own wait,
         whenever this cannot go on (the loop busy, the socket owned, paused or gone, 100 ms without
         input). `waiting.wake_fd` is set for the time of the wait: whoever answers from another
-        thread writes it (see `wake_waiter`)."""
+        thread writes it (see `timers.wake_waiter`). On the main thread, signal handlers (Ctrl-C)
+        are held back while the loop's work runs here (`timers.hold_signals`): the wait itself
+        stays interruptible, never a dispatch or the giving back. A socket whose caller left
+        without giving it back anyway (a signal in the instants between) is given back by the
+        loop's thread within `OWNERS_CHECKED_EVERY` (`_check_read_owners`)."""
         if self._borrowing is None or sock is None or not hasattr(os, "eventfd"):
             return
         fd = sock.fileno()
@@ -124,44 +130,75 @@ class LoopThread:
             poller.register(wake, select.POLLIN)
         except OSError:  # out of descriptors, say: wait the caller's own way
             return
-        owned = False
-        if self.borrow():
-            try:
-                owned = fd not in self._read_owners and self._take_reads(fd)
-                if owned:
-                    self._read_owners[fd] = me
-            finally:
-                self.give_back()
-        if not owned:
-            self._wake_fds.append(wake)
-            return
-        waiting.wake_thread = me
-        waiting.wake_fd = wake
+        held = timers.hold_signals()
         try:
-            while not done():
-                ready = poller.poll(100)
-                if not ready:
-                    return
-                readable = False
-                for ready_fd, events in ready:
-                    if ready_fd == wake:
-                        try:
-                            os.eventfd_read(wake)
-                        except BlockingIOError:
-                            pass
-                    elif events & select.POLLNVAL:
-                        return  # closed under the wait: the loop's thread has seen to it
-                    else:
-                        readable = True
-                if readable and not self._read_borrowed(fd):
-                    return
-        finally:
-            waiting.wake_fd = -1
-            if self.loop.is_closed():
-                os.close(wake)
-            else:
+            owned = False
+            if self.borrow():
+                try:
+                    owned = fd not in self._read_owners and self._take_reads(fd)
+                    if owned:
+                        self._read_owners[fd] = me
+                        if not self._owners_checked:
+                            self._owners_checked = True
+                            self.loop.call_later(self.OWNERS_CHECKED_EVERY, self._check_read_owners)
+                finally:
+                    self.give_back()
+            if not owned:
                 self._wake_fds.append(wake)
-            self._give_reads_back(fd, me)
+                return
+            waiting.wake_thread = me
+            waiting.wake_fd = wake
+            try:
+                timers.release_signals(held)  # a signal held meanwhile is raised here: the finally gives back
+                held = None
+                while not done():
+                    ready = poller.poll(100)
+                    if not ready:
+                        return
+                    readable = False
+                    for ready_fd, events in ready:
+                        if ready_fd == wake:
+                            try:
+                                os.eventfd_read(wake)
+                            except BlockingIOError:
+                                pass
+                        elif events & select.POLLNVAL:
+                            return  # closed under the wait: the loop's thread has seen to it
+                        else:
+                            readable = True
+                    if readable and not self._read_borrowed(fd):
+                        return
+            finally:
+                held = timers.hold_signals()
+                waiting.wake_fd = -1
+                if self.loop.is_closed():
+                    os.close(wake)
+                else:
+                    self._wake_fds.append(wake)
+                self._give_reads_back(fd, me)
+        finally:
+            timers.release_signals(held)
+
+    # how often the loop's thread looks for a socket whose caller left read_while_waiting without
+    # giving it back, while callers take sockets
+    OWNERS_CHECKED_EVERY = 0.1
+
+    def _check_read_owners(self) -> None:
+        """On the loop's thread: give back every socket whose owner is no longer in
+        read_while_waiting; again later while sockets are owned."""
+        if self._read_owners:
+            frames = sys._current_frames()
+            for fd, owner in list(self._read_owners.items()):
+                frame = frames.get(owner)
+                while frame is not None and frame.f_code is not _READ_WHILE_WAITING:
+                    frame = frame.f_back
+                if frame is None:
+                    self._restore_reads(fd, owner)
+        if self._read_owners or self._owners_checked == "again":
+            self._owners_checked = "again" if self._read_owners else True
+            self.loop.call_later(self.OWNERS_CHECKED_EVERY, self._check_read_owners)
+        else:
+            self._owners_checked = False
 
     def _take_reads(self, fd: int) -> bool:
         """Borrowed: stop the loop's epoll reporting input on `fd`; False when the loop does not
@@ -178,54 +215,62 @@ class LoopThread:
 
     def _read_borrowed(self, fd: int) -> bool:
         """Run the loop's reader of `fd` on this thread, the loop borrowed; False when it could not."""
-        if not self.borrow():
-            return False
-        previous: asyncio.AbstractEventLoop | None = None
-        running = False
+        held = timers.hold_signals()
         try:
-            selector: Any = self.loop._selector  # type: ignore[attr-defined]
+            if not self.borrow():
+                return False
+            previous: asyncio.AbstractEventLoop | None = None
+            running = False
             try:
-                reader = selector.get_key(fd).data[0]
-            except (KeyError, ValueError):
-                return False
-            if reader is None or reader._cancelled:
-                return False
-            previous = asyncio.events._get_running_loop()
-            asyncio.events._set_running_loop(self.loop)  # code run here may look for its loop
-            running = self.reading_borrowed = True
-            reader._run()
-            return True
+                selector: Any = self.loop._selector  # type: ignore[attr-defined]
+                try:
+                    reader = selector.get_key(fd).data[0]
+                except (KeyError, ValueError):
+                    return False
+                if reader is None or reader._cancelled:
+                    return False
+                previous = asyncio.events._get_running_loop()
+                asyncio.events._set_running_loop(self.loop)  # code run here may look for its loop
+                self.deferred_in_read = False
+                running = self.reading_borrowed = True
+                reader._run()
+                return True
+            finally:
+                self.reading_borrowed = False
+                if running:
+                    asyncio.events._set_running_loop(previous)
+                self.give_back()
         finally:
-            self.reading_borrowed = False
-            if running:
-                asyncio.events._set_running_loop(previous)
-            self.give_back()
+            timers.release_signals(held)
+
+    def _restore_reads(self, fd: int, owner: int) -> None:
+        """Borrowed or on the loop's thread: `fd`, owned by `owner`, is the loop's to read again,
+        with the epoll interest asyncio's registration says."""
+        if self._read_owners.get(fd) != owner:
+            return
+        del self._read_owners[fd]
+        selector: Any = self.loop._selector  # type: ignore[attr-defined]
+        try:
+            key = selector.get_key(fd)
+        except (KeyError, ValueError):
+            return  # unregistered meanwhile: nothing to give back
+        mask = (select.EPOLLIN if key.events & selectors.EVENT_READ else 0) | \
+            (select.EPOLLOUT if key.events & selectors.EVENT_WRITE else 0)
+        try:
+            selector._selector.modify(fd, mask)
+        except OSError:  # closed meanwhile
+            pass
 
     def _give_reads_back(self, fd: int, me: int) -> None:
         """The loop's epoll reports input on `fd` again (once it is borrowed, or on its thread)."""
-        def restore() -> None:
-            if self._read_owners.get(fd) != me:
-                return
-            del self._read_owners[fd]
-            selector: Any = self.loop._selector  # type: ignore[attr-defined]
-            try:
-                key = selector.get_key(fd)
-            except (KeyError, ValueError):
-                return  # unregistered meanwhile: nothing to give back
-            mask = (select.EPOLLIN if key.events & selectors.EVENT_READ else 0) | \
-                (select.EPOLLOUT if key.events & selectors.EVENT_WRITE else 0)
-            try:
-                selector._selector.modify(fd, mask)
-            except OSError:  # closed meanwhile
-                pass
         if self.borrow():
             try:
-                restore()
+                self._restore_reads(fd, me)
             finally:
                 self.give_back()
             return
         try:
-            self.loop.call_soon_threadsafe(restore)
+            self.loop.call_soon_threadsafe(self._restore_reads, fd, me)
         except RuntimeError:  # the loop is closed: nothing reads any more
             pass
 
@@ -480,5 +525,6 @@ class Reader:
         self._loop.run(self._reader.close())
 
 
+_READ_WHILE_WAITING = LoopThread.read_while_waiting.__code__
 timers.Borrowing.sections.update(f.__code__ for f in (LoopThread.read_while_waiting, LoopThread._read_borrowed,
                                                       LoopThread._give_reads_back))

@@ -419,9 +419,13 @@ class _Sent(Receipt):
             return
         producer = self._producer
         # answered at once in a caller's thread, or while a caller reads for the loop: the callback
-        # runs on the loop's thread, later
-        if producer._lent or (producer._loop.reading_borrowed and self.callback is not None):
-            producer._loop.loop.call_soon(self._answer, error, message_id)
+        # runs on the loop's thread, later; and so does every answer after one deferred in that
+        # read (a send() returns after the callbacks of the sends before it, as in the official client)
+        loop = producer._loop
+        if producer._lent or (loop.reading_borrowed and (self.callback is not None or loop.deferred_in_read)):
+            if loop.reading_borrowed:
+                loop.deferred_in_read = True
+            loop.loop.call_soon(self._answer, error, message_id)
             return
         self._done = True
         producer._one_answered()
@@ -657,19 +661,25 @@ class Producer(_Facade):
                         self._room_waiters -= 1
             if self._closed:
                 return False
-            self._accepted += 1
             # Alone (nothing queued or in flight before it: a send() loop, sends far apart) while
             # the loop's thread waits for I/O: this thread does the hand-over itself, with the
-            # loop borrowed (no wake-up; written at once when unbatched). A stream of sends is
-            # handed over by the loop's thread, in runs (one write for many).
-            direct = self._accepted - self._answered == 1 and not self._handing_over and self._loop.borrow()
+            # loop borrowed (no wake-up; written at once when unbatched), signal handlers held
+            # back on the main thread (a KeyboardInterrupt must not cut the loop's work in two).
+            # A stream of sends is handed over by the loop's thread, in runs (one write for many).
+            alone = self._accepted == self._answered and not self._handing_over
+            held = timers.hold_signals() if alone else None
+            self._accepted += 1
+            direct = alone and self._loop.borrow()
             if not direct:
                 start = self._queue_send(content, options, sent)
             self._handing_over = True  # what others accept meanwhile queues behind this one
-        if direct:
-            self._send_direct(content, options, sent)
-        elif start:
-            self._wake_hand_over()
+        try:
+            if direct:
+                self._send_direct(content, options, sent)
+            elif start:
+                self._wake_hand_over()
+        finally:
+            timers.release_signals(held)
         return True
 
     def _queue_send(self, content: Any, options: dict[str, Any], sent: _Sent) -> bool:

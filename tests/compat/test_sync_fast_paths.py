@@ -630,3 +630,98 @@ def test_a_send_that_cannot_make_its_wake_up_waits_as_before(embedded, monkeypat
             producer.send(b"%d" % i)
         assert client._loop._read_owners == {}
         assert [consumer.receive(5000).data() for _ in range(20)] == [b"%d" % i for i in range(20)]
+
+
+@pytest.mark.parametrize("batching", [True, False])
+def test_a_send_returns_after_the_callbacks_of_the_sends_before_it(embedded, batching):
+    """As in the official client: once send() returns, every send_async before it on that
+    producer has had its callback, even when the caller read the receipts itself."""
+    with pulsar.Client(embedded.url) as client:
+        producer = client.create_producer(unique(), batching_enabled=batching)
+        called = []
+        for i in range(100):
+            producer.send_async(b"a", lambda result, mid: called.append(result))
+            producer.send(b"b")
+            assert len(called) == i + 1
+
+
+def _interrupt_in_dispatch(client, monkeypatch, times):
+    """Have a SIGINT arrive in the middle of the next `times` dispatches the main thread runs for
+    the loop while a send() of `client` waits (what Ctrl-C at that instant does)."""
+    import os
+    import signal
+    from pulsarwire.client.connection import Connection
+    real = Connection.data_received
+    left = [times]
+
+    def data_received(self, data):
+        if left[0] and threading.current_thread() is threading.main_thread() and client._loop.reading_borrowed:
+            left[0] -= 1
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0)  # a Python signal handler runs here, before the dispatch
+        return real(self, data)
+    monkeypatch.setattr(Connection, "data_received", data_received)
+    return left
+
+
+def test_ctrl_c_while_a_send_dispatches_for_the_loop_loses_nothing(embedded, monkeypatch):
+    """A KeyboardInterrupt on the main thread while its send() dispatches the connection's input
+    (messages for a consumer of the same client among it) comes once that dispatch is done: the
+    send is interrupted, no delivered message is dropped, and the socket goes back to the loop."""
+    topic_in, topic_out = unique(), unique()
+    with pulsar.Client(embedded.url) as client, pulsar.Client(embedded.url) as feeding:
+        consumer = client.subscribe(topic_in, "s", initial_position=pulsar.InitialPosition.Earliest)
+        producer = client.create_producer(topic_out, batching_enabled=False)
+        feeder = feeding.create_producer(topic_in, batching_enabled=False)
+        producer.send(b"first")
+        connection = producer._producer._partitions[0].conn
+        fed = threading.Thread(target=lambda: [feeder.send(b"%d" % i) for i in range(400)])
+        fed.start()
+        left = _interrupt_in_dispatch(client, monkeypatch, 20)
+        interrupted = 0
+        for i in range(3000):
+            try:
+                producer.send(b"out")
+            except (KeyboardInterrupt, pulsar.Interrupted):
+                interrupted += 1
+            if not fed.is_alive() and not left[0]:
+                break
+        fed.join(30)
+        assert interrupted == 20 - left[0] and interrupted > 0
+        monkeypatch.undo()
+        got = []
+        while len(got) < 400:  # nothing dropped: all 400, in order
+            message = consumer.receive(5000)
+            got.append(message.data())
+            consumer.acknowledge(message)
+        assert got == [b"%d" % i for i in range(400)]
+        assert client._loop._read_owners == {}
+        # no input was dropped and then made good by a reconnection (a send timing out, 30 s)
+        assert producer._producer._partitions[0].conn is connection and not connection.closed
+
+
+def test_a_socket_its_caller_left_without_giving_back_goes_back_to_the_loop(embedded, monkeypatch):
+    """Should a caller leave read_while_waiting without giving its socket back (an exception in
+    the instant between), the loop's thread gives it back within OWNERS_CHECKED_EVERY: a consumer
+    of that client still gets what another client sends."""
+    from pulsarwire import blocking
+    topic = unique()
+    with pulsar.Client(embedded.url) as client, pulsar.Client(embedded.url) as other:
+        consumer = client.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+        producer = client.create_producer(unique(), batching_enabled=False)
+        real = blocking.LoopThread._give_reads_back
+        failed = []
+
+        def lost(self, fd, me):
+            if not failed:
+                failed.append(fd)
+                raise KeyboardInterrupt  # as a signal between the wait and the giving back would
+            return real(self, fd, me)
+        monkeypatch.setattr(blocking.LoopThread, "_give_reads_back", lost)
+        with pytest.raises((KeyboardInterrupt, pulsar.Interrupted)):
+            for _ in range(100):
+                producer.send(b"x")
+        assert failed
+        other.create_producer(topic).send(b"still read")
+        assert consumer.receive(5000).data() == b"still read"
+        assert client._loop._read_owners == {}
