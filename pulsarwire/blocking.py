@@ -65,7 +65,7 @@ class LoopThread:
         self._wake_fds: list[int] = []
         self._owners_checked: bool | str = False  # _check_read_owners is scheduled ("again": and then again)
         self.reading_borrowed = False  # a caller runs the loop's reading: no user callback may run in it
-        self.deferred_in_read = False  # an answer of that reading went to the loop's thread
+        self.answers_deferred = 0  # answers sent from such a caller to the loop's thread, not yet given there
         self.thread = threading.Thread(target=self._serve, name="pulsarwire-loop", daemon=True)
         self.thread.start()
 
@@ -231,7 +231,6 @@ class LoopThread:
                     return False
                 previous = asyncio.events._get_running_loop()
                 asyncio.events._set_running_loop(self.loop)  # code run here may look for its loop
-                self.deferred_in_read = False
                 running = self.reading_borrowed = True
                 reader._run()
                 return True

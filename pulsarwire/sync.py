@@ -419,13 +419,13 @@ class _Sent(Receipt):
             return
         producer = self._producer
         # answered at once in a caller's thread, or while a caller reads for the loop: the callback
-        # runs on the loop's thread, later; and so does every answer after one deferred in that
-        # read (a send() returns after the callbacks of the sends before it, as in the official client)
+        # runs on the loop's thread, later; and so does every answer read while such callbacks
+        # wait there (a send() returns after the callbacks of the sends before it, as in the
+        # official client, whose answers all come in order on its I/O thread)
         loop = producer._loop
-        if producer._lent or (loop.reading_borrowed and (self.callback is not None or loop.deferred_in_read)):
-            if loop.reading_borrowed:
-                loop.deferred_in_read = True
-            loop.loop.call_soon(self._answer, error, message_id)
+        if producer._lent or (loop.reading_borrowed and (self.callback is not None or loop.answers_deferred)):
+            loop.answers_deferred += 1  # (borrowed: the loop's thread, which counts down, waits)
+            loop.loop.call_soon(self._deferred_answer, error, message_id)
             return
         self._done = True
         producer._one_answered()
@@ -434,6 +434,10 @@ class _Sent(Receipt):
         finally:
             if self._waiter is not None and not self._waiter.done():
                 self._waiter.set_result(None)
+
+    def _deferred_answer(self, error: BaseException | None, message_id: messages.MessageId | None) -> None:
+        self._producer._loop.answers_deferred -= 1  # on the loop's thread
+        self._answer(error, message_id)
 
     def _report(self, error: BaseException | None, message_id: messages.MessageId | None) -> None:
         callback: Any = self.callback  # the official signature: (Result, official MessageId)
