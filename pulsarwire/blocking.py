@@ -66,6 +66,7 @@ class LoopThread:
         self._owners_checked: bool | str = False  # _check_read_owners is scheduled ("again": and then again)
         self.reading_borrowed = False  # a caller runs the loop's reading: no user callback may run in it
         self.answers_deferred = 0  # answers sent from such a caller to the loop's thread, not yet given there
+        self._serving = True  # until _serve ends
         self.thread = threading.Thread(target=self._serve, name="pulsarwire-loop", daemon=True)
         self.thread.start()
 
@@ -230,8 +231,9 @@ class LoopThread:
                 if reader is None or reader._cancelled:
                     return False
                 previous = asyncio.events._get_running_loop()
+                running = True
                 asyncio.events._set_running_loop(self.loop)  # code run here may look for its loop
-                running = self.reading_borrowed = True
+                self.reading_borrowed = True
                 reader._run()
                 return True
             finally:
@@ -278,13 +280,16 @@ class LoopThread:
         try:
             self.loop.run_forever()
         finally:
+            self._serving = False
             self.loop.close()  # here, so that a loop stopped from its own thread is closed too
             while self._wake_fds:
                 os.close(self._wake_fds.pop())
 
     @property
     def stopped(self) -> bool:
-        return self.loop.is_closed() or not self.thread.is_alive()
+        # not thread.is_alive(): in CPython 3.11 a KeyboardInterrupt inside it can mark a running
+        # thread as stopped for good (and every later call would answer AlreadyClosed)
+        return self.loop.is_closed() or not self._serving
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         if self.stopped:  # the client was closed: a typed error, not "Event loop is closed"
