@@ -526,7 +526,10 @@ class Producer(_Facade):
         # As in the official client, a send is queued in the caller's thread: the bound on pending
         # messages is applied here, at the call, and the loop takes the queue over in runs (one
         # wake-up each), giving each send to the producer in the order it was accepted.
-        self._gate = threading.Condition(threading.Lock())
+        # taken as `with self._gate_lock` (a lock's own __enter__, in C): a KeyboardInterrupt right
+        # after Condition.__enter__ (Python) took it would leave it taken for good
+        self._gate_lock = threading.Lock()
+        self._gate = threading.Condition(self._gate_lock)
         self._max_pending: int = producer._max_pending
         self._block: bool = producer._block
         self._accepted = 0  # sends accepted (under _gate)
@@ -552,7 +555,7 @@ class Producer(_Facade):
         producer.before_batch_due = self._hand_over_before_due
 
     def _stop_listening(self) -> None:
-        with self._gate:
+        with self._gate_lock:
             self._closed = True
             self._gate.notify_all()  # a send blocked on a full queue answers AlreadyClosed
 
@@ -646,7 +649,7 @@ class Producer(_Facade):
         producer blocks; False when it is refused (see `_refusal`). `sent` is answered on the
         loop's thread once the broker has the message (or it failed)."""
         loop_thread = self._loop.thread
-        with self._gate:
+        with self._gate_lock:
             if self._accepted - self._answered >= self._max_pending:
                 if not self._block:
                     return False
@@ -730,7 +733,7 @@ class Producer(_Facade):
                 producer.write_now()
         finally:
             self._lent = False
-            with self._gate:
+            with self._gate_lock:
                 if requeue:
                     self._handing.appendleft((content, options, sent, accepted))
                 wake = bool(self._handing)
@@ -755,7 +758,7 @@ class Producer(_Facade):
         """On the loop: one accepted send was answered; a caller waiting for room may go on."""
         self._answered += 1
         if self._room_waiters:
-            with self._gate:
+            with self._gate_lock:
                 self._gate.notify()
 
     def _hand_over(self, may_hold: bool = False) -> None:
@@ -771,7 +774,7 @@ class Producer(_Facade):
         send_nowait = producer.send_nowait
         awaited = False  # a blocking send() among them: its batch goes out now
         while True:
-            with self._gate:
+            with self._gate_lock:
                 runs = self._handing
                 if not runs:
                     self._handing_over = self._holding = False
@@ -806,7 +809,7 @@ class Producer(_Facade):
                     continue
                 if not queued:
                     producer.accepted_at = None
-                    with self._gate:
+                    with self._gate_lock:
                         runs.extend(self._handing)
                         self._handing = runs
                     if awaited:
@@ -823,7 +826,7 @@ class Producer(_Facade):
 
     async def _hand_over_waiting(self) -> None:
         """On the loop: the first queued send, through send_async's waits; then the rest as usual."""
-        with self._gate:
+        with self._gate_lock:
             if not self._handing:  # failed meanwhile (the client closed)
                 self._hand_over_task = None
                 self._handing_over = False
@@ -845,7 +848,7 @@ class Producer(_Facade):
         self._hand_over()
 
     def _fail_handing(self, error: Exception) -> None:
-        with self._gate:
+        with self._gate_lock:
             failed = list(self._handing)
             self._handing.clear()
             self._handing_over = self._holding = self._urgent_queued = False
@@ -860,7 +863,7 @@ class Producer(_Facade):
             if task is not None:
                 await _asyncio.wait([task])  # its sends' errors went to their callers
                 continue
-            with self._gate:
+            with self._gate_lock:
                 if not self._handing:
                     return
             self._hand_over()
@@ -1153,7 +1156,7 @@ class Consumer(_Listening):
         self._handover.flush_taken()  # the permits of what was taken: the broker may be waiting for them
         consumer, queue_ = self._consumer, self._queue
         deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000
-        with queue_.ready:
+        with queue_.ready_lock:  # (not `with queue_.ready`: see Producer._gate_lock)
             queue_.threads_waiting += 1
             try:
                 while True:

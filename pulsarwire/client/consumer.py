@@ -68,7 +68,8 @@ class MessageQueue:
         self._items: collections.deque[Message] = collections.deque()
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self.lock = threading.Lock()
-        self.ready = threading.Condition(threading.Lock())
+        self.ready_lock = threading.Lock()  # `with ready_lock`, not `with ready` (see sync.Producer._gate_lock)
+        self.ready = threading.Condition(self.ready_lock)
         self.threads_waiting = 0
         self.arrival_hook: Callable[[], None] | None = None  # called on the loop once per delivered entry
 
