@@ -135,6 +135,11 @@ except ImportError:  # pragma: no cover - every CPython has it
 _CATCHABLE = tuple(sorted(int(signum) for signum in _signal.valid_signals()
                           if signum not in (_signal.SIGKILL, _signal.SIGSTOP)))
 _MAIN_THREAD = threading.main_thread().ident
+# The signals with a Python-level handler, looked for among all of them at most this often (some
+# 2 us a look; a handler set meanwhile is held from the next look on); between looks, those found.
+HANDLERS_LOOKED_FOR_EVERY = 0.1
+_handled: tuple[int, ...] = ()
+_handled_seen_at = -math.inf
 
 # what hold_signals() swapped: (signal, its handler) pairs, the signals that came meanwhile, the stand-in
 HeldSignals = tuple[list[tuple[int, Callable]], list[int], Callable]
@@ -149,8 +154,15 @@ def hold_signals() -> HeldSignals | None:
     and where no Python handler is set."""
     if threading.get_ident() != _MAIN_THREAD:
         return None
+    global _handled, _handled_seen_at
+    now = time.monotonic()
+    if now - _handled_seen_at >= HANDLERS_LOOKED_FOR_EVERY:
+        _handled = tuple(signum for signum, handler in zip(_CATCHABLE, map(_signals.getsignal, _CATCHABLE))
+                         if callable(handler))
+        _handled_seen_at = now
     held: HeldSignals | None = None
-    for signum, handler in zip(_CATCHABLE, map(_signals.getsignal, _CATCHABLE)):
+    for signum in _handled:
+        handler = _signals.getsignal(signum)
         if callable(handler):
             if held is None:
                 came: list[int] = []

@@ -4,7 +4,10 @@ time; pulsarwire's loop and longer timers keep the loop's own."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+
+import pytest
 
 from pulsarwire import timers
 
@@ -165,3 +168,32 @@ def test_a_time_of_asyncios_own_clock_is_converted_without_reading_the_clock():
         assert timers.loop_time_at(loop, 123.456) == 123.456
     finally:
         loop.close()
+
+
+def test_signal_handlers_are_held_on_the_main_thread_and_run_once_released():
+    """hold_signals(): a Python-level handler (one set after the last look among them too, from
+    the next look on) does not run while held, and runs at release_signals(), raising there."""
+    import os
+    import signal
+    seen = []
+
+    def handler(signum, frame):
+        seen.append(signum)
+        raise RuntimeError("from the handler")
+    old = signal.signal(signal.SIGUSR1, handler)
+    try:
+        time.sleep(timers.HANDLERS_LOOKED_FOR_EVERY)  # looked for again at the next hold
+        held = timers.hold_signals()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.01)  # it would have run by now
+        assert seen == []
+        with pytest.raises(RuntimeError, match="from the handler"):
+            timers.release_signals(held)
+        assert seen == [signal.SIGUSR1] and signal.getsignal(signal.SIGUSR1) is handler
+        off_main = []
+        thread = threading.Thread(target=lambda: off_main.append(timers.hold_signals()))
+        thread.start()
+        thread.join()
+        assert off_main == [None]  # Python runs handlers on the main thread alone
+    finally:
+        signal.signal(signal.SIGUSR1, old)
