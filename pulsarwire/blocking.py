@@ -63,7 +63,7 @@ class LoopThread:
         # ident; changed while the loop is borrowed or on its thread), and eventfds to wake them
         self._read_owners: dict[int, int] = {}
         self._wake_fds: list[int] = []
-        self._owners_checked: bool | str = False  # _check_read_owners is scheduled ("again": and then again)
+        self._owners_checked = False  # _check_read_owners is scheduled
         self.reading_borrowed = False  # a caller runs the loop's reading: no user callback may run in it
         self.answers_deferred = 0  # answers sent from such a caller to the loop's thread, not yet given there
         self._serving = True  # until _serve ends
@@ -112,8 +112,8 @@ class LoopThread:
         told about input on `sock` (its epoll interest drops EPOLLIN; other sockets and timers go on
         there). One caller a socket; returns early, leaving the rest to the caller's own wait,
         whenever this cannot go on (the loop busy, the socket owned, paused or gone, 100 ms without
-        input). `waiting.wake_fd` is set for the time of the wait: whoever answers from another
-        thread writes it (see `timers.wake_waiter`). On the main thread, signal handlers (Ctrl-C)
+        input). `waiting.wake_fd` is set for the time of the wait: whoever answers it from another
+        thread writes that eventfd (`sync._Awaited._report`). On the main thread, signal handlers (Ctrl-C)
         are held back while the loop's work runs here (`timers.hold_signals`): the wait itself
         stays interruptible, never a dispatch or the giving back. A socket whose caller left
         without giving it back anyway (a signal in the instants between) is given back by the
@@ -195,11 +195,9 @@ class LoopThread:
                     frame = frame.f_back
                 if frame is None:
                     self._restore_reads(fd, owner)
-        if self._read_owners or self._owners_checked == "again":
-            self._owners_checked = "again" if self._read_owners else True
+        self._owners_checked = bool(self._read_owners)  # else the next caller to take a socket schedules it
+        if self._owners_checked:
             self.loop.call_later(self.OWNERS_CHECKED_EVERY, self._check_read_owners)
-        else:
-            self._owners_checked = False
 
     def _take_reads(self, fd: int) -> bool:
         """Borrowed: stop the loop's epoll reporting input on `fd`; False when the loop does not
