@@ -29,10 +29,12 @@ class BrokerUnderTest:
     """The embedded broker or pulsar-lite, in a separate process on 127.0.0.1; its data directory
     (and pulsar-lite's files beside it) are removed when it stops."""
 
-    def __init__(self, kind: str, data_dir: str, extra: list[str] | None = None) -> None:
+    def __init__(self, kind: str, data_dir: str, extra: list[str] | None = None,
+                 prefix: list[str] | None = None) -> None:
         self.kind = kind
         self.data_dir = data_dir
         self.extra = list(extra or [])  # more command-line arguments (the embedded broker's)
+        self.prefix = list(prefix or [])  # what the command runs under (taskset -c 0, say)
         self.port = free_port()
         self.process: subprocess.Popen | None = None
 
@@ -51,7 +53,7 @@ class BrokerUnderTest:
                        "--log-level", "warn"]
         else:
             raise ValueError(self.kind)
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        self.process = subprocess.Popen([*self.prefix, *command], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                         cwd=str(ROOT), env=dict(os.environ))
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
