@@ -53,6 +53,12 @@ log = logging.getLogger("pulsarwire.broker.v1")
 
 MAX_LINE = 1024 * 1024  # longest request line
 MAX_QUEUED_LINES_BYTES = 2 * MAX_LINE  # complete request lines waiting for their answer before reading stops
+# After the error that closes a connection still sending (a line over MAX_LINE), its input is read
+# and dropped for at most this long and this much, the error sent and the stream shut (FIN): a
+# socket closed with unread input resets, and the reset destroys the error before the client reads it.
+LINGER_SECONDS = 2.0
+LINGER_BYTES = 4 * MAX_LINE
+MAX_LINGERING = 64  # connections lingering at once, broker-wide; past that they close at once
 OUTPUT_CHECK_INTERVAL = 0.02  # seconds between measures of what is unsent while connections wait for the cap
 AUTH_FAILURE_DELAY = 1.0  # seconds before a wrong token is answered (and its connection closed)
 # Of max_connections, this share is kept for established connections (authenticated, or on a broker
@@ -449,6 +455,7 @@ class V1Connection(asyncio.Protocol):
         self._blocked_bytes = 0  # unsent replies then
         self._wakeup: asyncio.Future | None = None  # what the idle worker awaits
         self._worker: asyncio.Task | None = None
+        self._linger_left = -1  # closed, still reading to drop input: the bytes it may still drop
 
     # asyncio.Protocol
 
@@ -478,6 +485,11 @@ class V1Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.closed or self._input_ended:
+            if self._linger_left >= 0:
+                if len(data) > self._linger_left:
+                    self._end_linger()
+                else:
+                    self._linger_left -= len(data)
             return
         unfinished = self._unfinished
         if b"\n" not in data:
@@ -525,6 +537,9 @@ class V1Connection(asyncio.Protocol):
         self._lines.extend(lines)
 
     def eof_received(self) -> bool:
+        if self._linger_left >= 0:  # the client is done sending: the close can no longer reset
+            self._end_linger()
+            return True
         self._input_ended = True
         if self._unfinished:  # a line cut off by the end of the stream (the client died mid-write?)
             self.server.counters["cut_lines"] += 1
@@ -535,6 +550,9 @@ class V1Connection(asyncio.Protocol):
         return True  # keep the transport open to send the answers
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._linger_left >= 0:
+            self._linger_left = -1
+            self.server.lingering -= 1
         self._cleanup()
 
     def pause_writing(self) -> None:
@@ -588,8 +606,8 @@ class V1Connection(asyncio.Protocol):
                     await self._wakeup
                     continue
                 line = lines[0]
-                if line is None:
-                    self.close(_error("0", BAD_REQUEST, f"request line longer than {MAX_LINE} bytes"))
+                if line is None:  # the client may be sending still: its input is dropped a while
+                    self.close(_error("0", BAD_REQUEST, f"request line longer than {MAX_LINE} bytes"), linger=True)
                     return
                 if line is _CUT_LINE:
                     self.close(_error("0", BAD_REQUEST, "request line cut off by the end of the stream "
@@ -749,13 +767,33 @@ class V1Connection(asyncio.Protocol):
             return False
         return True
 
-    def close(self, last: bytes | None = None, abort: bool = False) -> None:
+    def close(self, last: bytes | None = None, abort: bool = False, linger: bool = False) -> None:
         """Close after sending what is queued and `last`; `abort` drops them. A peer that does
-        not read what is left within CLOSE_GRACE is aborted, so its unsent replies are freed."""
+        not read what is left within CLOSE_GRACE is aborted, so its unsent replies are freed.
+        With `linger`, `last` goes out and the stream is shut (FIN), then what the client still
+        sends is read and dropped (LINGER_SECONDS, LINGER_BYTES, MAX_LINGERING) before the close."""
         transport = self.transport
+        server = self.server
+        if linger and last is not None and not abort and transport is not None and not transport.is_closing() \
+                and transport.can_write_eof() and server.lingering < MAX_LINGERING:
+            transport.write(last)
+            transport.write_eof()
+            server.lingering += 1
+            self._linger_left = LINGER_BYTES
+            asyncio.get_running_loop().call_later(LINGER_SECONDS, self._end_linger)
+            self._cleanup()
+            transport.resume_reading()
+            return
         close_transport(transport, abort, None if last is None or transport is None else
                         lambda: transport.write(last))
         self._cleanup()
+
+    def _end_linger(self) -> None:
+        if self._linger_left < 0:
+            return
+        self._linger_left = -1
+        self.server.lingering -= 1
+        close_transport(self.transport, False)
 
     def _cleanup(self) -> None:
         if self.closed:
@@ -852,6 +890,7 @@ class V1Server:
         self.output_waiters: set[V1Connection] = set()  # connections waiting for the total to fall
         self._output_check: asyncio.TimerHandle | None = None
         self.pending = 0  # connections not established yet (see Session.established)
+        self.lingering = 0  # closed connections dropping what their clients still send (V1Connection.close)
         self._watcher: asyncio.Task | None = None
         # what hostile or slow clients cost (stats())
         self.counters = dict.fromkeys(("refused_connections", "handshake_timeouts", "line_timeouts",
@@ -968,6 +1007,7 @@ class V1Server:
     def stats(self) -> dict:
         """Open connections, what they hold (input and unsent replies), and the counters."""
         return dict(self.counters, connections=len(self.connections), pending_connections=self.pending,
+                    lingering_connections=self.lingering,
                     output_bytes=sum(c.transport.get_write_buffer_size() for c in self.connections
                                      if c.transport is not None and not c.closed),
                     held_bytes=sum(c.held_bytes for c in self.connections),
@@ -1160,6 +1200,14 @@ class V1Server:
     def _check_partition(self, partition: int, count: int) -> None:
         if not 0 <= partition < count:
             raise _bad(f"partition {partition} out of range 0..{count - 1}")
+
+    def _check_existing_partition(self, full: str, partition: int) -> None:
+        """BAD_REQUEST for a negative partition, or one out of range of topic `full` where it
+        exists (OFFSET of a topic not written yet answers -1)."""
+        _not_negative(partition, "partition")
+        count = self._partition_count(full)
+        if count is not None:
+            self._check_partition(partition, count)
 
     def _create(self, full: str) -> int:
         """The partition count of `full`; one that does not exist is created as a V1 topic, and
@@ -1684,8 +1732,9 @@ class V1Server:
         if len(args) != 3:
             raise _usage("OFFSET")
         partition = _int(args[2], "partition")
-        canonical = self._canonical(self._full_name(args[1]))
-        _not_negative(partition, "partition")
+        full = self._full_name(args[1])
+        self._check_existing_partition(full, partition)
+        canonical = self._canonical(full)
         committed = self.offsets.get(args[0], {}).get(canonical, {}).get(str(partition), -1)
         return f"offset={committed}"
 

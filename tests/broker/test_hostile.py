@@ -928,6 +928,43 @@ def test_v1_line_over_the_limit_is_refused_after_the_lines_before_it(strict_v1):
     assert _v1_stats(strict_v1)["oversized_lines"] == 2
 
 
+def test_v1_line_over_the_limit_from_a_client_still_sending_gets_its_error_not_a_reset(strict_v1):
+    """Closing a socket with unread input resets it, and the reset destroys the error line before
+    the client reads it: the broker sends the error, shuts its side, then drops what still comes."""
+    from pulsarwire.broker.v1 import MAX_LINE
+
+    with socket.create_connection(("127.0.0.1", strict_v1.v1_port), timeout=10) as s:
+        s.sendall(b"V1|1|PING|" + b"x" * (2 * MAX_LINE))  # twice the limit, no newline: all of it sent
+        assert _v1_lines(s, timeout=10) == [b"V1|0|ERR|BAD_REQUEST|request line longer than %d bytes\n" % MAX_LINE]
+    deadline = time.monotonic() + 5
+    while _v1_stats(strict_v1)["lingering_connections"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _v1_stats(strict_v1)["lingering_connections"] == 0
+
+
+def test_v1_lingering_after_an_overlong_line_is_bounded(strict_v1):
+    """A client that goes on sending after its error is cut off: LINGER_BYTES dropped at most."""
+    from pulsarwire.broker.v1 import LINGER_BYTES, MAX_LINE
+
+    with socket.create_connection(("127.0.0.1", strict_v1.v1_port), timeout=10) as s:
+        sent = 0
+        chunk = b"x" * 65536
+        s.sendall(b"V1|1|PING|")
+        started = time.monotonic()
+        try:
+            while time.monotonic() - started < 20:
+                s.sendall(chunk)
+                sent += len(chunk)
+        except (ConnectionError, socket.timeout):
+            pass
+        assert time.monotonic() - started < 15  # not read for ever
+        assert sent < MAX_LINE + LINGER_BYTES + 16 * 1024 * 1024  # past the drop budget: cut (socket buffers aside)
+    deadline = time.monotonic() + 5
+    while _v1_stats(strict_v1)["lingering_connections"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _v1_stats(strict_v1)["lingering_connections"] == 0
+
+
 def _v1_partition_of_30_kb(broker, topic: bytes) -> int:
     """Write 30 records of 1000 bytes under one key (so one partition, whose CONSUME reply is
     about 30 KB); returns the partition."""

@@ -441,6 +441,16 @@ def test_commit_and_offset(conn):
     assert conn.ok("OFFSET", f"g-commit orders {theirs}") == "offset=4"
 
 
+def test_offset_of_a_partition_out_of_range_is_a_bad_request(conn):
+    # "BAD_REQUEST | malformed envelope or invalid command args", as CONSUME answers it
+    conn.ok("PRODUCE", "orders k:v")  # the topic exists
+    partitions = conn.error("CONSUME", "orders 99 0")
+    assert partitions == "BAD_REQUEST"
+    assert conn.error("OFFSET", "g-range orders 99") == "BAD_REQUEST"
+    assert conn.error("OFFSET", "g-range orders -1") == "BAD_REQUEST"
+    assert conn.ok("OFFSET", "g-range orders 0") == "offset=-1"
+
+
 def test_offset_without_commit_has_offset_payload(conn):
     assert re.match(r"^offset=-?\d+$", conn.ok("OFFSET", "g-never orders 0"))
 
