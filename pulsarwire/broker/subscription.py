@@ -376,6 +376,8 @@ class Subscription(Generic[TopicT]):
         self.dispatch()
 
     def _next_entry(self) -> tuple[int, bool] | None:
+        if self.read_position < self.topic.log.first_entry_id:
+            self._skip_missing(self.topic.log.first_entry_id)
         while self._redeliver:
             entry_id = self._redeliver[0]
             if self.cursor.is_acked(entry_id) or entry_id in self.owner:
@@ -518,6 +520,22 @@ class Subscription(Generic[TopicT]):
             self.read_position = entry_id + 1
         self.cursor.ack(entry_id)
         self._settle(entry_id)
+        self.dirty = True
+
+    def _skip_missing(self, first: int) -> None:
+        """The log starts at `first` (the segments before it are gone from the disk, which the
+        log reported when it opened): what this subscription had not acknowledged before it is
+        lost; logged, counted and settled, so that it goes on from `first`."""
+        cursor = self.cursor
+        lost = sum(1 for entry_id in range(cursor.mark_delete + 1, first) if entry_id not in cursor.acked) \
+            if first - cursor.mark_delete <= 1_000_000 else first - cursor.mark_delete - 1
+        log.error("topic %s, subscription %s: entries %d to %d are gone from the disk (%d not acknowledged); "
+                  "going on from entry %d", self.topic.name, self.name, cursor.mark_delete + 1, first - 1, lost, first)
+        self.topic.log.stats.skipped_entries += lost
+        cursor.ack_cumulative(first - 1)
+        for entry_id in [e for e in self.owner if e < first]:
+            self._settle(entry_id)
+        self.read_position = max(self.read_position, first)
         self.dirty = True
 
     def _retry_later(self, exc: StorageError) -> None:

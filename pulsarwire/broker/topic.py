@@ -131,7 +131,7 @@ class Topic:
         # then on starts at the earliest entry, as it may be one that was lost (redelivery, never a skip)
         self.cursors_lost = state.get("cursors_lost", False)
         self.last_sequence: dict[str, int] = state.get("dedup", {})
-        self._recover_dedup(state.get("dedup_upto", -1))
+        self._recover_dedup(state.get("dedup_upto", -1), state.get("dedup_lost"))
         self._load_cursors()
         # schema versions, oldest first: {"type", "name", "data" (base64), "properties"}
         self.schemas: list[dict] = self._load_schemas()
@@ -274,14 +274,18 @@ class Topic:
         metafile.when_written(future, written)
         return future
 
-    def _recover_dedup(self, upto: int) -> None:
-        """Producers' last sequence ids, from the snapshot plus the entries after it."""
-        if upto >= self.log.next_entry_id:
-            # recovery cut the log below what the snapshot counted: rebuilt from the log alone,
-            # else a resend of a lost entry would be answered as a duplicate
-            log.error("topic %s: deduplication state counts entries up to %d but the log ends at %d; "
-                      "rebuilt from the log", self.name, upto, self.log.next_entry_id - 1)
+    def _recover_dedup(self, upto: int, lost_before: int | None = None) -> None:
+        """Producers' last sequence ids, from the snapshot plus the entries after it.
+        `lost_before`: the log's first lost entry that the snapshot already left out."""
+        lost = self.log.first_lost
+        if upto >= self.log.next_entry_id or (lost is not None and upto >= lost and lost_before != lost):
+            # recovery cut the log below what the snapshot counted, or lost entries it counted:
+            # rebuilt from the log alone, else a resend of a lost entry would be answered as a duplicate
+            log.error("topic %s: deduplication state counts entries up to %d but the log %s; rebuilt from the log",
+                      self.name, upto, f"ends at {self.log.next_entry_id - 1}" if lost is None or
+                      upto >= self.log.next_entry_id else f"lost entries from {lost} on")
             self.last_sequence, upto = {}, -1
+            self._state_dirty = True  # the snapshot written next leaves the lost entries out
         for entry_id in range(max(upto + 1, self.log.first_entry_id), self.log.next_entry_id):
             try:
                 md = entry_metadata(self.log.read(entry_id))
@@ -555,6 +559,8 @@ class Topic:
         if self._state_dirty:
             state = {"terminated": self.terminated, "dedup": self.last_sequence,
                      "dedup_upto": self.log.committed_entry_id - 1}
+            if self.log.first_lost is not None:
+                state["dedup_lost"] = self.log.first_lost
             if self.cursors_lost:
                 state["cursors_lost"] = True
             self._write(STATE_FILE, state, urgent=wait)

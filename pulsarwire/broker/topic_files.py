@@ -55,8 +55,9 @@ def _epoch(data: Any) -> int:
 
 def _topic_state(data: Any) -> dict[str, Any]:
     state = metafile.expect(dict)(data)
-    if not isinstance(state.get("terminated", False), bool) or not isinstance(state.get("dedup_upto", -1), int):
-        raise ValueError("terminated or dedup_upto of the wrong type")
+    if not isinstance(state.get("terminated", False), bool) or not isinstance(state.get("dedup_upto", -1), int) \
+            or not isinstance(state.get("dedup_lost", 0), int):
+        raise ValueError("terminated, dedup_upto or dedup_lost of the wrong type")
     dedup = metafile.expect(dict)(state.get("dedup", {}))
     if not all(isinstance(v, int) for v in dedup.values()):
         raise ValueError("a sequence id that is not a number")

@@ -520,25 +520,96 @@ def test_one_flipped_byte_costs_that_entry_alone_and_keeps_the_connection(tmp_pa
         broker.stop()
 
 
-def test_log_truncated_mid_file_opens(tmp_path, caplog):
+def test_log_cut_below_its_index_keeps_the_lost_ids_from_new_messages(tmp_path, caplog):
+    """Records the index lists were stored whole (the index is written after them): a log cut
+    below them lost entries a client may have been told are stored. They are reported at ERROR,
+    read as lost, and their ids are never given to new messages, across restarts."""
     _write_entries(tmp_path, 100)
     path = _log_file(tmp_path)
     cut = _position(tmp_path, 60) + 7  # inside entry 60's header; the index still lists 100
     os.truncate(path, cut)
     caplog.set_level(logging.WARNING, logger="pulsarwire.broker")
     topic_log = TopicLog(str(tmp_path))
-    assert topic_log.next_entry_id == 60
+    assert topic_log.next_entry_id == 100
+    assert topic_log.first_lost == 60
     assert topic_log.read(59).body == _entry(59)
-    assert os.path.getsize(path) == cut - 7
-    assert any("truncated" in r.getMessage() for r in caplog.records)
-    assert topic_log.append(_entry(60), None, 1, 1) == 60
+    for lost in (60, 99):
+        with pytest.raises(CorruptEntryError):
+            topic_log.read(lost)
+    assert os.path.getsize(path) == cut  # kept as found, not cut further as a torn write
+    errors_logged = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any("entries 60 to 99 are lost" in m for m in errors_logged)
+    assert topic_log.append(_entry(100), None, 1, 1) == 100
+    topic_log.close()
+    caplog.clear()
+    topic_log = TopicLog(str(tmp_path))  # again: the ids stay taken, the loss is still reported
+    assert topic_log.next_entry_id == 101 and topic_log.first_lost == 60
+    assert topic_log.read(100).body == _entry(100)
+    with pytest.raises(CorruptEntryError):
+        topic_log.read(80)
+    assert any("entries 60 to 99 are unreadable" in r.getMessage() for r in caplog.records)
     topic_log.close()
 
 
+def test_a_torn_write_the_index_never_listed_is_truncated(tmp_path, caplog):
+    """A record cut short before its index entry was written (a crash mid-write) was never
+    acknowledged: it is dropped (WARNING) and its id given to the next message."""
+    _write_entries(tmp_path, 100)
+    path = _log_file(tmp_path)
+    idx = path[:-4] + ".idx"
+    os.truncate(idx, 8 * 99)  # the index of a crash before entry 99's index entry was written
+    os.truncate(path, os.path.getsize(path) - 5)  # and entry 99's record cut short
+    caplog.set_level(logging.WARNING, logger="pulsarwire.broker")
+    topic_log = TopicLog(str(tmp_path))
+    assert topic_log.next_entry_id == 99 and topic_log.first_lost is None
+    assert any("torn record" in r.getMessage() for r in caplog.records)
+    assert topic_log.append(_entry(99), None, 1, 1) == 99
+    topic_log.close()
+
+
+def test_missing_first_segments_are_reported_and_a_subscription_goes_on_after_them(tmp_path, caplog):
+    directory = topic_directory(str(tmp_path), TOPIC)
+    _write_entries(directory, 300, segment_bytes=4096)
+    logs = sorted(f for f in os.listdir(directory) if f.endswith(".log"))
+    assert len(logs) >= 3
+    first_kept = int(logs[1][:-4])
+    broker = BrokerThread(tmp_path, v1_port=None).start()
+
+    async def subscribe_first():
+        async with Client(broker.url) as client:
+            await client.subscribe(TOPIC, "s1", initial_position=InitialPosition.Earliest)
+    try:
+        run(subscribe_first())  # a durable subscription at entry 0, nothing acknowledged
+        broker.stop()
+        os.remove(os.path.join(directory, logs[0]))
+        os.remove(os.path.join(directory, logs[0][:-4] + ".idx"))
+        caplog.set_level(logging.ERROR, logger="pulsarwire.broker")
+        broker.start()
+
+        async def consume():
+            async with Client(broker.url) as client:
+                consumer = await client.subscribe(TOPIC, "s1")
+                got = []
+                while len(got) < 300 - first_kept:
+                    message = await consumer.receive(5000)
+                    got.append(message.data())
+                    consumer.acknowledge(message)
+                return got
+        assert run(consume()) == [b"m-%04d" % i for i in range(first_kept, 300)]
+        messages = [r.getMessage() for r in caplog.records]
+        assert any(f"the segments before it are missing, entries 0 to {first_kept - 1} are lost" in m
+                   for m in messages)
+        assert any(f"entries 0 to {first_kept - 1} are gone from the disk ({first_kept} not acknowledged)" in m
+                   for m in messages)
+        assert not any("FLOW failed" in m for m in messages)
+    finally:
+        broker.stop()
+
+
 def test_log_cut_below_cursor_and_dedup_state_loses_nothing_later(tmp_path, caplog):
-    """A log cut by recovery (a torn tail after power loss, a truncated file) below what the cursor
-    and the dedup snapshot had seen: both move back, so the resent and the new messages are
-    stored and delivered, not skipped as acknowledged or dropped as duplicates."""
+    """A log cut below what the cursor and the dedup snapshot had seen (a truncated file): the
+    lost entries keep their ids, the dedup state is rebuilt from what the log still holds, so
+    the resent and the new messages are stored and delivered, not dropped as duplicates."""
     broker = BrokerThread(tmp_path, v1_port=None, deduplication=True).start()
 
     async def first():
@@ -567,8 +638,8 @@ def test_log_cut_below_cursor_and_dedup_state_loses_nothing_later(tmp_path, capl
                 assert (await consumer.receive(5000)).data() == b"again-60"
         run(second())
         messages = [r.getMessage() for r in caplog.records]
-        assert any("cursor is past the end" in m for m in messages)
-        assert any("deduplication state" in m for m in messages)
+        assert any("entries 60 to 99 are lost" in m for m in messages)  # the cursor stays: ids are kept
+        assert any("deduplication state" in m and "lost entries from 60 on" in m for m in messages)
     finally:
         broker.stop()
 

@@ -86,6 +86,10 @@ class TopicLog:
                 segment.recover(is_last)
                 if not is_last:
                     self._check_count(segment, self._segments[i + 1].base)
+            last = self._segments[-1]
+            if last.expected is not None:  # its indexed tail is lost: the log goes on after those ids
+                self._segments.append(Segment(self.pool, directory, last.base + last.expected))
+                self._segments[-1].recover(True)
         except OSError as exc:
             for segment in self._segments:
                 segment.close()
@@ -95,6 +99,16 @@ class TopicLog:
             for segment in self._segments:
                 segment.close()
             raise
+        # the first entry id that recovery found lost (its record gone from the disk), if any:
+        # state counted from entries up to it (deduplication) cannot be trusted
+        self.first_lost: int | None = None
+        if self._segments[0].base > 0:
+            log.error("%s: the log starts at entry %d: the segments before it are missing, entries 0 to %d "
+                      "are lost", directory, self._segments[0].base, self._segments[0].base - 1)
+            self.first_lost = 0
+        else:
+            self.first_lost = next((s.base + len(s.positions) for s in self._segments
+                                    if s.expected is not None and s.expected > len(s.positions)), None)
         last = self._segments[-1]
         last.limit = segment_bytes
         self._bases = [s.base for s in self._segments]

@@ -115,12 +115,12 @@ class Segment:
             if found is None:
                 dropped = end - offset
                 self.pool.stats.dropped_bytes += dropped
-                if last:
+                if last and len(indexed) <= len(positions):  # not indexed yet: a write a crash cut short
                     log.warning("%s: a torn record at byte %d (entry %d): %d bytes truncated",
                                 self.log_path, start + offset, self.base + len(positions), dropped)
                     ops.truncate(fd, start + offset)
                     size = start + offset
-                else:
+                else:  # (an indexed record damaged: kept, and its entry id with it, below)
                     log.error("%s: bytes %d to %d hold no readable record (entry %d onwards is lost)",
                               self.log_path, start + offset, start + end, self.base + len(positions))
                 end = offset
@@ -134,6 +134,15 @@ class Segment:
             offset = found
         self.size = self.committed_size = start + end
         self.positions = positions
+        if last and len(indexed) > len(positions):
+            # Written, indexed (so stored whole before its index entry), then lost: entries a
+            # client may have been told are stored. Their ids are kept from new messages (the log
+            # goes on in a new segment after them) and read as lost.
+            self.expected = len(indexed)
+            log.error("%s: its index lists %d entries but the log holds %d: entries %d to %d are lost "
+                      "(damaged or cut from the file); their ids are not given to new messages",
+                      self.log_path, len(indexed), len(positions), self.base + len(positions),
+                      self.base + len(indexed) - 1)
         if positions != indexed:
             self._rewrite_index()
         self.committed_count = len(self.positions)
