@@ -639,7 +639,7 @@ class AdminServer:
         except ValueError:
             raise AdminError(412, "the time to reset to is milliseconds since the epoch") from None
         for topic, subscription in self._each_subscription(request):
-            self._move(topic, subscription, await topic.log.find_by_publish_time(timestamp))
+            self._move(topic, subscription, await topic.find_by_publish_time(timestamp))
         return _no_content()
 
     async def reset_by_id(self, request: web.Request) -> web.Response:

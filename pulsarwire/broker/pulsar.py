@@ -1648,7 +1648,7 @@ class BrokerConnection(asyncio.Protocol):
 
     async def _seek_by_time(self, consumer: PulsarConsumer, request_id: int, publish_time: int) -> None:
         try:
-            position = await consumer.subscription.topic.log.find_by_publish_time(publish_time)
+            position = await consumer.subscription.topic.find_by_publish_time(publish_time)
         except Exception as exc:  # noqa: BLE001 - the seek fails alone, with a typed error
             if not self.closed:
                 log.error("SEEK failed: %s: %s", type(exc).__name__, exc)

@@ -21,7 +21,7 @@ from .._proto import PulsarApi_pb2 as pb
 from . import metafile, staging
 from .entries import entry_message_count, entry_metadata, start_entry
 from .metafile import CURRENT, LOST, PREVIOUS_COPY, MetadataWriter, report_damage
-from .storage import Body, Cursor, EntryCache, FilePool, StorageError, TopicLog
+from .storage import Body, Cursor, Entry, EntryCache, FilePool, StorageError, TopicLog
 from .subscription import MAX_TRACKED_ENTRIES, Subscription
 from .topic_files import (COMPACTION_FILE, CURSORS_FILE, EPOCH_FILE, LEDGERS_FILE, SCHEMA_FILE, STATE_FILE,
                           Compaction, _compaction, _cursors, _epoch, _ledger_ranges, _schemas, _topic_state)
@@ -273,6 +273,21 @@ class Topic:
                     self.schemas = versions
         metafile.when_written(future, written)
         return future
+
+    async def find_by_publish_time(self, publish_time: int) -> int:
+        """The first entry published at or after `publish_time`, by the publish times in the
+        entries' metadata (covered by their checksums; a record header's copy is not)."""
+        return await self.log.find_by_publish_time(publish_time, self._checked_publish_time)
+
+    def _checked_publish_time(self, entry: Entry) -> int:
+        try:
+            stamp = entry_metadata(entry).publish_time
+        except Exception:  # noqa: BLE001 - a body that is no Pulsar entry: the header's time
+            return entry.publish_time
+        if stamp != entry.publish_time:
+            log.error("topic %s: entry %d's record header holds publish time %d, its metadata %d: the header "
+                      "is damaged; the metadata's time is used", self.name, entry.entry_id, entry.publish_time, stamp)
+        return stamp
 
     def _recover_dedup(self, upto: int, lost_before: int | None = None) -> None:
         """Producers' last sequence ids, from the snapshot plus the entries after it.

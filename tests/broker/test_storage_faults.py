@@ -644,6 +644,44 @@ def test_log_cut_below_cursor_and_dedup_state_loses_nothing_later(tmp_path, capl
         broker.stop()
 
 
+def test_a_damaged_publish_time_in_a_record_header_does_not_move_a_seek_by_time(tmp_path, caplog):
+    """A record header's publish time is outside the record's checksum: a seek by time reads the
+    time from the entry's metadata (checked), and reports a header that disagrees."""
+    broker = BrokerThread(tmp_path, v1_port=None).start()
+
+    async def produce():
+        async with Client(broker.url) as client:
+            producer = await client.create_producer(TOPIC, batching_enabled=False)
+            for i in range(300):
+                await producer.send(b"%d" % i)
+                if i % 25 == 24:
+                    await asyncio.sleep(0.003)  # publish times apart
+    try:
+        run(produce())
+        broker.stop()
+        directory = topic_directory(str(tmp_path), TOPIC)
+        with open(_log_file(directory), "r+b") as fh:
+            fh.seek(_position(directory, 150) + 8)  # the first probed entry: the header's publish time (">IIQI")
+            fh.write((0).to_bytes(8, "big"))
+        caplog.set_level(logging.ERROR, logger="pulsarwire.broker")
+        broker.start()
+
+        async def seek():
+            async with Client(broker.url) as client:
+                reader = await client.create_reader(TOPIC, MessageId.earliest)
+                first = [await reader.read_next(5000) for _ in range(101)][-1]  # entry 100
+                consumer = await client.subscribe(TOPIC, "by-time", initial_position=InitialPosition.Earliest)
+                await consumer.seek(first.publish_timestamp())
+                message = await consumer.receive(5000)
+                return first, message
+        first, message = run(seek())
+        assert message.publish_timestamp() == first.publish_timestamp()
+        assert int(message.data()) <= 100  # at entry 100's time, or an earlier one of the same millisecond
+        assert any("record header holds publish time 0" in r.getMessage() for r in caplog.records)
+    finally:
+        broker.stop()
+
+
 @pytest.mark.parametrize("where", ["body", "header"])
 def test_deleted_index_and_bad_byte_keep_the_entries_after_it(tmp_path, caplog, where):
     _write_entries(tmp_path, 2000)

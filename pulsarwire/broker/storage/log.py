@@ -30,7 +30,7 @@ import logging
 import os
 import time
 import weakref
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from crc32c import crc32c
 
@@ -368,16 +368,19 @@ class TopicLog:
             with contextlib.suppress(Exception):  # read() reads it again and reports what fails
                 await asyncio.wrap_future(pending)
 
-    async def find_by_publish_time(self, publish_time: int) -> int:
+    async def find_by_publish_time(self, publish_time: int, stamp_of: Callable[[Entry], int] | None = None) -> int:
         """The first entry published at or after `publish_time` (next_entry_id if none); its
-        reads are made off the event loop."""
+        reads are made off the event loop. `stamp_of(entry)`: its publish time (default: the
+        record header's, which its checksum does not cover; a caller that can read the time
+        from the checked body passes that)."""
         lo, hi = self.first_entry_id, self.next_entry_id
         while lo < hi:
             mid = (lo + hi) // 2
             probe = mid
             while probe < hi:  # an unreadable entry: compare with the next readable one
                 try:
-                    stamp = (await self.read_off_loop(probe)).publish_time
+                    entry = await self.read_off_loop(probe)
+                    stamp = entry.publish_time if stamp_of is None else stamp_of(entry)
                     break
                 except StorageError:
                     probe += 1
