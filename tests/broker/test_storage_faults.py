@@ -644,6 +644,30 @@ def test_log_cut_below_cursor_and_dedup_state_loses_nothing_later(tmp_path, capl
         broker.stop()
 
 
+@pytest.mark.parametrize("entry", [150, 299 - 1])
+def test_a_flipped_bit_in_an_index_entry_costs_no_entry_and_is_repaired(tmp_path, caplog, entry):
+    """Opening trusts an index whose positions only look right (they increase): the first read
+    that finds a whole record whose own header disagrees with where the index puts the next one
+    reads it by its header, and corrects that position, in memory and in the file."""
+    _write_entries(tmp_path, 300)
+    idx = _log_file(tmp_path)[:-4] + ".idx"
+    with open(idx, "r+b") as fh:
+        fh.seek(8 * entry + 7)
+        low = fh.read(1)[0]
+        fh.seek(8 * entry + 7)
+        fh.write(bytes([low ^ 1]))
+    caplog.set_level(logging.WARNING, logger="pulsarwire.broker")
+    topic_log = TopicLog(str(tmp_path))
+    assert [topic_log.read(i).body for i in range(300)] == [_entry(i) for i in range(300)]
+    assert any(f"the index puts entry {entry} at byte" in r.getMessage() for r in caplog.records)
+    topic_log.close()  # (waits for the repair written on the fsync thread)
+    caplog.clear()
+    topic_log = TopicLog(str(tmp_path))
+    assert [topic_log.read(i).body for i in range(300)] == [_entry(i) for i in range(300)]
+    assert not caplog.records  # repaired on disk: nothing to correct again
+    topic_log.close()
+
+
 def test_a_damaged_publish_time_in_a_record_header_does_not_move_a_seek_by_time(tmp_path, caplog):
     """A record header's publish time is outside the record's checksum: a seek by time reads the
     time from the entry's metadata (checked), and reports a header that disagrees."""

@@ -408,6 +408,23 @@ class FilePool:
             self._syncer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pulsarwire-fsync")
         return self._syncer.submit(self._sync_paths, list(paths), drop and self.page_cache_bytes > 0)
 
+    def write_later(self, path: str, data: bytes, offset: int) -> concurrent.futures.Future[None]:
+        """Write `data` at `offset` of the existing file `path` and fsync it, on the fsync worker
+        thread (a repair, off the event loop); the future's exception says what failed."""
+        if self._syncer is None:
+            self._syncer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pulsarwire-fsync")
+        return self._syncer.submit(self._write_at, path, data, offset)
+
+    def _write_at(self, path: str, data: bytes, offset: int) -> None:
+        if not os.path.exists(path):  # gone meanwhile: nothing to repair
+            return
+        fd = self.ops.open(path)
+        try:
+            self.ops.pwrite(fd, data, offset)
+            self.ops.fsync(fd)
+        finally:
+            self.ops.close(fd)
+
     def stop_syncs(self) -> None:
         """Wait for the fsyncs handed to the worker thread, and end it."""
         if self._syncer is not None:

@@ -8,6 +8,7 @@ import array
 import bisect
 import concurrent.futures
 import errno
+import functools
 import logging
 import mmap
 import os
@@ -333,7 +334,15 @@ class Segment:
             return Entry(entry_id, self._pending[k + 1], checksum, publish_time, num_messages)
         pos = self.positions[index]
         raw = self._pread(pos, self.record_end(index) - pos, entry_id)
-        return self._record(raw, 0, len(raw), entry_id)
+        try:
+            return self._record(raw, 0, len(raw), entry_id)
+        except CorruptEntryError:
+            if len(raw) < HEADER_SIZE or index + 1 >= self.committed_count:
+                raise
+            declared = HEADER_SIZE + RECORD_HEADER.unpack_from(raw, 0)[0]  # the index may cut it short
+            if declared <= len(raw) or pos + declared > self.committed_size:
+                raise
+            return self._record(self._pread(pos, declared, entry_id), 0, declared, entry_id)
 
     def record_end(self, index: int) -> int:
         return self.positions[index + 1] if index + 1 < self.committed_count else self.committed_size
@@ -353,8 +362,29 @@ class Segment:
         body_size, checksum, publish_time, num_messages = RECORD_HEADER.unpack_from(raw, start)
         body = bytes(raw[start + HEADER_SIZE:stop])
         if body_size != len(body) or crc32c(body) != checksum:
+            end = start + HEADER_SIZE + body_size
+            if body_size != len(body) and end <= len(raw) and crc32c(raw[start + HEADER_SIZE:end]) == checksum:
+                return self._next_position_wrong(raw, start, end, entry_id)
             raise CorruptEntryError(f"{self.log_path}: entry {entry_id} fails its checksum", entry_id)
         return Entry(entry_id, body, checksum, publish_time, num_messages)
+
+    def _next_position_wrong(self, raw: bytes | memoryview, start: int, end: int, entry_id: int) -> Entry:
+        """The record at raw[start:] is whole and good by its own header, but the index puts the
+        next record elsewhere (a damaged index entry, which opening the segment cannot tell from
+        a good one without reading every record): the record is read by its header, and the
+        next position corrected, in memory at once (the next entry reads too) and in the index
+        file on the fsync thread."""
+        body_size, checksum, publish_time, num_messages = RECORD_HEADER.unpack_from(raw, start)
+        index = entry_id - self.base + 1
+        right = self.positions[index - 1] + (end - start)
+        if index < self.committed_count and self.positions[index] != right and \
+                (index + 1 >= self.committed_count or right < self.positions[index + 1]):
+            log.warning("%s: the index puts entry %d at byte %d, the log at %d; corrected", self.idx_path,
+                        self.base + index, self.positions[index], right)
+            self.positions[index] = right
+            repair = self.pool.write_later(self.idx_path, encode_index(self.positions[index:index + 1]), 8 * index)
+            repair.add_done_callback(functools.partial(_report_repair, self.idx_path, self.base + index))
+        return Entry(entry_id, bytes(raw[start + HEADER_SIZE:end]), checksum, publish_time, num_messages)
 
     def _plan_run(self, index: int, limit: int) -> tuple[int, int, int]:
         """The committed records from `index` on that fit in `limit` bytes (one at least):
@@ -439,6 +469,12 @@ class Segment:
     def close(self) -> None:
         self.pool.release(self.log_path)
         self.pool.release(self.idx_path)
+
+
+def _report_repair(path: str, entry_id: int, done: concurrent.futures.Future[None]) -> None:
+    error = done.exception()
+    if error is not None:  # the index keeps the wrong position; the next open reads around it again
+        log.error("%s: cannot correct the index entry of entry %d: %s", path, entry_id, error)
 
 
 _IOV_MAX = min(1024, os.sysconf("SC_IOV_MAX")) if hasattr(os, "sysconf") else 16
