@@ -3,7 +3,7 @@
     pulsarwire                       the main job: embedded broker + produce/consume + report
     pulsarwire --service-url URL     the same workload against a real cluster
     pulsarwire broker                serve the embedded broker
-    pulsarwire fsck DATA_DIR         check (--repair: fix) a stopped broker's metadata files
+    pulsarwire fsck DATA_DIR         check (--repair: fix) a stopped broker's metadata files and logs
     pulsarwire produce / consume     send or receive a few messages
     pulsarwire perf produce|consume|e2e   load test with a final throughput/latency table
     pulsarwire admin topics|namespaces|tenants ...   pulsar-admin's common operations (admin_cli.py)
@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     broker = sub.add_parser("broker", help="serve the embedded broker")
     _add_broker_options(broker)
 
-    fsck = sub.add_parser("fsck", help="check a stopped broker's metadata files (the same as broker --check)")
+    fsck = sub.add_parser("fsck", help="check a stopped broker's metadata files and topic logs (the same as broker --check)")
     fsck.add_argument("data_dir", metavar="DATA_DIR")
     fsck.add_argument("--repair", action="store_true", help="do what a start would do about each damaged file")
 

@@ -1,6 +1,7 @@
 """`pulsarwire fsck DATA_DIR` (also `pulsarwire broker --check`): every damaged or inconsistent
-metadata file of a stopped broker's data dir, and what a start would do about it; nothing is
-changed. With `--repair` it does what a start would, then checks again.
+metadata file of a stopped broker's data dir, and every topic log whose records are damaged or
+missing (each record's checksum is read: the whole log), and what a start would do about it;
+nothing is changed. With `--repair` it does what a start would, then checks again.
 
 What a start does with each file is decided where the file is read (core, topics, v1); the
 descriptions below say the same in words, for the report.
@@ -13,6 +14,7 @@ import urllib.parse
 from typing import Any, Callable, TextIO
 
 from . import metafile
+from .storage.record import HEADER_SIZE, damaged_records, decode_index, record_at
 from .core import BROKER_FILE, LEDGER_IDS_FILE, PARTITION_MARKER, PARTITIONED_FILE, BrokerCore, _broker_state, \
     _ledger_allocation, _partitioned_topics
 from .topic_files import CURSORS_FILE, EPOCH_FILE, LEDGERS_FILE, SCHEMA_FILE, STATE_FILE, _cursors, _epoch, \
@@ -95,6 +97,7 @@ def check(data_dir: str) -> list[Finding]:
         if marker and parent and index.isdigit():
             partitions[parent] = max(partitions.get(parent, 0), int(index) + 1)
         findings += _leftovers(directory)
+        findings += check_log(directory)
     findings += _leftovers(data_dir)
     allocation = metafile.load(os.path.join(data_dir, LEDGER_IDS_FILE), _ledger_allocation)
     if allocation.source == metafile.CURRENT and allocation.data <= highest_ledger:
@@ -109,6 +112,84 @@ def check(data_dir: str) -> list[Finding]:
                                         f"partition {count - 1} has a directory",
                                         f"nothing (--repair raises its count to {count})"))
     return findings
+
+
+def check_log(directory: str) -> list[Finding]:
+    """A topic's segments, read whole and each record's checksum checked: entries missing or
+    damaged, and index files that disagree with their logs. Nothing is changed."""
+    try:
+        bases = sorted(int(name[:-4]) for name in os.listdir(directory) if name.endswith(".log") and name[:-4].isdigit())
+    except OSError as exc:
+        return [Finding(directory, f"cannot be listed ({exc})", "the topic cannot be opened")]
+    findings: list[Finding] = []
+    if bases and bases[0] > 0:
+        findings.append(Finding(directory, f"the segments before entry {bases[0]} are missing: entries 0 to "
+                                f"{bases[0] - 1} are lost", "reported at ERROR; a subscription that had not "
+                                "acknowledged them goes on after them"))
+    for i, base in enumerate(bases):
+        log_path = os.path.join(directory, f"{base:020d}.log")
+        try:
+            with open(log_path, "rb") as fh:
+                data = fh.read()
+            indexed = None
+            if os.path.exists(log_path[:-4] + ".idx"):
+                with open(log_path[:-4] + ".idx", "rb") as fh:
+                    indexed = decode_index(fh.read())
+        except OSError as exc:
+            findings.append(Finding(log_path, f"cannot be read ({exc})", "the topic cannot be opened"))
+            continue
+        positions, damaged, torn = _scan_records(data)
+        last = i == len(bases) - 1
+        for start, stop, count in damaged:
+            findings.append(Finding(log_path, f"bytes {start} to {stop} are damaged ({count} entr"
+                                    f"{'y' if count == 1 else 'ies'})", "they read as corrupt; the entries after "
+                                    "them are kept"))
+        held = len(positions)
+        if torn is not None:
+            if last and (indexed is None or len(indexed) <= held):
+                findings.append(Finding(log_path, f"a record cut short at byte {torn} (a write a crash cut short, "
+                                        "never indexed)", "truncated there (WARNING)"))
+            else:
+                findings.append(Finding(log_path, f"bytes {torn} to {len(data)} hold no readable record",
+                                        "they read as lost"))
+        expected = bases[i + 1] - base if not last else (len(indexed) if indexed is not None else held)
+        if held < expected:
+            findings.append(Finding(log_path, f"holds {held} of its {expected} entries: entries {base + held} to "
+                                    f"{base + expected - 1} are lost", "they read as lost; their ids are not "
+                                    "given to new messages"))
+        elif held > expected and not last:
+            findings.append(Finding(log_path, f"holds {held} records but the next segment starts at entry "
+                                    f"{bases[i + 1]}", f"the {held - expected} after entry {bases[i + 1] - 1} are ignored"))
+        if indexed is not None:
+            wrong = next((k for k in range(min(len(indexed), held)) if indexed[k] != positions[k]), None)
+            if wrong is not None:
+                findings.append(Finding(log_path[:-4] + ".idx", f"puts entry {base + wrong} at byte {indexed[wrong]}, "
+                                        f"the log at {positions[wrong]}", "corrected where it is read (WARNING), or "
+                                        "rebuilt from the log"))
+    return findings
+
+
+def _scan_records(data: bytes) -> tuple[list[int], list[tuple[int, int, int]], int | None]:
+    """Where a segment's records start (damaged ones keep their places, as recovery counts
+    them), the damaged byte ranges (start, stop, entries), and where unreadable bytes run to the
+    end (None if they do not)."""
+    positions: list[int] = []
+    damaged: list[tuple[int, int, int]] = []
+    offset, end = 0, len(data)
+    while offset < end:
+        body_size = record_at(data, offset, end)
+        if body_size is not None:
+            positions.append(offset)
+            offset += HEADER_SIZE + body_size
+            continue
+        found = next((o for o in range(offset + 1, end - HEADER_SIZE + 1) if record_at(data, o, end) is not None), None)
+        if found is None:
+            return positions, damaged, offset
+        hops = damaged_records(data, offset, found)
+        damaged.append((offset, found, len(hops)))
+        positions.extend(hops)
+        offset = found
+    return positions, damaged, None
 
 
 def _leftovers(directory: str) -> list[Finding]:
@@ -166,7 +247,7 @@ def run(data_dir: str, do_repair: bool, out: TextIO) -> int:
     for finding in findings:
         print(finding, file=out)
     if not findings:
-        print(f"{data_dir}: every metadata file is good", file=out)
+        print(f"{data_dir}: every metadata file and topic log is good", file=out)
         return 0
     if not do_repair:
         print(f"{len(findings)} problems; nothing changed (--repair does what is said above)", file=out)

@@ -551,6 +551,27 @@ def test_log_cut_below_its_index_keeps_the_lost_ids_from_new_messages(tmp_path, 
     topic_log.close()
 
 
+def test_fsck_reads_the_logs_and_reports_missing_and_damaged_entries(tmp_path):
+    from pulsarwire.broker.fsck import check
+
+    directory = topic_directory(str(tmp_path), TOPIC)
+    _write_entries(directory, 300, segment_bytes=4096)
+    assert check(str(tmp_path)) == []
+    logs = sorted(f for f in os.listdir(directory) if f.endswith(".log"))
+    first_kept, last = int(logs[1][:-4]), os.path.join(directory, logs[-1])
+    os.remove(os.path.join(directory, logs[0]))
+    os.remove(os.path.join(directory, logs[0][:-4] + ".idx"))
+    with open(last, "rb") as fh:
+        size = len(fh.read())
+    os.truncate(last, size - 10)  # the last record cut short, though its index lists it
+    _flip(os.path.join(directory, logs[2]), HEADER_SIZE + 3)  # a body byte of the third segment's first record
+    found = [str(f) for f in check(str(tmp_path))]
+    assert any(f"entries 0 to {first_kept - 1} are lost" in f for f in found)
+    assert any(logs[2] in f and "damaged (1 entry)" in f for f in found)
+    assert any(logs[-1] in f and "299 to 299 are lost" in f for f in found)
+    assert check(str(tmp_path)) and os.path.getsize(last) == size - 10  # nothing changed
+
+
 def test_a_torn_write_the_index_never_listed_is_truncated(tmp_path, caplog):
     """A record cut short before its index entry was written (a crash mid-write) was never
     acknowledged: it is dropped (WARNING) and its id given to the next message."""
