@@ -131,7 +131,15 @@ class Topic:
         # then on starts at the earliest entry, as it may be one that was lost (redelivery, never a skip)
         self.cursors_lost = state.get("cursors_lost", False)
         self.last_sequence: dict[str, int] = state.get("dedup", {})
-        self._recover_dedup(state.get("dedup_upto", -1), state.get("dedup_lost"))
+        counted = state.get("dedup_upto", -1)
+        if counted >= self.log.next_entry_id:
+            # the state was written when the log held entries it no longer does (segment files
+            # deleted or cut): lost entries, which may have been acknowledged; their ids are kept
+            log.error("topic %s: its state counted entries up to %d but the log ends at %d: entries %d to %d "
+                      "are lost; their ids are not given to new messages", self.name, counted,
+                      self.log.next_entry_id - 1, self.log.next_entry_id, counted)
+            self.log.skip_to(counted + 1)
+        self._recover_dedup(counted, state.get("dedup_lost"))
         self._load_cursors()
         # schema versions, oldest first: {"type", "name", "data" (base64), "properties"}
         self.schemas: list[dict] = self._load_schemas()

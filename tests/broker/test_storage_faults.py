@@ -572,6 +572,40 @@ def test_fsck_reads_the_logs_and_reports_missing_and_damaged_entries(tmp_path):
     assert check(str(tmp_path)) and os.path.getsize(last) == size - 10  # nothing changed
 
 
+def test_last_segments_deleted_after_the_state_counted_them_are_lost_entries_not_new_ids(tmp_path, caplog):
+    """The topic's state (written 0.3 s after changes) counted entries whose segment files are
+    gone: they are reported lost (ERROR), and the next message does not get one of their ids."""
+    broker = BrokerThread(tmp_path, v1_port=None, segment_bytes=4096).start()
+
+    async def produce():
+        async with Client(broker.url) as client:
+            producer = await client.create_producer(TOPIC, producer_name="p", batching_enabled=False)
+            for i in range(300):
+                await producer.send(b"%d" % i)
+            await asyncio.sleep(0.6)  # the state written
+    try:
+        run(produce())
+        broker.stop()
+        directory = topic_directory(str(tmp_path), TOPIC)
+        logs = sorted(f for f in os.listdir(directory) if f.endswith(".log"))
+        assert len(logs) >= 3
+        for name in logs[-2:]:
+            os.remove(os.path.join(directory, name))
+            os.remove(os.path.join(directory, name[:-4] + ".idx"))
+        kept = int(logs[-2][:-4])
+        caplog.set_level(logging.ERROR, logger="pulsarwire.broker")
+        broker.start()
+
+        async def again():
+            async with Client(broker.url) as client:
+                producer = await client.create_producer(TOPIC, producer_name="p", batching_enabled=False)
+                return await producer.send(b"after")
+        assert run(again()).entry_id == 300
+        assert any(f"entries {kept} to 299 are lost" in r.getMessage() for r in caplog.records)
+    finally:
+        broker.stop()
+
+
 def test_a_torn_write_the_index_never_listed_is_truncated(tmp_path, caplog):
     """A record cut short before its index entry was written (a crash mid-write) was never
     acknowledged: it is dropped (WARNING) and its id given to the next message."""

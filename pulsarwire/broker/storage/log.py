@@ -257,6 +257,23 @@ class TopicLog:
         self.committed_entry_id = self.next_entry_id
         return True
 
+    def skip_to(self, entry_id: int) -> None:
+        """Go on from `entry_id`: the ids before it, past the last entry held, are lost entries
+        (read as lost, never given to new messages). On open, before any append."""
+        if entry_id <= self.next_entry_id:
+            return
+        lost = self.next_entry_id
+        old = self._segments[-1]
+        old.expected = entry_id - old.base
+        old.release_preallocation()
+        segment = Segment(self.pool, self.directory, entry_id)
+        segment.recover(True)
+        segment.limit = self.segment_bytes
+        self._segments.append(segment)
+        self._bases.append(entry_id)
+        self.next_entry_id = self.committed_entry_id = entry_id
+        self.first_lost = lost if self.first_lost is None else min(self.first_lost, lost)
+
     def reader(self) -> LogReader:
         """A reader of this log of its own (a subscription's): its reads in order past the entry
         cache read ahead for it alone, wherever the log's other readers are."""
