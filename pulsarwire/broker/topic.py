@@ -132,13 +132,19 @@ class Topic:
         self.cursors_lost = state.get("cursors_lost", False)
         self.last_sequence: dict[str, int] = state.get("dedup", {})
         counted = state.get("dedup_upto", -1)
-        if counted >= self.log.next_entry_id:
-            # the state was written when the log held entries it no longer does (segment files
-            # deleted or cut): lost entries, which may have been acknowledged; their ids are kept
-            log.error("topic %s: its state counted entries up to %d but the log ends at %d: entries %d to %d "
-                      "are lost; their ids are not given to new messages", self.name, counted,
-                      self.log.next_entry_id - 1, self.log.next_entry_id, counted)
-            self.log.skip_to(counted + 1)
+        cursors = self._load(CURSORS_FILE, _cursors)
+        self._preloaded[CURSORS_FILE] = cursors  # (read again by _load_cursors)
+        seen = max([counted] + [max([data["mark_delete"], *data.get("acked", ()), *map(int, data.get("partial", {}))])
+                                for data in (cursors.data or {}).values()])
+        if seen >= self.log.next_entry_id:
+            # the state or a cursor was written when the log held entries it no longer does
+            # (segment files deleted or cut): lost entries, which may have been acknowledged;
+            # their ids are kept from new messages
+            log.error("topic %s: its %s counted entries up to %d but the log ends at %d: entries %d to %d "
+                      "are lost; their ids are not given to new messages", self.name,
+                      "state" if seen == counted else "subscriptions' cursors", seen, self.log.next_entry_id - 1,
+                      self.log.next_entry_id, seen)
+            self.log.skip_to(seen + 1)
         self._recover_dedup(counted, state.get("dedup_lost"))
         self._load_cursors()
         # schema versions, oldest first: {"type", "name", "data" (base64), "properties"}

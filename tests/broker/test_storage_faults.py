@@ -606,6 +606,51 @@ def test_last_segments_deleted_after_the_state_counted_them_are_lost_entries_not
         broker.stop()
 
 
+def test_last_segments_deleted_with_the_state_lost_too_a_cursor_past_them_keeps_their_ids(tmp_path, caplog):
+    """No topic state, but a subscription acknowledged entries the log no longer holds: they are
+    lost entries (ERROR) and their ids are kept, rather than the cursor moved back onto ids that
+    new messages would take."""
+    broker = BrokerThread(tmp_path, v1_port=None, segment_bytes=4096).start()
+
+    async def produce_and_consume():
+        async with Client(broker.url) as client:
+            consumer = await client.subscribe(TOPIC, "s1", initial_position=InitialPosition.Earliest,
+                                              ack_group_time_ms=0)
+            producer = await client.create_producer(TOPIC, producer_name="p", batching_enabled=False)
+            for i in range(300):
+                await producer.send(b"%d" % i)
+            for _ in range(300):
+                consumer.acknowledge(await consumer.receive(5000))
+            await asyncio.sleep(0.6)  # the cursor written
+    try:
+        run(produce_and_consume())
+        broker.stop()
+        directory = topic_directory(str(tmp_path), TOPIC)
+        logs = sorted(f for f in os.listdir(directory) if f.endswith(".log"))
+        for name in logs[-2:]:
+            os.remove(os.path.join(directory, name))
+            os.remove(os.path.join(directory, name[:-4] + ".idx"))
+        for name in os.listdir(directory):
+            if name.startswith("state.json"):
+                os.remove(os.path.join(directory, name))
+        kept = int(logs[-2][:-4])
+        caplog.set_level(logging.ERROR, logger="pulsarwire.broker")
+        broker.start()
+
+        async def again():
+            async with Client(broker.url) as client:
+                consumer = await client.subscribe(TOPIC, "s1")
+                producer = await client.create_producer(TOPIC, producer_name="q", batching_enabled=False)
+                sent = await producer.send(b"after")
+                return sent, await consumer.receive(5000)
+        sent, received = run(again())
+        assert sent.entry_id == 300 and received.data() == b"after"
+        assert any(f"subscriptions' cursors counted entries up to 299" in r.getMessage() and
+                   f"entries {kept} to 299 are lost" in r.getMessage() for r in caplog.records)
+    finally:
+        broker.stop()
+
+
 def test_a_torn_write_the_index_never_listed_is_truncated(tmp_path, caplog):
     """A record cut short before its index entry was written (a crash mid-write) was never
     acknowledged: it is dropped (WARNING) and its id given to the next message."""
