@@ -487,6 +487,13 @@ def _write_entries(directory, count: int, segment_bytes: int = 64 * 1024 * 1024)
     return ids
 
 
+def _remove_segments(directory, names: list[str]) -> None:
+    """Delete these segments' log and index files (a careless operator, a failing disk)."""
+    for name in names:
+        os.remove(os.path.join(directory, name))
+        os.remove(os.path.join(directory, name[:-4] + ".idx"))
+
+
 def _position(directory, entry_id: int) -> int:
     with open(_log_file(directory)[:-4] + ".idx", "rb") as fh:
         fh.seek(8 * entry_id)
@@ -559,8 +566,7 @@ def test_fsck_reads_the_logs_and_reports_missing_and_damaged_entries(tmp_path):
     assert check(str(tmp_path)) == []
     logs = sorted(f for f in os.listdir(directory) if f.endswith(".log"))
     first_kept, last = int(logs[1][:-4]), os.path.join(directory, logs[-1])
-    os.remove(os.path.join(directory, logs[0]))
-    os.remove(os.path.join(directory, logs[0][:-4] + ".idx"))
+    _remove_segments(directory, logs[:1])
     with open(last, "rb") as fh:
         size = len(fh.read())
     os.truncate(last, size - 10)  # the last record cut short, though its index lists it
@@ -589,9 +595,7 @@ def test_last_segments_deleted_after_the_state_counted_them_are_lost_entries_not
         directory = topic_directory(str(tmp_path), TOPIC)
         logs = sorted(f for f in os.listdir(directory) if f.endswith(".log"))
         assert len(logs) >= 3
-        for name in logs[-2:]:
-            os.remove(os.path.join(directory, name))
-            os.remove(os.path.join(directory, name[:-4] + ".idx"))
+        _remove_segments(directory, logs[-2:])
         kept = int(logs[-2][:-4])
         caplog.set_level(logging.ERROR, logger="pulsarwire.broker")
         broker.start()
@@ -627,9 +631,7 @@ def test_last_segments_deleted_with_the_state_lost_too_a_cursor_past_them_keeps_
         broker.stop()
         directory = topic_directory(str(tmp_path), TOPIC)
         logs = sorted(f for f in os.listdir(directory) if f.endswith(".log"))
-        for name in logs[-2:]:
-            os.remove(os.path.join(directory, name))
-            os.remove(os.path.join(directory, name[:-4] + ".idx"))
+        _remove_segments(directory, logs[-2:])
         for name in os.listdir(directory):
             if name.startswith("state.json"):
                 os.remove(os.path.join(directory, name))
@@ -681,8 +683,7 @@ def test_missing_first_segments_are_reported_and_a_subscription_goes_on_after_th
     try:
         run(subscribe_first())  # a durable subscription at entry 0, nothing acknowledged
         broker.stop()
-        os.remove(os.path.join(directory, logs[0]))
-        os.remove(os.path.join(directory, logs[0][:-4] + ".idx"))
+        _remove_segments(directory, logs[:1])
         caplog.set_level(logging.ERROR, logger="pulsarwire.broker")
         broker.start()
 
