@@ -1607,9 +1607,15 @@ class BrokerConnection(asyncio.Protocol):
         if consumer is not None:
             subscription = consumer.subscription
             cumulative = c.ack_type == pb.CommandAck.Cumulative
+            topic = subscription.topic
             for mid in c.message_id:
                 if cumulative and mid.entryId == _NO_ENTRY:
                     continue  # "before the first entry" (a reader after a seek): nothing to move
+                if mid.entryId < topic.log.next_entry_id and topic.ledger_of(mid.entryId) != mid.ledgerId:
+                    # an id given before entries were lost, whose entry id a later ledger holds now
+                    log.warning("an acknowledgement of (%d, %d) on %s ignored: entry %d is in ledger %d",
+                                mid.ledgerId, mid.entryId, topic.name, mid.entryId, topic.ledger_of(mid.entryId))
+                    continue
                 if not subscription.ack(mid.entryId, ack_set_bits(mid.ack_set) if mid.ack_set else None,
                                         cumulative):
                     refused.append(mid.entryId)

@@ -102,6 +102,7 @@ class Topic:
                            cache=cache)
         self.metadata = metadata if metadata is not None else MetadataWriter(self.log.pool.ops)
         self._writes: dict[str, concurrent.futures.Future] = {}  # the last write of each of its files
+        self._new_ledger_id: Callable[[], int] | None = None  # a new ledger is due at the first append
         try:
             self._open_ledgers(new_ledger_id)
         except BaseException:
@@ -163,6 +164,7 @@ class Topic:
         id when created; entries stored before ledger ids existed keep ledger 0."""
         loaded = self._load(LEDGERS_FILE, _ledger_ranges)
         ranges = loaded.data
+        stored = len(ranges or ())
         if loaded.source == PREVIOUS_COPY:
             report_damage(loaded, f"the ledger ids of topic {self.name}'s message ids",
                           "restored from the previous copy")
@@ -175,7 +177,20 @@ class Topic:
                 report_damage(loaded, f"the ledger ids of topic {self.name}'s message ids",
                               f"rebuilt from the log: entries 0..{self.log.next_entry_id - 1} carry ledger "
                               f"{LEGACY_LEDGER_ID} in their message ids from now on, new ones ledger {ranges[-1][1]}")
-        if loaded.source != CURRENT:
+        elif int(ranges[-1][0]) < self.log.next_entry_id:
+            # a ledger of its own for what is stored from now on, as Pulsar opens a new ledger at
+            # every load: a message id is never given twice, even where entries were lost with
+            # nothing left on disk to count them (their entry ids are taken again, in a ledger
+            # of their own). Made at the first append, so that a topic only read writes nothing.
+            self._new_ledger_id = new_ledger_id
+        elif int(ranges[-1][0]) > self.log.next_entry_id:
+            # this ledger was opened with more entries than the log now holds: those were lost
+            start = int(ranges[-1][0])
+            log.error("topic %s: its ledger %s began at entry %d but the log ends at %d: entries %d to %d "
+                      "are lost; their ids are not given to new messages", self.name, ranges[-1][1], start,
+                      self.log.next_entry_id - 1, self.log.next_entry_id, start - 1)
+            self.log.skip_to(start)
+        if loaded.source != CURRENT or len(ranges) != stored:
             # on disk before an entry of the new range is committed (commit() waits for it, so
             # it goes before the writes queued)
             self._write(LEDGERS_FILE, ranges, urgent=True)
@@ -183,6 +198,18 @@ class Topic:
         self._ledger_ids = [int(ledger) for _, ledger in ranges]
         self.ledger_id = self._ledger_ids[-1]  # the ledger new entries go to
         self.ledger_start = self._ledger_starts[-1]
+
+    def _open_new_ledger(self) -> None:
+        """Before the first entry stored since the topic was opened: its ledger (on disk before
+        that entry's commit, as a new topic's)."""
+        new_ledger_id, self._new_ledger_id = self._new_ledger_id, None
+        assert new_ledger_id is not None
+        start = self.log.next_entry_id
+        self._ledger_starts.append(start)
+        self._ledger_ids.append(new_ledger_id())
+        self.ledger_id, self.ledger_start = self._ledger_ids[-1], start
+        self._write(LEDGERS_FILE, [[first, ledger] for first, ledger in zip(self._ledger_starts, self._ledger_ids)],
+                    urgent=True)
 
     # its metadata files
 
@@ -332,6 +359,8 @@ class Topic:
         """Store an entry, remember the producer's sequence id, and dispatch it. `batch_count`: the
         metadata's num_messages_in_batch (None: not a batch); MalformedBatchError, before anything
         changes, when the payload does not hold that many."""
+        if self._new_ledger_id is not None:
+            self._open_new_ledger()
         batch = self.log.batch
         try:
             count = entry_message_count(body, batch_count, compression)
@@ -364,6 +393,8 @@ class Topic:
         before the first frame that needs append(): a chunk, a delayed message, a compressed or
         malformed batch, a new segment. Returns the entry ids of the frames taken, in order,
         DUPLICATE for a send the producer made before (only when the topic deduplicates)."""
+        if self._new_ledger_id is not None:
+            self._open_new_ledger()
         first_id = self.log.next_entry_id
         last = self.last_sequence.get(producer_name, -1) if self.deduplication else -1
         ids, bodies, checksums, publish_times, counts, highest_ids = staging.plan_send_run(
@@ -392,6 +423,8 @@ class Topic:
         one by one, up to one that must start a new segment (left to append()); how many were
         stored. The producer's last sequence id is that of the last body (a front end storing a
         run at once: V1)."""
+        if self._new_ledger_id is not None:
+            self._open_new_ledger()
         stored = self.log.append_many(bodies, checksums, publish_times, [1] * len(bodies))
         if stored:
             self._on_append(self)

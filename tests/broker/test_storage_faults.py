@@ -653,6 +653,50 @@ def test_last_segments_deleted_with_the_state_lost_too_a_cursor_past_them_keeps_
         broker.stop()
 
 
+def test_lost_entries_nothing_counted_never_give_a_message_id_twice(tmp_path):
+    """The last segments deleted with nothing on disk counting their entries (no topic state, no
+    cursor past them): their entry ids are taken again, but in a ledger of their own (one a
+    session, as Pulsar opens a new ledger at every load), so no message id is given twice, and an
+    acknowledgement of an id given before the loss does not settle the message now at its entry."""
+    broker = BrokerThread(tmp_path, v1_port=None, segment_bytes=4096).start()
+
+    async def produce():
+        async with Client(broker.url) as client:
+            producer = await client.create_producer(TOPIC, producer_name="p", batching_enabled=False)
+            return [await producer.send(b"%d" % i) for i in range(300)]
+    try:
+        before = run(produce())
+        broker.stop()
+        directory = topic_directory(str(tmp_path), TOPIC)
+        logs = sorted(f for f in os.listdir(directory) if f.endswith(".log"))
+        _remove_segments(directory, logs[-2:])
+        for name in os.listdir(directory):
+            if name.startswith("state.json"):
+                os.remove(os.path.join(directory, name))
+        broker.start()
+
+        async def after():
+            async with Client(broker.url) as client:
+                consumer = await client.subscribe(TOPIC, "late", ack_group_time_ms=0)
+                producer = await client.create_producer(TOPIC, producer_name="q", batching_enabled=False)
+                sent = [await producer.send(b"q%d" % i) for i in range(5)]
+                first = await consumer.receive(5000)
+                stale = next(mid for mid in before if mid.entry_id == first.message_id().entry_id)
+                consumer.acknowledge(stale)  # an id of a lost entry, its entry id taken again
+                await asyncio.sleep(0.3)
+                await consumer.close()
+                consumer = await client.subscribe(TOPIC, "late")
+                again = await consumer.receive(5000)  # not settled by the stale acknowledgement
+                return sent, first, again
+        sent, first, again = run(after())
+        given = {(mid.ledger_id, mid.entry_id) for mid in before}
+        assert not given & {(mid.ledger_id, mid.entry_id) for mid in sent}
+        assert sent[0].entry_id < 300  # the entry ids were taken again (nothing counted them)
+        assert again.data() == first.data() == b"q0"
+    finally:
+        broker.stop()
+
+
 def test_a_torn_write_the_index_never_listed_is_truncated(tmp_path, caplog):
     """A record cut short before its index entry was written (a crash mid-write) was never
     acknowledged: it is dropped (WARNING) and its id given to the next message."""
