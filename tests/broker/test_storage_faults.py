@@ -487,6 +487,31 @@ def _write_entries(directory, count: int, segment_bytes: int = 64 * 1024 * 1024)
     return ids
 
 
+async def _send_and_acknowledge(url: str, count: int, subscription: str) -> None:
+    """Producer "p" sends `count` messages, unbatched, each received and acknowledged at once on
+    `subscription` (from the earliest), then the cursor and the topic's state are given time to
+    be written (0.3 s after changes)."""
+    async with Client(url) as client:
+        consumer = await client.subscribe(TOPIC, subscription, initial_position=InitialPosition.Earliest,
+                                          ack_group_time_ms=0)
+        producer = await client.create_producer(TOPIC, producer_name="p", batching_enabled=False)
+        for i in range(count):
+            await producer.send(b"%d" % i)
+            consumer.acknowledge(await consumer.receive(5000))
+        await asyncio.sleep(0.6)
+
+
+def _remove_last_segments_and_state(directory) -> list[str]:
+    """Delete the last two segments and the topic's state file (and its copy): nothing but a
+    cursor may count their entries. Returns the segment logs there were."""
+    logs = sorted(f for f in os.listdir(directory) if f.endswith(".log"))
+    _remove_segments(directory, logs[-2:])
+    for name in os.listdir(directory):
+        if name.startswith("state.json"):
+            os.remove(os.path.join(directory, name))
+    return logs
+
+
 def _remove_segments(directory, names: list[str]) -> None:
     """Delete these segments' log and index files (a careless operator, a failing disk)."""
     for name in names:
@@ -616,25 +641,11 @@ def test_last_segments_deleted_with_the_state_lost_too_a_cursor_past_them_keeps_
     new messages would take."""
     broker = BrokerThread(tmp_path, v1_port=None, segment_bytes=4096).start()
 
-    async def produce_and_consume():
-        async with Client(broker.url) as client:
-            consumer = await client.subscribe(TOPIC, "s1", initial_position=InitialPosition.Earliest,
-                                              ack_group_time_ms=0)
-            producer = await client.create_producer(TOPIC, producer_name="p", batching_enabled=False)
-            for i in range(300):
-                await producer.send(b"%d" % i)
-            for _ in range(300):
-                consumer.acknowledge(await consumer.receive(5000))
-            await asyncio.sleep(0.6)  # the cursor written
     try:
-        run(produce_and_consume())
+        run(_send_and_acknowledge(broker.url, 300, "s1"))  # the cursor written
         broker.stop()
         directory = topic_directory(str(tmp_path), TOPIC)
-        logs = sorted(f for f in os.listdir(directory) if f.endswith(".log"))
-        _remove_segments(directory, logs[-2:])
-        for name in os.listdir(directory):
-            if name.startswith("state.json"):
-                os.remove(os.path.join(directory, name))
+        logs = _remove_last_segments_and_state(directory)
         kept = int(logs[-2][:-4])
         caplog.set_level(logging.ERROR, logger="pulsarwire.broker")
         broker.start()
@@ -668,11 +679,7 @@ def test_lost_entries_nothing_counted_never_give_a_message_id_twice(tmp_path):
         before = run(produce())
         broker.stop()
         directory = topic_directory(str(tmp_path), TOPIC)
-        logs = sorted(f for f in os.listdir(directory) if f.endswith(".log"))
-        _remove_segments(directory, logs[-2:])
-        for name in os.listdir(directory):
-            if name.startswith("state.json"):
-                os.remove(os.path.join(directory, name))
+        logs = _remove_last_segments_and_state(directory)
         broker.start()
 
         async def after():
@@ -757,17 +764,8 @@ def test_log_cut_below_cursor_and_dedup_state_loses_nothing_later(tmp_path, capl
     the resent and the new messages are stored and delivered, not dropped as duplicates."""
     broker = BrokerThread(tmp_path, v1_port=None, deduplication=True).start()
 
-    async def first():
-        async with Client(broker.url) as client:
-            consumer = await client.subscribe(TOPIC, "sub", initial_position=InitialPosition.Earliest,
-                                              ack_group_time_ms=0)
-            producer = await client.create_producer(TOPIC, producer_name="p", batching_enabled=False)
-            for i in range(100):
-                await producer.send(b"%d" % i)
-                consumer.acknowledge(await consumer.receive(5000))
-            await asyncio.sleep(0.6)  # cursor and dedup state persisted
     try:
-        run(first())
+        run(_send_and_acknowledge(broker.url, 100, "sub"))  # cursor and dedup state persisted
         broker.stop()
         directory = topic_directory(str(tmp_path), TOPIC)
         os.truncate(_log_file(directory), _position(directory, 60) + 5)
