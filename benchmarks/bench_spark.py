@@ -4,8 +4,8 @@
 
 local[2]; the embedded broker runs in its own process. For each value size (100 B: --rows rows;
 10 KiB: --big-rows rows) one cached DataFrame of 4 partitions is written to a topic of 1 and of 8
-partitions and to Parquet, and each is read back to Spark's noop sink (8 partitions: also with
-maxPartitions=2, one task a core). Every step runs --repeat times, after a warm-up of every path;
+partitions and to Parquet, and each is read back to Spark's noop sink (by default the source packs
+small ranges into a task a core; 8 partitions: also with minPartitions=8, one task a partition). Every step runs --repeat times, after a warm-up of every path;
 the median is reported. A typed JSON topic (a
 JSON schema, two fields) is read as typed columns and as bytes. Two floors show what Spark's
 Python Data Source path costs by itself: a source that yields ready-made Arrow batches of the
@@ -209,19 +209,22 @@ def run(rows: int, big_rows: int, partition_counts: list[int], workdir: str, typ
                     case["read_pulsarwire_compressed"] = count / median(f"{label}: read pulsarwire, {compression}", [
                         lambda: to_noop(from_pulsar(topics[0] + "-c"))] * repeat)
                 if p > 2:
-                    case["read_pulsarwire_2_tasks"] = count / median(f"{label}: read pulsarwire, maxPartitions=2", [
-                        lambda: to_noop(from_pulsar(topics[0], maxPartitions="2"))] * repeat)
-                spark.dataSource.register(_floor_source(count // p, size, p))
+                    case["read_pulsarwire_task_a_partition"] = count / median(
+                        f"{label}: read pulsarwire, minPartitions={p}", [
+                            lambda: to_noop(from_pulsar(topics[0], minPartitions=str(p)))] * repeat)
+                tasks = from_pulsar(topics[0]).rdd.getNumPartitions()  # the floor reads in as many tasks
+                case["tasks"] = tasks
+                spark.dataSource.register(_floor_source(count // tasks, size, tasks))
                 case["read_floor"] = count / median(f"{label}: read floor", [
                     lambda: to_noop(spark.read.format("pulsarwire-floor").load())] * repeat)
                 # the value alone (.schema("value binary")), the one column Parquet holds
                 case["read_pulsarwire_value"] = count / median(f"{label}: read pulsarwire, value only", [
                     lambda: to_noop(from_pulsar(topics[0], "value binary"))] * repeat)
                 if p > 2:
-                    case["read_pulsarwire_value_2_tasks"] = count / median(
-                        f"{label}: read pulsarwire, value only, maxPartitions=2", [
-                            lambda: to_noop(from_pulsar(topics[0], "value binary", maxPartitions="2"))] * repeat)
-                spark.dataSource.register(_floor_source(count // p, size, p, "pulsarwire-floor-value", ["value"]))
+                    case["read_pulsarwire_value_task_a_partition"] = count / median(
+                        f"{label}: read pulsarwire, value only, minPartitions={p}", [
+                            lambda: to_noop(from_pulsar(topics[0], "value binary", minPartitions=str(p)))] * repeat)
+                spark.dataSource.register(_floor_source(count // tasks, size, tasks, "pulsarwire-floor-value", ["value"]))
                 case["read_floor_value"] = count / median(f"{label}: read floor, value only", [
                     lambda: to_noop(spark.read.format("pulsarwire-floor-value").load())] * repeat)
                 counted = from_pulsar(topics[0]).count()
@@ -303,28 +306,31 @@ def main(argv=None) -> None:
         shutil.rmtree(workdir, ignore_errors=True)
     print(f"local[2], the embedded broker in its own process; {args.values} values; rows/s (median of "
           f"{args.repeat}), and pulsarwire / Parquet")
-    print(f"{'':34}{'pulsarwire':>12}{'Parquet':>12}{'ratio':>7}{'Python floor':>14}{'floor/Parquet':>15}")
+    print(f"{'':44}{'pulsarwire':>12}{'Parquet':>12}{'ratio':>7}{'Python floor':>14}{'floor/Parquet':>15}")
     for case in result["cases"]:
         for what in ("write", "read"):
             label = f"{what}, {case['rows']:,} x {case['size']} B, {case['partitions']} part."
+            if what == "read" and case.get("tasks", case["partitions"]) != case["partitions"]:
+                label += f", {case['tasks']} tasks"
             ours, theirs, floor = case[f"{what}_pulsarwire"], case[f"{what}_parquet"], case[f"{what}_floor"]
-            print(f"{label:34}{ours:>12,.0f}{theirs:>12,.0f}{ours / theirs:>7.2f}{floor:>14,.0f}"
+            print(f"{label:44}{ours:>12,.0f}{theirs:>12,.0f}{ours / theirs:>7.2f}{floor:>14,.0f}"
                   f"{floor / theirs:>15.2f}")
             if f"{what}_pulsarwire_compressed" in case:
                 packed = case[f"{what}_pulsarwire_compressed"]
-                print(f"{'  the same, compression=' + args.compression:34}{packed:>12,.0f}{theirs:>12,.0f}"
+                print(f"{'  the same, compression=' + args.compression:44}{packed:>12,.0f}{theirs:>12,.0f}"
                       f"{packed / theirs:>7.2f}")
-            if what == "read" and "read_pulsarwire_2_tasks" in case:
-                grouped = case["read_pulsarwire_2_tasks"]
-                print(f"{'  the same, maxPartitions=2':34}{grouped:>12,.0f}{theirs:>12,.0f}{grouped / theirs:>7.2f}")
+            if what == "read" and "read_pulsarwire_task_a_partition" in case:
+                alone = case["read_pulsarwire_task_a_partition"]
+                label = f"  the same, minPartitions={case['partitions']}"
+                print(f"{label:44}{alone:>12,.0f}{theirs:>12,.0f}{alone / theirs:>7.2f}")
             if what == "read" and "read_pulsarwire_value" in case:
                 alone, floor = case["read_pulsarwire_value"], case["read_floor_value"]
-                print(f"{'  value only (.schema)':34}{alone:>12,.0f}{theirs:>12,.0f}{alone / theirs:>7.2f}"
+                print(f"{'  value only (.schema)':44}{alone:>12,.0f}{theirs:>12,.0f}{alone / theirs:>7.2f}"
                       f"{floor:>14,.0f}{floor / theirs:>15.2f}")
-                if "read_pulsarwire_value_2_tasks" in case:
-                    grouped = case["read_pulsarwire_value_2_tasks"]
-                    print(f"{'  value only, maxPartitions=2':34}{grouped:>12,.0f}{theirs:>12,.0f}"
-                          f"{grouped / theirs:>7.2f}")
+                if "read_pulsarwire_value_task_a_partition" in case:
+                    alone = case["read_pulsarwire_value_task_a_partition"]
+                    label = f"  value only, minPartitions={case['partitions']}"
+                    print(f"{label:44}{alone:>12,.0f}{theirs:>12,.0f}{alone / theirs:>7.2f}")
     if "typed" in result:
         typed = result["typed"]
         print(f"typed JSON read: {typed['read_typed']:,.0f} rows/s typed, {typed['read_bytes']:,.0f} as bytes, "

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
 from typing import TYPE_CHECKING, Any, Iterator, NamedTuple, Sequence
 
@@ -26,7 +27,8 @@ from .offsets import (
 )
 from .options import SourceOptions
 from .positions import (
-    _advance, _entry_at_or_after, _hold, _latest_all, _messages_per_entry, _resolve, _topic_partitions,
+    _advance, _entry_at_or_after, _first_at_or_after, _hold, _latest_all, _messages_per_entry, _resolve,
+    _topic_partitions,
 )
 from .reader import RangeGroup, RangePartition, _read_partition
 
@@ -38,23 +40,95 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pulsarwire.spark")
 
-def _pack(ranges: list[RangePartition], most: int | None) -> Sequence[RangePartition | RangeGroup]:
-    """At most `most` Spark partitions: ranges packed greedily, the largest (by entries, where
-    counted) first into the least loaded group. Fewer tasks cost Spark less per row when
-    partitions outnumber cores."""
+def _pack(ranges: list[RangePartition], most: int | None,
+          sizes: list[int] | None = None) -> Sequence[RangePartition | RangeGroup]:
+    """At most `most` Spark partitions: ranges packed greedily, the largest (by `sizes` where
+    given, else by entries where counted) first into the least loaded group. Fewer tasks cost
+    Spark less per row when partitions outnumber cores."""
     if not most or len(ranges) <= most:
         return ranges
 
-    def size(part: RangePartition) -> int:
+    def entries(part: RangePartition) -> int:
         counted = _entries_between(Boundary.from_json(part.start), Boundary.from_json(part.end))
         return 1 if counted is None else max(1, counted)
+    weights = sizes if sizes is not None else [entries(part) for part in ranges]
     groups: list[list[RangePartition]] = [[] for _ in range(most)]
     loads = [0] * most
-    for part in sorted(ranges, key=size, reverse=True):
+    for weight, part in sorted(zip(weights, ranges), key=lambda pair: pair[0], reverse=True):
         i = loads.index(min(loads))
         groups[i].append(part)
-        loads[i] += size(part)
+        loads[i] += weight
     return [RangeGroup(g) for g in groups if g]
+
+
+# A read with neither minPartitions nor maxPartitions packs small ranges as Spark's file sources
+# pack small files (spark.sql.files.maxPartitionBytes): tasks of up to this many bytes of values,
+# as many tasks as the cores at least. Spark spends 25-30 ms on each Python task, more than a
+# 100 B-row partition of a 1 M-row topic takes to read.
+TASK_BYTES = 128 << 20
+
+
+def _cores() -> int:
+    """The cores the planning process may run on. Spark's Python planner is told neither the
+    cluster's cores nor the session's settings; in local mode these are the machine's (or the
+    container's), on a cluster the driver's, which only sets how far small reads are packed."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+async def _range_bytes(client: Client, part: RangePartition, timeout: float) -> int | None:
+    """About how many bytes of values `part` holds: its entries times its first entry's size
+    (uncompressed), or None where its entries cannot be counted (they span ledgers) or none came."""
+    s, e = Boundary.from_json(part.start), Boundary.from_json(part.end)
+    start = MessageId(s.ledger, _first_unread_entry(s)) if s.ledger >= 0 else MessageId.earliest
+    try:
+        entry = await _first_at_or_after(client, part.topic, start, timeout)
+    except RuntimeError:  # no entry came: the read itself will say what is wrong
+        return None
+    if entry is None:
+        return 0
+    if entry.ledger_id != e.ledger:
+        return None
+    md = entry.metadata
+    each = md.uncompressed_size if md.HasField("uncompressed_size") else len(entry.payload)
+    return max(1, e.entry - entry.entry_id + 1) * max(1, each)
+
+
+async def _default_pack(client: Client, ranges: list[RangePartition],
+                        timeout: float) -> Sequence[RangePartition | RangeGroup]:
+    """`ranges` packed into fewer tasks where they outnumber the cores (see TASK_BYTES); a range
+    whose size is not known keeps a task of its own."""
+    cores = _cores()
+    if len(ranges) <= cores:
+        return ranges
+    sizes = await asyncio.gather(*(_range_bytes(client, part, timeout) for part in ranges))
+    known = [(part, size) for part, size in zip(ranges, sizes) if size is not None]
+    alone = [part for part, size in zip(ranges, sizes) if size is None]
+    total = sum(size for _, size in known)
+    groups = max(1, cores - len(alone), -(-total // TASK_BYTES))
+    if groups >= len(known):
+        return ranges
+    packed = _pack([part for part, _ in known], groups, [max(1, size) for _, size in known])
+    return [*packed, *alone]
+
+
+def _tasks_ask_broker(ranges: list[RangePartition], opts: SourceOptions) -> bool:
+    """Whether `_tasks` needs to look at entries (else it is `_pack` with maxPartitions)."""
+    if opts.min_partitions or opts.max_partitions:
+        return bool(opts.min_partitions and len(ranges) < opts.min_partitions)
+    return len(ranges) > _cores()
+
+
+async def _tasks(client: Client, ranges: list[RangePartition],
+                 opts: SourceOptions) -> Sequence[RangePartition | RangeGroup]:
+    """The Spark partitions that read `ranges`: cut (minPartitions), packed (maxPartitions), or,
+    with neither option, small ranges packed where they outnumber the cores."""
+    if opts.min_partitions or opts.max_partitions:
+        ranges = await _split(client, ranges, opts.min_partitions, opts.read_timeout)
+        return _pack(ranges, opts.max_partitions)
+    return await _default_pack(client, ranges, opts.read_timeout)
 
 
 def source_schema(opts: SourceOptions) -> StructType:
@@ -257,8 +331,7 @@ class PulsarBatchReader(DataSourceReader):
                     if end[topic].key() < start[topic].key():
                         raise PulsarSparkError(f"endingOffsets: {topic} ends at {end[topic].to_json()}, before "
                                                f"startingOffsets starts it ({start[topic].to_json()})")
-            ranges = await _split(client, _ranges(parts, start, end), opts.min_partitions, opts.read_timeout)
-            return _pack(ranges, opts.max_partitions)
+            return await _tasks(client, _ranges(parts, start, end), opts)
         return _run(_with_client(opts.client, plan))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -356,9 +429,8 @@ class PulsarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if e is not None and e.key() < s.key():  # re-created (failOnDataLoss=false): read it anew
                 begin[topic] = Boundary.before_everything()
         ranges = _ranges(parts, begin, finish)
-        if self.opts.min_partitions and len(ranges) < self.opts.min_partitions:
-            ranges = _run(_with_client(self.opts.client, lambda client: _split(
-                client, ranges, self.opts.min_partitions, self.opts.read_timeout)))
+        if _tasks_ask_broker(ranges, self.opts):
+            return _run(_with_client(self.opts.client, lambda client: _tasks(client, ranges, self.opts)))
         return _pack(ranges, self.opts.max_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

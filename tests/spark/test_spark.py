@@ -75,7 +75,7 @@ def test_batch_ranges_and_partitions(spark, embedded):
     topic = "persistent://public/default/" + unique("spark-ranges")
     embedded.call(embedded.broker.create_partitioned_topic, topic, 3)
     produce(embedded.url, topic, 0, 30, batch=1)
-    df = reader(spark, embedded.url, topic)
+    df = reader(spark, embedded.url, topic, minPartitions="3")  # one task a partition
     assert df.rdd.getNumPartitions() == 3
     rows = df.collect()
     assert sorted(r.value for r in rows) == sorted(b"v%d" % i for i in range(30))
@@ -1104,3 +1104,41 @@ def test_the_sink_and_the_source_work_against_pulsar_lite(spark, pulsar_lite):
             .option("topicsPattern", "persistent://public/default/spark-lite-.*").load().collect()
     # a topic with nothing in it, or not there (it cannot tell): no rows ("Topic has no messages")
     assert reader(spark, pulsar_lite.url, topic + "-none", **{"operation.timeout.seconds": "10"}).count() == 0
+
+
+def test_small_ranges_are_packed_by_default_as_spark_packs_small_files(spark, embedded, monkeypatch):
+    """Issue 28: with neither minPartitions nor maxPartitions, ranges that outnumber the cores are
+    packed into tasks of up to TASK_BYTES, at least one a core (Spark's cost per Python task is
+    more than a small partition's read); large ranges keep more tasks; each row is read once."""
+    from pulsarwire.spark import PulsarBatchReader, source_options
+    from pulsarwire.spark import source as planning
+    from pulsarwire.spark.reader import RangeGroup
+
+    topic = "persistent://public/default/" + unique("spark-packed")
+    embedded.call(embedded.broker.create_partitioned_topic, topic, 6)
+    for j in range(6):  # (by key, produce() would fill three partitions)
+        produce(embedded.url, f"{topic}-partition-{j}", 100 * j, 100, batch=10)
+    expected = min(6, planning._cores())
+    df = reader(spark, embedded.url, topic)
+    assert df.rdd.getNumPartitions() == expected
+    assert sorted(r.value for r in df.collect()) == sorted(b"v%d" % i for i in range(600))
+    assert reader(spark, embedded.url, topic, minPartitions="6").rdd.getNumPartitions() == 6
+
+    opts = source_options({"service.url": embedded.url, "topic": topic}, streaming=False)
+    monkeypatch.setattr(planning, "_cores", lambda: 2)
+    tasks = PulsarBatchReader(opts).partitions()
+    assert len(tasks) == 2 and all(isinstance(t, RangeGroup) for t in tasks)
+    assert sorted(r.partition for t in tasks for r in t.ranges) == list(range(6))
+    ranges = [r for t in tasks for r in t.ranges]
+
+    async def sizes(client):
+        import asyncio
+        return await asyncio.gather(*(planning._range_bytes(client, r, 5) for r in ranges))
+    total = sum(planning._run(planning._with_client(opts.client, sizes)))
+    assert total > 600 * 2  # the values' bytes and more (each message's metadata in its batch)
+    monkeypatch.setattr(planning, "TASK_BYTES", total // 4 + 1)  # four tasks' worth
+    tasks = PulsarBatchReader(opts).partitions()
+    assert len(tasks) == 4
+    assert sorted(r.partition for t in tasks for r in getattr(t, "ranges", [t])) == list(range(6))
+    monkeypatch.setattr(planning, "TASK_BYTES", 1)
+    assert len(PulsarBatchReader(opts).partitions()) == 6
