@@ -6,6 +6,7 @@ consecutive micro-batches neither overlap nor leave gaps.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import json
 import logging
 import os
@@ -52,13 +53,20 @@ def _pack(ranges: list[RangePartition], most: int | None,
         counted = _entries_between(Boundary.from_json(part.start), Boundary.from_json(part.end))
         return 1 if counted is None else max(1, counted)
     weights = sizes if sizes is not None else [entries(part) for part in ranges]
-    groups: list[list[RangePartition]] = [[] for _ in range(most)]
-    loads = [0] * most
-    for weight, part in sorted(zip(weights, ranges), key=lambda pair: pair[0], reverse=True):
-        i = loads.index(min(loads))
-        groups[i].append(part)
-        loads[i] += weight
-    return [RangeGroup(g) for g in groups if g]
+    return [RangeGroup([ranges[i] for i in group]) for group, _ in _groups(weights, most)]
+
+
+def _groups(weights: list[int], most: int) -> list[tuple[list[int], int]]:
+    """The indices of `weights` in at most `most` groups, the largest first into the least loaded
+    group, with each group's load; none empty."""
+    groups: list[list[int]] = [[] for _ in range(most)]
+    loads = [(0, g) for g in range(most)]  # a heap: the least loaded group first (the lowest index of equals)
+    for i in sorted(range(len(weights)), key=weights.__getitem__, reverse=True):
+        load, g = heapq.heappop(loads)
+        groups[g].append(i)
+        heapq.heappush(loads, (load + weights[i], g))
+    total = dict((g, load) for load, g in loads)
+    return [(group, total[g]) for g, group in enumerate(groups) if group]
 
 
 # A read with neither minPartitions nor maxPartitions packs small ranges as Spark's file sources
@@ -107,11 +115,26 @@ async def _default_pack(client: Client, ranges: list[RangePartition],
     known = [(part, size) for part, size in zip(ranges, sizes) if size is not None]
     alone = [part for part, size in zip(ranges, sizes) if size is None]
     total = sum(size for _, size in known)
-    groups = max(1, cores - len(alone), -(-total // TASK_BYTES))
-    if groups >= len(known):
+    weights = [max(1, size) for _, size in known]
+    most = max(1, cores - len(alone), -(-total // TASK_BYTES))
+
+    def fits(groups: list[tuple[list[int], int]]) -> bool:
+        return all(load <= TASK_BYTES or len(group) == 1 for group, load in groups)
+    if most >= len(known):
         return ranges
-    packed = _pack([part for part, _ in known], groups, [max(1, size) for _, size in known])
-    return [*packed, *alone]
+    found = _groups(weights, most)
+    if not fits(found):  # a group over TASK_BYTES: the fewest groups that fit, by bisection
+        low, high = most, len(known)  # high: a range a group, which fits
+        while high - low > 1:
+            middle = (low + high) // 2
+            if fits(_groups(weights, middle)):
+                high = middle
+            else:
+                low = middle
+        if high >= len(known):
+            return ranges
+        found = _groups(weights, high)
+    return [*(RangeGroup([known[i][0] for i in group]) for group, _ in found), *alone]
 
 
 def _tasks_ask_broker(ranges: list[RangePartition], opts: SourceOptions) -> bool:

@@ -1134,11 +1134,41 @@ def test_small_ranges_are_packed_by_default_as_spark_packs_small_files(spark, em
     async def sizes(client):
         import asyncio
         return await asyncio.gather(*(planning._range_bytes(client, r, 5) for r in ranges))
-    total = sum(planning._run(planning._with_client(opts.client, sizes)))
-    assert total > 600 * 2  # the values' bytes and more (each message's metadata in its batch)
-    monkeypatch.setattr(planning, "TASK_BYTES", total // 4 + 1)  # four tasks' worth
+    found = planning._run(planning._with_client(opts.client, sizes))
+    assert sum(found) > 600 * 2  # the values' bytes and more (each message's metadata in its batch)
+    monkeypatch.setattr(planning, "TASK_BYTES", 2 * max(found))  # two ranges a task
     tasks = PulsarBatchReader(opts).partitions()
-    assert len(tasks) == 4
+    assert len(tasks) == 3
     assert sorted(r.partition for t in tasks for r in getattr(t, "ranges", [t])) == list(range(6))
     monkeypatch.setattr(planning, "TASK_BYTES", 1)
     assert len(PulsarBatchReader(opts).partitions()) == 6
+
+
+@pytest.mark.parametrize("sizes_mib, cores, tasks", [
+    ([50] * 7, 2, 4),   # no task over 128 MiB where a range is not itself larger
+    ([100] * 3, 2, 3),
+    ([10] * 20, 2, 2),  # a task a core at least
+    ([0] * 16, 4, 4),
+    ([200, 0, 0, 0, 0, 0], 2, 2),  # a range larger than a task stays one task
+    ([1] * 8, 8, 8),    # no more ranges than cores: a task each
+])
+def test_default_packing_keeps_tasks_under_task_bytes_and_a_task_a_core(monkeypatch, sizes_mib, cores, tasks):
+    import asyncio
+
+    from pulsarwire.spark import source as planning
+    from pulsarwire.spark.reader import RangeGroup, RangePartition
+
+    ranges = [RangePartition(f"t-partition-{i}", i, [-1, -1, -1, 1], [0, 9, 2**31 - 1, 1])
+              for i in range(len(sizes_mib))]
+    sizes = {r.partition: mib << 20 for r, mib in zip(ranges, sizes_mib)}
+
+    async def size_of(client, part, timeout):
+        return sizes[part.partition]
+    monkeypatch.setattr(planning, "_range_bytes", size_of)
+    monkeypatch.setattr(planning, "_cores", lambda: cores)
+    planned = asyncio.run(planning._default_pack(None, ranges, 1.0))
+    assert len(planned) == tasks
+    groups = [p.ranges if isinstance(p, RangeGroup) else [p] for p in planned]
+    assert sorted(r.partition for g in groups for r in g) == list(range(len(ranges)))
+    for group in groups:
+        assert len(group) == 1 or sum(sizes[r.partition] for r in group) <= planning.TASK_BYTES
