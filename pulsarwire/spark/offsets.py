@@ -141,6 +141,11 @@ def _first_unread_entry(s: Boundary) -> int:
     return s.entry
 
 
+def _first_unread_id(s: Boundary) -> MessageId:
+    """Where a reader starts to read what follows boundary `s`: its first unread entry."""
+    return MessageId(s.ledger, _first_unread_entry(s)) if s.ledger >= 0 else MessageId.earliest
+
+
 def _entries_between(s: Boundary, e: Boundary) -> int | None:
     """Entries after `s` up to `e`: counted within one ledger, None (not known without asking
     the broker) across ledgers or from the earliest."""

@@ -12,7 +12,8 @@ from ..errors import UnsupportedByBrokerError
 from ..messages import MessageId
 from .errors import PulsarSparkError
 from .offsets import (
-    _WHOLE_ENTRY, Boundary, Position, TopicPartition, _admit, _first_unread_entry, _partition_index, _position, _where,
+    _WHOLE_ENTRY, Boundary, Position, TopicPartition, _admit, _first_unread_id, _partition_index,
+    _position, _where,
 )
 from .options import SourceOptions, _parse_offsets_spec
 
@@ -109,7 +110,7 @@ async def _entry_at_or_after(client: Client, topic: str, start: MessageId, timeo
 async def _messages_per_entry(client: Client, topic: str, s: Boundary, timeout: float) -> int:
     """How many messages the first unread entry after `s` holds: a message budget becomes an
     entry budget at that rate (producers batch alike from one entry to the next)."""
-    first = MessageId(s.ledger, _first_unread_entry(s)) if s.ledger >= 0 else MessageId.earliest
+    first = _first_unread_id(s)
     entry = await _first_at_or_after(client, topic, first, timeout)
     return 1 if entry is None else max(1, entry.num_messages)
 
@@ -125,7 +126,7 @@ async def _advance(client: Client, topic: str, s: Boundary, e: Boundary, budget:
         return s
     if s.ledger >= 0 and s.ledger == e.ledger:
         return _admit(s, e, budget)
-    first = MessageId(s.ledger, _first_unread_entry(s)) if s.ledger >= 0 else MessageId.earliest
+    first = _first_unread_id(s)
     found = await _entry_at_or_after(client, topic, first, timeout)
     if found is None or found > e.position:
         return e

@@ -19,12 +19,12 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StructField, StructType
 
-from ..messages import MessageId
 from .columns import HEADERS, SCHEMA
 from .connect import _run, _with_client
 from .errors import PulsarDataLossError, PulsarSparkError
 from .offsets import (
-    _WHOLE_ENTRY, Boundary, TopicPartition, _entries_between, _first_unread_entry, _partition_index, _share, canonical,
+    _WHOLE_ENTRY, Boundary, TopicPartition, _entries_between, _first_unread_entry, _first_unread_id, _partition_index,
+    _share, canonical,
 )
 from .options import SourceOptions
 from .positions import (
@@ -90,7 +90,7 @@ async def _range_bytes(client: Client, part: RangePartition, timeout: float) -> 
     """About how many bytes of values `part` holds: its entries times its first entry's size
     (uncompressed), or None where its entries cannot be counted (they span ledgers) or none came."""
     s, e = Boundary.from_json(part.start), Boundary.from_json(part.end)
-    start = MessageId(s.ledger, _first_unread_entry(s)) if s.ledger >= 0 else MessageId.earliest
+    start = _first_unread_id(s)
     try:
         entry = await _first_at_or_after(client, part.topic, start, timeout)
     except RuntimeError:  # no entry came: the read itself will say what is wrong
@@ -117,11 +117,11 @@ async def _default_pack(client: Client, ranges: list[RangePartition],
     total = sum(size for _, size in known)
     weights = [max(1, size) for _, size in known]
     most = max(1, cores - len(alone), -(-total // TASK_BYTES))
+    if most >= len(known):
+        return ranges
 
     def fits(groups: list[tuple[list[int], int]]) -> bool:
         return all(load <= TASK_BYTES or len(group) == 1 for group, load in groups)
-    if most >= len(known):
-        return ranges
     found = _groups(weights, most)
     if not fits(found):  # a group over TASK_BYTES: the fewest groups that fit, by bisection
         low, high = most, len(known)  # high: a range a group, which fits
@@ -315,7 +315,7 @@ async def _split(client: Client, ranges: list[RangePartition], want: int | None,
         if s.ledger >= 0 and s.ledger == e.ledger:
             first = _first_unread_entry(s)
         else:
-            start = MessageId(s.ledger, _first_unread_entry(s)) if s.ledger >= 0 else MessageId.earliest
+            start = _first_unread_id(s)
             found = await _entry_at_or_after(client, part.topic, start, timeout)
             if found is not None and found.ledger == e.ledger:
                 first = found.entry
