@@ -5,9 +5,9 @@
 local[2]; the embedded broker runs in its own process. For each value size (100 B: --rows rows;
 10 KiB: --big-rows rows) one cached DataFrame of 4 partitions is written to a topic of 1 and of 8
 partitions and to Parquet, and each is read back to Spark's noop sink (by default the source packs
-small ranges into a task a core; 8 partitions: also with minPartitions=8, one task a partition). Every step runs --repeat times, after a warm-up of every path;
-the median is reported. A typed JSON topic (a
-JSON schema, two fields) is read as typed columns and as bytes. Two floors show what Spark's
+small ranges into a task a core; 8 partitions: also with minPartitions=8, one task a partition).
+Every step runs --repeat times, after a warm-up of every path; the median is reported. A typed
+JSON topic (a JSON schema, two fields) is read as typed columns and as bytes. Two floors show what Spark's
 Python Data Source path costs by itself: a source that yields ready-made Arrow batches of the
 pulsarwire schema, and a sink that drops what it is given. Goals (issue 28): write and read at
 least 0.5 of Parquet; typed JSON at least 0.5 of bytes.
@@ -224,7 +224,8 @@ def run(rows: int, big_rows: int, partition_counts: list[int], workdir: str, typ
                     case["read_pulsarwire_value_task_a_partition"] = count / median(
                         f"{label}: read pulsarwire, value only, minPartitions={p}", [
                             lambda: to_noop(from_pulsar(topics[0], "value binary", minPartitions=str(p)))] * repeat)
-                spark.dataSource.register(_floor_source(count // tasks, size, tasks, "pulsarwire-floor-value", ["value"]))
+                spark.dataSource.register(
+                    _floor_source(count // tasks, size, tasks, "pulsarwire-floor-value", ["value"]))
                 case["read_floor_value"] = count / median(f"{label}: read floor, value only", [
                     lambda: to_noop(spark.read.format("pulsarwire-floor-value").load())] * repeat)
                 counted = from_pulsar(topics[0]).count()

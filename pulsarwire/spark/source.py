@@ -41,19 +41,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pulsarwire.spark")
 
-def _pack(ranges: list[RangePartition], most: int | None,
-          sizes: list[int] | None = None) -> Sequence[RangePartition | RangeGroup]:
-    """At most `most` Spark partitions: ranges packed greedily, the largest (by `sizes` where
-    given, else by entries where counted) first into the least loaded group. Fewer tasks cost
-    Spark less per row when partitions outnumber cores."""
+def _pack(ranges: list[RangePartition], most: int | None) -> Sequence[RangePartition | RangeGroup]:
+    """At most `most` Spark partitions: ranges packed greedily, the largest (by entries, where
+    counted) first into the least loaded group. Fewer tasks cost Spark less per row when
+    partitions outnumber cores."""
     if not most or len(ranges) <= most:
         return ranges
 
     def entries(part: RangePartition) -> int:
         counted = _entries_between(Boundary.from_json(part.start), Boundary.from_json(part.end))
         return 1 if counted is None else max(1, counted)
-    weights = sizes if sizes is not None else [entries(part) for part in ranges]
-    return [RangeGroup([ranges[i] for i in group]) for group, _ in _groups(weights, most)]
+    return [RangeGroup([ranges[i] for i in group]) for group, _ in _groups([entries(part) for part in ranges], most)]
 
 
 def _groups(weights: list[int], most: int) -> list[tuple[list[int], int]]:
@@ -65,7 +63,7 @@ def _groups(weights: list[int], most: int) -> list[tuple[list[int], int]]:
         load, g = heapq.heappop(loads)
         groups[g].append(i)
         heapq.heappush(loads, (load + weights[i], g))
-    total = dict((g, load) for load, g in loads)
+    total = {g: load for load, g in loads}
     return [(group, total[g]) for g, group in enumerate(groups) if group]
 
 
