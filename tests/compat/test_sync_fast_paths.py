@@ -91,6 +91,40 @@ def test_acknowledgements_reach_the_broker_when_closing_at_once(embedded):
         again.close()
 
 
+def test_acknowledgements_wake_the_loop_once_a_run_and_reach_the_broker_without_another_call(embedded, monkeypatch):
+    """A run of receive() + acknowledge() over queued messages does not wake the loop's thread
+    for each acknowledgement (they go when the caller is about to wait, a step of them is
+    queued, or the loop's own timer finds them); acknowledgements left queued by a caller that never calls again go within
+    the consumer's grouping all the same (a shutdown a moment later redelivers nothing)."""
+    topic = unique()
+    client = pulsar.Client(embedded.url)
+    consumer = client.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+    produce(client, topic, 40, batching=False)
+    deadline = time.monotonic() + 5
+    while len(consumer._queue) < 40 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    handover = consumer._handover
+    consumer.acknowledge(consumer.receive(5000))  # the first of all wakes the loop: no timer yet
+    time.sleep(0.002)
+    wakes = []
+    original = type(handover)._schedule
+
+    def counted(self):
+        wakes.append(len(self._items))
+        original(self)
+    monkeypatch.setattr(type(handover), "_schedule", counted)
+    for _ in range(39):
+        consumer.acknowledge(consumer.receive(5000))
+        time.sleep(0.001)  # work that lets the loop's thread run (the GIL released)
+    assert len(wakes) <= 5, wakes  # one a message was 39
+    time.sleep(0.5)  # nothing else called: HOLD (10 ms), then the consumer's 100 ms grouping
+    client.shutdown()  # at once: what is still queued is lost
+    with pulsar.Client(embedded.url) as again:
+        rest = again.subscribe(topic, "s")
+        with pytest.raises(pulsar.Timeout):
+            rest.receive(300)
+
+
 def test_unacknowledged_messages_come_again_after_close(embedded):
     topic = unique()
     with pulsar.Client(embedded.url) as client:
