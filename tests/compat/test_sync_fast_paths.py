@@ -91,11 +91,13 @@ def test_acknowledgements_reach_the_broker_when_closing_at_once(embedded):
         again.close()
 
 
-def test_acknowledgements_wake_the_loop_once_a_run_and_reach_the_broker_without_another_call(embedded, monkeypatch):
+def test_acknowledgements_wake_the_loop_once_a_run_and_reach_the_broker_without_another_call(
+        embedded, monkeypatch):
     """A run of receive() + acknowledge() over queued messages does not wake the loop's thread
     for each acknowledgement (they go when the caller is about to wait, a step of them is
-    queued, or the loop's own timer finds them); acknowledgements left queued by a caller that never calls again go within
-    the consumer's grouping all the same (a shutdown a moment later redelivers nothing)."""
+    queued, or the loop's own timer finds them); acknowledgements left queued by a caller that
+    never calls again go within the consumer's grouping all the same (a shutdown a moment later
+    redelivers nothing)."""
     topic = unique()
     client = pulsar.Client(embedded.url)
     consumer = client.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
