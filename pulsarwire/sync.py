@@ -124,10 +124,10 @@ class _Handover:
     permits of taken messages are counted apart (`taken`) and returned after the
     acknowledgements.
 
-    Acknowledgements go when the caller is about to wait for a message (`flush`: the loop's
-    thread then works while the caller sleeps), when `step` of them are queued, or at the latest
-    `HOLD` after the loop's thread last took some (its `_tick`), then wait out the consumer's
-    own grouping (ack_group_time_ms, 100 ms, as the official client's acknowledgmentGroupTime).
+    Acknowledgements go when `step` of them are queued, or at the latest `HOLD` after the loop's
+    thread last took some (its `_tick`; a caller about to wait for a message wakes the loop for
+    them only when no tick is armed, `before_wait`), then wait out the consumer's own grouping
+    (ack_group_time_ms, 100 ms, as the official client's acknowledgmentGroupTime).
     Waking the loop's thread at the first one of a run of receive() + acknowledge(), the next
     receive() waited for that wake-up (the write to the loop's pipe, then the GIL taken back
     from the woken thread: 16-60 us). Whatever is later handed to the loop (the consumer's
@@ -158,6 +158,15 @@ class _Handover:
     def flush(self) -> None:
         """Hand over now whatever is queued (the caller is about to wait, or to ask the loop)."""
         if (self.taken or self._items) and not self._scheduled:
+            self._schedule()
+
+    def before_wait(self) -> None:
+        """The caller is about to wait for a message: hand over only what no timer of the loop's
+        would take within HOLD. Acknowledgements wait out the consumer's grouping anyway, and
+        the permits of taken messages cannot be what the broker waits for: fewer than `step` are
+        held here (see Consumer._take) and the consumer returns them once half its receiver
+        queue is used, so the broker still holds more than a third of the queue's permits."""
+        if (self.taken or self._items) and not self._scheduled and self._tick is None:
             self._schedule()
 
     def _schedule(self) -> None:
@@ -1185,7 +1194,7 @@ class Consumer(_Listening):
     def _wait_and_take(self, timeout_millis: int | None) -> messages.Message:
         """_take(), waiting for a message; the asyncio consumer's errors when none can come."""
         self._loop.refuse_own_thread()
-        self._handover.flush()  # the permits of what was taken: the broker may be waiting for them
+        self._handover.before_wait()
         consumer, queue_ = self._consumer, self._queue
         deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000
         with queue_.ready_lock:  # (not `with queue_.ready`: see Producer._gate_lock)

@@ -94,10 +94,9 @@ def test_acknowledgements_reach_the_broker_when_closing_at_once(embedded):
 def test_acknowledgements_wake_the_loop_once_a_run_and_reach_the_broker_without_another_call(
         embedded, monkeypatch):
     """A run of receive() + acknowledge() over queued messages does not wake the loop's thread
-    for each acknowledgement (they go when the caller is about to wait, a step of them is
-    queued, or the loop's own timer finds them); acknowledgements left queued by a caller that
-    never calls again go within the consumer's grouping all the same (a shutdown a moment later
-    redelivers nothing)."""
+    for each acknowledgement (they go when a step of them is queued or the loop's own timer
+    finds them); acknowledgements left queued by a caller that never calls again go within the
+    consumer's grouping all the same (a shutdown a moment later redelivers nothing)."""
     topic = unique()
     client = pulsar.Client(embedded.url)
     consumer = client.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
@@ -121,6 +120,43 @@ def test_acknowledgements_wake_the_loop_once_a_run_and_reach_the_broker_without_
     assert len(wakes) <= 5, wakes  # one a message was 39
     time.sleep(0.5)  # nothing else called: HOLD (10 ms), then the consumer's 100 ms grouping
     client.shutdown()  # at once: what is still queued is lost
+    with pulsar.Client(embedded.url) as again:
+        rest = again.subscribe(topic, "s")
+        with pytest.raises(pulsar.Timeout):
+            rest.receive(300)
+
+
+def test_a_receive_about_to_wait_leaves_acknowledgements_to_the_loops_timer(embedded, monkeypatch):
+    """receive() + acknowledge() one message at a time (each receive() waits for the next
+    message) wakes the loop's thread for the first acknowledgement only: the rest are taken by
+    the loop's own timer (or a step of them); they reach the broker all the same."""
+    topic = unique()
+    client = pulsar.Client(embedded.url)
+    consumer = client.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+    producer = client.create_producer(topic, batching_enabled=False)
+    handover = consumer._handover
+    wakes = []
+    original = type(handover)._schedule
+
+    def counted(self):
+        wakes.append(len(self._items))
+        original(self)
+    monkeypatch.setattr(type(handover), "_schedule", counted)
+
+    def send():
+        for i in range(30):
+            time.sleep(0.005)  # each receive() below waits for its message
+            producer.send(b"%d" % i)
+    sender = threading.Thread(target=send)
+    sender.start()
+    for i in range(30):
+        message = consumer.receive(5000)
+        assert message.data() == b"%d" % i
+        consumer.acknowledge(message)
+    sender.join()
+    assert len(wakes) <= 5, wakes  # a wake-up before each wait was 30
+    time.sleep(0.5)  # HOLD (10 ms), then the consumer's 100 ms grouping
+    client.shutdown()
     with pulsar.Client(embedded.url) as again:
         rest = again.subscribe(topic, "s")
         with pytest.raises(pulsar.Timeout):
