@@ -91,6 +91,29 @@ def test_acknowledgements_reach_the_broker_when_closing_at_once(embedded):
         again.close()
 
 
+def count_hand_overs(consumer, monkeypatch):
+    """The wake-ups of the loop's thread that `consumer`'s hand-over asks for from now on."""
+    wakes = []
+    original = type(consumer._handover)._schedule
+
+    def counted(self):
+        wakes.append(len(self._items))
+        original(self)
+    monkeypatch.setattr(type(consumer._handover), "_schedule", counted)
+    return wakes
+
+
+def assert_acknowledged_without_another_call(embedded, client, topic):
+    """Nothing called for 0.5 s (HOLD, 10 ms, then the consumer's 100 ms grouping), then a
+    shutdown, which loses what is still queued: subscription "s" has nothing to deliver again."""
+    time.sleep(0.5)
+    client.shutdown()
+    with pulsar.Client(embedded.url) as again:
+        rest = again.subscribe(topic, "s")
+        with pytest.raises(pulsar.Timeout):
+            rest.receive(300)
+
+
 def test_acknowledgements_wake_the_loop_once_a_run_and_reach_the_broker_without_another_call(
         embedded, monkeypatch):
     """A run of receive() + acknowledge() over queued messages does not wake the loop's thread
@@ -104,26 +127,14 @@ def test_acknowledgements_wake_the_loop_once_a_run_and_reach_the_broker_without_
     deadline = time.monotonic() + 5
     while len(consumer._queue) < 40 and time.monotonic() < deadline:
         time.sleep(0.01)
-    handover = consumer._handover
     consumer.acknowledge(consumer.receive(5000))  # the first of all wakes the loop: no timer yet
     time.sleep(0.002)
-    wakes = []
-    original = type(handover)._schedule
-
-    def counted(self):
-        wakes.append(len(self._items))
-        original(self)
-    monkeypatch.setattr(type(handover), "_schedule", counted)
+    wakes = count_hand_overs(consumer, monkeypatch)
     for _ in range(39):
         consumer.acknowledge(consumer.receive(5000))
         time.sleep(0.001)  # work that lets the loop's thread run (the GIL released)
     assert len(wakes) <= 5, wakes  # one a message was 39
-    time.sleep(0.5)  # nothing else called: HOLD (10 ms), then the consumer's 100 ms grouping
-    client.shutdown()  # at once: what is still queued is lost
-    with pulsar.Client(embedded.url) as again:
-        rest = again.subscribe(topic, "s")
-        with pytest.raises(pulsar.Timeout):
-            rest.receive(300)
+    assert_acknowledged_without_another_call(embedded, client, topic)
 
 
 def test_a_receive_about_to_wait_leaves_acknowledgements_to_the_loops_timer(embedded, monkeypatch):
@@ -134,14 +145,7 @@ def test_a_receive_about_to_wait_leaves_acknowledgements_to_the_loops_timer(embe
     client = pulsar.Client(embedded.url)
     consumer = client.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
     producer = client.create_producer(topic, batching_enabled=False)
-    handover = consumer._handover
-    wakes = []
-    original = type(handover)._schedule
-
-    def counted(self):
-        wakes.append(len(self._items))
-        original(self)
-    monkeypatch.setattr(type(handover), "_schedule", counted)
+    wakes = count_hand_overs(consumer, monkeypatch)
 
     def send():
         for i in range(30):
@@ -155,12 +159,7 @@ def test_a_receive_about_to_wait_leaves_acknowledgements_to_the_loops_timer(embe
         consumer.acknowledge(message)
     sender.join()
     assert len(wakes) <= 5, wakes  # a wake-up before each wait was 30
-    time.sleep(0.5)  # HOLD (10 ms), then the consumer's 100 ms grouping
-    client.shutdown()
-    with pulsar.Client(embedded.url) as again:
-        rest = again.subscribe(topic, "s")
-        with pytest.raises(pulsar.Timeout):
-            rest.receive(300)
+    assert_acknowledged_without_another_call(embedded, client, topic)
 
 
 def test_unacknowledged_messages_come_again_after_close(embedded):
