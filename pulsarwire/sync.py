@@ -156,7 +156,8 @@ class _Handover:
             self._schedule()
 
     def flush(self) -> None:
-        """Hand over now whatever is queued (the caller is about to wait, or to ask the loop)."""
+        """Hand over now whatever is queued (a step of permits taken, a run taken or a listener's
+        drain done, or the caller is about to ask the loop)."""
         if (self.taken or self._items) and not self._scheduled:
             self._schedule()
 
@@ -166,8 +167,8 @@ class _Handover:
         the permits of taken messages cannot be what the broker waits for: fewer than `step` are
         held here (see Consumer._take) and the consumer returns them once half its receiver
         queue is used, so the broker still holds more than a third of the queue's permits."""
-        if (self.taken or self._items) and not self._scheduled and self._tick is None:
-            self._schedule()
+        if self._tick is None:
+            self.flush()
 
     def _schedule(self) -> None:
         self._scheduled = True
