@@ -576,12 +576,16 @@ class Producer(_Facade):
         # With batching, the loop leaves accepted sends queued until just before the batch they
         # join is due (`_HOLD_LEAD`), so a steady stream of sends costs one loop wake-up a batch
         # rather than one a run: the queue is held (`_holding`, under _gate) until the loop's hold
-        # timer, or until a caller wakes it: a blocking send() or a delayed message, a batch's
-        # worth queued, a caller about to wait for room.
+        # timer, or until a caller wakes it: a blocking send() or a delayed message, enough queued
+        # to fill the open batch, a caller about to wait for room.
         self._hold_delay: float = producer._batching_delay if producer._batching else 0.0
         self._hold_messages = min(producer._batching_max_messages, _HOLD_MAX_MESSAGES)
         self._hold_bytes: int = producer._batching_max_bytes
         self._holding = False
+        # while holding: a caller's send hands the queue over once this many (bytes) are queued,
+        # what fills the open batch (under _gate, set by the loop as it holds)
+        self._release_messages = self._hold_messages
+        self._release_bytes = self._hold_bytes
         self._queued_bytes = 0  # of the bytes contents queued (under _gate)
         self._urgent_queued = False  # a blocking send() or a delayed message is queued (under _gate)
         self._hold_timer: Any = None  # on the loop's thread only
@@ -738,7 +742,7 @@ class Producer(_Facade):
             if self._holding:
                 self._holding = False
                 start = True
-        if self._holding and (len(handing) >= self._hold_messages or self._queued_bytes >= self._hold_bytes):
+        if self._holding and (len(handing) >= self._release_messages or self._queued_bytes >= self._release_bytes):
             self._holding = False
             start = True
         return start
@@ -817,7 +821,7 @@ class Producer(_Facade):
                         producer.flush_batches(write_now=True)
                     return
                 if may_hold and self._hold_delay and not self._urgent_queued and not self._room_waiters \
-                        and len(runs) < self._hold_messages and self._queued_bytes < self._hold_bytes:
+                        and self._hold_for_open_batch(len(runs)):
                     due = runs[0][3] + self._hold_delay
                     open_due = producer.next_batch_due()
                     if open_due is not None and open_due < due:
@@ -851,6 +855,16 @@ class Producer(_Facade):
                     self._hand_over_task = _asyncio.ensure_future(self._hand_over_waiting())
                     return
                 runs.popleft()
+
+    def _hold_for_open_batch(self, queued: int) -> bool:
+        """Under _gate, on the loop: whether `queued` sends may be held, that is, would not fill
+        the open batch (counting from the open batch, not from an empty one: a run held for a
+        batch's worth after one sent alone would leave a full batch waiting out its delay).
+        Sets the count and bytes at which a caller's send hands the held queue over."""
+        room_messages, room_bytes = self._producer.batch_room()
+        self._release_messages = min(self._hold_messages, room_messages)
+        self._release_bytes = min(self._hold_bytes, room_bytes)
+        return queued < self._release_messages and self._queued_bytes < self._release_bytes
 
     def _hand_over_before_due(self) -> None:
         """On the loop, as a batch's delay runs out: the sends queued by now join it (a send made

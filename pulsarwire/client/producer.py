@@ -1041,6 +1041,17 @@ class Producer:
                 due = p.batch_due_at
         return due
 
+    def batch_room(self) -> tuple[int, int]:
+        """Messages and bytes that close the fullest open batch (a batch's worth when none is
+        open): sends held for a batch are handed over once they would fill it."""
+        messages, size = self._batching_max_messages, self._batching_max_bytes
+        for p in self._partitions:
+            batch = p._batch
+            if batch.num_messages:
+                messages = min(messages, self._batching_max_messages - batch.num_messages)
+                size = min(size, self._batching_max_bytes - batch.size)
+        return max(messages, 1), max(size, 1)
+
     def write_now(self) -> None:
         """Write the frames queued for the connections (batches closed, messages sent alone)
         without waiting for the loop's next turn."""

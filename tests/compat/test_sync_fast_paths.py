@@ -562,6 +562,27 @@ def test_held_sends_go_out_at_once_on_flush_send_and_a_full_batch(embedded):
         producer.close()
 
 
+def test_held_sends_that_fill_an_open_batch_go_out_with_it(embedded):
+    """Sends held while a batch is open are handed over once they would fill it, counted from
+    what the open batch holds already: a full batch never waits out its delay (10 s here)."""
+    topic = unique()
+    with pulsar.Client(embedded.url) as client:
+        producer = client.create_producer(topic, batching_enabled=True, batching_max_publish_delay_ms=10_000,
+                                          batching_max_messages=20, block_if_queue_full=True)
+
+        async def open_a_batch():
+            return await producer._producer.send_async(b"first")  # in the open batch, its timer armed
+        first = client._loop.run(open_a_batch())
+        answered = threading.Semaphore(0)
+        started = time.monotonic()
+        for i in range(19):  # with "first": one full batch
+            producer.send_async(b"%d" % i, lambda result, message_id: answered.release())
+        for _ in range(19):
+            assert answered.acquire(timeout=5)
+        assert time.monotonic() - started < 5 and first.done()
+        producer.close()
+
+
 def test_a_send_alone_is_written_from_the_callers_thread_and_answers_on_the_loops(embedded):
     """A send with nothing queued or in flight before it (a send() loop, sends far apart) goes to
     the socket from the caller's thread while the loop's thread waits for I/O: no hand-over; its
@@ -581,7 +602,9 @@ def test_a_send_alone_is_written_from_the_callers_thread_and_answers_on_the_loop
         producer.send_async(b"50", lambda result, message_id: (threads.append(threading.current_thread()),
                                                                done.set()))
         assert done.wait(5)
-        assert len(handed) <= 5  # a hand-over each would be 51 (a few where the loop's thread was busy)
+        # a hand-over each would be 51; a few find the loop's thread busy (0-3 in most runs of this
+        # file on a 2-core VM, 6 and 12 seen once each in some 40)
+        assert len(handed) <= 15
         assert threads == [client._loop.thread]
         assert [consumer.receive(5000).data() for _ in range(51)] == [b"%d" % i for i in range(51)]
 
@@ -774,6 +797,9 @@ def test_ctrl_c_while_a_send_dispatches_for_the_loop_loses_nothing(embedded, mon
             got.append(message.data())
             consumer.acknowledge(message)
         assert got == [b"%d" % i for i in range(400)]
+        # a socket given back while the loop's thread was busy is given back there, a callback
+        # scheduled for it (_give_reads_back): one turn of the loop runs what is scheduled
+        client._loop.call(lambda: None)
         assert client._loop._read_owners == {}
         # no input was dropped and then made good by a reconnection (a send timing out, 30 s)
         assert producer._producer._partitions[0].conn is connection and not connection.closed
