@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import math
 import os
 import select
 import selectors
@@ -104,7 +105,8 @@ class LoopThread:
             except RuntimeError:  # closed meanwhile: nothing left to run it
                 pass
 
-    def read_while_waiting(self, sock: Any, done: Callable[[], bool], waiting: Any) -> None:
+    def read_while_waiting(self, sock: Any, done: Callable[[], bool], waiting: Any,
+                           timeout: float | None = None) -> bool:
         """Wait until `done()` on the caller's thread by reading `sock` itself, as the loop's thread
         would: the kernel wakes the caller when the answer arrives and the caller dispatches it, in
         place of a wake-up of the loop's thread and then one of the caller (two wake-ups, each tens
@@ -117,20 +119,24 @@ class LoopThread:
         are held back while the loop's work runs here (`timers.hold_signals`): the wait itself
         stays interruptible, never a dispatch or the giving back. A socket whose caller left
         without giving it back anyway (a signal in the instants between) is given back by the
-        loop's thread within `OWNERS_CHECKED_EVERY` (`_check_read_owners`)."""
+        loop's thread within `OWNERS_CHECKED_EVERY` (`_check_read_owners`). `timeout` (seconds)
+        bounds the wait. True when it ended with `done()`, or with no input for 100 ms or the
+        timeout: the caller may wait this way again; False when it could not go on (the caller
+        waits its own way)."""
         if self._borrowing is None or sock is None or not hasattr(os, "eventfd"):
-            return
+            return False
         fd = sock.fileno()
         me = threading.get_ident()
         if fd < 0:
-            return
+            return False
+        idle_ms = 100 if timeout is None else max(0, min(100, math.ceil(timeout * 1000)))
         try:  # before the socket is taken: nothing may fail between taking it and the finally below
             wake = self._wake_fds.pop() if self._wake_fds else os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
             poller = select.poll()
             poller.register(fd, select.POLLIN)
             poller.register(wake, select.POLLIN)
         except OSError:  # out of descriptors, say: wait the caller's own way
-            return
+            return False
         held = timers.hold_signals()
         try:
             owned = False
@@ -146,16 +152,16 @@ class LoopThread:
                     self.give_back()
             if not owned:
                 self._wake_fds.append(wake)
-                return
+                return False
             waiting.wake_thread = me
             waiting.wake_fd = wake
             try:
                 timers.release_signals(held)  # a signal held meanwhile is raised here: the finally gives back
                 held = None
                 while not done():
-                    ready = poller.poll(100)
+                    ready = poller.poll(idle_ms)
                     if not ready:
-                        return
+                        return True
                     readable = False
                     for ready_fd, events in ready:
                         if ready_fd == wake:
@@ -164,11 +170,12 @@ class LoopThread:
                             except BlockingIOError:
                                 pass
                         elif events & select.POLLNVAL:
-                            return  # closed under the wait: the loop's thread has seen to it
+                            return False  # closed under the wait: the loop's thread has seen to it
                         else:
                             readable = True
                     if readable and not self._read_borrowed(fd):
-                        return
+                        return False
+                return True
             finally:
                 held = timers.hold_signals()
                 waiting.wake_fd = -1

@@ -530,6 +530,16 @@ class _Awaited(_Sent):
 _NO_SEND_OPTIONS: dict[str, Any] = {}
 
 
+def _only_socket(partitions: list[Any]) -> Any:
+    """The socket of the connection of a producer's or consumer's one partition, or None (several
+    partitions, not connected): what a caller reads itself while it waits."""
+    if len(partitions) != 1:
+        return None
+    conn = partitions[0].conn
+    transport = None if conn is None else conn.transport
+    return None if transport is None else transport.get_extra_info("socket")
+
+
 def _send_options(properties: dict[str, str] | None, partition_key: str | None, ordering_key: str | None,
                   sequence_id: int | None, replication_clusters: list[str] | None, disable_replication: bool,
                   event_timestamp: int | None, deliver_at: int | None,
@@ -643,12 +653,7 @@ class Producer(_Facade):
 
     def _socket(self) -> Any:
         """The socket of the connection a send() waits on (a producer of one partition), or None."""
-        partitions = self._producer._partitions
-        if len(partitions) != 1:
-            return None
-        conn = partitions[0].conn
-        transport = None if conn is None else conn.transport
-        return None if transport is None else transport.get_extra_info("socket")
+        return _only_socket(self._producer._partitions)
 
     def send_async(self, content: Any, callback: Callable[[Result, MessageId], None] | None,
                    properties: dict[str, str] | None = None, partition_key: str | None = None,
@@ -1212,6 +1217,9 @@ class Consumer(_Listening):
         self._handover.before_wait()
         consumer, queue_ = self._consumer, self._queue
         deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000
+        native = self._read_while_waiting(deadline)
+        if native is not None:
+            return native
         with queue_.ready_lock:  # (not `with queue_.ready`: see Producer._gate_lock)
             queue_.threads_waiting += 1
             try:
@@ -1234,6 +1242,40 @@ class Consumer(_Listening):
                     queue_.ready.wait(wait)
             finally:
                 queue_.threads_waiting -= 1
+
+    def _read_while_waiting(self, deadline: float | None) -> messages.Message | None:
+        """Wait for the next message by reading the connection's socket in this thread while the
+        loop's thread waits for I/O (LoopThread.read_while_waiting): the message is parsed,
+        queued and taken here, without a wake-up of the loop's thread and then of this one.
+        None when this cannot go on (another thread reads the socket, the loop's thread is
+        busy, the consumer has several connections), once the consumer closed or failed, or at
+        the deadline: the caller waits its own way and sees to those."""
+        sock = self._socket()
+        if sock is None:
+            return None
+        consumer, queue_, loop = self._consumer, self._queue, self._loop
+
+        def done() -> bool:
+            return bool(len(queue_)) or self._closed or consumer._closed or consumer._error is not None
+
+        while True:
+            timeout = None
+            if deadline is not None:
+                timeout = deadline - time.monotonic()
+                if timeout <= 0:
+                    return None
+            if not loop.read_while_waiting(sock, done, queue_, timeout):
+                return None
+            native = self._take()
+            if native is not None:
+                return native
+            if self._closed or consumer._closed or consumer._error is not None or loop.stopped \
+                    or consumer._ended():
+                return None
+
+    def _socket(self) -> Any:
+        """The socket of the consumer's one connection, or None (several partitions, none yet)."""
+        return _only_socket(self._consumer._partitions)
 
     def batch_receive(self) -> list[Message]:
         """Messages up to the batch receive policy's count or bytes, or what came within its timeout."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
 import threading
 import time
 from typing import Any, Callable
@@ -72,6 +73,10 @@ class MessageQueue:
         self.ready = threading.Condition(self.ready_lock)
         self.threads_waiting = 0
         self.arrival_hook: Callable[[], None] | None = None  # called on the loop once per delivered entry
+        # while a caller reads the connection's socket itself for its next message
+        # (LoopThread.read_while_waiting): the eventfd that wakes it, and its thread
+        self.wake_fd = -1
+        self.wake_thread = 0
 
     def __len__(self) -> int:
         return len(self._items)
@@ -115,6 +120,12 @@ class MessageQueue:
         if self.threads_waiting:
             with self.ready:
                 self.ready.notify_all()
+        wake = self.wake_fd
+        if wake >= 0 and threading.get_ident() != self.wake_thread:
+            try:
+                os.eventfd_write(wake, 1)
+            except OSError:  # closed meanwhile (the client shut down): nobody waits on it
+                pass
         hook = self.arrival_hook
         if hook is not None:
             hook()

@@ -162,6 +162,73 @@ def test_a_receive_about_to_wait_leaves_acknowledgements_to_the_loops_timer(embe
     assert_acknowledged_without_another_call(embedded, client, topic)
 
 
+def _readers_of_consumers_input(monkeypatch):
+    """The thread of each read of a connection that carries a consumer, from now on."""
+    from pulsarwire.client.connection import Connection
+    readers = []
+    real = Connection.data_received
+
+    def data_received(self, data):
+        if self.consumers:
+            readers.append(threading.current_thread())
+        return real(self, data)
+    monkeypatch.setattr(Connection, "data_received", data_received)
+    return readers
+
+
+def test_a_receive_that_waits_reads_its_message_in_its_own_thread(embedded, monkeypatch):
+    """receive() waiting for the next message reads the connection's socket itself while the
+    loop's thread waits for I/O: the message is parsed and taken in the caller's thread, with no
+    wake-up of the loop's thread and then of the caller's."""
+    topic = unique()
+    with pulsar.Client(embedded.url) as client, pulsar.Client(embedded.url) as other:
+        consumer = client.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+        producer = other.create_producer(topic, batching_enabled=False)
+        readers = _readers_of_consumers_input(monkeypatch)
+
+        def send():
+            for i in range(30):
+                time.sleep(0.005)  # each receive() below waits for its message
+                producer.send(b"%d" % i)
+        sender = threading.Thread(target=send)
+        sender.start()
+        for i in range(30):
+            message = consumer.receive(5000)
+            assert message.data() == b"%d" % i
+            consumer.acknowledge(message)
+        sender.join()
+        mine = sum(reader is threading.current_thread() for reader in readers)
+        assert mine >= 15, (mine, len(readers))  # all of them but where the loop's thread was busy
+        assert client._loop._read_owners == {}  # given back as each receive() returned
+
+
+def test_a_receive_reading_its_socket_keeps_its_timeout_and_answers_a_close(embedded):
+    with pulsar.Client(embedded.url) as client:
+        consumer = client.subscribe(unique(), "s")
+        started = time.monotonic()
+        with pytest.raises(pulsar.Timeout):
+            consumer.receive(150)
+        assert 0.14 <= time.monotonic() - started < 1
+        errors = []
+
+        def wait():
+            try:
+                consumer.receive()
+            except Exception as exc:  # noqa: BLE001
+                errors.append(exc)
+        thread = threading.Thread(target=wait)
+        thread.start()
+        time.sleep(0.05)
+        assert client._loop._read_owners  # the waiting receive() reads the socket
+        started = time.monotonic()
+        consumer.close()  # its answer comes on the socket that receive() reads
+        thread.join(5)
+        assert not thread.is_alive() and isinstance(errors[0], pulsar.AlreadyClosed)
+        assert time.monotonic() - started < 1
+        client._loop.call(lambda: None)  # (see test_ctrl_c_while_a_send_dispatches_for_the_loop_loses_nothing)
+        assert client._loop._read_owners == {}
+
+
 def test_unacknowledged_messages_come_again_after_close(embedded):
     topic = unique()
     with pulsar.Client(embedded.url) as client:
@@ -803,6 +870,37 @@ def test_ctrl_c_while_a_send_dispatches_for_the_loop_loses_nothing(embedded, mon
         assert client._loop._read_owners == {}
         # no input was dropped and then made good by a reconnection (a send timing out, 30 s)
         assert producer._producer._partitions[0].conn is connection and not connection.closed
+
+
+def test_ctrl_c_while_a_receive_dispatches_for_the_loop_loses_nothing(embedded, monkeypatch):
+    """A KeyboardInterrupt on the main thread while its receive() dispatches the connection's
+    input comes once that dispatch is done: the message it queued is the next receive()'s."""
+    topic = unique()
+    with pulsar.Client(embedded.url) as client, pulsar.Client(embedded.url) as feeding:
+        consumer = client.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+        feeder = feeding.create_producer(topic, batching_enabled=False)
+
+        def feed():
+            for i in range(200):
+                feeder.send(b"%d" % i)
+                time.sleep(0.0005)
+        fed = threading.Thread(target=feed)
+        left = _interrupt_in_dispatch(client, monkeypatch, 10)
+        fed.start()
+        got, interrupted = [], 0
+        while len(got) < 200:
+            try:
+                message = consumer.receive(5000)
+            except (KeyboardInterrupt, pulsar.Interrupted):
+                interrupted += 1
+                continue
+            got.append(message.data())
+            consumer.acknowledge(message)
+        fed.join(30)
+        assert got == [b"%d" % i for i in range(200)]
+        assert interrupted == 10 - left[0] and interrupted > 0
+        client._loop.call(lambda: None)
+        assert client._loop._read_owners == {}
 
 
 def test_a_socket_its_caller_left_without_giving_back_goes_back_to_the_loop(embedded, monkeypatch):
