@@ -229,6 +229,35 @@ def test_a_receive_reading_its_socket_keeps_its_timeout_and_answers_a_close(embe
         assert client._loop._read_owners == {}
 
 
+def test_a_waiting_receive_and_sends_on_the_same_connection_each_get_their_answer(embedded):
+    """A receive() reading the connection's socket while another thread's send() waits for its
+    receipt there: one of them reads, the other's answer comes all the same, in order."""
+    topic = unique()
+    with pulsar.Client(embedded.url) as client, pulsar.Client(embedded.url) as other:
+        consumer = client.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+        producer = client.create_producer(unique(), batching_enabled=False)
+        feeder = other.create_producer(topic, batching_enabled=False)
+        got = []
+
+        def receive():
+            for _ in range(40):
+                message = consumer.receive(5000)
+                got.append(message.data())
+                consumer.acknowledge(message)
+        receiver = threading.Thread(target=receive)
+        receiver.start()
+        started = time.monotonic()
+        ids = []
+        for i in range(40):
+            ids.append(producer.send(b"%d" % i))
+            feeder.send_async(b"%d" % i, None)
+        feeder.flush()
+        receiver.join(10)
+        assert not receiver.is_alive() and got == [b"%d" % i for i in range(40)]
+        assert len({(i.ledger_id(), i.entry_id()) for i in ids}) == 40
+        assert time.monotonic() - started < 5
+
+
 def test_unacknowledged_messages_come_again_after_close(embedded):
     topic = unique()
     with pulsar.Client(embedded.url) as client:
