@@ -114,6 +114,22 @@ def assert_acknowledged_without_another_call(embedded, client, topic):
             rest.receive(300)
 
 
+def receive_one_at_a_time(consumer, producer, count=30):
+    """`producer` sends `count` messages 5 ms apart from another thread while this one receives
+    and acknowledges each in order: each receive() waits for its message."""
+    def send():
+        for i in range(count):
+            time.sleep(0.005)
+            producer.send(b"%d" % i)
+    sender = threading.Thread(target=send)
+    sender.start()
+    for i in range(count):
+        message = consumer.receive(5000)
+        assert message.data() == b"%d" % i
+        consumer.acknowledge(message)
+    sender.join()
+
+
 def test_acknowledgements_wake_the_loop_once_a_run_and_reach_the_broker_without_another_call(
         embedded, monkeypatch):
     """A run of receive() + acknowledge() over queued messages does not wake the loop's thread
@@ -146,18 +162,7 @@ def test_a_receive_about_to_wait_leaves_acknowledgements_to_the_loops_timer(embe
     consumer = client.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
     producer = client.create_producer(topic, batching_enabled=False)
     wakes = count_hand_overs(consumer, monkeypatch)
-
-    def send():
-        for i in range(30):
-            time.sleep(0.005)  # each receive() below waits for its message
-            producer.send(b"%d" % i)
-    sender = threading.Thread(target=send)
-    sender.start()
-    for i in range(30):
-        message = consumer.receive(5000)
-        assert message.data() == b"%d" % i
-        consumer.acknowledge(message)
-    sender.join()
+    receive_one_at_a_time(consumer, producer)
     assert len(wakes) <= 5, wakes  # a wake-up before each wait was 30
     assert_acknowledged_without_another_call(embedded, client, topic)
 
@@ -185,48 +190,19 @@ def test_a_receive_that_waits_reads_its_message_in_its_own_thread(embedded, monk
         consumer = client.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
         producer = other.create_producer(topic, batching_enabled=False)
         readers = _readers_of_consumers_input(monkeypatch)
-
-        def send():
-            for i in range(30):
-                time.sleep(0.005)  # each receive() below waits for its message
-                producer.send(b"%d" % i)
-        sender = threading.Thread(target=send)
-        sender.start()
-        for i in range(30):
-            message = consumer.receive(5000)
-            assert message.data() == b"%d" % i
-            consumer.acknowledge(message)
-        sender.join()
+        receive_one_at_a_time(consumer, producer)
         mine = sum(reader is threading.current_thread() for reader in readers)
         assert mine >= 15, (mine, len(readers))  # all of them but where the loop's thread was busy
         assert client._loop._read_owners == {}  # given back as each receive() returned
 
 
-def test_a_receive_reading_its_socket_keeps_its_timeout_and_answers_a_close(embedded):
+def test_a_receive_reading_its_socket_keeps_its_timeout(embedded):
     with pulsar.Client(embedded.url) as client:
         consumer = client.subscribe(unique(), "s")
         started = time.monotonic()
         with pytest.raises(pulsar.Timeout):
             consumer.receive(150)
         assert 0.14 <= time.monotonic() - started < 1
-        errors = []
-
-        def wait():
-            try:
-                consumer.receive()
-            except Exception as exc:  # noqa: BLE001
-                errors.append(exc)
-        thread = threading.Thread(target=wait)
-        thread.start()
-        time.sleep(0.05)
-        assert client._loop._read_owners  # the waiting receive() reads the socket
-        started = time.monotonic()
-        consumer.close()  # its answer comes on the socket that receive() reads
-        thread.join(5)
-        assert not thread.is_alive() and isinstance(errors[0], pulsar.AlreadyClosed)
-        assert time.monotonic() - started < 1
-        client._loop.call(lambda: None)  # (see test_ctrl_c_while_a_send_dispatches_for_the_loop_loses_nothing)
-        assert client._loop._read_owners == {}
 
 
 def test_a_waiting_receive_and_sends_on_the_same_connection_each_get_their_answer(embedded):
@@ -288,9 +264,14 @@ def test_a_receive_waiting_when_the_consumer_closes_answers(embedded):
         thread = threading.Thread(target=wait)
         thread.start()
         thread.join(0.3)
-        consumer.close()
+        assert client._loop._read_owners  # the waiting receive() reads the connection's socket
+        started = time.monotonic()
+        consumer.close()  # the broker's answer comes on that socket
         thread.join(5)
         assert not thread.is_alive() and isinstance(errors[0], pulsar.AlreadyClosed)
+        assert time.monotonic() - started < 1
+        client._loop.call(lambda: None)  # (see test_ctrl_c_while_a_send_dispatches_for_the_loop_loses_nothing)
+        assert client._loop._read_owners == {}
 
 
 def test_batch_receive_takes_what_is_queued(embedded):
