@@ -1269,8 +1269,7 @@ class Consumer(_Listening):
             native = self._take()
             if native is not None:
                 return native
-            if self._closed or consumer._closed or consumer._error is not None or loop.stopped \
-                    or consumer._ended():
+            if done() or loop.stopped or consumer._ended():  # closed, failed (or a message just came)
                 return None
 
     def _socket(self) -> Any:
