@@ -21,7 +21,6 @@ import functools
 import inspect
 import itertools
 import logging
-import os
 import queue
 import re
 import threading
@@ -516,9 +515,7 @@ class _Awaited(_Sent):
     def _report(self, error: BaseException | None, message_id: messages.MessageId | None) -> None:
         self.error, self.message_id = error, message_id
         self._finished.release()
-        wake = self.wake_fd
-        if wake >= 0 and threading.get_ident() != self.wake_thread:
-            os.eventfd_write(wake, 1)
+        timers.wake_reader(self)
 
     def answered(self) -> bool:
         return not self._finished.locked()

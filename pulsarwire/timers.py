@@ -9,6 +9,7 @@ import asyncio
 import heapq
 import itertools
 import math
+import os
 import select as _select
 import signal as _signal
 import selectors
@@ -16,7 +17,7 @@ import sys
 import threading
 import time
 import types
-from typing import Callable
+from typing import Any, Callable
 
 if hasattr(selectors, "EpollSelector"):
     class _SubMillisecondSelector(selectors.EpollSelector):
@@ -93,6 +94,19 @@ else:  # pragma: no cover - not Linux
 
     def has_precise_timers(loop: asyncio.AbstractEventLoop) -> bool:
         return False
+
+
+
+def wake_reader(waiting: Any) -> None:
+    """From any thread but its own, wake a caller that reads a loop's socket itself while it waits
+    on `waiting` (`LoopThread.read_while_waiting` sets its `wake_fd` and `wake_thread`): its
+    eventfd is written. Nothing while no caller reads."""
+    wake = waiting.wake_fd
+    if wake >= 0 and threading.get_ident() != waiting.wake_thread:
+        try:
+            os.eventfd_write(wake, 1)
+        except OSError:  # closed meanwhile (the client shut down): nobody waits on it
+            pass
 
 
 class Borrowing:

@@ -6,12 +6,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import os
 import threading
 import time
 from typing import Any, Callable
 
-from .. import codec
+from .. import codec, timers
 from .._proto import PulsarApi_pb2 as pb
 from ..errors import (
     AlreadyClosedError, CodecError, ConnectionClosedError, CumulativeAcknowledgementNotAllowedError,
@@ -120,12 +119,7 @@ class MessageQueue:
         if self.threads_waiting:
             with self.ready:
                 self.ready.notify_all()
-        wake = self.wake_fd
-        if wake >= 0 and threading.get_ident() != self.wake_thread:
-            try:
-                os.eventfd_write(wake, 1)
-            except OSError:  # closed meanwhile (the client shut down): nobody waits on it
-                pass
+        timers.wake_reader(self)
         hook = self.arrival_hook
         if hook is not None:
             hook()
