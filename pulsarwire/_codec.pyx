@@ -42,6 +42,7 @@ from ._codec_py import (  # framing of outgoing commands is protobuf-bound: one 
     DEFAULT_MAX_FRAME_SIZE, DEFAULT_MAX_MESSAGE_SIZE, FRAME_PADDING, MAGIC_BROKER_ENTRY_METADATA,
     MAGIC_CRC32C, decompress_payload, encode_command, encode_metadata_and_payload,
     encode_payload_command, encode_payload_frame, encode_payload_frame_head, encode_single_message_metadata,
+    metadata_and_payload_size,
 )
 from ._codec_py import (  # Columns' field list, its Python-level helpers, and a non-batch payload's row
     _COLUMN_FIELDS, _column_fields, _columns_row, _columns_to_arrow, _empty_columns, _stable_view,
@@ -2705,3 +2706,115 @@ cdef bytes _send_receipt(producer_id, sequence_id, highest_sequence_id, ledger_i
     frame[7] = <uint8_t>(total - 4)
     return PyBytes_FromStringAndSize(<const char*>frame, f)
 
+
+
+def encode_send(producer_id, sequence_id, highest_sequence_id, num_messages, producer_name, publish_time,
+                payload, batched, schema_version=None, compression=0, uncompressed_size=0):
+    """A producer's SEND frame for a message or a batch without per-send options, byte for byte
+    what the pure twin builds through protobuf (see there), written without building a message."""
+    cdef uint8_t send[64]
+    cdef uint8_t command[80]
+    cdef Py_ssize_t s = 0, c = 0, m = 0, md_cap, total, crc_at
+    cdef uint64_t first = <uint64_t>sequence_id, highest = <uint64_t>highest_sequence_id
+    cdef int64_t count = <int32_t>num_messages
+    cdef bytes name = PyUnicode_AsUTF8String(producer_name)
+    cdef Py_ssize_t name_size = PyBytes_GET_SIZE(name)
+    cdef bytes version = None if schema_version is None else bytes(schema_version)
+    cdef Py_ssize_t version_size = 0 if version is None else PyBytes_GET_SIZE(version)
+    cdef uint64_t kind = <uint64_t>compression
+    cdef uint32_t unpacked = <uint32_t>uncompressed_size
+    cdef uint8_t* md
+    cdef uint8_t* out
+    cdef bytes frame
+    cdef Py_buffer body
+    # CommandSend: 1 producer_id, 2 sequence_id, 3 num_messages (int32), 6 highest_sequence_id
+    send[s] = 0x08
+    s += 1
+    s += _put_varint(send + s, <uint64_t>producer_id)
+    send[s] = 0x10
+    s += 1
+    s += _put_varint(send + s, first)
+    send[s] = 0x18
+    s += 1
+    s += _put_varint(send + s, <uint64_t>count)
+    if highest != first:
+        send[s] = 0x30
+        s += 1
+        s += _put_varint(send + s, highest)
+    # BaseCommand: 1 type = SEND (6), 6 send
+    command[0] = 0x08
+    command[1] = 0x06
+    command[2] = 0x32
+    c = 3
+    c += _put_varint(command + c, <uint64_t>s)
+    memcpy(command + c, send, s)
+    c += s
+    # MessageMetadata: 1 producer_name, 2 sequence_id, 3 publish_time, 8 compression,
+    # 9 uncompressed_size, 11 num_messages_in_batch, 16 schema_version, 24 highest_sequence_id
+    md_cap = 1 + 10 + name_size + 1 + 10 + 1 + 10 + 1 + 10 + 1 + 10 + 1 + 10 + 2 + 10 + version_size + 2 + 10
+    md = <uint8_t*>PyMem_Malloc(md_cap)
+    if md == NULL:
+        raise MemoryError()
+    try:
+        md[m] = 0x0A
+        m += 1
+        m += _put_varint(md + m, <uint64_t>name_size)
+        memcpy(md + m, PyBytes_AS_STRING(name), name_size)
+        m += name_size
+        md[m] = 0x10
+        m += 1
+        m += _put_varint(md + m, first)
+        md[m] = 0x18
+        m += 1
+        m += _put_varint(md + m, <uint64_t>publish_time)
+        if kind:
+            md[m] = 0x40
+            m += 1
+            m += _put_varint(md + m, kind)
+            md[m] = 0x48
+            m += 1
+            m += _put_varint(md + m, unpacked)
+        if batched:
+            md[m] = 0x58
+            m += 1
+            m += _put_varint(md + m, <uint64_t>count)
+        if version is not None:
+            md[m] = 0x82
+            md[m + 1] = 0x01
+            m += 2
+            m += _put_varint(md + m, <uint64_t>version_size)
+            memcpy(md + m, PyBytes_AS_STRING(version), version_size)
+            m += version_size
+        if batched and highest != first:
+            md[m] = 0xC0
+            md[m + 1] = 0x01
+            m += 2
+            m += _put_varint(md + m, highest)
+        # [u32 total][u32 command size][command][u16 magic][u32 CRC32C][u32 metadata size][metadata][payload]
+        _simple_buffer(payload, &body)
+        try:
+            total = 4 + c + 2 + 4 + 4 + m + body.len
+            frame = PyBytes_FromStringAndSize(NULL, 4 + total)
+            out = <uint8_t*>PyBytes_AS_STRING(frame)
+            _put_u32(out, <uint32_t>total)
+            _put_u32(out + 4, <uint32_t>c)
+            memcpy(out + 8, command, c)
+            out[8 + c] = 0x0E
+            out[9 + c] = 0x01
+            crc_at = 10 + c
+            _put_u32(out + crc_at + 4, <uint32_t>m)
+            memcpy(out + crc_at + 8, md, m)
+            memcpy(out + crc_at + 8 + m, body.buf, body.len)
+        finally:
+            PyBuffer_Release(&body)
+    finally:
+        PyMem_Free(md)
+    _put_u32(out + crc_at, <uint32_t>crc32c(memoryview(frame)[crc_at + 4:]))
+    return frame
+
+
+cdef inline void _put_u32(uint8_t* out, uint32_t value) noexcept nogil:
+    out[0] = <uint8_t>(value >> 24)
+    out[1] = <uint8_t>(value >> 16)
+    out[2] = <uint8_t>(value >> 8)
+    out[3] = <uint8_t>value

@@ -1209,6 +1209,41 @@ def encode_send_receipt(producer_id: int, sequence_id: int, highest_sequence_id:
     return _U32.pack(len(body) + 4) + _U32.pack(len(body)) + bytes(body)
 
 
+def encode_send(producer_id: int, sequence_id: int, highest_sequence_id: int, num_messages: int,
+                producer_name: str, publish_time: int, payload: _Bytes, batched: bool,
+                schema_version: bytes | None = None, compression: int = 0, uncompressed_size: int = 0) -> bytes:
+    """A producer's SEND frame for a message or a batch without per-send options: CommandSend
+    (num_messages; highest_sequence_id when it is not sequence_id) and MessageMetadata
+    (producer_name, sequence_id, publish_time; compression and uncompressed_size when compressed;
+    for a batch num_messages_in_batch and highest_sequence_id; schema_version when given), with
+    magic and CRC32C. Byte for byte what protobuf and encode_payload_command write (the Cython
+    twin writes it without building either message: a producer's per-batch path)."""
+    command = pb.BaseCommand(type=pb.BaseCommand.SEND)
+    send = command.send
+    send.producer_id = producer_id
+    send.sequence_id = sequence_id
+    send.num_messages = num_messages
+    if highest_sequence_id != sequence_id:
+        send.highest_sequence_id = highest_sequence_id
+    md = pb.MessageMetadata(producer_name=producer_name, sequence_id=sequence_id, publish_time=publish_time)
+    if compression:
+        md.compression = compression  # type: ignore[assignment]
+        md.uncompressed_size = uncompressed_size
+    if batched:
+        md.num_messages_in_batch = num_messages
+        if highest_sequence_id != sequence_id:
+            md.highest_sequence_id = highest_sequence_id
+    if schema_version is not None:
+        md.schema_version = schema_version
+    return encode_payload_command(command, md, payload)
+
+
+def metadata_and_payload_size(frame: bytes) -> int:
+    """The size of a payload frame's metadata and payload together (what a broker's message size
+    limit is on), read off its command size."""
+    return len(frame) - 4 - 4 - _U32.unpack_from(frame, 4)[0] - 2 - 4 - 4
+
+
 def encode_command(command: pb.BaseCommand) -> bytes:
     """A simple-command frame: [total][command size][BaseCommand]."""
     body = command.SerializeToString()

@@ -45,6 +45,8 @@ encode_payload_frame_head = _impl.encode_payload_frame_head
 encode_payload_command = _impl.encode_payload_command
 encode_single_message_metadata = _impl.encode_single_message_metadata
 encode_send_receipt = _impl.encode_send_receipt
+encode_send = _impl.encode_send
+metadata_and_payload_size = _impl.metadata_and_payload_size
 
 
 
@@ -68,5 +70,5 @@ __all__ = [
     "BatchBuilder", "decode_frame", "decompress_payload", "split_messages", "count_batch", "count_entry_batch",
     "split_columns", "encode_command",
     "encode_metadata_and_payload", "encode_payload_frame", "encode_payload_frame_head", "encode_payload_command",
-    "encode_single_message_metadata", "encode_send_receipt",
+    "encode_single_message_metadata", "encode_send_receipt", "encode_send", "metadata_and_payload_size",
 ]

@@ -292,8 +292,21 @@ class PartitionProducer(Reconnecting):
                 self._batch_timer = self._arm_batch_timer()
             return
         self.flush_batch()  # keep order: anything batched before goes first
-        metadata = self._metadata(sequence_id, options)
-        body = parent._compressed(metadata, payload)
+        if not options:  # the common case: the frame written at once, no protobuf message built
+            kind, body = parent._compress(payload)
+            assert self.producer_name is not None  # named by the broker before anything is sent
+            frame = codec.encode_send(self.producer_id, sequence_id, sequence_id, 1, self.producer_name, now_ms(),
+                                      body, False, self.schema_version, kind, len(payload) if kind else 0)
+            if codec.metadata_and_payload_size(frame) <= limit:
+                self._enqueue(_OpSend(sequence_id, sequence_id, 1, frame, [future]))
+                return
+            metadata = self._metadata(sequence_id, options)  # too big: chunked, or refused, below
+            if kind:
+                metadata.compression = kind  # type: ignore[assignment]
+                metadata.uncompressed_size = len(payload)
+        else:
+            metadata = self._metadata(sequence_id, options)
+            body = parent._compressed(metadata, payload)
         # the broker's limit is on metadata and payload together, as the official client counts
         metadata_size = metadata.ByteSize()
         if len(body) + metadata_size > limit:
@@ -470,22 +483,18 @@ class PartitionProducer(Reconnecting):
         self._batch_bulk = []
         first = self._batch_first_sequence
         highest = first + count - 1
-        md = pb.MessageMetadata(producer_name=self.producer_name, sequence_id=first,
-                                publish_time=now_ms(), num_messages_in_batch=count)
-        if highest != first:
-            md.highest_sequence_id = highest
-        if self.schema_version is not None:
-            md.schema_version = self.schema_version
-        raw = self.parent._compressed(md, raw)
+        kind, body = self.parent._compress(raw)
+        assert self.producer_name is not None  # named by the broker before anything is sent
+        frame = codec.encode_send(self.producer_id, first, highest, count, self.producer_name, now_ms(), body,
+                                  True, self.schema_version, kind, len(raw) if kind else 0)
         limit = self._message_limit
-        if len(raw) + md.ByteSize() > limit:
+        if codec.metadata_and_payload_size(frame) > limit:
             # the broker would close the connection on this frame, and the resend after each
             # reconnect would meet the same fate: the batch's messages fail here instead
             _fail_op(futures, bulk, MessageTooBigError(
-                f"a batch of {count} messages, {len(raw)} bytes, is over the broker's {limit}-byte limit"))
+                f"a batch of {count} messages, {len(body)} bytes, is over the broker's {limit}-byte limit"))
             self.parent._release(len(futures))
             return
-        frame = codec.encode_payload_command(self._send_command(first, highest, count), md, raw)
         self._enqueue(_OpSend(first, highest, count, frame, futures, batched=True, bulk=bulk))
 
     def _enqueue(self, op: _OpSend) -> None:
@@ -788,18 +797,20 @@ class Producer:
 
     def _compressed(self, md: pb.MessageMetadata, payload: Any) -> Any:
         """`payload` as this producer sends it, `md` saying how it is compressed, if at all."""
+        kind, packed = self._compress(payload)
+        if kind:
+            md.compression = kind  # type: ignore[assignment]
+            md.uncompressed_size = len(payload)
+        return packed
+
+    def _compress(self, payload: Any) -> tuple[int, Any]:
+        """(the compression kind, 0 for none; `payload` as this producer sends it)."""
         kind = self._compression
         if not kind:
-            return payload
+            return 0, payload
         if self._where_it_pays is not None:
-            kind, packed = self._where_it_pays.compress(payload)
-            if not kind:
-                return payload
-        else:
-            packed = compression.compress(kind, payload)
-        md.compression = kind
-        md.uncompressed_size = len(payload)
-        return packed
+            return self._where_it_pays.compress(payload)
+        return kind, compression.compress(kind, payload)
 
     def _release(self, count: int) -> None:
         if count:

@@ -334,7 +334,8 @@ def test_twins_expose_the_same_api():
               "SingleMessage", "decode_frame", "decompress_payload", "encode_command",
               "encode_metadata_and_payload", "encode_payload_command", "encode_payload_frame",
               "encode_payload_frame_head",
-              "encode_single_message_metadata", "encode_send_receipt", "split_messages",
+              "encode_single_message_metadata", "encode_send_receipt", "encode_send", "metadata_and_payload_size",
+              "split_messages",
               "Columns", "split_columns"}
     for listing in names:
         assert public <= set(listing)

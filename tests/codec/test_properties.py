@@ -124,6 +124,39 @@ def test_send_receipt_fast_path_matches_protobuf(producer, sequence, highest, le
         assert twin.encode_send_receipt(producer, sequence, highest, ledger, entry) == expected
 
 
+@settings(max_examples=300, deadline=None)
+@given(producer=st.integers(0, 2**64 - 1), sequence=st.integers(0, 2**64 - 1), highest=st.integers(0, 2**64 - 1),
+       count=st.integers(1, 2**31 - 1), name=st.text(max_size=40), publish=st.integers(0, 2**64 - 1),
+       payload=st.binary(max_size=300), batched=st.booleans(), version=st.none() | st.binary(max_size=12),
+       kind=st.integers(0, 4), unpacked=st.integers(0, 2**32 - 1))
+def test_send_fast_path_matches_protobuf(producer, sequence, highest, count, name, publish, payload, batched,
+                                         version, kind, unpacked):
+    from pulsarwire import codec as chosen
+
+    command = pb.BaseCommand(type=pb.BaseCommand.SEND, send=pb.CommandSend(
+        producer_id=producer, sequence_id=sequence, num_messages=count))
+    md = pb.MessageMetadata(producer_name=name, sequence_id=sequence, publish_time=publish)
+    if highest != sequence:
+        command.send.highest_sequence_id = highest
+    if kind:
+        md.compression = kind
+        md.uncompressed_size = unpacked
+    if batched:
+        md.num_messages_in_batch = count
+        if highest != sequence:
+            md.highest_sequence_id = highest
+    if version is not None:
+        md.schema_version = version
+    expected = chosen.encode_payload_command(command, md, payload)
+    for twin in TWINS:
+        frame = twin.encode_send(producer, sequence, highest, count, name, publish, payload, batched, version,
+                                 kind, unpacked if kind else 0)
+        assert frame == expected
+        assert twin.metadata_and_payload_size(frame) == md.ByteSize() + len(payload)
+        decoded = twin.decode_frame(frame)
+        assert decoded.metadata == md and bytes(decoded.payload) == payload
+
+
 _send_fields = st.fixed_dictionaries({
     "producer_id": st.integers(0, 2**64 - 1), "sequence_id": st.integers(0, 2**64 - 1),
 }, optional={
