@@ -204,6 +204,98 @@ cdef class SendFrame:
         return self.checksum is not None
 
 
+@cython.final
+cdef class ReceiptFrame:
+    """A plain, valid SEND_RECEIPT, read without building protobuf messages (a client's hot path:
+    one for every send() and every batch).
+
+    FrameReader(receipt_fast_path=True) returns one for a SendReceipt whose command holds only
+    producer_id, sequence_id, highest_sequence_id and a message id of ledger and entry; any other
+    frame, and any frame with a problem, takes the full path (and its typed errors).
+    highest_sequence_id is sequence_id's value when the broker left it out; ledger_id and
+    entry_id are signed (a duplicate's are -1).
+    """
+
+    cdef readonly object producer_id
+    cdef readonly object sequence_id
+    cdef readonly object highest_sequence_id
+    cdef readonly object ledger_id
+    cdef readonly object entry_id
+    cdef readonly Py_ssize_t size
+
+    @property
+    def type(self):
+        return 7  # BaseCommand.SEND_RECEIPT
+
+
+cdef object _fast_receipt(const uint8_t* base, Py_ssize_t start, Py_ssize_t end):
+    # [u32 total][u32 command size][BaseCommand: 1 type = SEND_RECEIPT, 7 send_receipt], nothing after
+    cdef Py_ssize_t pos, command_end, span, receipt_pos, receipt_end, id_pos, id_end
+    cdef uint32_t command_size, field, wire_type
+    cdef uint64_t value, producer = 0, sequence = 0, highest = 0, ledger = 0, entry = 0
+    cdef bint has_producer = False, has_sequence = False, has_highest = False, has_id = False
+    cdef bint has_ledger = False, has_entry = False
+    cdef ReceiptFrame frame
+    if end - start < 10 or base[start + 8] != 0x08 or base[start + 9] != 0x07:
+        return None
+    command_size = _u32(base + start + 4)
+    pos = start + 8
+    if <Py_ssize_t>command_size != end - pos:
+        return None
+    command_end = end
+    pos += 2  # type = SEND_RECEIPT
+    if pos >= command_end or _scan_next(base, &pos, command_end, &field, &wire_type, &value, &span) != 0:
+        return None
+    if field != 7 or wire_type != 2 or pos != command_end:
+        return None
+    receipt_pos = span
+    receipt_end = span + <Py_ssize_t>value
+    while receipt_pos < receipt_end:
+        if _scan_next(base, &receipt_pos, receipt_end, &field, &wire_type, &value, &span) != 0:
+            return None
+        if field == 3 and wire_type == 2:  # message_id: 1 ledgerId, 2 entryId
+            has_id = True
+            has_ledger = has_entry = False
+            id_pos = span
+            id_end = span + <Py_ssize_t>value
+            while id_pos < id_end:
+                if _scan_next(base, &id_pos, id_end, &field, &wire_type, &value, &span) != 0 or wire_type != 0:
+                    return None
+                if field == 1:
+                    ledger = value
+                    has_ledger = True
+                elif field == 2:
+                    entry = value
+                    has_entry = True
+                else:
+                    return None
+            if not (has_ledger and has_entry):
+                return None
+        elif wire_type != 0:
+            return None
+        elif field == 1:
+            producer = value
+            has_producer = True
+        elif field == 2:
+            sequence = value
+            has_sequence = True
+        elif field == 4:
+            highest = value
+            has_highest = True
+        else:
+            return None
+    if not (has_producer and has_sequence and has_id):
+        return None
+    frame = ReceiptFrame.__new__(ReceiptFrame)
+    frame.producer_id = producer
+    frame.sequence_id = sequence
+    frame.highest_sequence_id = highest if has_highest else sequence
+    frame.ledger_id = <int64_t>ledger
+    frame.entry_id = <int64_t>entry
+    frame.size = end - start
+    return frame
+
+
 cdef inline int64_t _int32(uint64_t value) noexcept nogil:
     return <int64_t>(<int32_t>(<uint32_t>value))
 
@@ -361,17 +453,20 @@ cdef class FrameReader:
 
     cdef public Py_ssize_t max_frame_size
     cdef public bint send_fast_path
+    cdef public bint receipt_fast_path
     cdef object _chunks        # deque of bytes
     cdef object _head_view     # memoryview of _chunks[0]
     cdef Py_ssize_t _pos       # read offset into _chunks[0]
     cdef Py_ssize_t _buffered  # unread bytes across all chunks
     cdef object _error
 
-    def __init__(self, Py_ssize_t max_frame_size=DEFAULT_MAX_FRAME_SIZE, bint send_fast_path=False):
+    def __init__(self, Py_ssize_t max_frame_size=DEFAULT_MAX_FRAME_SIZE, bint send_fast_path=False,
+                 bint receipt_fast_path=False):
         if max_frame_size < 8:
             raise ValueError("max_frame_size must be at least 8")
         self.max_frame_size = max_frame_size
         self.send_fast_path = send_fast_path
+        self.receipt_fast_path = receipt_fast_path
         self._chunks = deque()
         self._head_view = None
         self._pos = 0
@@ -432,12 +527,20 @@ cdef class FrameReader:
                 fast = _fast_send(owner, p, pos, pos + need)
                 if fast is not None:
                     return fast
+            if self.receipt_fast_path:
+                fast = _fast_receipt(p, pos, pos + need)
+                if fast is not None:
+                    return fast
             return _decode_frame(owner, p, pos, pos + need)
         joined = self._take(need)
         owner = memoryview(joined)
         p = <const uint8_t*>PyBytes_AS_STRING(joined)
         if self.send_fast_path:
             fast = _fast_send(owner, p, 0, need)
+            if fast is not None:
+                return fast
+        if self.receipt_fast_path:
+            fast = _fast_receipt(p, 0, need)
             if fast is not None:
                 return fast
         return _decode_frame(owner, p, 0, need)

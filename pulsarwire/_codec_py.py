@@ -229,6 +229,68 @@ class SendFrame:
         return self.checksum is not None
 
 
+class ReceiptFrame:
+    """A plain, valid SEND_RECEIPT, read without building protobuf messages (a client's hot path:
+    one for every send() and every batch).
+
+    FrameReader(receipt_fast_path=True) returns one for a SendReceipt whose command holds only
+    producer_id, sequence_id, highest_sequence_id and a message id of ledger and entry; any other
+    frame, and any frame with a problem, takes the full path (and its typed errors).
+    highest_sequence_id is sequence_id's value when the broker left it out; ledger_id and
+    entry_id are signed (a duplicate's are -1).
+    """
+
+    producer_id: int
+    sequence_id: int
+    highest_sequence_id: int
+    ledger_id: int
+    entry_id: int
+    size: int
+
+    __slots__ = ("producer_id", "sequence_id", "highest_sequence_id", "ledger_id", "entry_id", "size")
+
+    type = 7  # BaseCommand.SEND_RECEIPT
+
+
+def _fast_receipt(view: memoryview, start: int, end: int) -> ReceiptFrame | None:
+    # [u32 total][u32 command size][BaseCommand: 1 type = SEND_RECEIPT, 7 send_receipt], nothing after
+    if end - start < 10 or view[start + 8] != 0x08 or view[start + 9] != 0x07:
+        return None
+    command_size = _U32.unpack_from(view, start + 4)[0]
+    if command_size != end - start - 8:
+        return None
+    command = _scan_fields(view, start + 8, end)
+    if command is None or len(command) != 2 or command[1][:2] != (7, 2):
+        return None
+    receipt = _scan_fields(view, *command[1][2])
+    if receipt is None:
+        return None
+    values: dict[int, int] = {}
+    message_id: dict[int, int] | None = None
+    for field, wire_type, value in receipt:
+        if field == 3 and wire_type == 2:  # message_id: 1 ledgerId, 2 entryId
+            fields = _scan_fields(view, *value)
+            if fields is None or any(wire_type != 0 or field not in (1, 2) for field, wire_type, _ in fields):
+                return None
+            message_id = {field: number for field, _, number in fields}
+            if len(message_id) != 2:
+                return None
+        elif wire_type != 0 or field not in (1, 2, 4):
+            return None
+        else:
+            values[field] = value
+    if 1 not in values or 2 not in values or message_id is None:
+        return None
+    frame = ReceiptFrame()
+    frame.producer_id = values[1]
+    frame.sequence_id = values[2]
+    frame.highest_sequence_id = values.get(4, values[2])
+    frame.ledger_id = _signed(message_id[1])
+    frame.entry_id = _signed(message_id[2])
+    frame.size = end - start
+    return frame
+
+
 # CommandSend fields read by the fast path (all varints); anything else falls back.
 _SEND_VARINTS = frozenset((1, 2, 3, 4, 5, 6, 7, 8))
 # MessageMetadata fields the fast path accepts, by wire type; anything else falls back.
@@ -359,12 +421,15 @@ class FrameReader:
 
     max_frame_size: int
     send_fast_path: bool
+    receipt_fast_path: bool
 
-    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, send_fast_path: bool = False) -> None:
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, send_fast_path: bool = False,
+                 receipt_fast_path: bool = False) -> None:
         if max_frame_size < 8:
             raise ValueError("max_frame_size must be at least 8")
         self.max_frame_size = max_frame_size
         self.send_fast_path = send_fast_path
+        self.receipt_fast_path = receipt_fast_path
         self._chunks: deque[memoryview] = deque()
         self._pos = 0          # read offset into self._chunks[0]
         self._buffered = 0     # unread bytes across all chunks
@@ -384,7 +449,7 @@ class FrameReader:
             self._chunks.append(memoryview(data))
             self._buffered += len(data)
 
-    def next_frame(self) -> Frame | SendFrame | None:
+    def next_frame(self) -> Frame | SendFrame | ReceiptFrame | None:
         """The next complete frame, or None until more bytes are fed."""
         if self._error is not None:
             raise self._error
@@ -417,12 +482,16 @@ class FrameReader:
             fast = _fast_send(view, start, start + need)
             if fast is not None:
                 return fast
+        if self.receipt_fast_path:
+            receipt = _fast_receipt(view, start, start + need)
+            if receipt is not None:
+                return receipt
         return _decode_frame(view, start, start + need)
 
     def __iter__(self) -> FrameReader:
         return self
 
-    def __next__(self) -> Frame | SendFrame:
+    def __next__(self) -> Frame | SendFrame | ReceiptFrame:
         frame = self.next_frame()
         if frame is None:
             raise StopIteration

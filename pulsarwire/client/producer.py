@@ -18,7 +18,7 @@ from ..errors import (
     AlreadyClosedError, ConnectionClosedError, MessageTooBigError, ProducerQueueFullError, PulsarWireError,
     TimeoutError,
 )
-from ..messages import MessageId, MessageIds, Span, make_message_id, signed64
+from ..messages import MessageId, MessageIds, Span, make_message_id
 from ..routing import HashingScheme, OutgoingMessage, Router, RoutingMode
 from ..schema import Schema, as_schema
 from ..session import SendFailed, SendReceipt
@@ -562,14 +562,12 @@ class PartitionProducer(Reconnecting):
                     self.write_pending()
             if op.num_messages == 0 and op.first_chunk is not None and not op.futures:
                 if op.first_chunk not in self._chunk_ids:
-                    mid = receipt.message_id
-                    self._chunk_ids[op.first_chunk] = MessageId(signed64(mid.ledgerId), signed64(mid.entryId),
+                    self._chunk_ids[op.first_chunk] = MessageId(receipt.ledger_id, receipt.entry_id,
                                                                 self.partition, topic=self.topic)
                 return  # earlier chunk: wait for the receipt of the last one
             self._chunk_ids.pop(op.first_chunk, None)
             self.last_sequence_id = max(self.last_sequence_id, op.highest_sequence_id)
-            mid = receipt.message_id
-            ledger, entry = signed64(mid.ledgerId), signed64(mid.entryId)  # a duplicate is (-1, -1)
+            ledger, entry = receipt.ledger_id, receipt.entry_id  # a duplicate is (-1, -1)
             futures = op.futures
             # a batch of send_many's messages alone holds no future: nothing to look at one by one
             for index in range(len(futures) if futures.count(None) != len(futures) else 0):

@@ -157,6 +157,59 @@ def test_send_fast_path_matches_protobuf(producer, sequence, highest, count, nam
         assert decoded.metadata == md and bytes(decoded.payload) == payload
 
 
+_receipt_fields = st.fixed_dictionaries({}, optional={
+    "producer_id": st.integers(0, 2**64 - 1), "sequence_id": st.integers(0, 2**64 - 1),
+    "highest_sequence_id": st.integers(0, 2**64 - 1),
+    "message_id": st.builds(pb.MessageIdData, ledgerId=st.integers(0, 2**64 - 1), entryId=st.integers(0, 2**64 - 1),
+                            partition=st.none() | st.integers(-1, 3), batch_index=st.none() | st.integers(-1, 3)),
+})
+
+
+@settings(max_examples=300, deadline=None)
+@given(fields=_receipt_fields)
+def test_receipt_fast_path_reads_what_protobuf_reads(fields):
+    """A SendReceipt read by FrameReader(receipt_fast_path=True): a ReceiptFrame holding what protobuf
+    reads when the command has the common fields alone, else the full path's Frame (or its error)."""
+    command = pb.BaseCommand(type=pb.BaseCommand.SEND_RECEIPT)
+    command.send_receipt.SetInParent()
+    for name, value in fields.items():
+        if name == "message_id":
+            command.send_receipt.message_id.CopyFrom(value)
+        else:
+            setattr(command.send_receipt, name, value)
+    raw = command.SerializePartialToString()
+    data = (len(raw) + 4).to_bytes(4, "big") + len(raw).to_bytes(4, "big") + raw
+    common = {"producer_id", "sequence_id", "message_id"} <= set(fields) and \
+        not fields["message_id"].HasField("partition") and not fields["message_id"].HasField("batch_index")
+    for twin in TWINS:
+        reader = twin.FrameReader(receipt_fast_path=True)
+        reader.feed(data)
+        try:
+            frame = reader.next_frame()
+        except Exception as exc:  # the full path's typed error, as without the fast path
+            plain = twin.FrameReader()
+            plain.feed(data)
+            try:
+                plain.next_frame()
+            except Exception as again:
+                assert type(again) is type(exc)
+            else:
+                raise
+            assert not common
+            continue
+        assert (type(frame) is twin.ReceiptFrame) == common
+        if common:
+            r = command.send_receipt
+            assert (frame.producer_id, frame.sequence_id) == (r.producer_id, r.sequence_id)
+            assert frame.highest_sequence_id == (r.highest_sequence_id if r.HasField("highest_sequence_id")
+                                                 else r.sequence_id)
+            assert frame.ledger_id == _codec_py._signed(r.message_id.ledgerId)
+            assert frame.entry_id == _codec_py._signed(r.message_id.entryId)
+            assert frame.type == pb.BaseCommand.SEND_RECEIPT and frame.size == len(data)
+        else:
+            assert frame.command == command
+
+
 _send_fields = st.fixed_dictionaries({
     "producer_id": st.integers(0, 2**64 - 1), "sequence_id": st.integers(0, 2**64 - 1),
 }, optional={

@@ -170,9 +170,16 @@ EXPECTED: dict[tuple[State, int], list[Case]] = {
     ],
     (_D, T.SEND_RECEIPT): [
         Case("the broker's encoder", codec.encode_send_receipt(2, 30, 34, 4, 9),
-             [SendReceipt(2, 30, 34, MSG_ID)]),
+             [SendReceipt(2, 30, 34, 4, 9)]),
         Case("no highest sequence id", frame(T.SEND_RECEIPT, producer_id=2, sequence_id=30, message_id=MSG_ID),
-             [SendReceipt(2, 30, 30, MSG_ID)]),
+             [SendReceipt(2, 30, 30, 4, 9)]),
+        Case("a message id with more than ledger and entry (read through protobuf)",
+             frame(T.SEND_RECEIPT, producer_id=2, sequence_id=30,
+                   message_id=pb.MessageIdData(ledgerId=4, entryId=9, partition=1, batch_index=3)),
+             [SendReceipt(2, 30, 30, 4, 9)]),
+        Case("a duplicate's id", frame(T.SEND_RECEIPT, producer_id=2, sequence_id=30, highest_sequence_id=31,
+                                       message_id=pb.MessageIdData(ledgerId=2**64 - 1, entryId=2**64 - 1)),
+             [SendReceipt(2, 30, 31, -1, -1)]),
     ],
     (_D, T.SEND_ERROR): [
         Case("typed", frame(T.SEND_ERROR, producer_id=2, sequence_id=31, error=pb.ChecksumError, message="crc"),
