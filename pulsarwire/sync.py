@@ -445,6 +445,7 @@ class _Sent(Receipt):
         self.callback = callback
         self._done = False
         self._waiter = None
+        self.quiet = callback is None  # send_async without a callback: its receipt's id is not made
         self._producer = producer
 
     def _answer(self, error: BaseException | None, message_id: messages.MessageId | None) -> None:
@@ -505,6 +506,7 @@ class _Awaited(_Sent):
 
     def __init__(self, producer: "Producer") -> None:
         super().__init__(producer, None)
+        self.quiet = False  # send() returns the id
         self._finished = threading.Lock()
         self._finished.acquire()
         self.error: BaseException | None = None

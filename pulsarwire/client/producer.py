@@ -96,12 +96,13 @@ class Receipt:
     """A send's answer delivered by calling `callback(error, message_id)` at once, on the loop,
     where nobody needs a future (`send_nowait`); it stands where a send's future would."""
 
-    __slots__ = ("callback", "_done", "_waiter")
+    __slots__ = ("callback", "_done", "_waiter", "quiet")
 
     def __init__(self, callback: Callable[[BaseException | None, MessageId | None], None]) -> None:
         self.callback = callback
         self._done = False
         self._waiter: asyncio.Future[None] | None = None
+        self.quiet = False  # True: its callback reads no message id, answered with None for one
 
     def done(self) -> bool:
         return self._done
@@ -575,7 +576,11 @@ class PartitionProducer(Reconnecting):
                 future = futures[index]
                 if future is None:
                     continue  # a message of a send_many call: answered through op.bulk
-                if future.done() or (type(future) is _FUTURE and _unobserved(future)):
+                if type(future) is _FUTURE:
+                    if future.done() or _unobserved(future):
+                        continue
+                elif future.quiet:  # type: ignore[union-attr]  # a Receipt (not a future) reading no id
+                    future.set_result(None)  # type: ignore[arg-type]
                     continue
                 if op.batched:
                     future.set_result(make_message_id(ledger, entry, self.partition, index,

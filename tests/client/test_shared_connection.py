@@ -70,3 +70,50 @@ def test_reattaching_on_a_live_connection_gives_back_the_budget(embedded):
             assert len(ids) == 100
             assert partition.conn is conn and conn.wire_bytes == 0
     run(main())
+
+
+def test_a_read_of_messages_and_receipts_gives_the_messages_out_first():
+    """Connection.data_received: within one read, messages reach their consumers before the
+    receipts read with them are seen to (a receiving thread wakes sooner); receipts keep their
+    order, and go before any other event that follows them (a producer's close)."""
+    from pulsarwire.client.connection import Connection
+    from pulsarwire.session import MessageArrived, ProducerClosedByBroker, SendReceipt
+
+    seen = []
+
+    class Handler:
+        def __init__(self, name):
+            self.name = name
+
+        def on_message(self, command, frame):
+            seen.append((self.name, "message", frame))
+
+        def on_receipt(self, receipt):
+            seen.append((self.name, "receipt", receipt.sequence_id))
+
+        def connection_lost(self, conn):
+            seen.append((self.name, "closed", None))
+
+    class Session:
+        def __init__(self, events):
+            self.events = events
+
+        def receive_data(self, data):
+            return self.events
+
+        def data_to_send(self):
+            return b""
+
+    conn = Connection.__new__(Connection)
+    conn._adapt_reads = False
+    conn.transport = None
+    conn.closed = False
+    conn.producers = {1: Handler("p1"), 2: Handler("p2")}
+    conn.consumers = {7: Handler("c7")}
+    conn.session = Session([SendReceipt(1, 10, 10, 3, 0), MessageArrived(7, None, "m1"),
+                            SendReceipt(2, 20, 20, 3, 1), MessageArrived(7, None, "m2"),
+                            ProducerClosedByBroker(2), SendReceipt(1, 11, 11, 3, 2), MessageArrived(7, None, "m3")])
+    conn.data_received(b"")
+    assert seen == [("c7", "message", "m1"), ("c7", "message", "m2"),
+                    ("p1", "receipt", 10), ("p2", "receipt", 20), ("p2", "closed", None),
+                    ("c7", "message", "m3"), ("p1", "receipt", 11)]
