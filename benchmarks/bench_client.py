@@ -28,7 +28,9 @@ Consumers read the same backlog (written once per broker and size by a
 pulsarwire producer, 1 000-message batches), each from its own subscription.
 
 Every run is a process of its own (the official client's threads and pulsarwire's loop never
-share one). Besides the asyncio rows above (`--parts asyncio`):
+share one), and every produce run (here and in the surface's send rows) has a broker of its own
+with an empty store (`fresh_broker`: pulsar-lite's ingest slows by more than half once its
+store holds some 1.4 GB, which a part's search would pass before its rounds). Besides the asyncio rows above (`--parts asyncio`):
 
 - surface: one official-client program (benchmarks/sync_surface.py) run unchanged by the
   official client and by `pulsarwire.sync` (same program, same settings): send_async with a
@@ -49,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import itertools
 import json
@@ -328,6 +331,17 @@ SURFACE_ROWS = [
 ]
 
 
+@contextlib.contextmanager
+def fresh_broker(kind):
+    """A broker of `kind` with an empty store, for one produce run. pulsar-lite's ingest of 1 KiB
+    messages falls from some 600 k to 250 k msg/s once its store holds about 1.4 GB (measured: 50
+    runs of 100 000 in a row, the 15th the first slow one), which a part's search passes before
+    its rounds; the rounds then measured pulsar-lite's store rather than either client. A start
+    takes 0.1-0.2 s."""
+    with BrokerUnderTest(kind, tempfile.mkdtemp(prefix="bench-client-")) as broker:
+        yield broker
+
+
 def surface(module, url, topic, mode, count, size, options):
     return _child([sys.executable, SURFACE, module, url, topic, mode, str(count), str(size),
                    *(f"{k}={v}" for k, v in options.items())])
@@ -354,11 +368,12 @@ def run_surface(broker, broker_kind, size, messages, rounds):
             for module in order:
                 extra = dict(options)
                 if mode in ("send_async", "send"):
-                    topic = f"surface-{time.time_ns()}"
+                    with fresh_broker(broker_kind) as empty:
+                        result = surface(module, empty.url, f"surface-{time.time_ns()}", mode, count, size, extra)
                 else:
-                    topic = runner.backlog
                     extra["sub"] = f"surface-{next(runner.subscriptions)}"
-                samples[module].append(surface(module, broker.url, topic, mode, count, size, extra)["msg_per_s"])
+                    result = surface(module, broker.url, runner.backlog, mode, count, size, extra)
+                samples[module].append(result["msg_per_s"])
         row = ratio_row("surface", broker_kind, size, title, samples["pulsar"], samples["pulsarwire.sync"])
         rows.append(row)
         print_ratio_row(row)
@@ -441,7 +456,8 @@ class Runner:
 
     def produce(self, client, config):
         topic = f"bench-{client}-{time.time_ns()}"
-        rate, latencies = isolated("produce", client, self.broker.url, topic, self.messages, self.size, config)
+        with fresh_broker(self.broker.kind) as broker:
+            rate, latencies = isolated("produce", client, broker.url, topic, self.messages, self.size, config)
         return {"msg_per_s": rate, "latencies": latencies}
 
     def consume(self, client, config):
