@@ -206,15 +206,8 @@ cdef class SendFrame:
 
 @cython.final
 cdef class ReceiptFrame:
-    """A plain, valid SEND_RECEIPT, read without building protobuf messages (a client's hot path:
-    one for every send() and every batch).
-
-    FrameReader(receipt_fast_path=True) returns one for a SendReceipt whose command holds only
-    producer_id, sequence_id, highest_sequence_id and a message id of ledger and entry; any other
-    frame, and any frame with a problem, takes the full path (and its typed errors).
-    highest_sequence_id is sequence_id's value when the broker left it out; ledger_id and
-    entry_id are signed (a duplicate's are -1).
-    """
+    """A plain, valid SEND_RECEIPT read without protobuf messages (FrameReader(receipt_fast_path=True));
+    what it holds and when: the pure twin's (_codec_py.ReceiptFrame)."""
 
     cdef readonly object producer_id
     cdef readonly object sequence_id
