@@ -302,9 +302,7 @@ class PartitionProducer(Reconnecting):
                 self._enqueue(_OpSend(sequence_id, sequence_id, 1, frame, [future]))
                 return
             metadata = self._metadata(sequence_id, options)  # too big: chunked, or refused, below
-            if kind:
-                metadata.compression = kind  # type: ignore[assignment]
-                metadata.uncompressed_size = len(payload)
+            _mark_compressed(metadata, kind, len(payload))
         else:
             metadata = self._metadata(sequence_id, options)
             body = parent._compressed(metadata, payload)
@@ -666,6 +664,13 @@ class PartitionProducer(Reconnecting):
         self._fail_all(ConnectionClosedError("producer closed"))
 
 
+def _mark_compressed(md: pb.MessageMetadata, kind: int, uncompressed_size: int) -> None:
+    """Say in `md` how its payload is compressed (nothing for kind 0, none)."""
+    if kind:
+        md.compression = kind  # type: ignore[assignment]
+        md.uncompressed_size = uncompressed_size
+
+
 def _options_size(options: dict[str, Any]) -> int:
     """About what a message's key, ordering key and properties add to it in a batch."""
     size = len(options.get("partition_key") or "") + len(options.get("ordering_key") or b"")
@@ -801,9 +806,7 @@ class Producer:
     def _compressed(self, md: pb.MessageMetadata, payload: Any) -> Any:
         """`payload` as this producer sends it, `md` saying how it is compressed, if at all."""
         kind, packed = self._compress(payload)
-        if kind:
-            md.compression = kind  # type: ignore[assignment]
-            md.uncompressed_size = len(payload)
+        _mark_compressed(md, kind, len(payload))
         return packed
 
     def _compress(self, payload: Any) -> tuple[int, Any]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import pytest
@@ -268,6 +269,25 @@ def test_chunking_large_message(embedded):
             message = await consumer.receive(10000)
             assert message.data() == big and message.properties() == {"big": "yes"}
             consumer.acknowledge(message)
+    run(main())
+
+
+def test_chunking_a_large_compressed_message_sent_without_options(embedded):
+    """A send without options takes the producer's encoded-at-once path (codec.encode_send); one too
+    big for the broker even compressed falls back to chunks, its metadata saying how it is
+    compressed."""
+    async def main():
+        topic = unique()
+        big = os.urandom(6 * 1024 * 1024) + bytes(2 * 1024 * 1024)  # LZ4 packs it, still over 5 MiB
+        async with client_for(embedded) as client:
+            consumer = await client.subscribe(topic, "c", initial_position=EARLIEST)
+            producer = await client.create_producer(topic, batching_enabled=False, chunking_enabled=True,
+                                                    compression_type="LZ4")
+            await producer.send(big)
+            await producer.send(b"small")
+            message = await consumer.receive(10000)
+            assert message.data() == big
+            assert (await consumer.receive(10000)).data() == b"small"
     run(main())
 
 
