@@ -31,7 +31,8 @@ pulsarwire producer, 1 000-message batches), each from its own subscription.
 Every run is a process of its own (the official client's threads and pulsarwire's loop never
 share one), and every produce run (here and in the surface's send rows) has a broker of its own
 with an empty store (`fresh_broker`: pulsar-lite's ingest slows by more than half once its
-store holds some 1.4 GB, which a part's search would pass before its rounds). Besides the asyncio rows above (`--parts asyncio`):
+store holds some 1.4 GB, which a part's search would pass before its rounds). Besides the
+asyncio rows above (`--parts asyncio`):
 
 - surface: one official-client program (benchmarks/sync_surface.py) run unchanged by the
   official client and by `pulsarwire.sync` (same program, same settings): send_async with a

@@ -269,10 +269,10 @@ def _fast_receipt(view: memoryview, start: int, end: int) -> ReceiptFrame | None
     message_id: dict[int, int] | None = None
     for field, wire_type, value in receipt:
         if field == 3 and wire_type == 2:  # message_id: 1 ledgerId, 2 entryId
-            fields = _scan_fields(view, *value)
-            if fields is None or any(wire_type != 0 or field not in (1, 2) for field, wire_type, _ in fields):
+            id_fields = _scan_fields(view, *value)
+            if id_fields is None or any(kind != 0 or number not in (1, 2) for number, kind, _ in id_fields):
                 return None
-            message_id = {field: number for field, _, number in fields}
+            message_id = {number: varint for number, _, varint in id_fields}
             if len(message_id) != 2:
                 return None
         elif wire_type != 0 or field not in (1, 2, 4):

@@ -67,7 +67,8 @@ def follow_codec(cython_twin: str, pure_twin: str, what: str) -> ModuleType:
 
 __all__ = [
     "IMPLEMENTATION", "MAGIC_CRC32C", "MAGIC_BROKER_ENTRY_METADATA", "DEFAULT_MAX_MESSAGE_SIZE",
-    "DEFAULT_MAX_FRAME_SIZE", "FRAME_PADDING", "Frame", "SendFrame", "ReceiptFrame", "FrameReader", "SingleMessage", "Columns",
+    "DEFAULT_MAX_FRAME_SIZE", "FRAME_PADDING", "Frame", "SendFrame", "ReceiptFrame", "FrameReader", "SingleMessage",
+    "Columns",
     "BatchBuilder", "decode_frame", "decompress_payload", "split_messages", "count_batch", "count_entry_batch",
     "split_columns", "encode_command",
     "encode_metadata_and_payload", "encode_payload_frame", "encode_payload_frame_head", "encode_payload_command",
