@@ -334,6 +334,26 @@ def test_a_sender_waiting_for_room_is_released_when_the_connection_closes(embedd
     run(main())
 
 
+def test_a_batch_closed_by_its_byte_limit_goes_out_while_send_async_goes_on(embedded):
+    """send_async lets the loop write each batch it closes, also one closed by its byte limit
+    before the next message opened another (the batch then is not empty): those sat unwritten
+    until the pending limit was reached, half the rate at 100 B with batches of 5 000."""
+    async def main():
+        async with client_for(embedded) as client:
+            producer = await client.create_producer(
+                unique(), batching_max_messages=5000, batching_max_allowed_size_in_bytes=16 * 1024,
+                batching_max_publish_delay_ms=10_000, max_pending_messages=10_000)
+            partition = producer._partitions[0]
+            futures = [await producer.send_async(bytes(1000)) for _ in range(16 * 3 + 1)]
+            # the third batch went to the socket before the next send_async returned (the loop
+            # flushed what write_frame queued); before, nothing had been written yet
+            assert not partition.conn._flush_soon and not partition.conn.session._out
+            assert partition.batches_closed == 3  # each closed by bytes, the fourth open
+            await producer.flush()
+            assert len({(await f).entry_id for f in futures}) == 4
+    run(main())
+
+
 def test_the_message_size_limit_counts_metadata_and_payload_as_the_official_client_does(embedded):
     limit = 5 * 1024 * 1024
 
