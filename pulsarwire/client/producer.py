@@ -187,7 +187,6 @@ class PartitionProducer(Reconnecting):
         self._batch_futures: list[Answer | None] = []
         self._batch_bulk: list[BulkSpan] = []
         self._batch_first_sequence = 0
-        self.batches_closed = 0  # batches flush_batch has closed (send_async yields after each)
         self._batch_timer: asyncio.TimerHandle | timers.ThreadTimer | None = None
         self.batch_due_at = 0.0  # when (loop.time()) the open batch's timer sends it
         self._reconnecting: asyncio.Task[None] | None = None
@@ -267,10 +266,12 @@ class PartitionProducer(Reconnecting):
         self._next_sequence_id += 1
         return sequence_id
 
-    def send(self, payload: bytes, options: dict[str, Any], future: Answer) -> None:
+    def send(self, payload: bytes, options: dict[str, Any], future: Answer) -> bool:
+        """Queue one message; True when a frame went out for it or for the batch it closed (the
+        loop should write it soon: Producer.send_async yields then)."""
         if self._failed is not None:
             future.set_exception(self._failed)
-            return
+            return False
         parent = self.parent
         sequence_id = self._take_sequence_id(options.get("sequence_id"))
         limit = self._message_limit
@@ -279,8 +280,10 @@ class PartitionProducer(Reconnecting):
         batchable = parent._batching and options.get("deliver_at") is None and \
             not options.get("partition_key_b64_encoded") and len(payload) + _options_size(options) <= limit - 1024
         if batchable:
+            closed = False
             if self._batch.num_messages and self._batch.size + len(payload) > parent._batching_max_bytes:
-                self.flush_batch()
+                self.flush_batch()  # closed by its byte limit: this message opens the next
+                closed = True
             if self._batch.num_messages == 0:
                 self._batch_first_sequence = sequence_id
             self._batch.add(payload, options.get("properties"), options.get("partition_key"),
@@ -290,9 +293,16 @@ class PartitionProducer(Reconnecting):
             if self._batch.num_messages >= parent._batching_max_messages or \
                     self._batch.size >= parent._batching_max_bytes:
                 self.flush_batch()
-            elif self._batch_timer is None:
+                return True
+            if self._batch_timer is None:
                 self._batch_timer = self._arm_batch_timer()
-            return
+            return closed
+        self._send_alone(payload, options, future, sequence_id)
+        return parent._batching  # what was batched went out before it
+
+    def _send_alone(self, payload: bytes, options: dict[str, Any], future: Answer, sequence_id: int) -> None:
+        """send() of a message that goes in no batch (batching off, delayed, or too big: chunked)."""
+        parent, limit = self.parent, self._message_limit
         self.flush_batch()  # keep order: anything batched before goes first
         if not options:  # the common case: the frame written at once, no protobuf message built
             kind, body = parent._compress(payload)
@@ -324,15 +334,16 @@ class PartitionProducer(Reconnecting):
         frame = codec.encode_payload_command(self._send_command(sequence_id, sequence_id, 1), metadata, body)
         self._enqueue(_OpSend(sequence_id, sequence_id, 1, frame, [future]))
 
-    def send_plain(self, payload: bytes, future: Answer) -> None:
+    def send_plain(self, payload: bytes, future: Answer) -> bool:
         """send() of a bytes payload without options: the per-message path of send_async, kept short."""
         parent = self.parent
         if self._failed is not None or not parent._batching or len(payload) >= parent._batching_max_bytes:
-            self.send(payload, _NO_OPTIONS, future)
-            return
+            return self.send(payload, _NO_OPTIONS, future)
         batch = self._batch
+        closed = False
         if batch.num_messages and batch.size + len(payload) > parent._batching_max_bytes:
             self.flush_batch()  # as send(): a batch stays within its byte limit
+            closed = True
         sequence_id = self._take_sequence_id(None)
         if batch.num_messages == 0:
             self._batch_first_sequence = sequence_id
@@ -340,8 +351,10 @@ class PartitionProducer(Reconnecting):
         self._batch_futures.append(future)
         if batch.num_messages >= parent._batching_max_messages or batch.size >= parent._batching_max_bytes:
             self.flush_batch()
-        elif self._batch_timer is None:
+            return True
+        if self._batch_timer is None:
             self._batch_timer = self._arm_batch_timer()
+        return closed
 
     def send_many(self, items: list[Any], start: int, stop: int, indexes: list[int] | None, bulk: _BulkSend) -> None:
         """Queue items[start:stop] in order, receipts to `bulk`; items are plain bytes payloads or
@@ -475,7 +488,6 @@ class PartitionProducer(Reconnecting):
         count = self._batch.num_messages
         if count == 0:
             return
-        self.batches_closed += 1
         raw = self._batch.build()
         futures = self._batch_futures
         bulk = self._batch_bulk or None
@@ -866,15 +878,14 @@ class Producer:
             await target.start()  # a lazy partition's producer attaches on its first message
         future = self.context.loop.create_future()
         self._in_flight += 1
-        closed = target.batches_closed
         if options is _NO_OPTIONS:
-            target.send_plain(content, future)
+            went_out = target.send_plain(content, future)
         else:
-            target.send(content, options, future)
+            went_out = target.send(content, options, future)
         conn = target.conn
         if conn is not None and not conn.can_write.is_set():
             await conn.drain()
-        elif target.batches_closed != closed:
+        elif went_out:
             # a batch went out (full by count, or by bytes before this message opened the next):
             # let the loop write it and read receipts. Looking for an empty batch missed those
             # closed by bytes, and a producer with room for many pending sends then queued them
