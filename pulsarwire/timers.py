@@ -261,7 +261,7 @@ class ThreadTimers:
     LEAD_GAIN_EARLY = 1 / 2
 
     def __init__(self) -> None:
-        self._due: list[tuple[float, int, ThreadTimer]] = []  # a heap, by monotonic time
+        self._due: list[tuple[float, int, ThreadTimer]] = []  # a heap, by hand-over time (monotonic)
         self._order = itertools.count()
         self._changed = threading.Condition(threading.Lock())
         self._thread: threading.Thread | None = None
