@@ -788,6 +788,8 @@ class Producer:
         # a future per send waiting for room under max_pending_messages, set once there is room
         self._space_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._closed = False
+        # send_async closed a batch: the next call lets the loop run first (see send_async)
+        self._yield_due = False
 
     async def _start(self) -> None:
         topics = await self.context.pool.topic_partitions(self._topic)
@@ -856,7 +858,17 @@ class Producer:
                          deliver_at: int | None = None, deliver_after_ms: int | None = None,
                          ) -> asyncio.Future[MessageId]:
         """Queue a message; returns a future for its MessageId (waits only for queue space).
-        `content=None` sends a null value (the metadata's null_value set, no payload)."""
+        `content=None` sends a null value (the metadata's null_value set, no payload). Every wait
+        comes before the message is queued: a call cancelled in one sends nothing, and one that
+        returns has queued its message."""
+        if self._yield_due:
+            # The call before closed a batch (full by count, or by bytes before its message opened
+            # the next) and wrote it: the loop reads receipts now, before more is queued. Without
+            # this a producer with room for many pending sends queued them all before the loop ran
+            # (half the rate at 100 B with batches of 5 000). Here, not after that call's message
+            # was queued: a task cancelled in this wait has sent nothing.
+            self._yield_due = False
+            await asyncio.sleep(0)
         if self._closed:
             raise AlreadyClosedError("producer is closed")
         if type(content) is bytes and properties is None and partition_key is None and ordering_key is None \
@@ -866,31 +878,34 @@ class Producer:
         else:
             content, options = self._send_options(content, properties, partition_key, ordering_key,
                                                   event_timestamp, sequence_id, deliver_at, deliver_after_ms)
-        if self._in_flight >= self._max_pending:
-            if not self._block:
-                raise ProducerQueueFullError(f"{self._max_pending} messages pending")
-            await self._wait_for_space()
-        if options is not _NO_OPTIONS and options.get("deliver_after_ms") is not None:
-            options["deliver_at"] = now_ms() + options.pop("deliver_after_ms")
+        if self._in_flight >= self._max_pending and not self._block:
+            raise ProducerQueueFullError(f"{self._max_pending} messages pending")
         partitions = self._partitions
         target = partitions[0 if len(partitions) == 1 else self._partition_index(content, options)]
         if not target.ready:
             await target.start()  # a lazy partition's producer attaches on its first message
+        conn = target.conn
+        if conn is not None and not conn.can_write.is_set():
+            await conn.drain()  # the connection's output is over its mark: this message waits
+        if self._in_flight >= self._max_pending:  # the last wait: nothing takes the room it finds
+            if not self._block:
+                raise ProducerQueueFullError(f"{self._max_pending} messages pending")
+            await self._wait_for_space()
+        if self._closed:  # closed during a wait: answered as a call made after close()
+            raise AlreadyClosedError("producer is closed")
+        if options is not _NO_OPTIONS and options.get("deliver_after_ms") is not None:
+            options["deliver_at"] = now_ms() + options.pop("deliver_after_ms")
         future = self.context.loop.create_future()
         self._in_flight += 1
         if options is _NO_OPTIONS:
             went_out = target.send_plain(content, future)
         else:
             went_out = target.send(content, options, future)
-        conn = target.conn
-        if conn is not None and not conn.can_write.is_set():
-            await conn.drain()
-        elif went_out:
-            # a batch went out (full by count, or by bytes before this message opened the next):
-            # let the loop write it and read receipts. Looking for an empty batch missed those
-            # closed by bytes, and a producer with room for many pending sends then queued them
-            # all before the loop wrote a frame: half the rate at 100 B with batches of 5 000.
-            await asyncio.sleep(0)
+        if went_out:
+            conn = target.conn
+            if conn is not None:
+                conn.flush_now()  # the closed batch is on the wire when this call returns
+            self._yield_due = True
         return future
 
     def _send_options(self, content: Any, properties: dict[str, str] | None, partition_key: str | None,

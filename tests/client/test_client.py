@@ -345,12 +345,60 @@ def test_a_batch_closed_by_its_byte_limit_goes_out_while_send_async_goes_on(embe
                 batching_max_publish_delay_ms=10_000, max_pending_messages=10_000)
             partition = producer._partitions[0]
             futures = [await producer.send_async(bytes(1000)) for _ in range(16 * 3 + 1)]
-            # the third batch went to the socket before the next send_async returned (the loop
-            # flushed what write_frame queued); before, nothing had been written yet
-            assert not partition.conn._flush_soon and not partition.conn.session._out
+            # the third batch, closed by the last call, went to the socket before that call
+            # returned; before, nothing had been written yet
+            assert not partition.conn.session._out  # nothing queued but unwritten
             assert partition._batch.num_messages == 1  # three closed by bytes, the fourth open
             await producer.flush()
             assert len({(await f).entry_id for f in futures}) == 4
+    run(main())
+
+
+def test_a_send_async_cancelled_in_its_wait_sends_nothing_and_one_that_returned_sent_its_message(embedded):
+    """The loop runs after a batch that send_async closed at the start of the next call, before
+    its message is queued: a task cancelled there has sent nothing. The wait used to come after the
+    closing call's own message was queued, and a task cancelled in it got CancelledError for a
+    message that was published (a retry sent it twice)."""
+    async def main():
+        topic = unique()
+        async with client_for(embedded) as client:
+            consumer = await client.subscribe(topic, "c", initial_position=EARLIEST)
+            producer = await client.create_producer(topic, batching_max_messages=2,
+                                                    batching_max_publish_delay_ms=10_000)
+            outcomes: dict[int, object] = {}
+
+            async def sender():
+                for i in (1, 2, 3):
+                    outcomes[i] = "cancelled"
+                    outcomes[i] = await producer.send_async(b"msg-%d" % i)
+            task = asyncio.ensure_future(sender())
+            await asyncio.sleep(0)  # the task runs to its first wait: msg-2 closed the batch
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert outcomes[3] == "cancelled"
+            assert all(isinstance(outcomes[i], asyncio.Future) for i in (1, 2))
+            await producer.flush()
+            assert [m.data() for m in await consumer.receive_many(10, 2000)] == [b"msg-1", b"msg-2"]
+            assert await consumer.receive_many(10, 300) == []
+    run(main())
+
+
+def test_a_send_async_waiting_for_room_when_its_producer_closes_raises_already_closed(embedded):
+    """As a call made after close() does (and the official client's AlreadyClosed): it used to
+    return a future failing with ConnectionClosedError, which `except AlreadyClosedError` missed."""
+    async def main():
+        async with client_for(embedded) as client:
+            producer = await client.create_producer(unique(), batching_max_publish_delay_ms=200,
+                                                    max_pending_messages=1, block_if_queue_full=True)
+            first = await producer.send_async(b"first")
+            blocked = asyncio.ensure_future(producer.send_async(b"second"))
+            await asyncio.sleep(0.01)
+            assert not blocked.done()  # waits for room: the first is pending in its batch
+            await producer.close()
+            assert (await first).entry_id == 0
+            with pytest.raises(errors.AlreadyClosedError):
+                await blocked
     run(main())
 
 
