@@ -130,6 +130,7 @@ class LoopThread:
         if fd < 0:
             return False
         idle_ms = 100 if timeout is None else max(0, min(100, math.ceil(timeout * 1000)))
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:  # before the socket is taken: nothing may fail between taking it and the finally below
             wake = self._wake_fds.pop() if self._wake_fds else os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
             poller = select.poll()
@@ -159,7 +160,15 @@ class LoopThread:
                 timers.release_signals(held)  # a signal held meanwhile is raised here: the finally gives back
                 held = None
                 while not done():
-                    ready = poller.poll(idle_ms)
+                    wait_ms = idle_ms
+                    if deadline is not None:
+                        # input for other callers (another thread's receipts, say) must not
+                        # carry this wait past its timeout: it counted only quiet time before
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            return True
+                        wait_ms = min(idle_ms, math.ceil(left * 1000))
+                    ready = poller.poll(wait_ms)
                     if not ready:
                         return True
                     readable = False
