@@ -40,9 +40,9 @@ asyncio rows above (`--parts asyncio`):
   receive + acknowledge, batch_receive (1 000 or 100 ms), message_listener.
 - e2e: latency from a send-time stamp in the payload to its receipt, 100 B at 1 000 and
   20 000 msg/s, 1 ms batching delay: the official client and pulsarwire.sync running the same
-  program (sync_surface.py e2e), and pulsarwire's asyncio client (perf.end_to_end) on asyncio's
-  own event loop and on `pulsarwire.blocking.new_event_loop()` (timers within 0.2 ms; epoll
-  rounds a loop's waits up to whole milliseconds).
+  program (sync_surface.py e2e), and pulsarwire's asyncio client running it in asyncio form
+  (`_ours_e2e`) on asyncio's own event loop and on `pulsarwire.blocking.new_event_loop()` (timers
+  within 0.2 ms; epoll rounds a loop's waits up to whole milliseconds).
 - main: the main job (`python -m pulsarwire`, what `./dev.sh demo` runs: an embedded broker,
   200 000 x 1 KiB, one shared client): its e2e p50/p99 and whether the consumer kept up.
 
@@ -60,6 +60,7 @@ import json
 import math
 import os
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -68,6 +69,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import ROOT, BrokerUnderTest, percentile  # noqa: E402
+
+STAMP = struct.Struct(">Q")  # a message's send time in ns, at its start (as sync_surface.py)
 
 SURFACE = str(ROOT / "benchmarks" / "sync_surface.py")
 
@@ -313,10 +316,44 @@ def run_one(spec):
 
 
 async def _ours_e2e(url, topic, count, size, rate):
-    from pulsarwire import Client, perf
+    """sync_surface.py's e2e program in asyncio form, as the other two clients run it: a task
+    receiving and acknowledging each message, the sends at a fixed rate without a callback each
+    (perf.end_to_end, which the main job runs, times every send's receipt with a callback and
+    takes messages with receive_many), the same settings (1 ms batching delay, 1 000 pending,
+    a receiver queue of 1 000)."""
+    from pulsarwire import Client, InitialPosition, perf
+    stamp = STAMP
     async with Client(url) as client:
-        produced, consumed = await perf.end_to_end(client, topic, messages=count, size=size, rate=rate)
-    return {"p50_ms": consumed.percentile(0.5), "p99_ms": consumed.percentile(0.99), "received": consumed.messages}
+        consumer = await client.subscribe(topic, "e2e", receiver_queue_size=1000,
+                                          initial_position=InitialPosition.Earliest)
+        producer = await client.create_producer(topic, batching_enabled=True, batching_max_publish_delay_ms=1,
+                                                max_pending_messages=1000, block_if_queue_full=True)
+        latencies = []
+
+        async def receive():
+            for _ in range(count):
+                message = await consumer.receive()
+                now = time.time_ns()
+                latencies.append((now - stamp.unpack_from(message.payload_view())[0]) / 1e6)
+                consumer.acknowledge(message)
+        reader = asyncio.ensure_future(receive())
+        loop = asyncio.get_running_loop()
+        payload = bytearray(os.urandom(max(size, stamp.size)))
+        start = time.monotonic()
+        sent = 0
+        while sent < count:
+            due = min(count, int((time.monotonic() - start) * rate) + 1)
+            while sent < due:
+                stamp.pack_into(payload, 0, time.time_ns())
+                await producer.send_async(bytes(payload))
+                sent += 1
+            # on time on any loop: asyncio.sleep waits whole milliseconds on asyncio's own loop
+            await perf.pace_until(loop, start + sent / rate)
+        await producer.flush()
+        await asyncio.wait_for(reader, 60)
+        await producer.close()
+        await consumer.close()
+    return {"p50_ms": percentile(latencies, 0.5), "p99_ms": percentile(latencies, 0.99), "received": len(latencies)}
 
 
 # --- the drop-in surface, e2e latency, the main job ----------------------------------

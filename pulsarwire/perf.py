@@ -22,7 +22,7 @@ from .messages import MessageId
 _STAMP = struct.Struct(">Q")
 
 
-async def _pace_until(loop: asyncio.AbstractEventLoop, due: float) -> None:
+async def pace_until(loop: asyncio.AbstractEventLoop, due: float) -> None:
     """Return at monotonic time `due`, on time on any loop (timers.call_at: asyncio's own loop
     sleeps whole milliseconds, so asyncio.sleep sent a millisecond's messages at once there: at
     20 000 msg/s, bursts of 20 that each started a batch and waited out its whole delay, 1.96 ms
@@ -132,7 +132,7 @@ async def produce(client: Client, topic: str, *, messages: int = 0, duration: fl
         if rate:
             due = start + sent / rate
             if due > time.monotonic():
-                await _pace_until(loop, due)
+                await pace_until(loop, due)
         _STAMP.pack_into(payload, 0, time.time_ns())
         future = await producer.send_async(bytes(payload))
         sent_at = time.perf_counter()

@@ -175,7 +175,7 @@ def test_a_paced_perf_run_wakes_its_loop_at_each_send_time():
 
     async def compare():
         loop = asyncio.get_running_loop()
-        paced = await lateness(lambda due: perf._pace_until(loop, due))
+        paced = await lateness(lambda due: perf.pace_until(loop, due))
         slept = await lateness(lambda due: asyncio.sleep(due - time.monotonic()))
         return paced, slept
 
