@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import urllib.parse
-from typing import Any, Callable, TextIO
+from typing import Any, Callable, Sequence, TextIO
 
 from . import metafile
 from .storage.record import HEADER_SIZE, damaged_records, decode_index, record_at
@@ -138,7 +138,7 @@ def check_log(directory: str) -> list[Finding]:
         except OSError as exc:
             findings.append(Finding(log_path, f"cannot be read ({exc})", "the topic cannot be opened"))
             continue
-        positions, damaged, torn = _scan_records(data)
+        positions, damaged, torn = _scan_records(data, indexed if indexed is not None else ())
         last = i == len(bases) - 1
         for start, stop, count in damaged:
             findings.append(Finding(log_path, f"bytes {start} to {stop} are damaged ({count} entr"
@@ -169,10 +169,11 @@ def check_log(directory: str) -> list[Finding]:
     return findings
 
 
-def _scan_records(data: bytes) -> tuple[list[int], list[tuple[int, int, int]], int | None]:
+def _scan_records(data: bytes, indexed: Sequence[int]) -> tuple[list[int], list[tuple[int, int, int]], int | None]:
     """Where a segment's records start (damaged ones keep their places, as recovery counts
-    them), the damaged byte ranges (start, stop, entries), and where unreadable bytes run to the
-    end (None if they do not)."""
+    them, with the index's positions where the damage leaves no header to follow), the damaged
+    byte ranges (start, stop, entries), and where unreadable bytes run to the end (None if they
+    do not)."""
     positions: list[int] = []
     damaged: list[tuple[int, int, int]] = []
     offset, end = 0, len(data)
@@ -185,7 +186,7 @@ def _scan_records(data: bytes) -> tuple[list[int], list[tuple[int, int, int]], i
         found = next((o for o in range(offset + 1, end - HEADER_SIZE + 1) if record_at(data, o, end) is not None), None)
         if found is None:
             return positions, damaged, offset
-        hops = damaged_records(data, offset, found)
+        hops = damaged_records(data, offset, found, indexed)
         damaged.append((offset, found, len(hops)))
         positions.extend(hops)
         offset = found

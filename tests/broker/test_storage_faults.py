@@ -811,6 +811,64 @@ def test_a_flipped_bit_in_an_index_entry_costs_no_entry_and_is_repaired(tmp_path
     topic_log.close()
 
 
+def test_a_run_of_zeros_inside_a_segment_costs_the_entries_it_covers_alone(tmp_path, caplog):
+    """4 KiB of zeros from inside a record (a lost page of the file): a zero header read as a
+    whole empty record (size 0, and 0 is the CRC32C of no bytes), and the index was "corrected"
+    one header at a time into the zeros and written so: every later entry was unreadable, for
+    good. The entries the zeros cover are reported corrupt; the index stays; the rest reads."""
+    _write_entries(tmp_path, 1000)
+    start = _position(tmp_path, 300) + HEADER_SIZE + 5
+    with open(_log_file(tmp_path), "r+b") as fh:
+        fh.seek(start)
+        fh.write(bytes(4096))
+    covered = {i for i in range(1000) if _position(tmp_path, i) < start + 4096 and
+               (i == 999 or _position(tmp_path, i + 1) > start)}
+    assert len(covered) > 3 and min(covered) == 300
+    caplog.set_level(logging.WARNING, logger="pulsarwire.broker")
+    for _ in range(2):  # and again once reopened: nothing of it was written to the index
+        topic_log = TopicLog(str(tmp_path))
+        for i in range(1000):
+            if i in covered:
+                with pytest.raises(CorruptEntryError):
+                    topic_log.read(i)
+            else:
+                assert topic_log.read(i).body == _entry(i)
+        topic_log.close()
+        assert not any("corrected" in r.getMessage() for r in caplog.records)
+
+
+def test_a_run_of_zeros_found_by_a_scan_keeps_the_ids_after_it_by_the_index(tmp_path, caplog):
+    """A start that scans the log (the index is inconsistent from entry 100 on) meets a run of
+    zeros over several records: no header to follow through it, so the gap's entries are counted
+    by the index's positions where it still lists both ends, not as one entry (which gave every
+    entry after it the id of the one before; fsck said the last entries were lost)."""
+    from pulsarwire.broker import fsck
+    _write_entries(tmp_path, 1000)
+    start = _position(tmp_path, 300) + HEADER_SIZE + 5
+    with open(_log_file(tmp_path), "r+b") as fh:
+        fh.seek(start)
+        fh.write(bytes(4096))
+    covered = {i for i in range(1000) if _position(tmp_path, i) < start + 4096 and
+               (i == 999 or _position(tmp_path, i + 1) > start)}
+    findings = [str(f) for f in fsck.check_log(str(tmp_path))]
+    assert len(findings) == 1 and f"({len(covered)} entries)" in findings[0], findings
+    with open(_log_file(tmp_path)[:-4] + ".idx", "r+b") as fh:
+        fh.seek(8 * 100)
+        fh.write((2 ** 40).to_bytes(8, "big"))  # past the log's end: the index is trusted up to entry 100
+    caplog.set_level(logging.WARNING, logger="pulsarwire.broker")
+    topic_log = TopicLog(str(tmp_path))
+    assert topic_log.next_entry_id == 1000
+    for i in range(1000):
+        if i in covered:
+            with pytest.raises(CorruptEntryError):
+                topic_log.read(i)
+        else:
+            assert topic_log.read(i).body == _entry(i)
+    topic_log.close()
+    assert any("rebuilding the index" in r.getMessage() for r in caplog.records)
+    assert any("are damaged" in r.getMessage() and str(min(covered)) in r.getMessage() for r in caplog.records)
+
+
 def test_a_damaged_publish_time_in_a_record_header_does_not_move_a_seek_by_time(tmp_path, caplog):
     """A record header's publish time is outside the record's checksum: a seek by time reads the
     time from the entry's metadata (checked), and reports a header that disagrees."""

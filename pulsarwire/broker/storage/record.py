@@ -9,9 +9,10 @@ entry."""
 from __future__ import annotations
 
 import array
+import bisect
 import struct
 import sys
-from typing import Iterable, Union
+from typing import Iterable, Sequence, Union
 
 from crc32c import crc32c
 
@@ -79,12 +80,25 @@ def record_at(buf: bytes, offset: int, end: int) -> int | None:
     return body_size
 
 
-def damaged_records(buf: bytes, offset: int, found: int) -> list[int]:
+def damaged_records(buf: bytes, offset: int, found: int, listed: Sequence[int] = ()) -> list[int]:
     """Where the damaged records between `offset` and the next good record at `found` start: they
     keep their entry ids. Their headers are followed while they land exactly on `found`; else the
-    gap counts as one entry."""
+    index's positions (`listed`, in `buf`'s coordinates) are taken where it lists both ends and
+    increases between them (a run of zeros over several records leaves no header to follow);
+    else the gap counts as one entry."""
     hops, at = [], offset
     while at < found and at + HEADER_SIZE <= found:
+        body_size = BODY_SIZE.unpack_from(buf, at)[0]
+        if body_size == 0:  # zeros: no header to follow
+            break
         hops.append(at)
-        at += HEADER_SIZE + BODY_SIZE.unpack_from(buf, at)[0]
-    return hops if at == found else [offset]
+        at += HEADER_SIZE + body_size
+    if at == found:
+        return hops
+    first = bisect.bisect_left(listed, offset)
+    last = bisect.bisect_left(listed, found, first)
+    if first < len(listed) and listed[first] == offset and last < len(listed) and listed[last] == found:
+        between = listed[first:last]
+        if all(b - a >= HEADER_SIZE for a, b in zip(between, list(between[1:]) + [found])):
+            return list(between)
+    return [offset]

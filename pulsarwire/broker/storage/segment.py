@@ -126,7 +126,7 @@ class Segment:
                               self.log_path, start + offset, start + end, self.base + len(positions))
                 end = offset
                 break
-            hops = damaged_records(buf, offset, found)
+            hops = damaged_records(buf, offset, found, [p - start for p in indexed if p >= start])
             self.pool.stats.dropped_bytes += found - offset
             log.error("%s: bytes %d to %d are damaged: entr%s %s unreadable, the %d bytes after are kept",
                       self.log_path, start + offset, start + found, "y" if len(hops) == 1 else "ies",
@@ -361,9 +361,11 @@ class Segment:
             raise CorruptEntryError(f"{self.log_path}: entry {entry_id} is cut short", entry_id)
         body_size, checksum, publish_time, num_messages = RECORD_HEADER.unpack_from(raw, start)
         body = bytes(raw[start + HEADER_SIZE:stop])
-        if body_size != len(body) or crc32c(body) != checksum:
+        if body_size != len(body) or crc32c(body) != checksum or body_size == 0:
             end = start + HEADER_SIZE + body_size
-            if body_size != len(body) and end <= len(raw) and crc32c(raw[start + HEADER_SIZE:end]) == checksum:
+            # an entry is never empty: a zero header (zeroed bytes; 0 is the CRC32C of no bytes) is no record
+            if body_size != len(body) and body_size and end <= len(raw) and \
+                    crc32c(raw[start + HEADER_SIZE:end]) == checksum:
                 return self._next_position_wrong(raw, start, end, entry_id)
             raise CorruptEntryError(f"{self.log_path}: entry {entry_id} fails its checksum", entry_id)
         return Entry(entry_id, body, checksum, publish_time, num_messages)
@@ -378,13 +380,30 @@ class Segment:
         index = entry_id - self.base + 1
         right = self.positions[index - 1] + (end - start)
         if index < self.committed_count and self.positions[index] != right and \
-                (index + 1 >= self.committed_count or right < self.positions[index + 1]):
+                (index + 1 >= self.committed_count or right < self.positions[index + 1]) and \
+                self._record_starts_at(right):
             log.warning("%s: the index puts entry %d at byte %d, the log at %d; corrected", self.idx_path,
                         self.base + index, self.positions[index], right)
             self.positions[index] = right
             repair = self.pool.write_later(self.idx_path, encode_index(self.positions[index:index + 1]), 8 * index)
             repair.add_done_callback(functools.partial(_report_repair, self.idx_path, self.base + index))
         return Entry(entry_id, bytes(raw[start + HEADER_SIZE:end]), checksum, publish_time, num_messages)
+
+    def _record_starts_at(self, pos: int) -> bool:
+        """Whether a whole, checksummed, committed record starts at file position `pos`: what an
+        index position must point at before it is corrected to `pos` (a record that only looks
+        whole must not walk the index into damage)."""
+        try:
+            head = self.ops.pread(self.pool.fd(self.log_path), HEADER_SIZE, pos)
+            if len(head) < HEADER_SIZE:
+                return False
+            body_size = RECORD_HEADER.unpack_from(head, 0)[0]
+            if body_size == 0 or pos + HEADER_SIZE + body_size > self.committed_size:
+                return False
+            raw = head + self.ops.pread(self.pool.fd(self.log_path), body_size, pos + HEADER_SIZE)
+        except (OSError, StorageError):
+            return False
+        return record_at(raw, 0, len(raw)) == body_size
 
     def _plan_run(self, index: int, limit: int) -> tuple[int, int, int]:
         """The committed records from `index` on that fit in `limit` bytes (one at least):
