@@ -14,7 +14,7 @@ import urllib.parse
 from typing import Any, Callable, Sequence, TextIO
 
 from . import metafile
-from .storage.record import HEADER_SIZE, damaged_records, decode_index, record_at
+from .storage.record import HEADER_SIZE, count_gap, damaged_records, decode_index, record_at
 from .core import BROKER_FILE, LEDGER_IDS_FILE, PARTITION_MARKER, PARTITIONED_FILE, BrokerCore, _broker_state, \
     _ledger_allocation, _partitioned_topics
 from .topic_files import CURSORS_FILE, EPOCH_FILE, LEDGERS_FILE, SCHEMA_FILE, STATE_FILE, _cursors, _epoch, \
@@ -138,8 +138,9 @@ def check_log(directory: str) -> list[Finding]:
         except OSError as exc:
             findings.append(Finding(log_path, f"cannot be read ({exc})", "the topic cannot be opened"))
             continue
-        positions, damaged, torn = _scan_records(data, indexed if indexed is not None else ())
         last = i == len(bases) - 1
+        positions, damaged, torn = _scan_records(data, indexed if indexed is not None else (),
+                                                 None if last else bases[i + 1] - base)
         for start, stop, count in damaged:
             findings.append(Finding(log_path, f"bytes {start} to {stop} are damaged ({count} entr"
                                     f"{'y' if count == 1 else 'ies'})", "they read as corrupt; the entries after "
@@ -169,13 +170,15 @@ def check_log(directory: str) -> list[Finding]:
     return findings
 
 
-def _scan_records(data: bytes, indexed: Sequence[int]) -> tuple[list[int], list[tuple[int, int, int]], int | None]:
+def _scan_records(data: bytes, indexed: Sequence[int],
+                  expected: int | None) -> tuple[list[int], list[tuple[int, int, int]], int | None]:
     """Where a segment's records start (damaged ones keep their places, as recovery counts
-    them, with the index's positions where the damage leaves no header to follow), the damaged
-    byte ranges (start, stop, entries), and where unreadable bytes run to the end (None if they
-    do not)."""
+    them: with the index's positions, or the segment's `expected` count, where the damage leaves
+    no header to follow), the damaged byte ranges (start, stop, entries), and where unreadable
+    bytes run to the end (None if they do not)."""
     positions: list[int] = []
     damaged: list[tuple[int, int, int]] = []
+    uncounted: list[int] = []
     offset, end = 0, len(data)
     while offset < end:
         body_size = record_at(data, offset, end)
@@ -186,10 +189,16 @@ def _scan_records(data: bytes, indexed: Sequence[int]) -> tuple[list[int], list[
         found = next((o for o in range(offset + 1, end - HEADER_SIZE + 1) if record_at(data, o, end) is not None), None)
         if found is None:
             return positions, damaged, offset
-        hops = damaged_records(data, offset, found, indexed)
+        hops, counted = damaged_records(data, offset, found, indexed)
+        if not counted:
+            uncounted.append(len(positions))
         damaged.append((offset, found, len(hops)))
         positions.extend(hops)
         offset = found
+    if expected is not None and uncounted:
+        added = count_gap(positions, uncounted, expected, end)
+        if added:
+            damaged = [(a, b, count + added if a == positions[uncounted[0]] else count) for a, b, count in damaged]
     return positions, damaged, None
 
 

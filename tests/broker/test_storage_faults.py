@@ -869,6 +869,43 @@ def test_a_run_of_zeros_found_by_a_scan_keeps_the_ids_after_it_by_the_index(tmp_
     assert any("are damaged" in r.getMessage() and str(min(covered)) in r.getMessage() for r in caplog.records)
 
 
+def test_a_run_of_zeros_in_a_segment_whose_index_is_lost_is_counted_by_the_next_segment(tmp_path, caplog):
+    """Two faults in a segment that is not the last: its index deleted and a run of zeros over
+    several records. Neither headers nor the index count the damaged range, but the next
+    segment's first id says how many entries this one holds: the range holds the missing ones,
+    and the entries after it keep their ids (they moved down by the count, so a cursor in the
+    segment skipped intact messages, and the segment's last ids were reported lost)."""
+    from pulsarwire.broker import fsck
+    _write_entries(tmp_path, 300, segment_bytes=4096)
+    bases = sorted(int(f[:-4]) for f in os.listdir(tmp_path) if f.endswith(".log"))
+    assert len(bases) > 2
+    count = bases[1]  # the first segment's entries
+    start = _position(tmp_path, count // 2) + HEADER_SIZE + 3
+    stop = _position(tmp_path, count // 2 + 4) + 5
+    with open(_log_file(tmp_path), "r+b") as fh:
+        fh.seek(start)
+        fh.write(bytes(stop - start))
+    os.remove(_log_file(tmp_path)[:-4] + ".idx")
+    covered = set(range(count // 2, count // 2 + 5))
+    findings = [str(f) for f in fsck.check_log(str(tmp_path))]
+    assert len(findings) == 1 and "(5 entries)" in findings[0], findings
+    caplog.set_level(logging.WARNING, logger="pulsarwire.broker")
+    for _ in range(2):  # and once more, from the index written the first time
+        topic_log = TopicLog(str(tmp_path))
+        assert topic_log.next_entry_id == 300
+        for i in range(300):
+            if i in covered:
+                with pytest.raises(CorruptEntryError):
+                    topic_log.read(i)
+            else:
+                assert topic_log.read(i).body == _entry(i)
+        topic_log.close()
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(f"entries {min(covered)} to {max(covered)} are unreadable, the ids after them are kept" in m
+               for m in messages), messages
+    assert not any("holds" in m and "of its" in m for m in messages)
+
+
 def test_a_damaged_publish_time_in_a_record_header_does_not_move_a_seek_by_time(tmp_path, caplog):
     """A record header's publish time is outside the record's checksum: a seek by time reads the
     time from the entry's metadata (checked), and reports a header that disagrees."""

@@ -83,7 +83,7 @@ class TopicLog:
                 [Segment(self.pool, directory, 0)]
             for i, segment in enumerate(self._segments):
                 is_last = i == len(self._segments) - 1
-                segment.recover(is_last)
+                segment.recover(is_last, None if is_last else self._segments[i + 1].base - segment.base)
                 if not is_last:
                     self._check_count(segment, self._segments[i + 1].base)
             last = self._segments[-1]

@@ -12,7 +12,7 @@ import array
 import bisect
 import struct
 import sys
-from typing import Iterable, Sequence, Union
+from typing import Iterable, MutableSequence, Sequence, Union
 
 from crc32c import crc32c
 
@@ -80,12 +80,13 @@ def record_at(buf: bytes, offset: int, end: int) -> int | None:
     return body_size
 
 
-def damaged_records(buf: bytes, offset: int, found: int, listed: Sequence[int] = ()) -> list[int]:
+def damaged_records(buf: bytes, offset: int, found: int, listed: Sequence[int] = ()) -> tuple[list[int], bool]:
     """Where the damaged records between `offset` and the next good record at `found` start: they
     keep their entry ids. Their headers are followed while they land exactly on `found`; else the
     index's positions (`listed`, in `buf`'s coordinates) are taken where it lists both ends and
     increases between them (a run of zeros over several records leaves no header to follow);
-    else the gap counts as one entry."""
+    else the gap counts as one entry, and the second value is False: how many it holds is not
+    known (see `count_gap`)."""
     hops, at = [], offset
     while at < found and at + HEADER_SIZE <= found:
         body_size = BODY_SIZE.unpack_from(buf, at)[0]
@@ -94,11 +95,30 @@ def damaged_records(buf: bytes, offset: int, found: int, listed: Sequence[int] =
         hops.append(at)
         at += HEADER_SIZE + body_size
     if at == found:
-        return hops
+        return hops, True
     first = bisect.bisect_left(listed, offset)
     last = bisect.bisect_left(listed, found, first)
     if first < len(listed) and listed[first] == offset and last < len(listed) and listed[last] == found:
         between = listed[first:last]
         if all(b - a >= HEADER_SIZE for a, b in zip(between, list(between[1:]) + [found])):
-            return list(between)
-    return [offset]
+            return list(between), True
+    return [offset], False
+
+
+def count_gap(positions: MutableSequence[int], uncounted: list[int], expected: int, end: int) -> int:
+    """A segment whose entry count is known (`expected`: the next segment's first id less its
+    own) and one damaged range whose entries could not be counted (`uncounted`: the index of its
+    one position in `positions`, the record starts found in order; `end`: where the data ends):
+    that range holds the entries missing from the count, each given a position in it (its own
+    reads fail their checksum) so that the ids after it stay theirs. How many were added (0 when
+    it cannot tell: more than one such range, none missing, or a range too short to hold them)."""
+    missing = expected - len(positions)
+    if len(uncounted) != 1 or missing <= 0:
+        return 0
+    at = uncounted[0]
+    stop = positions[at + 1] if at + 1 < len(positions) else end
+    if positions[at] + HEADER_SIZE * (missing + 1) > stop:  # a record takes more than a header
+        return 0
+    added = [positions[at] + HEADER_SIZE * k for k in range(1, missing + 1)]
+    positions[at + 1:at + 1] = array.array("Q", added) if isinstance(positions, array.array) else added
+    return missing

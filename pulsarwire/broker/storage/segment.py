@@ -16,8 +16,8 @@ import os
 from crc32c import crc32c
 
 from .files import DIRECT_ALIGN, FileOps, FilePool, StorageError
-from .record import BODY_SIZE, HEADER_SIZE, RECORD_HEADER, Body, CorruptEntryError, Entry, damaged_records, decode_index, \
-    encode_index, record_at
+from .record import BODY_SIZE, HEADER_SIZE, RECORD_HEADER, Body, CorruptEntryError, Entry, count_gap, damaged_records, \
+    decode_index, encode_index, record_at
 
 log = logging.getLogger("pulsarwire.broker.storage")
 
@@ -82,9 +82,11 @@ class Segment:
 
     # recovery
 
-    def recover(self, last: bool) -> None:
+    def recover(self, last: bool, expected: int | None = None) -> None:
         """Load the index, trust it as far as it is consistent, verify the rest of the log and
-        rebuild the index from it. Logs every byte it drops and every record it cannot read."""
+        rebuild the index from it. Logs every byte it drops and every record it cannot read.
+        `expected`: how many entries the segment holds, where that is known (one that is not the
+        last: the next one's first id less its own), for a damaged range that cannot be counted."""
         ops = self.ops
         size = self.size
         indexed, trusted = self._trusted_index(size)
@@ -96,6 +98,7 @@ class Segment:
         buf = ops.pread(fd, size - start, start) if size > start else b""
         end = len(buf)
         offset = 0
+        uncounted: list[int] = []  # where in positions a damaged range of unknown size counts as one entry
         while offset < end:
             body_size = record_at(buf, offset, end)
             if body_size is not None:
@@ -126,13 +129,23 @@ class Segment:
                               self.log_path, start + offset, start + end, self.base + len(positions))
                 end = offset
                 break
-            hops = damaged_records(buf, offset, found, [p - start for p in indexed if p >= start])
+            hops, counted = damaged_records(buf, offset, found, [p - start for p in indexed if p >= start])
+            if not counted:
+                uncounted.append(len(positions))
             self.pool.stats.dropped_bytes += found - offset
             log.error("%s: bytes %d to %d are damaged: entr%s %s unreadable, the %d bytes after are kept",
                       self.log_path, start + offset, start + found, "y" if len(hops) == 1 else "ies",
                       ", ".join(str(self.base + len(positions) + i) for i in range(len(hops))), end - found)
             positions.extend(start + h for h in hops)
             offset = found
+        if expected is not None and uncounted:
+            gap = uncounted[0]
+            added = count_gap(positions, uncounted, expected, start + end)
+            if added:
+                log.error("%s: the damaged bytes from %d hold %d entries by the segment's count (the next segment "
+                          "starts at entry %d): entries %d to %d are unreadable, the ids after them are kept",
+                          self.log_path, positions[gap], added + 1, self.base + expected, self.base + gap,
+                          self.base + gap + added)
         self.size = self.committed_size = start + end
         self.positions = positions
         if last and len(indexed) > len(positions):
