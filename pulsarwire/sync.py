@@ -1354,10 +1354,12 @@ class Consumer(_Listening):
         self._handover.put((self._consumer.acknowledge_cumulative, self._ack_target(message)))
 
     def negative_acknowledge(self, message: Message | MessageId) -> None:
-        """Have this message redelivered after negative_ack_redelivery_delay_ms."""
+        """Have this message redelivered after negative_ack_redelivery_delay_ms. On a closed
+        consumer, nothing (as the official client: the broker redelivers what was not acknowledged)."""
+        target = _native_target(message)
         if self._closed:
-            raise AlreadyClosed("Pulsar error: AlreadyClosed")
-        self._handover.put((self._consumer.negative_acknowledge, _native_target(message)))
+            return
+        self._handover.put((self._consumer.negative_acknowledge, target))
 
     def pause_message_listener(self) -> None:
         self._set_listening(False)
@@ -1366,6 +1368,10 @@ class Consumer(_Listening):
         self._set_listening(True)
 
     def redeliver_unacknowledged_messages(self) -> None:
+        """Have every message delivered and not acknowledged delivered again; on a closed consumer,
+        nothing (as the official client)."""
+        if self._closed:
+            return
         self._held = None  # the broker delivers it again
         self._call(self._consumer.redeliver_unacknowledged_messages)
 

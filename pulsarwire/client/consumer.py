@@ -272,7 +272,7 @@ class PartitionConsumer(Reconnecting):
         compacted = parent._read_compacted
         partition = self.partition
         dead_letter = parent._dead_letter
-        remember = dead_letter.remember if dead_letter is not None and \
+        remember = dead_letter.remember if dead_letter is not None and dead_letter.diverts and \
             redelivery >= dead_letter.max_redeliver_count else None
         if not (ack_set or filtered or compacted or remember is not None):
             # the common case, every message of the entry delivered: one pass, queued together
@@ -541,8 +541,9 @@ class PartitionConsumer(Reconnecting):
 
     def redeliver_keys(self, keys: list[EntryKey]) -> None:
         """Redeliver the entries (ledger, entry) of `keys` (those past the dead letter limit go there)."""
-        if keys and self.parent._dead_letter is not None:
-            keys = self.parent._dead_letter.divert(self, keys)
+        dead_letter = self.parent._dead_letter
+        if keys and dead_letter is not None and dead_letter.diverts:
+            keys = dead_letter.divert(self, keys)
         if not keys or self.conn is None:
             return
         self.flush_acks()  # the broker must know what was acknowledged before it redelivers
@@ -563,7 +564,7 @@ class PartitionConsumer(Reconnecting):
     def redeliver_unacknowledged(self) -> None:
         if self.conn is None:
             return
-        if self.parent._dead_letter is not None and self._unacked:
+        if self.parent._dead_letter is not None and self.parent._dead_letter.diverts and self._unacked:
             # by id, as the official client does with a dead letter policy: what has been
             # redelivered max_redeliver_count times goes to the dead letter topic instead
             removed = self.parent._queue.remove_from(self)
@@ -726,7 +727,8 @@ class Consumer:
         self._dead_letter = DeadLetterRouter(
             dead_letter_policy, retry_enable, topic=self._topics[0], subscription=subscription_name,
             receiver_queue_size=receiver_queue_size, acknowledge=self.acknowledge,
-            create_producer=context.create_producer) if dead_letter_policy is not None else None
+            create_producer=context.create_producer,
+            diverts=self._type in (ConsumerType.Shared, ConsumerType.KeyShared)) if dead_letter_policy is not None else None
         if self._dead_letter is not None and self._dead_letter.retry_letter_topic is not None:
             retry_topic = topic_name(self._dead_letter.retry_letter_topic)
             if retry_topic not in self._topics:
@@ -1001,7 +1003,8 @@ class Consumer:
     async def _check_ack_timeouts(self) -> None:
         try:
             while not self._closed:
-                await asyncio.sleep(max(0.05, self._ack_timeout / 4))
+                # at most a second late, as the official client's tracker (its tick: 1 s)
+                await asyncio.sleep(max(0.05, min(1.0, self._ack_timeout / 4)))
                 for p in self._partitions:
                     p.check_ack_timeout(self._ack_timeout)
         except asyncio.CancelledError:

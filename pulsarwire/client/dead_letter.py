@@ -72,6 +72,8 @@ EntryKey = tuple[int, int]  # an entry's (ledger, entry)
 class LetterOwner(Protocol):
     """The partition consumer that delivered an entry, as the router uses it."""
 
+    topic: str  # its topic: a partition's own name
+
     def is_unacked(self, ledger_id: int, entry_id: int) -> bool: ...
 
     def redeliver_keys(self, keys: list[EntryKey]) -> None: ...
@@ -102,21 +104,24 @@ class LetterProducer(Protocol):
 _OwnedKey = tuple[LetterOwner, int, int]  # (partition consumer, ledger, entry)
 
 
-def _base_topic(topic: str) -> str:
-    return topic.rsplit("-partition-", 1)[0] if "-partition-" in topic else topic
-
-
 class DeadLetterRouter:
     """One consumer's dead letter and retry letter producers and the messages that may go there."""
 
     def __init__(self, policy: Any, retry_enable: bool, *, topic: str, subscription: str, receiver_queue_size: int,
                  acknowledge: Callable[[Message], None],
-                 create_producer: Callable[..., Awaitable[LetterProducer]]) -> None:
+                 create_producer: Callable[..., Awaitable[LetterProducer]], diverts: bool = True) -> None:
         self._acknowledge = acknowledge  # the consumer's
         self._create_producer = create_producer  # the client's
         self._max_candidates = 4 * receiver_queue_size
         self.max_redeliver_count: int = policy.max_redeliver_count
-        self.dead_letter_topic = getattr(policy, "dead_letter_topic", None) or f"{topic}-{subscription}-DLQ"
+        # whether redeliveries past the limit go to the dead letter topic: Shared and Key_Shared
+        # subscriptions only, as in the official client (an Exclusive or Failover one goes on
+        # redelivering; reconsume_later is the same for all)
+        self.diverts = diverts
+        self._subscription = subscription
+        # None: `<topic>-<subscription>-DLQ`, per partition as the official client names it
+        self._given_dead_letter_topic: str | None = getattr(policy, "dead_letter_topic", None)
+        self.dead_letter_topic = self._given_dead_letter_topic or f"{topic}-{subscription}-DLQ"
         retry = getattr(policy, "retry_letter_topic", None)
         self.retry_letter_topic = retry or (f"{topic}-{subscription}-RETRY" if retry_enable else None)
         self.initial_subscription_name = getattr(policy, "initial_subscription_name", None)
@@ -167,8 +172,8 @@ class DeadLetterRouter:
     async def _dead_letter(self, owner: LetterOwner, full_key: _OwnedKey, unit: DeliveredEntry,
                            messages: list[Message]) -> None:
         try:
-            producer = await self._producer(self.dead_letter_topic, self.initial_subscription_name)
-            await asyncio.gather(*(producer.send(m.data(), **_republish_options(m)) for m in messages))
+            producer = await self._producer(self._dead_letter_topic_of(owner.topic), self.initial_subscription_name)
+            await asyncio.gather(*(producer.send(m.data(), **_republish_options(m, dead=True)) for m in messages))
         except Exception as exc:  # noqa: BLE001 - the broker redelivers it instead
             log.warning("could not dead-letter %s: %s; redelivering", messages[0].message_id(), exc)
             self._sending.discard(full_key)
@@ -189,7 +194,8 @@ class DeadLetterRouter:
         options = _republish_options(message)
         options["properties"].update(properties or {})
         if times > self.max_redeliver_count:
-            producer = await self._producer(self.dead_letter_topic, self.initial_subscription_name)
+            origin = previous.get(REAL_TOPIC) or message.topic_name()  # read from the retry topic: where it began
+            producer = await self._producer(self._dead_letter_topic_of(origin), self.initial_subscription_name)
         else:
             producer = await self._producer(self.retry_letter_topic, None)
             options["properties"][RECONSUME_TIMES] = str(times)
@@ -198,6 +204,10 @@ class DeadLetterRouter:
                 options["deliver_after_ms"] = int(delay_ms)
         await producer.send(message.data(), **options)
         self._acknowledge(message)
+
+    def _dead_letter_topic_of(self, topic: str) -> str:
+        """The dead letter topic of messages from `topic` (a partition's own name, where it is one)."""
+        return self._given_dead_letter_topic or f"{topic}-{self._subscription}-DLQ"
 
     # producers
 
@@ -224,16 +234,18 @@ class DeadLetterRouter:
         self._candidates.clear()
 
 
-def _republish_options(message: Message) -> dict:
-    """Send options that keep a message's key, properties and event time, and record where it came from."""
+def _republish_options(message: Message, dead: bool = False) -> dict:
+    """Send options that keep a message's key and properties (and its event time, but for a dead
+    letter: the official client's copy has none), and record where it came from (the partition's
+    own name, as the official client's REAL_TOPIC)."""
     properties = dict(message.properties())
-    properties.setdefault(REAL_TOPIC, _base_topic(message.topic_name()))
+    properties.setdefault(REAL_TOPIC, message.topic_name())
     properties.setdefault(ORIGIN_MESSAGE_ID, str(message.message_id()))
     options: dict[str, Any] = {"properties": properties}
     if message.partition_key() is not None:
         options["partition_key"] = message.partition_key()
     if message.ordering_key() is not None:
         options["ordering_key"] = message.ordering_key()
-    if message.event_timestamp():
+    if message.event_timestamp() and not dead:
         options["event_timestamp"] = message.event_timestamp()
     return options

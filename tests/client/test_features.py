@@ -256,6 +256,48 @@ def test_dead_letter_topic_after_max_redeliveries(broker):
     run(main())
 
 
+def test_dead_letters_as_the_official_client_sends_them(broker):
+    """As the official client: an Exclusive (or Failover) subscription never dead-letters (it
+    goes on redelivering), a partitioned topic's default dead letter topic is the partition's
+    (`<topic>-partition-N-<subscription>-DLQ`, REAL_TOPIC the partition), and the dead letter
+    copy carries no event time."""
+    async def main():
+        async with client_for(broker.url) as client:
+            topic = unique("dlq-excl")
+            dlq = await client.subscribe(f"{topic}-sub-DLQ", "inspect", initial_position=EARLIEST)
+            consumer = await client.subscribe(
+                topic, "sub", consumer_type=ConsumerType.Exclusive, negative_ack_redelivery_delay_ms=20,
+                dead_letter_policy=DeadLetterPolicy(max_redeliver_count=1))
+            producer = await client.create_producer(topic, batching_enabled=False)
+            await producer.send(b"poison")
+            counts = []
+            for _ in range(4):
+                message = await consumer.receive(5000)
+                counts.append(message.redelivery_count())
+                consumer.negative_acknowledge(message)
+            assert counts == [0, 1, 2, 3]
+            with pytest.raises(errors.TimeoutError):
+                await dlq.receive(300)
+            await consumer.close()
+
+            parts = _partitioned(broker, 2)
+            partition = f"{parts}-partition-1"
+            dlq = await client.subscribe(f"{partition}-sub-DLQ", "inspect", initial_position=EARLIEST)
+            consumer = await client.subscribe(
+                parts, "sub", consumer_type=ConsumerType.Shared, negative_ack_redelivery_delay_ms=20,
+                dead_letter_policy=DeadLetterPolicy(max_redeliver_count=1))
+            producer = await client.create_producer(partition, batching_enabled=False)
+            await producer.send(b"poison", event_timestamp=1234)
+            for _ in range(2):
+                message = await consumer.receive(5000)
+                assert message.event_timestamp() == 1234
+                consumer.negative_acknowledge(message)
+            dead = await dlq.receive(5000)
+            assert dead.data() == b"poison" and dead.event_timestamp() == 0
+            assert dead.properties()["REAL_TOPIC"] == partition
+    run(main())
+
+
 def test_dead_letter_sends_only_the_unacknowledged_messages_of_a_batch(broker):
     topic = unique("dlq-batch")
 

@@ -1017,3 +1017,18 @@ def test_a_socket_its_caller_left_without_giving_back_goes_back_to_the_loop(embe
         other.create_producer(topic).send(b"still read")
         assert consumer.receive(5000).data() == b"still read"
         assert client._loop._read_owners == {}
+
+
+def test_negative_acknowledge_and_redeliver_on_a_closed_consumer_do_nothing(embedded):
+    """As the official client: no AlreadyClosed from these two (acknowledge, receive, seek and
+    unsubscribe raise it in both)."""
+    topic = unique()
+    with pulsar.Client(embedded.url) as client:
+        consumer = client.subscribe(topic, "s", initial_position=pulsar.InitialPosition.Earliest)
+        client.create_producer(topic).send(b"x")
+        message = consumer.receive(5000)
+        consumer.close()
+        assert consumer.negative_acknowledge(message) is None
+        assert consumer.redeliver_unacknowledged_messages() is None
+        with pytest.raises(pulsar.AlreadyClosed):
+            consumer.acknowledge(message)
