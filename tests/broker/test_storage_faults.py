@@ -811,28 +811,38 @@ def test_a_flipped_bit_in_an_index_entry_costs_no_entry_and_is_repaired(tmp_path
     topic_log.close()
 
 
+def _assert_reads(topic_log: TopicLog, count: int, corrupt: set[int]) -> None:
+    """Entries 0 to count - 1 read as written, but those in `corrupt`, which read as corrupt."""
+    for i in range(count):
+        if i in corrupt:
+            with pytest.raises(CorruptEntryError):
+                topic_log.read(i)
+        else:
+            assert topic_log.read(i).body == _entry(i)
+
+
+def _zeros_from_entry_300(directory) -> set[int]:
+    """1 000 entries written, then 4 KiB of zeros from inside entry 300's body: the entries they cover."""
+    _write_entries(directory, 1000)
+    start = _position(directory, 300) + HEADER_SIZE + 5
+    with open(_log_file(directory), "r+b") as fh:
+        fh.seek(start)
+        fh.write(bytes(4096))
+    return {i for i in range(1000) if _position(directory, i) < start + 4096 and
+            (i == 999 or _position(directory, i + 1) > start)}
+
+
 def test_a_run_of_zeros_inside_a_segment_costs_the_entries_it_covers_alone(tmp_path, caplog):
     """4 KiB of zeros from inside a record (a lost page of the file): a zero header read as a
     whole empty record (size 0, and 0 is the CRC32C of no bytes), and the index was "corrected"
     one header at a time into the zeros and written so: every later entry was unreadable, for
     good. The entries the zeros cover are reported corrupt; the index stays; the rest reads."""
-    _write_entries(tmp_path, 1000)
-    start = _position(tmp_path, 300) + HEADER_SIZE + 5
-    with open(_log_file(tmp_path), "r+b") as fh:
-        fh.seek(start)
-        fh.write(bytes(4096))
-    covered = {i for i in range(1000) if _position(tmp_path, i) < start + 4096 and
-               (i == 999 or _position(tmp_path, i + 1) > start)}
+    covered = _zeros_from_entry_300(tmp_path)
     assert len(covered) > 3 and min(covered) == 300
     caplog.set_level(logging.WARNING, logger="pulsarwire.broker")
     for _ in range(2):  # and again once reopened: nothing of it was written to the index
         topic_log = TopicLog(str(tmp_path))
-        for i in range(1000):
-            if i in covered:
-                with pytest.raises(CorruptEntryError):
-                    topic_log.read(i)
-            else:
-                assert topic_log.read(i).body == _entry(i)
+        _assert_reads(topic_log, 1000, covered)
         topic_log.close()
         assert not any("corrected" in r.getMessage() for r in caplog.records)
 
@@ -843,13 +853,7 @@ def test_a_run_of_zeros_found_by_a_scan_keeps_the_ids_after_it_by_the_index(tmp_
     by the index's positions where it still lists both ends, not as one entry (which gave every
     entry after it the id of the one before; fsck said the last entries were lost)."""
     from pulsarwire.broker import fsck
-    _write_entries(tmp_path, 1000)
-    start = _position(tmp_path, 300) + HEADER_SIZE + 5
-    with open(_log_file(tmp_path), "r+b") as fh:
-        fh.seek(start)
-        fh.write(bytes(4096))
-    covered = {i for i in range(1000) if _position(tmp_path, i) < start + 4096 and
-               (i == 999 or _position(tmp_path, i + 1) > start)}
+    covered = _zeros_from_entry_300(tmp_path)
     findings = [str(f) for f in fsck.check_log(str(tmp_path))]
     assert len(findings) == 1 and f"({len(covered)} entries)" in findings[0], findings
     with open(_log_file(tmp_path)[:-4] + ".idx", "r+b") as fh:
@@ -858,12 +862,7 @@ def test_a_run_of_zeros_found_by_a_scan_keeps_the_ids_after_it_by_the_index(tmp_
     caplog.set_level(logging.WARNING, logger="pulsarwire.broker")
     topic_log = TopicLog(str(tmp_path))
     assert topic_log.next_entry_id == 1000
-    for i in range(1000):
-        if i in covered:
-            with pytest.raises(CorruptEntryError):
-                topic_log.read(i)
-        else:
-            assert topic_log.read(i).body == _entry(i)
+    _assert_reads(topic_log, 1000, covered)
     topic_log.close()
     assert any("rebuilding the index" in r.getMessage() for r in caplog.records)
     assert any("are damaged" in r.getMessage() and str(min(covered)) in r.getMessage() for r in caplog.records)
@@ -893,12 +892,7 @@ def test_a_run_of_zeros_in_a_segment_whose_index_is_lost_is_counted_by_the_next_
     for _ in range(2):  # and once more, from the index written the first time
         topic_log = TopicLog(str(tmp_path))
         assert topic_log.next_entry_id == 300
-        for i in range(300):
-            if i in covered:
-                with pytest.raises(CorruptEntryError):
-                    topic_log.read(i)
-            else:
-                assert topic_log.read(i).body == _entry(i)
+        _assert_reads(topic_log, 300, covered)
         topic_log.close()
     messages = [r.getMessage() for r in caplog.records]
     assert any(f"entries {min(covered)} to {max(covered)} are unreadable, the ids after them are kept" in m

@@ -67,7 +67,7 @@ def encode_index(positions: Iterable[int]) -> bytes:
     return out.tobytes()
 
 
-def record_at(buf: bytes, offset: int, end: int) -> int | None:
+def record_at(buf: bytes | memoryview, offset: int, end: int) -> int | None:
     """The body size of a whole, checksummed record at `offset` in `buf` (not past `end`), else None."""
     if offset + HEADER_SIZE > end:
         return None

@@ -394,7 +394,7 @@ class Segment:
         right = self.positions[index - 1] + (end - start)
         if index < self.committed_count and self.positions[index] != right and \
                 (index + 1 >= self.committed_count or right < self.positions[index + 1]) and \
-                self._record_starts_at(right):
+                (record_at(raw, end, len(raw)) is not None or self._record_starts_at(right)):
             log.warning("%s: the index puts entry %d at byte %d, the log at %d; corrected", self.idx_path,
                         self.base + index, self.positions[index], right)
             self.positions[index] = right
@@ -405,7 +405,8 @@ class Segment:
     def _record_starts_at(self, pos: int) -> bool:
         """Whether a whole, checksummed, committed record starts at file position `pos`: what an
         index position must point at before it is corrected to `pos` (a record that only looks
-        whole must not walk the index into damage)."""
+        whole must not walk the index into damage). Read here, as read() reads: only where the
+        bytes already read do not hold that record, and only for a wrong index entry."""
         try:
             head = self.ops.pread(self.pool.fd(self.log_path), HEADER_SIZE, pos)
             if len(head) < HEADER_SIZE:
