@@ -32,7 +32,9 @@ SERIALIZED_ID_UNREADABLE = "Failed to parse serialized message id"  # the offici
 @functools.total_ordering
 @dataclass(frozen=True, slots=True)
 class MessageId:
-    """Position of a message: ledger, entry, and for batches the index in the entry."""
+    """Position of a message: ledger, entry, and for batches the index in the entry. A chunked
+    message's is its last chunk's, with its first chunk's (ledger, entry) in `first_chunk` (the
+    official client's chunk message id): a reader that starts at it inclusively starts there."""
 
     earliest: ClassVar["MessageId"]
     latest: ClassVar["MessageId"]
@@ -43,6 +45,7 @@ class MessageId:
     batch_index: int = -1
     batch_size: int = 0
     topic: str | None = None
+    first_chunk: tuple[int, int] | None = None
 
     def _key(self) -> tuple[int, int, int]:
         return (self.ledger_id, self.entry_id, self.batch_index)
@@ -59,7 +62,14 @@ class MessageId:
 
     def entry(self) -> "MessageId":
         """The id of the whole entry (batch) this message is in."""
-        return MessageId(self.ledger_id, self.entry_id, self.partition, topic=self.topic)
+        return MessageId(self.ledger_id, self.entry_id, self.partition, topic=self.topic, first_chunk=self.first_chunk)
+
+    def start(self, inclusive: bool) -> tuple[int, int]:
+        """The (ledger, entry) a reader starting at this id begins from: a chunked message's first
+        chunk when the start is inclusive."""
+        if inclusive and self.first_chunk is not None:
+            return self.first_chunk
+        return (self.ledger_id, self.entry_id)
 
     def to_proto(self) -> pb.MessageIdData:
         data = pb.MessageIdData(ledgerId=self.ledger_id & _U64_MAX, entryId=self.entry_id & _U64_MAX)
@@ -68,12 +78,16 @@ class MessageId:
         if self.batch_index >= 0:
             data.batch_index = self.batch_index
             data.batch_size = self.batch_size
+        if self.first_chunk is not None:
+            data.first_chunk_message_id.CopyFrom(entry_id_data(*self.first_chunk))
         return data
 
     @classmethod
     def from_proto(cls, data: pb.MessageIdData, topic: str | None = None) -> "MessageId":
+        first = data.first_chunk_message_id if data.HasField("first_chunk_message_id") else None
         return cls(_signed(data.ledgerId), _signed(data.entryId), data.partition,
-                   data.batch_index, data.batch_size, topic)
+                   data.batch_index, data.batch_size, topic,
+                   (_signed(first.ledgerId), _signed(first.entryId)) if first is not None else None)
 
     def serialize(self) -> bytes:
         data = self.to_proto()
@@ -94,7 +108,10 @@ class MessageId:
         return cls.from_proto(data)
 
     def __str__(self) -> str:
-        return f"({self.ledger_id},{self.entry_id},{self.partition},{self.batch_index})"
+        last = f"({self.ledger_id},{self.entry_id},{self.partition},{self.batch_index})"
+        if self.first_chunk is None:
+            return last
+        return f"({self.first_chunk[0]},{self.first_chunk[1]},{self.partition},-1);{last}"  # as the official client
 
 
 def _signed(value: int) -> int:
@@ -131,9 +148,9 @@ MessageId.earliest = MessageId(-1, -1)
 MessageId.latest = MessageId(_I64_MAX, _I64_MAX)
 
 _new_object = object.__new__
-_SET_LEDGER, _SET_ENTRY, _SET_PARTITION, _SET_INDEX, _SET_SIZE, _SET_TOPIC = (
+_SET_LEDGER, _SET_ENTRY, _SET_PARTITION, _SET_INDEX, _SET_SIZE, _SET_TOPIC, _SET_FIRST_CHUNK = (
     MessageId.__dict__[name].__set__ for name in
-    ("ledger_id", "entry_id", "partition", "batch_index", "batch_size", "topic"))
+    ("ledger_id", "entry_id", "partition", "batch_index", "batch_size", "topic", "first_chunk"))
 
 
 def make_message_id(ledger_id: int, entry_id: int, partition: int = -1, batch_index: int = -1,
@@ -147,6 +164,7 @@ def make_message_id(ledger_id: int, entry_id: int, partition: int = -1, batch_in
     _SET_INDEX(made, batch_index)
     _SET_SIZE(made, batch_size)
     _SET_TOPIC(made, topic)
+    _SET_FIRST_CHUNK(made, None)
     return made
 
 
@@ -230,6 +248,9 @@ class Message:
             delivery = self._ack_unit
             self._id = make_message_id(delivery.ledger_id, delivery.entry_id, delivery.partition,
                                        single.batch_index, single.batch_size, delivery.topic)
+            chunks = getattr(delivery, "chunk_entries", None)
+            if chunks:  # a chunked message: the official client's id names its first chunk too
+                _SET_FIRST_CHUNK(self._id, chunks[0])
         return self._id
 
     def topic_name(self) -> str:

@@ -337,7 +337,7 @@ class MessageId:
             raise ValueError(messages.SERIALIZED_ID_UNREADABLE) from None
         if topic is not None:
             native = messages.MessageId(native.ledger_id, native.entry_id, native.partition, native.batch_index,
-                                        native.batch_size, aio.topic_name(topic))
+                                        native.batch_size, aio.topic_name(topic), native.first_chunk)
         return MessageId.wrap(native)
 
     def __str__(self) -> str:

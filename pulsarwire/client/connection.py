@@ -225,7 +225,7 @@ class Connection(asyncio.Protocol):
 
     async def subscribe(self, consumer: ConsumerHandler, topic: str, subscription: str, sub_type: ConsumerType, *,
                         durable: bool = True, initial_position: InitialPosition = InitialPosition.Latest,
-                        start: MessageId | None = None, read_compacted: bool = False,
+                        start: tuple[int, int] | None = None, read_compacted: bool = False,
                         consumer_name: str | None = None, key_shared: KeySharedPolicy | None = None,
                         properties: dict[str, str] | None = None, replicate_state: bool = False,
                         schema: pb.Schema | None = None) -> None:
@@ -247,7 +247,7 @@ class Connection(asyncio.Protocol):
         if schema is not None:
             fields["schema"] = schema
         if not durable and start is not None:
-            fields["start_message_id"] = entry_id_data(start.ledger_id, start.entry_id)
+            fields["start_message_id"] = entry_id_data(*start)  # (ledger, entry)
         self.consumers[consumer_id] = consumer
         try:
             await self.request(self.session.subscribe, **fields)

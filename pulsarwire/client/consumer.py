@@ -222,7 +222,8 @@ class PartitionConsumer(Reconnecting):
             self._start_message_id, self._start_inclusive = self._last_message.message_id(), False
         await conn.subscribe(
             self, self.topic, parent._subscription, parent._type, durable=parent._durable,
-            initial_position=parent._initial_position, start=self._start_message_id,
+            initial_position=parent._initial_position,
+            start=None if self._start_message_id is None else self._start_message_id.start(self._start_inclusive),
             read_compacted=parent._read_compacted, consumer_name=parent._consumer_name,
             key_shared=parent._key_shared_policy if parent._type == ConsumerType.KeyShared else None,
             properties=parent._properties, replicate_state=parent._replicate_subscription_state,
@@ -308,7 +309,7 @@ class PartitionConsumer(Reconnecting):
         start = self._start_message_id
         if start is None or start.ledger_id < 0 or start == MessageId.latest:
             return False
-        key, start_key = (mid.ledger_id, mid.entry_id), (start.ledger_id, start.entry_id)
+        key, start_key = (mid.ledger_id, mid.entry_id), start.start(self._start_inclusive)
         if key != start_key:
             return key < start_key
         if start.batch_index < 0 or batch_size == 0:

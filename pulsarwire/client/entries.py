@@ -76,7 +76,7 @@ class EntryReader(Reconnecting):
         conn = await self.context.pool.lookup(self.topic)
         start = self._start if self._last is None else MessageId(*self._last)
         await conn.subscribe(self, self.topic, self._subscription, ConsumerType.Exclusive, durable=False,
-                             initial_position=InitialPosition.Earliest, start=start)
+                             initial_position=InitialPosition.Earliest, start=(start.ledger_id, start.entry_id))
         self.conn = conn
         self.disconnect = None
         self._permits_owed = 0

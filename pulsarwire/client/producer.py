@@ -578,7 +578,7 @@ class PartitionProducer(Reconnecting):
                     self._chunk_ids[op.first_chunk] = MessageId(receipt.ledger_id, receipt.entry_id,
                                                                 self.partition, topic=self.topic)
                 return  # earlier chunk: wait for the receipt of the last one
-            self._chunk_ids.pop(op.first_chunk, None)
+            first_chunk = self._chunk_ids.pop(op.first_chunk, None) if op.first_chunk is not None else None
             self.last_sequence_id = max(self.last_sequence_id, op.highest_sequence_id)
             ledger, entry = receipt.ledger_id, receipt.entry_id  # a duplicate is (-1, -1)
             futures = op.futures
@@ -597,6 +597,9 @@ class PartitionProducer(Reconnecting):
                 if op.batched:
                     future.set_result(make_message_id(ledger, entry, self.partition, index,
                                                       len(futures), self.topic))
+                elif first_chunk is not None:  # a chunked message's id names its first chunk too
+                    future.set_result(MessageId(ledger, entry, self.partition, topic=self.topic,
+                                                first_chunk=(first_chunk.ledger_id, first_chunk.entry_id)))
                 else:
                     future.set_result(make_message_id(ledger, entry, self.partition, -1, 0, self.topic))
             if op.bulk is not None:

@@ -625,6 +625,35 @@ def test_chunked_messages_still_complete(small_frames):
     assert run(main())
 
 
+def test_a_chunked_message_id_names_its_first_chunk_and_a_reader_can_start_at_it(small_frames):
+    """As the official client's chunk message id: the id of a chunked message (as send() returns it
+    and as it is received) names its first chunk too, so that a reader starting at it inclusively
+    starts at that chunk and reads the message (it started at the last chunk and skipped it), and
+    serialize() carries it."""
+    topic = unique("chunk-id")
+
+    async def main():
+        async with ours(small_frames) as client:
+            consumer = await client.subscribe(topic, "s", initial_position=EARLIEST)
+            producer = await client.create_producer(topic, batching_enabled=False, chunking_enabled=True)
+            big = bytes(range(256)) * (3 * CHUNK // 256)
+            await producer.send(b"before")
+            sent = await producer.send(big)
+            await producer.send(b"after")
+            received = [await consumer.receive(10_000) for _ in range(3)]
+            got = received[1].message_id()
+            assert received[1].data() == big and got == sent and got.first_chunk == sent.first_chunk
+            assert sent.first_chunk is not None and sent.first_chunk < (sent.ledger_id, sent.entry_id)
+            assert str(sent).startswith(f"({sent.first_chunk[0]},{sent.first_chunk[1]},-1,-1);")
+            assert MessageId.deserialize(sent.serialize()).first_chunk == sent.first_chunk
+            for start, inclusive, expected in ((sent, True, [big, b"after"]), (sent, False, [b"after"]),
+                                               (MessageId.deserialize(got.serialize()), True, [big, b"after"])):
+                reader = await client.create_reader(topic, start, start_message_id_inclusive=inclusive)
+                assert [(await reader.read_next(10_000)).data() for _ in expected] == expected
+                await reader.close()
+    run(main())
+
+
 def test_message_over_the_batch_byte_limit_is_a_batch_of_one(embedded, official):
     """The official client still batches it (index 0); a delayed message goes alone (index -1)."""
     import datetime
