@@ -585,8 +585,8 @@ class PartitionConsumer(Reconnecting):
         conn = self.conn
         if conn is None:
             raise ConnectionClosedError("consumer is not connected")
-        data = None if message_id is None else pb.MessageIdData(
-            ledgerId=message_id.ledger_id & 0xFFFFFFFFFFFFFFFF, entryId=message_id.entry_id & 0xFFFFFFFFFFFFFFFF)
+        # a chunked message's first chunk, where delivery resumes at it (inclusive)
+        data = None if message_id is None else entry_id_data(*message_id.start(self.parent._start_inclusive))
         await conn.request(conn.session.seek, self.consumer_id, data, timestamp)
         self.parent._queue.remove_from(self)
         self._unacked.clear()

@@ -650,6 +650,8 @@ def test_a_chunked_message_id_names_its_first_chunk_and_a_reader_can_start_at_it
                                                (MessageId.deserialize(got.serialize()), True, [big, b"after"])):
                 reader = await client.create_reader(topic, start, start_message_id_inclusive=inclusive)
                 assert [(await reader.read_next(10_000)).data() for _ in expected] == expected
+                await reader.seek(start)  # back to it: the same
+                assert [(await reader.read_next(10_000)).data() for _ in expected] == expected
                 await reader.close()
     run(main())
 
