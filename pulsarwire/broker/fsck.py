@@ -155,9 +155,11 @@ def check_log(directory: str) -> list[Finding]:
                                         "they read as lost"))
         expected = bases[i + 1] - base if not last else (len(indexed) if indexed is not None else held)
         if held < expected:
+            missing = "" if last else f" (its end cut, or a segment between it and the next, " \
+                                      f"{base + held:020d}.log, missing)"
             findings.append(Finding(log_path, f"holds {held} of its {expected} entries: entries {base + held} to "
-                                    f"{base + expected - 1} are lost", "they read as lost; their ids are not "
-                                    "given to new messages"))
+                                    f"{base + expected - 1} are lost{missing}", "they read as lost; their ids are "
+                                    "not given to new messages"))
         elif held > expected and not last:
             findings.append(Finding(log_path, f"holds {held} records but the next segment starts at entry "
                                     f"{bases[i + 1]}", f"the {held - expected} after entry {bases[i + 1] - 1} are ignored"))

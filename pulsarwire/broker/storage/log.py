@@ -129,8 +129,9 @@ class TopicLog:
         expected = next_base - segment.base
         found = len(segment.positions)
         if found < expected:
-            log.error("%s holds %d of its %d entries: entries %d to %d are unreadable", segment.log_path,
-                      found, expected, segment.base + found, next_base - 1)
+            log.error("%s holds %d of its %d entries: entries %d to %d are unreadable (its end cut, or a segment "
+                      "between it and the next, %020d.log, missing)", segment.log_path, found, expected,
+                      segment.base + found, next_base - 1, segment.base + found)
         elif found > expected:
             log.error("%s holds %d records but the next segment starts at entry %d: %d ignored",
                       segment.log_path, found, next_base, found - expected)
