@@ -129,7 +129,6 @@ class LoopThread:
         me = threading.get_ident()
         if fd < 0:
             return False
-        idle_ms = 100 if timeout is None else max(0, min(100, math.ceil(timeout * 1000)))
         deadline = None if timeout is None else time.monotonic() + timeout
         try:  # before the socket is taken: nothing may fail between taking it and the finally below
             wake = self._wake_fds.pop() if self._wake_fds else os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -160,14 +159,14 @@ class LoopThread:
                 timers.release_signals(held)  # a signal held meanwhile is raised here: the finally gives back
                 held = None
                 while not done():
-                    wait_ms = idle_ms
+                    wait_ms = 100  # idle this long: the caller may wait this way again
                     if deadline is not None:
                         # input for other callers (another thread's receipts, say) must not
                         # carry this wait past its timeout: it counted only quiet time before
                         left = deadline - time.monotonic()
                         if left <= 0:
                             return True
-                        wait_ms = min(idle_ms, math.ceil(left * 1000))
+                        wait_ms = min(wait_ms, math.ceil(left * 1000))
                     ready = poller.poll(wait_ms)
                     if not ready:
                         return True

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import enum
 import json
 import pathlib
@@ -336,8 +337,7 @@ class MessageId:
         except ValueError:  # the official client's error, word for word
             raise ValueError(messages.SERIALIZED_ID_UNREADABLE) from None
         if topic is not None:
-            native = messages.MessageId(native.ledger_id, native.entry_id, native.partition, native.batch_index,
-                                        native.batch_size, aio.topic_name(topic), native.first_chunk)
+            native = dataclasses.replace(native, topic=aio.topic_name(topic))
         return MessageId.wrap(native)
 
     def __str__(self) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio as _asyncio  # `asyncio` here is the official async surface (below)
 import collections
+import dataclasses
 import functools
 import inspect
 import itertools
@@ -430,9 +431,8 @@ def _sent_id(native: Any) -> MessageId:
     """The id send() gives for `native` (the receipt's pulsarwire MessageId, there whenever no error
     is): without its topic, as the official client's (so a multi-topic consumer refuses to
     acknowledge it, as the official client does)."""
-    if native.first_chunk is not None:  # a chunked message's
-        return MessageId.wrap(messages.MessageId(native.ledger_id, native.entry_id, native.partition,
-                                                 first_chunk=native.first_chunk))
+    if native.first_chunk is not None:  # a chunked message's (not the hot path: make_message_id's)
+        return MessageId.wrap(dataclasses.replace(native, topic=None))
     return MessageId.wrap(messages.make_message_id(native.ledger_id, native.entry_id, native.partition,
                                                    native.batch_index, native.batch_size))
 

@@ -121,7 +121,6 @@ class DeadLetterRouter:
         self._subscription = subscription
         # None: `<topic>-<subscription>-DLQ`, per partition as the official client names it
         self._given_dead_letter_topic: str | None = getattr(policy, "dead_letter_topic", None)
-        self.dead_letter_topic = self._given_dead_letter_topic or f"{topic}-{subscription}-DLQ"
         retry = getattr(policy, "retry_letter_topic", None)
         self.retry_letter_topic = retry or (f"{topic}-{subscription}-RETRY" if retry_enable else None)
         self.initial_subscription_name = getattr(policy, "initial_subscription_name", None)
